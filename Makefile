@@ -1,0 +1,40 @@
+# RDMAvisor. `make help` lists the targets.
+SHELL := /usr/bin/env bash
+GO ?= go
+# Tools and cluster binaries built from source are cached here across runs.
+export RDMAVISOR_CACHE ?= $(HOME)/.cache/rdmavisor
+FUZZTIME ?= 10s
+BENCHTIME ?= 2s
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build every binary.
+	$(GO) build ./...
+
+.PHONY: demo
+demo: ## Run the main job: the demo on the software RDMA provider.
+	$(GO) run ./cmd/rdmavisor demo
+
+.PHONY: test
+test: lint ## Run vet, gofmt and all tests with -race (envtest included).
+	hack/test.sh
+
+.PHONY: lint
+lint: ## go vet and gofmt.
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each.
+	hack/fuzz.sh $(FUZZTIME)
+
+.PHONY: verify
+verify: lint ## Check that generated code and manifests are up to date.
+	hack/verify.sh
+
+.PHONY: bench
+bench: ## Run benchmarks and write bench/results/ with a summary of ratios.
+	hack/bench.sh $(BENCHTIME)

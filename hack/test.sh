@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The README's test command: every Go test with the race detector, against a
+# real kube-apiserver (envtest) built from source by hack/envtest.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -x hack/envtest.sh ]; then
+  KUBEBUILDER_ASSETS="$(hack/envtest.sh)"
+  export KUBEBUILDER_ASSETS
+fi
+go test -race -count=1 -timeout 20m "$@" ./...

@@ -1,0 +1,92 @@
+package verbs
+
+// The interfaces below mirror libibverbs objects. Every method is safe for
+// concurrent use unless it says otherwise; Close releases the object and
+// fails with ErrBusy while objects created from it still exist, as
+// ibv_dealloc_pd does with EBUSY.
+
+// Device is an opened RDMA device (struct ibv_context) with one port.
+type Device interface {
+	Attr() DeviceAttr
+	// GID returns entry index of the port's GID table.
+	GID(index int) (GID, error)
+	AllocPD() (PD, error)
+	// CreateCQ creates a completion queue with room for at least cqe entries
+	// and its own completion channel (see CQ.FD).
+	CreateCQ(cqe int) (CQ, error)
+	Close() error
+}
+
+// PD is a protection domain: MRs, QPs, SRQs and AHs created from one PD can
+// only be used with each other.
+type PD interface {
+	// RegMR allocates length bytes outside the Go heap and registers them.
+	RegMR(length int, access Access) (MR, error)
+	CreateQP(attr *QPInitAttr) (QP, error)
+	CreateSRQ(attr *SRQInitAttr) (SRQ, error)
+	CreateAH(attr *AHAttr) (AH, error)
+	Close() error
+}
+
+// MR is a registered memory region. Its memory belongs to the verbs layer:
+// Bytes is valid until Close, and the device may read or write it at any time
+// a work request or a remote key allows.
+type MR interface {
+	Bytes() []byte
+	// Addr is the virtual address of Bytes()[0], the base for SGE.Addr and
+	// remote addresses.
+	Addr() uint64
+	LKey() uint32
+	RKey() uint32
+	Close() error
+}
+
+// CQ is a completion queue and its completion channel.
+type CQ interface {
+	// Poll moves up to len(wcs) completions into wcs and returns how many.
+	// It never blocks and never allocates.
+	Poll(wcs []WC) int
+	// ReqNotify arms the CQ: the next completion (only a solicited one, if
+	// asked) makes FD readable. One arming, one event.
+	ReqNotify(solicitedOnly bool) error
+	// FD is the completion channel: a descriptor to wait on with poll(2) or
+	// epoll when the CQ is idle.
+	FD() int
+	// AckEvents consumes the events pending on FD and returns how many there
+	// were; it does not block.
+	AckEvents() (int, error)
+	Close() error
+}
+
+// QP is a queue pair.
+type QP interface {
+	QPN() uint32
+	Type() QPType
+	State() QPState
+	// Modify moves the QP through RESET→INIT→RTR→RTS (or to ERR/RESET),
+	// reading the attributes mask names. A transition or attribute set that
+	// libibverbs would refuse fails with ErrInvalid.
+	Modify(attr *QPAttr, mask QPAttrMask) error
+	Query() QPAttr
+	// PostSend posts a batch of work requests with one doorbell. It returns
+	// how many were accepted; on error wrs[n] is the one that failed and none
+	// after it was posted (ibv_post_send's bad_wr).
+	PostSend(wrs []SendWR) (int, error)
+	// PostRecv posts receive work requests; same contract as PostSend. A QP
+	// created with an SRQ refuses it.
+	PostRecv(wrs []RecvWR) (int, error)
+	Close() error
+}
+
+// SRQ is a shared receive queue: receives posted here serve every QP
+// created with it.
+type SRQ interface {
+	PostRecv(wrs []RecvWR) (int, error)
+	Close() error
+}
+
+// AH is an address handle for UD sends; SendWR.AH carries its Handle.
+type AH interface {
+	Handle() uint32
+	Close() error
+}
