@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: every Go test with the race detector, against a
-# real kube-apiserver (envtest) built from source by hack/envtest.sh.
+# real kube-apiserver (envtest) built from source by hack/envtest.sh; then
+# the allocation tests, which need a build without the race detector (it
+# allocates on its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x hack/envtest.sh ]; then
@@ -8,3 +10,4 @@ if [ -x hack/envtest.sh ]; then
   export KUBEBUILDER_ASSETS
 fi
 go test -race -count=1 -timeout 20m "$@" ./...
+go test -count=1 -timeout 10m -run 'Alloc' "$@" ./...

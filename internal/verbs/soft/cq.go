@@ -1,0 +1,146 @@
+package soft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+// cq is a completion ring. Producers are the device (receive loop, timers,
+// posting goroutines); the consumer polls. The eventfd is the completion
+// channel: armed by ReqNotify, written once by the next completion.
+type cq struct {
+	dev *Device
+
+	mu       sync.Mutex
+	ring     []verbs.WC // guarded by mu
+	head     int        // next to poll; guarded by mu
+	n        int        // entries queued; guarded by mu
+	armed    bool       // guarded by mu
+	solOnly  bool       // guarded by mu
+	closed   bool       // guarded by mu
+	overruns uint64     // guarded by mu
+	users    int        // QPs using this CQ; guarded by mu
+
+	efd  int
+	wbuf [8]byte
+	rbuf [8]byte
+	rmu  sync.Mutex // serialises AckEvents' reads into rbuf
+}
+
+var _ verbs.CQ = (*cq)(nil)
+
+func newCQ(cqe int) (*cq, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	c := &cq{ring: make([]verbs.WC, cqe), efd: efd}
+	binary.NativeEndian.PutUint64(c.wbuf[:], 1)
+	return c, nil
+}
+
+// Poll moves up to len(wcs) completions into wcs.
+func (c *cq) Poll(wcs []verbs.WC) int {
+	c.mu.Lock()
+	k := 0
+	for k < len(wcs) && c.n > 0 {
+		wcs[k] = c.ring[c.head]
+		c.head++
+		if c.head == len(c.ring) {
+			c.head = 0
+		}
+		c.n--
+		k++
+	}
+	c.mu.Unlock()
+	return k
+}
+
+// push queues a completion. solicited marks a receive completion of a
+// message sent with the solicited-event bit.
+func (c *cq) push(wc *verbs.WC, solicited bool) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if c.n == len(c.ring) {
+		// CQ overrun: hardware raises IBV_EVENT_CQ_ERR and the completion
+		// is lost. Size CQs for the work queues that feed them.
+		c.overruns++
+		c.mu.Unlock()
+		c.dev.stats.cqOverruns.Add(1)
+		return
+	}
+	i := c.head + c.n
+	if i >= len(c.ring) {
+		i -= len(c.ring)
+	}
+	c.ring[i] = *wc
+	c.n++
+	notify := c.armed && (!c.solOnly || solicited || wc.Status != verbs.WCSuccess)
+	if notify {
+		c.armed = false
+		_, _ = unix.Write(c.efd, c.wbuf[:])
+	}
+	c.mu.Unlock()
+}
+
+// ReqNotify arms the completion channel for the next completion.
+func (c *cq) ReqNotify(solicitedOnly bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("soft: req notify: %w", verbs.ErrClosed)
+	}
+	c.armed = true
+	c.solOnly = solicitedOnly
+	return nil
+}
+
+// FD is the completion channel's descriptor (an eventfd).
+func (c *cq) FD() int { return c.efd }
+
+// AckEvents consumes pending events without blocking.
+func (c *cq) AckEvents() (int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	_, err := unix.Read(c.efd, c.rbuf[:])
+	if errors.Is(err, unix.EAGAIN) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("soft: cq events: %w", err)
+	}
+	return int(binary.NativeEndian.Uint64(c.rbuf[:])), nil
+}
+
+// Close destroys the CQ; it fails with ErrBusy while QPs use it.
+func (c *cq) Close() error {
+	c.mu.Lock()
+	if c.users > 0 {
+		n := c.users
+		c.mu.Unlock()
+		return fmt.Errorf("soft: destroy cq: %d QPs still use it: %w", n, verbs.ErrBusy)
+	}
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("soft: destroy cq: %w", verbs.ErrClosed)
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.dev.children.Add(-1)
+	return unix.Close(c.efd)
+}
+
+func (c *cq) use(delta int) {
+	c.mu.Lock()
+	c.users += delta
+	c.mu.Unlock()
+}

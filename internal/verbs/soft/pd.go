@@ -1,0 +1,190 @@
+package soft
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+type pd struct {
+	dev      *Device
+	children atomic.Int64 // live MRs, QPs, SRQs, AHs
+	closed   atomic.Bool
+}
+
+var _ verbs.PD = (*pd)(nil)
+
+func (p *pd) Close() error {
+	if n := p.children.Load(); n > 0 {
+		return fmt.Errorf("soft: dealloc pd: %d objects still use it: %w", n, verbs.ErrBusy)
+	}
+	if p.closed.Swap(true) {
+		return fmt.Errorf("soft: dealloc pd: %w", verbs.ErrClosed)
+	}
+	p.dev.children.Add(-1)
+	return nil
+}
+
+// mr is a registered region. Its memory is mmap'd by the verbs layer; the
+// device reads and writes it as DMA would, without locks.
+type mr struct {
+	pd     *pd
+	buf    []byte
+	addr   uint64
+	key    uint32
+	access verbs.Access
+	closed atomic.Bool
+}
+
+var _ verbs.MR = (*mr)(nil)
+
+func (m *mr) Bytes() []byte { return m.buf }
+func (m *mr) Addr() uint64  { return m.addr }
+func (m *mr) LKey() uint32  { return m.key }
+func (m *mr) RKey() uint32  { return m.key }
+
+func (m *mr) Close() error {
+	if m.closed.Swap(true) {
+		return fmt.Errorf("soft: dereg mr: %w", verbs.ErrClosed)
+	}
+	var err error
+	{
+		d := m.pd.dev
+		d.keyMu.Lock()
+		old := *d.keys.Load()
+		keys := make([]*mr, len(old))
+		copy(keys, old)
+		idx := m.key >> 8
+		keys[idx] = nil
+		d.keys.Store(&keys)
+		d.keyFree = append(d.keyFree, idx)
+		d.keyMu.Unlock()
+		err = verbs.FreeMemory(m.buf)
+		m.pd.children.Add(-1)
+	}
+	return err
+}
+
+// RegMR allocates length bytes outside the Go heap and registers them.
+func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
+	if p.closed.Load() {
+		return nil, fmt.Errorf("soft: reg mr: %w", verbs.ErrClosed)
+	}
+	if length <= 0 || uint64(length) > maxMRSize {
+		return nil, fmt.Errorf("soft: reg mr of %d bytes: %w", length, verbs.ErrInvalid)
+	}
+	// As ibv_reg_mr: remote write needs local write.
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("soft: reg mr: %w: remote write access requires local write", verbs.ErrInvalid)
+	}
+	buf, err := verbs.AllocMemory(length)
+	if err != nil {
+		return nil, fmt.Errorf("soft: reg mr: %w", err)
+	}
+	m := &mr{pd: p, buf: buf, addr: verbs.AddrOf(buf), access: access}
+	d := p.dev
+	d.keyMu.Lock()
+	old := *d.keys.Load()
+	var idx uint32
+	var keys []*mr
+	if n := len(d.keyFree); n > 0 {
+		idx = d.keyFree[0]
+		d.keyFree = d.keyFree[1:]
+		keys = make([]*mr, len(old))
+		copy(keys, old)
+	} else {
+		idx = uint32(len(old))
+		if idx >= 1<<24 {
+			d.keyMu.Unlock()
+			_ = verbs.FreeMemory(buf)
+			return nil, fmt.Errorf("soft: reg mr: %w", verbs.ErrNoResources)
+		}
+		keys = make([]*mr, len(old)+1)
+		copy(keys, old)
+	}
+	// The low byte is a tag that changes each time an index is reused, so
+	// a stale key fails as on hardware instead of reaching a new region.
+	d.keyGen++
+	m.key = idx<<8 | d.keyGen&0xff
+	keys[idx] = m
+	d.keys.Store(&keys)
+	d.keyMu.Unlock()
+	p.children.Add(1)
+	return m, nil
+}
+
+// lookupKey returns the live region with exactly this key.
+func (d *Device) lookupKey(key uint32) *mr {
+	keys := *d.keys.Load()
+	idx := key >> 8
+	if idx == 0 || idx >= uint32(len(keys)) {
+		return nil
+	}
+	m := keys[idx]
+	if m == nil || m.key != key {
+		return nil
+	}
+	return m
+}
+
+// span returns the bytes [addr, addr+n) of a region, if they lie inside it.
+func (m *mr) span(addr uint64, n uint64) ([]byte, bool) {
+	if addr < m.addr {
+		return nil, false
+	}
+	off := addr - m.addr
+	if off > uint64(len(m.buf)) || n > uint64(len(m.buf))-off {
+		return nil, false
+	}
+	return m.buf[off : off+n], true
+}
+
+type ah struct {
+	pd     *pd
+	handle uint32
+	attr   verbs.AHAttr
+	closed atomic.Bool
+}
+
+var _ verbs.AH = (*ah)(nil)
+
+func (a *ah) Handle() uint32 { return a.handle }
+
+func (a *ah) Close() error {
+	if a.closed.Swap(true) {
+		return fmt.Errorf("soft: destroy ah: %w", verbs.ErrClosed)
+	}
+	d := a.pd.dev
+	d.ahMu.Lock()
+	delete(d.ahs, a.handle)
+	d.ahMu.Unlock()
+	a.pd.children.Add(-1)
+	return nil
+}
+
+// CreateAH creates an address handle for UD sends.
+func (p *pd) CreateAH(attr *verbs.AHAttr) (verbs.AH, error) {
+	if p.closed.Load() {
+		return nil, fmt.Errorf("soft: create ah: %w", verbs.ErrClosed)
+	}
+	if attr == nil || attr.DGID == (verbs.GID{}) {
+		return nil, fmt.Errorf("soft: create ah: %w: no destination GID", verbs.ErrInvalid)
+	}
+	d := p.dev
+	a := &ah{pd: p, attr: *attr}
+	d.ahMu.Lock()
+	a.handle = d.nextAH
+	d.nextAH++
+	d.ahs[a.handle] = a
+	d.ahMu.Unlock()
+	p.children.Add(1)
+	return a, nil
+}
+
+func (d *Device) lookupAH(handle uint32) *ah {
+	d.ahMu.RLock()
+	a := d.ahs[handle]
+	d.ahMu.RUnlock()
+	return a
+}

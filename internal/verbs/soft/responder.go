@@ -1,0 +1,444 @@
+package soft
+
+import (
+	"encoding/binary"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
+)
+
+// responder is the receive side of a QP.
+type responder struct {
+	epsn    uint32 // expected PSN
+	msn     uint32 // messages completed, reported in AETH
+	nakSent bool   // a NAK for epsn is out; don't send another until it moves
+
+	// The message being received.
+	inSend  bool
+	inWrite bool
+	hasRecv bool // recv holds a receive WR taken for the current (or a dropped UC) message
+	recv    verbs.RecvWR
+	recvOff uint32
+	wmr     *mr
+	wva     uint64
+	wleft   uint32
+	wlen    uint32
+	ucDrop  bool // UC: drop packets until the next FIRST or ONLY
+}
+
+// respondRC executes an RC request packet. Called from the receive loop with
+// q.mu held.
+func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
+	r := &q.resp
+	d := psnDiff(h.PSN, r.epsn)
+	_, code := split(h.Opcode)
+	if d > 0 {
+		q.dev.stats.rxOutOfSequence.Add(1)
+		if !r.nakSent {
+			r.nakSent = true
+			q.sendAck(rx.tx, synNAK|nakPSNSeqErr, r.epsn)
+		}
+		return
+	}
+	if d < 0 {
+		q.dev.stats.rxDuplicate.Add(1)
+		if code == opReadRequest {
+			// A read may be asked again when its response was lost: it is
+			// executed again (IBA 9.9.2.1), with the PSNs it had.
+			if m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead); ok {
+				q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN)
+			}
+			return
+		}
+		if h.AckReq {
+			rx.owe(q)
+		}
+		return
+	}
+
+	// In sequence: the opcode must continue the message in progress, or
+	// start one.
+	var ok bool
+	switch {
+	case r.inSend:
+		ok = code == opSendMiddle || code == opSendLast || code == opSendLastImm
+	case r.inWrite:
+		ok = code == opWriteMiddle || code == opWriteLast || code == opWriteLastImm
+	default:
+		ok = code == opSendFirst || code == opSendOnly || code == opSendOnlyImm ||
+			code == opWriteFirst || code == opWriteOnly || code == opWriteOnlyImm || code == opReadRequest
+	}
+	if !ok || code == opAck || code >= opReadRespFirst && code <= opReadRespOnly {
+		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
+		return
+	}
+	mtu := q.mtu
+	last := code == opSendLast || code == opSendLastImm || code == opSendOnly || code == opSendOnlyImm ||
+		code == opWriteLast || code == opWriteLastImm || code == opWriteOnly || code == opWriteOnlyImm
+	if !last && code != opReadRequest && uint32(len(payload)) != mtu {
+		// Only the last packet of a message may be short.
+		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
+		return
+	}
+
+	switch code {
+	case opSendFirst, opSendMiddle, opSendLast, opSendLastImm, opSendOnly, opSendOnlyImm:
+		if !r.hasRecv {
+			if !q.takeRecv(&r.recv) {
+				q.rnrNak(rx, h.PSN)
+				return
+			}
+			r.hasRecv = true
+			r.recvOff = 0
+		}
+		if !scatter(q, r.recv.SG[:min(int(r.recv.NumSGE), verbs.MaxSGE)], r.recvOff, payload) {
+			status := verbs.WCLocLenErr
+			if uint64(r.recvOff)+uint64(len(payload)) <= r.recv.Len() {
+				status = verbs.WCLocProtErr
+			}
+			q.responderError(rx, nakInvalidReq, h.PSN, status)
+			return
+		}
+		r.recvOff += uint32(len(payload))
+		r.inSend = !last
+		if last {
+			q.completeRecv(code == opSendLastImm || code == opSendOnlyImm, h, verbs.WCRecv, r.recvOff)
+		}
+	case opWriteFirst, opWriteOnly, opWriteOnlyImm:
+		m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite)
+		if !ok {
+			q.responderError(rx, nakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+			return
+		}
+		if code == opWriteOnlyImm && !r.hasRecv && !q.peekRecv(rx, h.PSN) {
+			return
+		}
+		r.wmr, r.wva, r.wleft, r.wlen = m, h.VA, h.DMALen, h.DMALen
+		if !q.writePayload(rx, h, payload, last) {
+			return
+		}
+		r.inWrite = !last
+		if code == opWriteOnlyImm {
+			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
+		}
+	case opWriteMiddle, opWriteLast, opWriteLastImm:
+		if code == opWriteLastImm && !r.hasRecv && !q.peekRecv(rx, h.PSN) {
+			return
+		}
+		if !q.writePayload(rx, h, payload, last) {
+			return
+		}
+		r.inWrite = !last
+		if code == opWriteLastImm {
+			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
+		}
+	case opReadRequest:
+		m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead)
+		if !ok {
+			q.responderError(rx, nakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+			return
+		}
+		q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN)
+		r.epsn = psnAdd(r.epsn, q.npackets(h.DMALen)-1)
+		r.msn = psnAdd(r.msn, 1)
+	}
+	if last && code != opReadRequest {
+		r.msn = psnAdd(r.msn, 1)
+	}
+	r.epsn = psnAdd(r.epsn, 1)
+	r.nakSent = false
+	if h.AckReq && code != opReadRequest {
+		rx.owe(q)
+	}
+}
+
+// peekRecv makes sure a receive WR is held for a write with immediate,
+// before any of it executes; without one the packet is RNR NAKed.
+func (q *qp) peekRecv(rx *rxState, psn uint32) bool {
+	if q.takeRecv(&q.resp.recv) {
+		q.resp.hasRecv = true
+		return true
+	}
+	q.rnrNak(rx, psn)
+	return false
+}
+
+// writePayload places a write packet's payload at the write's next address.
+func (q *qp) writePayload(rx *rxState, h *roce.Header, payload []byte, last bool) bool {
+	r := &q.resp
+	n := uint32(len(payload))
+	if n > r.wleft || last && n != r.wleft {
+		// More or less data than the RETH announced.
+		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
+		return false
+	}
+	if n == 0 {
+		return true
+	}
+	// The region may have been deregistered since the write's first packet.
+	dst, ok := r.wmr.span(r.wva, uint64(n))
+	if !ok || q.dev.lookupKey(r.wmr.key) != r.wmr {
+		q.responderError(rx, nakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+		return false
+	}
+	copy(dst, payload)
+	r.wva += uint64(n)
+	r.wleft -= n
+	return true
+}
+
+// checkRemote validates an rkey for len bytes at va with the given access:
+// the region exists, belongs to this QP's PD, allows the access, contains
+// the range, and the QP itself allows remote access of that kind.
+func (q *qp) checkRemote(rkey uint32, va uint64, n uint32, access verbs.Access) (*mr, bool) {
+	if n == 0 {
+		return nil, true // IBA C9-88: a zero-length RDMA request is not validated
+	}
+	if q.attr.AccessFlags&access == 0 {
+		return nil, false
+	}
+	m := q.dev.lookupKey(rkey)
+	if m == nil || m.pd != q.pd || m.access&access == 0 {
+		return nil, false
+	}
+	if _, ok := m.span(va, uint64(n)); !ok {
+		return nil, false
+	}
+	return m, true
+}
+
+// completeRecv completes the held receive WR.
+func (q *qp) completeRecv(withImm bool, h *roce.Header, op verbs.WCOpcode, byteLen uint32) {
+	r := &q.resp
+	wc := verbs.WC{WRID: r.recv.WRID, Status: verbs.WCSuccess, Opcode: op, ByteLen: byteLen, QPN: q.qpn, SrcQP: q.attr.DestQPN}
+	if withImm {
+		wc.Flags |= verbs.WCWithImm
+		wc.ImmData = h.Imm
+	}
+	r.hasRecv = false
+	q.recvCQ.push(&wc, h.SE)
+}
+
+func (q *qp) rnrNak(rx *rxState, psn uint32) {
+	q.dev.stats.rnrNaksSent.Add(1)
+	q.resp.nakSent = true // later packets of the message are not NAKed again
+	q.sendAck(rx.tx, synRNR|q.attr.MinRNRTimer&synValueMask, psn)
+}
+
+// responderError handles a request the responder cannot execute: it NAKs,
+// completes the held receive with status, and the QP goes to ERR (IBA
+// class B/C/D responder errors; hardware raises a QP access or request
+// error event). Outstanding sends of this QP are flushed as well.
+func (q *qp) responderError(rx *rxState, nakCode uint8, psn uint32, recvStatus verbs.WCStatus) {
+	q.dev.stats.naksSent.Add(1)
+	q.sendAck(rx.tx, synNAK|nakCode, psn)
+	if q.resp.hasRecv {
+		wc := verbs.WC{WRID: q.resp.recv.WRID, Status: recvStatus, Opcode: verbs.WCRecv, QPN: q.qpn}
+		q.resp.hasRecv = false
+		q.recvCQ.push(&wc, false)
+	}
+	q.toErr(verbs.WCWRFlushErr)
+}
+
+// sendAck queues an ACK or NAK with the given AETH syndrome.
+func (q *qp) sendAck(tx *txq, syndrome uint8, psn uint32) {
+	h := roce.Header{
+		Opcode:   roce.Opcode(baseRC | opAck),
+		PKey:     0xffff,
+		DestQPN:  q.attr.DestQPN,
+		PSN:      psn,
+		Syndrome: syndrome,
+		MSN:      q.resp.msn,
+	}
+	if syndrome&synKindMask == synACK {
+		q.dev.stats.acksSent.Add(1)
+	}
+	p := tx.next()
+	n, err := roce.Encode(p.Buf, &h, nil, q.dev.self, q.dev.endpoint(q.attr.AH.DGID))
+	if err != nil {
+		return
+	}
+	p.N, p.Addr = n, q.attr.AH.DGID
+	tx.commit()
+}
+
+// sendReadResponses answers a read of n bytes at va with PSNs from psn.
+func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) {
+	mtu := q.mtu
+	count := q.npackets(n)
+	for i := uint32(0); i < count; i++ {
+		off := i * mtu
+		plen := min(mtu, n-off)
+		var code uint8
+		switch {
+		case count == 1:
+			code = opReadRespOnly
+		case i == 0:
+			code = opReadRespFirst
+		case i == count-1:
+			code = opReadRespLast
+		default:
+			code = opReadRespMiddle
+		}
+		h := roce.Header{
+			Opcode:   roce.Opcode(baseRC | code),
+			PKey:     0xffff,
+			DestQPN:  q.attr.DestQPN,
+			PSN:      psnAdd(psn, i),
+			Syndrome: synACK | synAckNoCredit,
+			MSN:      q.resp.msn,
+		}
+		var src []byte
+		if plen > 0 {
+			var ok bool
+			if src, ok = m.span(va+uint64(off), uint64(plen)); !ok {
+				return
+			}
+		}
+		p := tx.next()
+		k, err := roce.Encode(p.Buf, &h, src, q.dev.self, q.dev.endpoint(q.attr.AH.DGID))
+		if err != nil {
+			return
+		}
+		p.N, p.Addr = k, q.attr.AH.DGID
+		tx.commit()
+	}
+}
+
+// respondUC executes a UC request packet: no ACKs, and a gap or a missing
+// receive drops the whole message, never part of it.
+func (q *qp) respondUC(h *roce.Header, payload []byte) {
+	r := &q.resp
+	_, code := split(h.Opcode)
+	starts := code == opSendFirst || code == opSendOnly || code == opSendOnlyImm ||
+		code == opWriteFirst || code == opWriteOnly || code == opWriteOnlyImm
+	if h.PSN != r.epsn || r.ucDrop {
+		if !starts {
+			if h.PSN != r.epsn {
+				q.dev.stats.rxOutOfSequence.Add(1)
+			}
+			r.ucDrop = true
+			r.inSend, r.inWrite = false, false
+			r.epsn = psnAdd(h.PSN, 1)
+			return
+		}
+		// A new message: what was in progress is abandoned; a held receive
+		// is kept for this one.
+		r.inSend, r.inWrite, r.ucDrop = false, false, false
+	}
+	r.epsn = psnAdd(h.PSN, 1)
+	var ok bool
+	switch {
+	case r.inSend:
+		ok = code == opSendMiddle || code == opSendLast || code == opSendLastImm
+	case r.inWrite:
+		ok = code == opWriteMiddle || code == opWriteLast || code == opWriteLastImm
+	default:
+		ok = starts
+	}
+	last := code == opSendLast || code == opSendLastImm || code == opSendOnly || code == opSendOnlyImm ||
+		code == opWriteLast || code == opWriteLastImm || code == opWriteOnly || code == opWriteOnlyImm
+	if !ok || (!last && uint32(len(payload)) != q.mtu) {
+		q.dev.stats.rxWrongSource.Add(1)
+		r.ucDrop, r.inSend, r.inWrite = true, false, false
+		return
+	}
+	switch code {
+	case opSendFirst, opSendMiddle, opSendLast, opSendLastImm, opSendOnly, opSendOnlyImm:
+		if starts {
+			if !r.hasRecv && !q.takeRecv(&r.recv) {
+				q.dev.stats.rxNoRecvDrop.Add(1)
+				r.ucDrop = true
+				return
+			}
+			r.hasRecv = true
+			r.recvOff = 0
+		}
+		if !scatter(q, r.recv.SG[:min(int(r.recv.NumSGE), verbs.MaxSGE)], r.recvOff, payload) {
+			// Local length or protection error: the receive completes in
+			// error and the QP goes to ERR.
+			wc := verbs.WC{WRID: r.recv.WRID, Status: verbs.WCLocLenErr, Opcode: verbs.WCRecv, QPN: q.qpn}
+			r.hasRecv = false
+			q.recvCQ.push(&wc, false)
+			q.toErr(verbs.WCWRFlushErr)
+			return
+		}
+		r.recvOff += uint32(len(payload))
+		r.inSend = !last
+		if last {
+			q.completeRecv(code == opSendLastImm || code == opSendOnlyImm, h, verbs.WCRecv, r.recvOff)
+		}
+	default:
+		if starts {
+			m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite)
+			if !ok {
+				// UC has no NAK: the message is dropped.
+				q.dev.stats.rxWrongSource.Add(1)
+				r.ucDrop = true
+				return
+			}
+			r.wmr, r.wva, r.wleft, r.wlen = m, h.VA, h.DMALen, h.DMALen
+		}
+		imm := code == opWriteLastImm || code == opWriteOnlyImm
+		if imm && !r.hasRecv {
+			if !q.takeRecv(&r.recv) {
+				q.dev.stats.rxNoRecvDrop.Add(1)
+				r.ucDrop, r.inWrite = true, false
+				return
+			}
+			r.hasRecv = true
+		}
+		n := uint32(len(payload))
+		if n > r.wleft || last && n != r.wleft {
+			r.ucDrop, r.inWrite = true, false
+			return
+		}
+		if n > 0 {
+			dst, ok := r.wmr.span(r.wva, uint64(n))
+			if !ok || q.dev.lookupKey(r.wmr.key) != r.wmr {
+				r.ucDrop, r.inWrite = true, false
+				return
+			}
+			copy(dst, payload)
+		}
+		r.wva += uint64(n)
+		r.wleft -= n
+		r.inWrite = !last
+		if imm {
+			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
+		}
+	}
+}
+
+// respondUD delivers a UD datagram: 40 bytes of GRH, then the payload.
+func (q *qp) respondUD(h *roce.Header, payload []byte, src verbs.GID) {
+	if h.QKey != q.attr.QKey {
+		q.dev.stats.rxQKeyMismatch.Add(1)
+		return
+	}
+	var wr verbs.RecvWR
+	if !q.takeRecv(&wr) {
+		q.dev.stats.rxNoRecvDrop.Add(1)
+		return
+	}
+	total := uint32(verbs.GRHSize + len(payload))
+	wc := verbs.WC{WRID: wr.WRID, Opcode: verbs.WCRecv, QPN: q.qpn, SrcQP: h.SrcQPN, Flags: verbs.WCWithGRH, ByteLen: total}
+	if _, code := split(h.Opcode); code == opUDSendOnlyImm {
+		wc.Flags |= verbs.WCWithImm
+		wc.ImmData = h.Imm
+	}
+	var grh [verbs.GRHSize]byte
+	grh[0] = 0x60 // IP version 6, as a GRH
+	binary.BigEndian.PutUint16(grh[4:], uint16(len(payload)+8))
+	grh[6] = 0x11 // next header: UDP
+	grh[7] = 64
+	copy(grh[8:24], src[:])
+	copy(grh[24:40], q.dev.gid[:])
+	sgl := wr.SG[:min(int(wr.NumSGE), verbs.MaxSGE)]
+	if uint64(total) > wr.Len() {
+		wc.Status = verbs.WCLocLenErr
+	} else if !scatter(q, sgl, 0, grh[:]) || !scatter(q, sgl, verbs.GRHSize, payload) {
+		wc.Status = verbs.WCLocProtErr
+	}
+	q.recvCQ.push(&wc, h.SE)
+}

@@ -1,0 +1,573 @@
+package wire
+
+import (
+	"errors"
+	"math"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func attach(t testing.TB, fb *Fabric, g ...[16]byte) []Wire {
+	t.Helper()
+	ws := make([]Wire, len(g))
+	for i, gid := range g {
+		w, err := fb.Attach(gid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws[i] = w
+	}
+	return ws
+}
+
+func TestFabricDelivery(t *testing.T) {
+	fb := NewFabric(Faults{})
+	defer fb.Close()
+	ws := attach(t, fb, gidA, gidB, gidC)
+	a, b, c := ws[0], ws[1], ws[2]
+	if a.LocalGID() != gidA {
+		t.Errorf("LocalGID = %v, want %v", a.LocalGID(), gidA)
+	}
+
+	for _, size := range []int{0, 1, 64, smallBuf, smallBuf + 1, 1024, MaxPacketLen} {
+		pkts := mkPkts(64, size, gidB, 0)
+		// Interleave destinations: every third packet goes to c.
+		for i := range pkts {
+			if i%3 == 0 {
+				pkts[i].Addr = gidC
+			}
+		}
+		if n, err := a.Send(pkts); n != len(pkts) || err != nil {
+			t.Fatalf("Send = %d, %v", n, err)
+		}
+		rx := slots(64, MaxPacketLen)
+		gotB := recvN(t, b, 42, rx)
+		gotC := recvN(t, c, 22, rx)
+		for _, got := range [][]Packet{gotB, gotC} {
+			for i := range got {
+				if got[i].Addr != gidA {
+					t.Fatalf("source %v, want %v", got[i].Addr, gidA)
+				}
+				if size >= 4 {
+					checkPayload(t, &got[i], size)
+				}
+			}
+		}
+		if size >= 4 {
+			// Per destination, packets arrive in the order sent.
+			for i := 1; i < len(gotB); i++ {
+				if seqOf(&gotB[i]) <= seqOf(&gotB[i-1]) {
+					t.Fatalf("size %d: out of order: %d after %d", size, seqOf(&gotB[i]), seqOf(&gotB[i-1]))
+				}
+			}
+		}
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if sa.TxPackets != 7*64 || sb.RxPackets != 7*42 || sa.Dropped() != 0 || sb.Dropped() != 0 {
+		t.Errorf("stats a %+v, b %+v", sa, sb)
+	}
+	if s := fb.Stats(); s.TxPackets != 7*64 || s.RxPackets != 7*64 || s.TxBytes != s.RxBytes {
+		t.Errorf("fabric stats %+v", s)
+	}
+}
+
+func TestFabricAttach(t *testing.T) {
+	fb := NewFabric(Faults{})
+	a := attach(t, fb, gidA)[0]
+	if _, err := fb.Attach(gidA); !errors.Is(err, ErrGIDInUse) {
+		t.Errorf("second Attach: %v, want ErrGIDInUse", err)
+	}
+	a.Close()
+	a2, err := fb.Attach(gidA) // free again once closed
+	if err != nil {
+		t.Fatalf("Attach after Close: %v", err)
+	}
+	a2.Close()
+	fb.Close()
+	if _, err := fb.Attach(gidB); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Attach after fabric Close: %v", err)
+	}
+	if err := fb.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestFabricUnknownDestination(t *testing.T) {
+	fb := NewFabric(Faults{})
+	defer fb.Close()
+	ws := attach(t, fb, gidA, gidB)
+	a, b := ws[0], ws[1]
+	pkts := mkPkts(10, 100, gidC, 0)
+	pkts[4].Addr = gidB
+	if n, err := a.Send(pkts); n != 10 || err != nil {
+		t.Fatalf("Send = %d, %v; want 10, nil (a lost packet is not an error)", n, err)
+	}
+	got := recvN(t, b, 1, slots(4, MaxPacketLen))
+	if seqOf(&got[0]) != 4 {
+		t.Errorf("got packet %d, want 4", seqOf(&got[0]))
+	}
+	if s := a.Stats(); s.DropUnknown != 9 || s.TxPackets != 1 {
+		t.Errorf("stats %+v, want 9 unknown, 1 sent", s)
+	}
+	// A destination that closes is unknown from then on.
+	b.Close()
+	a.Send(pkts[4:5])
+	if s := a.Stats(); s.DropUnknown != 10 {
+		t.Errorf("DropUnknown = %d after the destination closed, want 10", s.DropUnknown)
+	}
+}
+
+func TestFabricOversizeTruncated(t *testing.T) {
+	fb := NewFabric(Faults{})
+	defer fb.Close()
+	ws := attach(t, fb, gidA, gidB)
+	a, b := ws[0], ws[1]
+
+	big := mkPkts(1, MaxPacketLen+1, gidB, 0)
+	small := mkPkts(3, 100, gidB, 1)
+	small[1].N = 1000 // longer than the receiver's 500-byte buffers
+	small[1].Buf = make([]byte, 1000)
+	fill(&small[1], 2)
+	if n, err := a.Send(append(big, small...)); n != 4 || err != nil {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	if s := a.Stats(); s.DropOversize != 1 || s.TxPackets != 3 {
+		t.Errorf("sender stats %+v", s)
+	}
+	rx := slots(8, 500)
+	n, err := b.Recv(rx)
+	if err != nil || n != 2 {
+		t.Fatalf("Recv = %d, %v; want the 2 packets that fit", n, err)
+	}
+	if seqOf(&rx[0]) != 1 || seqOf(&rx[1]) != 3 {
+		t.Errorf("got %d, %d; want 1, 3", seqOf(&rx[0]), seqOf(&rx[1]))
+	}
+	if s := b.Stats(); s.DropTruncated != 1 || s.RxPackets != 2 {
+		t.Errorf("receiver stats %+v", s)
+	}
+}
+
+func TestFabricQueueOverflow(t *testing.T) {
+	fb := NewFabric(Faults{})
+	defer fb.Close()
+	ws := attach(t, fb, gidA, gidB)
+	a, b := ws[0], ws[1]
+	const sent = RxQueueLen + 904
+	pkts := mkPkts(64, 64, gidB, 0)
+	for i := 0; i < sent; i += len(pkts) {
+		k := min(len(pkts), sent-i)
+		for j := range k {
+			fill(&pkts[j], uint32(i+j))
+		}
+		if n, err := a.Send(pkts[:k]); n != k || err != nil {
+			t.Fatalf("Send = %d, %v", n, err) // never blocks, never fails
+		}
+	}
+	if s := b.Stats(); s.DropQueueFull != sent-RxQueueLen {
+		t.Errorf("DropQueueFull = %d, want %d", s.DropQueueFull, sent-RxQueueLen)
+	}
+	got := recvN(t, b, RxQueueLen, slots(64, 64))
+	for i := range got {
+		if seqOf(&got[i]) != uint32(i) {
+			t.Fatalf("packet %d is %d: the queue keeps the first ones", i, seqOf(&got[i]))
+		}
+	}
+	// The queue drained; new packets are accepted again.
+	a.Send(pkts[:1])
+	recvN(t, b, 1, slots(1, 64))
+	if s := fb.Stats(); s.TxPackets != s.RxPackets+s.DropQueueFull {
+		t.Errorf("fabric stats do not add up: %+v", s)
+	}
+}
+
+func TestFabricClose(t *testing.T) {
+	fb := NewFabric(Faults{})
+	defer fb.Close()
+	ws := attach(t, fb, gidA, gidB)
+	a, b := ws[0], ws[1]
+
+	errc := make(chan error)
+	go func() {
+		_, err := b.Recv(slots(4, 64))
+		errc <- err
+	}()
+	time.Sleep(10 * time.Millisecond) // let it block
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("blocked Recv returned %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not unblock Recv")
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := b.Recv(slots(1, 64)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Recv after Close: %v", err)
+	}
+	if _, err := b.Send(mkPkts(1, 64, gidA, 0)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Send after Close: %v", err)
+	}
+
+	// Packets queued at Close are dropped and counted.
+	c := attach(t, fb, gidC)[0]
+	a.Send(mkPkts(5, 64, gidC, 0))
+	c.Close()
+	if s := c.Stats(); s.DropClosed != 5 {
+		t.Errorf("DropClosed = %d, want 5", s.DropClosed)
+	}
+}
+
+// collect runs a sender a and a receiver b on a fresh fabric with faults
+// and returns the sequence numbers b received, in order. Call it inside a
+// synctest bubble: time stands still while the test sends.
+func collect(t *testing.T, f Faults, n, batch int) (seqs []uint32, sa, sb Stats) {
+	fb := NewFabric(f)
+	ws := attach(t, fb, gidA, gidB)
+	a, b := ws[0], ws[1]
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rx := slots(64, 64)
+		for {
+			k, err := b.Recv(rx)
+			if err != nil {
+				return
+			}
+			for i := range rx[:k] {
+				seqs = append(seqs, seqOf(&rx[i]))
+			}
+		}
+	}()
+	pkts := mkPkts(batch, 64, gidB, 0)
+	for i := 0; i < n; i += batch {
+		k := min(batch, n-i)
+		for j := range k {
+			fill(&pkts[j], uint32(i+j))
+		}
+		if _, err := a.Send(pkts[:k]); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the receiver drains: no queue overflow
+	}
+	time.Sleep(2*ReorderHold + f.Delay + f.Jitter) // the last held and delayed packets
+	synctest.Wait()
+	sa, sb = a.Stats(), b.Stats()
+	fb.Close()
+	<-done
+	return seqs, sa, sb
+}
+
+func TestFabricFaultsDeterministic(t *testing.T) {
+	f := Faults{Seed: 42, Loss: 0.1, Duplicate: 0.1, Reorder: 0.2}
+	var runs [3][]uint32
+	synctest.Test(t, func(t *testing.T) { runs[0], _, _ = collect(t, f, 5000, 16) })
+	synctest.Test(t, func(t *testing.T) { runs[1], _, _ = collect(t, f, 5000, 16) })
+	f.Seed = 43
+	synctest.Test(t, func(t *testing.T) { runs[2], _, _ = collect(t, f, 5000, 16) })
+	if !slices.Equal(runs[0], runs[1]) {
+		t.Errorf("same seed, different deliveries: %d vs %d packets", len(runs[0]), len(runs[1]))
+	}
+	if slices.Equal(runs[0], runs[2]) {
+		t.Error("different seeds, same deliveries")
+	}
+	// The decisions depend on the packets, not on how they are batched.
+	var single []uint32
+	synctest.Test(t, func(t *testing.T) {
+		single, _, _ = collect(t, Faults{Seed: 42, Loss: 0.1, Duplicate: 0.1, Reorder: 0.2}, 5000, 1)
+	})
+	if !slices.Equal(runs[0], single) {
+		t.Error("batch size changed the faults")
+	}
+}
+
+// within checks that k events in n trials fit probability p (5 sigma).
+func within(t *testing.T, what string, k, n int, p float64) {
+	t.Helper()
+	got := float64(k) / float64(n)
+	sigma := math.Sqrt(p * (1 - p) / float64(n))
+	if math.Abs(got-p) > 5*sigma {
+		t.Errorf("%s rate %.4f (%d of %d), want %.4f ± %.4f", what, got, k, n, p, 5*sigma)
+	} else {
+		t.Logf("%s rate %.4f (%d of %d), want %.4f", what, got, k, n, p)
+	}
+}
+
+func TestFabricFaultRates(t *testing.T) {
+	const n = 100_000
+	for _, f := range []Faults{
+		{Seed: 7, Loss: 0.05, Duplicate: 0.03, Reorder: 0.1},
+		{Seed: 8, Loss: 0.2, Reorder: 0.02},
+		{Seed: 9, Duplicate: 0.5, Reorder: 0.5},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			t.Logf("%+v", f)
+			seqs, sa, sb := collect(t, f, n, 64)
+			seen := make([]int, n)
+			var overtaken int // arrived after a packet sent later
+			maxSeq := -1
+			for _, s := range seqs {
+				seen[s]++
+				if int(s) < maxSeq {
+					overtaken++
+				}
+				maxSeq = max(maxSeq, int(s))
+			}
+			var unique, dups int
+			for _, c := range seen {
+				if c > 0 {
+					unique++
+					dups += c - 1
+				}
+				if c > 2 {
+					t.Fatalf("a packet arrived %d times", c)
+				}
+			}
+			copies := unique + dups
+			within(t, "loss", n-unique, n, f.Loss)
+			within(t, "duplicate", dups, unique, f.Duplicate)
+			within(t, "reorder", int(sa.Reordered), copies, f.Reorder)
+
+			if sa.DropLoss != uint64(n-unique) || sa.Duplicated != uint64(dups) {
+				t.Errorf("sender stats %+v, want %d lost, %d duplicated", sa, n-unique, dups)
+			}
+			// Every held packet arrives after a later one, except when what
+			// overtook it was its own duplicate, or when it was among the
+			// last, released by the hold deadline with nothing after it.
+			if d := int(sa.Reordered) - overtaken; d < 0 || d > 2+dups {
+				t.Errorf("Stats.Reordered = %d, receiver saw %d overtaken", sa.Reordered, overtaken)
+			}
+			if f.Duplicate == 0 && int(sa.Reordered)-overtaken > 2 {
+				t.Errorf("Stats.Reordered = %d, receiver saw %d overtaken", sa.Reordered, overtaken)
+			}
+			if sa.TxPackets != uint64(copies) || sb.RxPackets != uint64(copies) {
+				t.Errorf("tx %d, rx %d, delivered %d", sa.TxPackets, sb.RxPackets, copies)
+			}
+		})
+	}
+}
+
+func TestFabricReorderHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fb := NewFabric(Faults{Reorder: 1}) // everything is held
+		defer fb.Close()
+		ws := attach(t, fb, gidA, gidB)
+		a, b := ws[0], ws[1]
+		start := time.Now()
+		a.Send(mkPkts(3, 64, gidB, 0))
+		got := recvN(t, b, 3, slots(4, 64))
+		if d := time.Since(start); d != ReorderHold {
+			t.Errorf("held packets released after %v, want %v", d, ReorderHold)
+		}
+		for i := range got {
+			if seqOf(&got[i]) != uint32(i) {
+				t.Errorf("released out of order: %d at %d", seqOf(&got[i]), i)
+			}
+		}
+	})
+}
+
+func TestFabricDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const delay, jitter = 10 * time.Millisecond, 2 * time.Millisecond
+		fb := NewFabric(Faults{Seed: 1, Delay: delay, Jitter: jitter})
+		defer fb.Close()
+		ws := attach(t, fb, gidA, gidB)
+		a, b := ws[0], ws[1]
+		start := time.Now()
+		a.Send(mkPkts(200, 64, gidB, 0))
+		if n := a.Stats().TxPackets; n != 0 {
+			t.Fatalf("%d packets delivered at once", n)
+		}
+		rx := slots(64, 64)
+		var last time.Duration
+		var inversions int
+		prev := -1
+		for got := 0; got < 200; {
+			k, err := b.Recv(rx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := time.Since(start)
+			if d < delay-jitter || d > delay+jitter || d < last {
+				t.Fatalf("delivered after %v, want %v ± %v, in due order", d, delay, jitter)
+			}
+			last = d
+			for i := range rx[:k] {
+				if s := int(seqOf(&rx[i])); s < prev {
+					inversions++
+				} else {
+					prev = s
+				}
+			}
+			got += k
+		}
+		if inversions == 0 {
+			t.Error("jitter reordered nothing")
+		}
+		if s := a.Stats(); s.Delayed != 200 || s.TxPackets != 200 {
+			t.Errorf("stats %+v", s)
+		}
+	})
+}
+
+// TestFabricDelayRealTime runs the timer goroutine on the real clock.
+func TestFabricDelayRealTime(t *testing.T) {
+	const delay = 20 * time.Millisecond
+	fb := NewFabric(Faults{Delay: delay})
+	defer fb.Close()
+	ws := attach(t, fb, gidA, gidB)
+	a, b := ws[0], ws[1]
+	start := time.Now()
+	a.Send(mkPkts(10, 64, gidB, 0))
+	recvN(t, b, 10, slots(10, 64))
+	if d := time.Since(start); d < delay {
+		t.Errorf("delivered after %v, want ≥ %v", d, delay)
+	}
+}
+
+func TestFabricSetFaults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fb := NewFabric(Faults{})
+		defer fb.Close()
+		ws := attach(t, fb, gidA, gidB)
+		a, b := ws[0], ws[1]
+		fb.SetFaults(Faults{Loss: 1})
+		a.Send(mkPkts(10, 64, gidB, 0))
+		if s := a.Stats(); s.DropLoss != 10 {
+			t.Errorf("DropLoss = %d, want 10", s.DropLoss)
+		}
+		fb.SetFaults(Faults{Delay: time.Second})
+		a.Send(mkPkts(1, 64, gidB, 10))
+		fb.SetFaults(Faults{}) // the delayed packet keeps its fate
+		a.Send(mkPkts(1, 64, gidB, 11))
+		got := recvN(t, b, 2, slots(2, 64))
+		if seqOf(&got[0]) != 11 || seqOf(&got[1]) != 10 {
+			t.Errorf("got %d, %d; want 11 then the delayed 10", seqOf(&got[0]), seqOf(&got[1]))
+		}
+		// With the faults off, the timer goroutine exits by itself.
+		synctest.Wait()
+		fb.sched.mu.Lock()
+		running := fb.sched.running
+		fb.sched.mu.Unlock()
+		if running {
+			t.Error("timer goroutine still running with no timed faults")
+		}
+	})
+}
+
+// TestFabricCloseHeld checks what happens to packets in flight at Close.
+func TestFabricCloseHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fb := NewFabric(Faults{Reorder: 1})
+		ws := attach(t, fb, gidA, gidB)
+		a, b := ws[0], ws[1]
+		a.Send(mkPkts(2, 64, gidB, 0))
+		a.Close() // held packets were sent: they arrive
+		recvN(t, b, 2, slots(2, 64))
+
+		fb.SetFaults(Faults{Delay: time.Hour})
+		c := attach(t, fb, gidC)[0]
+		c.Send(mkPkts(3, 64, gidB, 0))
+		fb.Close() // the timer's packets are dropped
+		if s := c.Stats(); s.DropClosed != 3 {
+			t.Errorf("DropClosed = %d, want 3", s.DropClosed)
+		}
+	})
+}
+
+func TestFabricConcurrent(t *testing.T) {
+	fb := NewFabric(Faults{Seed: 3, Loss: 0.01, Duplicate: 0.01, Reorder: 0.05, Delay: 50 * time.Microsecond, Jitter: 50 * time.Microsecond})
+	ws := attach(t, fb, gidA, gidB, gidC)
+	const perSender = 2000
+	var wg sync.WaitGroup
+	for _, s := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pkts := mkPkts(8, 200, gidA, 0)
+			for i := 0; i < perSender; i += len(pkts) {
+				for j := range pkts {
+					pkts[j].Addr = ws[(i/8+j)%3].LocalGID()
+				}
+				if _, err := s.Send(pkts); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	var rwg sync.WaitGroup
+	for _, r := range ws {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			rx := slots(16, MaxPacketLen)
+			for {
+				k, err := r.Recv(rx)
+				if err != nil {
+					return
+				}
+				for i := range rx[:k] {
+					checkPayload(t, &rx[i], 200)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	time.Sleep(5 * time.Millisecond)
+	fb.Close()
+	rwg.Wait()
+	s := fb.Stats()
+	if s.TxPackets == 0 || s.TxPackets < s.RxPackets {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestFabricAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for _, tc := range []struct {
+		name string
+		f    Faults
+	}{
+		{"clean", Faults{}},
+		{"loss", Faults{Seed: 1, Loss: 0.1}},
+		{"loss+dup+reorder", Faults{Seed: 1, Loss: 0.05, Duplicate: 0.05, Reorder: 0.1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fb := NewFabric(tc.f)
+			defer fb.Close()
+			ws := attach(t, fb, gidA, gidB)
+			a, b := ws[0], ws[1]
+			for _, batch := range []int{1, 64} {
+				pkts := mkPkts(batch, 1024, gidB, 0)
+				rx := slots(batch, MaxPacketLen)
+				round := func() {
+					a.Send(pkts)
+					for b.Stats().RxPackets < a.Stats().TxPackets {
+						if _, err := b.Recv(rx); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				for range 200 { // warm the pools, the held-list map and the heap
+					round()
+				}
+				if allocs := testing.AllocsPerRun(500, round); allocs != 0 {
+					t.Errorf("batch %d: %v allocations per Send+Recv, want 0", batch, allocs)
+				}
+			}
+		})
+	}
+}
