@@ -19,7 +19,7 @@ demo: ## Run the main job: the demo on the software RDMA provider.
 	$(GO) run ./cmd/rdmavisor demo
 
 .PHONY: test
-test: lint ## Run vet, gofmt and all tests with -race (envtest included).
+test: generate manifests lint ## Regenerate, then run vet, gofmt and all tests with -race (envtest included).
 	hack/test.sh
 
 .PHONY: lint
@@ -34,6 +34,17 @@ fuzz: ## Run every fuzz target for FUZZTIME each.
 .PHONY: verify
 verify: lint ## Check that generated code and manifests are up to date.
 	hack/verify.sh
+
+CONTROLLER_GEN ?= $(GO) tool controller-gen
+
+.PHONY: generate
+generate: ## Generate deepcopy code of the API types (controller-gen).
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: ## Generate CRDs and the operator's RBAC role (controller-gen).
+	$(CONTROLLER_GEN) crd rbac:roleName=rdmavisor-operator paths=./api/... paths=./controllers/... \
+		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 
 .PHONY: bench
 bench: ## Run benchmarks and write bench/results/ with a summary of ratios.

@@ -1,6 +1,35 @@
 #!/usr/bin/env bash
 # Regenerates generated code and fails if the tree changes.
+# Usage: hack/verify.sh [CHECK...]   CHECK: tidy, generated (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-go mod tidy
-git diff --exit-code -- go.mod go.sum || { echo "go.mod/go.sum are not tidy"; exit 1; }
+
+tidy() {
+  go mod tidy
+  git diff --exit-code -- go.mod go.sum || { echo "go.mod/go.sum are not tidy"; exit 1; }
+}
+
+# generated: deepcopy, CRDs and the operator's RBAC role, by controller-gen.
+# Generated files are removed first, so one whose source is gone shows up as
+# a deletion; an untracked generated file shows up as untracked.
+generated() {
+  local dirs=(api config)
+  rm -f api/*/zz_generated.deepcopy.go config/crd/bases/*.yaml config/rbac/role.yaml
+  make --no-print-directory generate manifests
+  local untracked
+  untracked=$(git ls-files --others --exclude-standard -- "${dirs[@]}")
+  if ! git diff --exit-code -- "${dirs[@]}" || [ -n "$untracked" ]; then
+    [ -z "$untracked" ] || printf 'untracked (not in git):\n%s\n' "$untracked"
+    echo "generated code or manifests are out of date: run 'make generate manifests' and commit the result"
+    exit 1
+  fi
+}
+
+for check in "${@:-tidy generated}"; do
+  for c in $check; do
+    case $c in
+      tidy | generated) "$c" ;;
+      *) echo "unknown check $c" >&2; exit 2 ;;
+    esac
+  done
+done

@@ -1,0 +1,258 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Provider names the verbs backend a node agent drives.
+// +kubebuilder:validation:Enum=soft;ibverbs
+type Provider string
+
+const (
+	// ProviderSoft is the pure-Go RoCEv2 provider: no RDMA hardware needed.
+	ProviderSoft Provider = "soft"
+	// ProviderIBVerbs is libibverbs on real RDMA devices.
+	ProviderIBVerbs Provider = "ibverbs"
+)
+
+// Transport is the policy that picks the queue pair type a message travels on.
+// +kubebuilder:validation:Enum=rc;uc;ud;auto
+type Transport string
+
+const (
+	// TransportRC sends everything over reliable-connected QPs.
+	TransportRC Transport = "rc"
+	// TransportUC sends everything over unreliable-connected QPs.
+	TransportUC Transport = "uc"
+	// TransportUD sends everything over unreliable-datagram QPs, with the
+	// engine's own sequencing for reliable vconns.
+	TransportUD Transport = "ud"
+	// TransportAuto chooses per message by size.
+	TransportAuto Transport = "auto"
+)
+
+// Defaults and bounds of RDMAService fields. The kubebuilder markers below
+// repeat them as literals (markers cannot reference constants); a test checks
+// the generated schema against these values.
+const (
+	DefaultResourceName   = "rdmavisor.io/vconn"
+	DefaultQPsPerPeer     = 2
+	MaxQPsPerPeer         = 64
+	DefaultVConnsPerNode  = 1024
+	MaxVConnsPerNode      = 65536
+	DefaultBufferPoolSize = "64Mi"
+	MinBufferPoolSize     = "1Mi"
+	MaxBufferPoolSize     = "64Gi"
+	// MaxServiceNameLength keeps the names derived from an RDMAService
+	// ("rdmavisor-agent-" + name) within the 63 characters of a label value.
+	MaxServiceNameLength = 40
+)
+
+// Condition types of an RDMAService.
+const (
+	// ConditionReady is True when every node the service deploys to runs an
+	// agent that reports ready.
+	ConditionReady = "Ready"
+	// ConditionProgressing is True while selected nodes have not yet
+	// reported ready.
+	ConditionProgressing = "Progressing"
+	// ConditionDegraded is True when a node reports unhealthy.
+	ConditionDegraded = "Degraded"
+	// ConditionConflict is True when an older RDMAService already claims
+	// some of the nodes this one selects.
+	ConditionConflict = "Conflict"
+)
+
+// DeviceSelector chooses the RDMA devices an agent uses on its node.
+// +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'soft' || (!has(self.names) && !has(self.vendors))",message="names and vendors select hardware devices: they cannot be set with provider soft"
+type DeviceSelector struct {
+	// Provider is the verbs backend: ibverbs for RDMA hardware, soft for the
+	// software provider (RoCEv2 over UDP, no hardware needed).
+	// +kubebuilder:default=ibverbs
+	// +optional
+	Provider Provider `json:"provider,omitempty"`
+
+	// Names of the devices to use, as ibv_devices lists them (mlx5_0).
+	// Empty: every device whose vendor matches.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=64
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9][A-Za-z0-9_.-]*$`
+	// +optional
+	Names []string `json:"names,omitempty"`
+
+	// Vendors of the devices to use, as the provider reports them (a name
+	// such as mellanox, or a vendor ID such as 0x02c9), compared without
+	// case. Empty: any vendor.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=64
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9][A-Za-z0-9_.-]*$`
+	// +optional
+	Vendors []string `json:"vendors,omitempty"`
+}
+
+// AgentSpec configures the pods of the node agent DaemonSet. One image holds
+// the node agent, the device plugin and the CNI installer.
+type AgentSpec struct {
+	// Image of the node agent. Empty: the operator's default image.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// ImagePullPolicy of the agent containers.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the node agent container.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// RDMAServiceSpec is what an administrator asks for: where to run RDMAvisor
+// and how to size it.
+type RDMAServiceSpec struct {
+	// NodeSelector selects the nodes to run on. Empty or absent: all nodes.
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="nodeSelector operators must be In, NotIn, Exists or DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, (e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))",message="nodeSelector In and NotIn need values; Exists and DoesNotExist take none"
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	// Device selects the RDMA devices on each node.
+	// +kubebuilder:default={}
+	// +optional
+	Device DeviceSelector `json:"device,omitempty"`
+
+	// Transport is the QP type policy: rc, uc, ud, or auto (per message size).
+	// +kubebuilder:default=auto
+	// +optional
+	Transport Transport `json:"transport,omitempty"`
+
+	// QPsPerPeer is the number of shared queue pairs an agent keeps per
+	// peer node; every vconn to that peer is multiplexed over them.
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	// +optional
+	QPsPerPeer *int32 `json:"qpsPerPeer,omitempty"`
+
+	// BufferPoolSize is the registered buffer memory of each agent, in bytes
+	// (a quantity such as 64Mi), between 1Mi and 64Gi.
+	// +kubebuilder:default="64Mi"
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('64Gi')) <= 0",message="bufferPoolSize must be a whole number of bytes between 1Mi and 64Gi"
+	// +optional
+	BufferPoolSize *resource.Quantity `json:"bufferPoolSize,omitempty"`
+
+	// VConnsPerNode is how many vconns each node offers to pods: the device
+	// plugin's capacity of ResourceName. At most 65536, since the kubelet
+	// receives one device entry per vconn.
+	// +kubebuilder:default=1024
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	// +optional
+	VConnsPerNode *int32 `json:"vconnsPerNode,omitempty"`
+
+	// ResourceName is the extended resource pods request to get vconns. It
+	// must be domain-prefixed, outside the kubernetes.io domains, and cannot
+	// change (pods already hold it).
+	// +kubebuilder:default="rdmavisor.io/vconn"
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')",message="resourceName must be a domain-prefixed name such as rdmavisor.io/vconn"
+	// +kubebuilder:validation:XValidation:rule="!(self.split('/')[0] == 'kubernetes.io' || self.split('/')[0].endsWith('.kubernetes.io') || self.split('/')[0] == 'k8s.io' || self.split('/')[0].endsWith('.k8s.io'))",message="resourceName cannot use the reserved kubernetes.io and k8s.io domains"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resourceName is immutable"
+	// +optional
+	ResourceName string `json:"resourceName,omitempty"`
+
+	// Agent configures the agent pods.
+	// +kubebuilder:default={}
+	// +optional
+	Agent AgentSpec `json:"agent,omitempty"`
+
+	// Tolerations of the agent pods, so they can run on tainted nodes.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+}
+
+// RDMAServiceStatus is what the operator observed, aggregated from the
+// RDMANodes of the service.
+type RDMAServiceStatus struct {
+	// Conditions: Ready, Progressing, Degraded and Conflict.
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// ObservedGeneration is the generation last reconciled without error.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// DesiredNodes is the number of nodes the service deploys to: selected,
+	// tolerated, and not claimed by an older service.
+	// +optional
+	DesiredNodes int32 `json:"desiredNodes,omitempty"`
+
+	// ReadyNodes is the number of those nodes whose agent reports ready.
+	// +optional
+	ReadyNodes int32 `json:"readyNodes,omitempty"`
+
+	// Nodes is "ready/desired", for kubectl get.
+	// +optional
+	Nodes string `json:"nodes,omitempty"`
+
+	// VConnCapacity is the sum of the vconn capacity the agents report.
+	// +optional
+	VConnCapacity int64 `json:"vconnCapacity,omitempty"`
+
+	// VConnsInUse is the sum of the vconns open on the agents.
+	// +optional
+	VConnsInUse int64 `json:"vconnsInUse,omitempty"`
+
+	// QPsInUse is the sum of the queue pairs the agents hold.
+	// +optional
+	QPsInUse int64 `json:"qpsInUse,omitempty"`
+}
+
+// RDMAService runs RDMAvisor on a set of nodes: a node agent, device plugin
+// and CNI plugin on each, sharing a few queue pairs per peer among many vconns.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=rdmasvc,categories=rdmavisor
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`,description="Nodes ready/desired"
+// +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.status.vconnCapacity`,description="vconns the nodes offer"
+// +kubebuilder:printcolumn:name="In Use",type=integer,JSONPath=`.status.vconnsInUse`,description="vconns open"
+// +kubebuilder:printcolumn:name="Conflict",type=string,JSONPath=`.status.conditions[?(@.type=="Conflict")].status`,priority=1
+// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resourceName`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 40",message="metadata.name must be at most 40 characters: it prefixes the names of the objects the operator creates"
+type RDMAService struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec RDMAServiceSpec `json:"spec,omitempty"`
+	// +optional
+	Status RDMAServiceStatus `json:"status,omitempty"`
+}
+
+// RDMAServiceList is a list of RDMAServices.
+//
+// +kubebuilder:object:root=true
+type RDMAServiceList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []RDMAService `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&RDMAService{}, &RDMAServiceList{})
+}

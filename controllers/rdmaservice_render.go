@@ -1,0 +1,398 @@
+package controllers
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+
+	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+	"github.com/rdmavisor/rdmavisor/internal/config"
+)
+
+// Labels on every object the operator renders.
+const (
+	LabelService   = "rdmavisor.io/service"
+	labelName      = "app.kubernetes.io/name"
+	labelInstance  = "app.kubernetes.io/instance"
+	labelManagedBy = "app.kubernetes.io/managed-by"
+	agentAppName   = "rdmavisor-agent"
+	// FieldOwner is the server-side apply field manager of the operator.
+	FieldOwner = "rdmavisor-operator"
+
+	annotationConfigHash = "rdmavisor.io/config-hash"
+	configKey            = "agent.yaml"
+	configMountDir       = "/etc/rdmavisor"
+	nodeNameExtra        = "authentication.kubernetes.io/node-name"
+)
+
+// Host paths the agent pods mount.
+const (
+	hostDevicePluginDir = "/var/lib/kubelet/device-plugins"
+	hostPodResourcesDir = "/var/lib/kubelet/pod-resources"
+	hostCNIBinDir       = "/opt/cni/bin"
+	hostCNIConfDir      = "/etc/cni/net.d"
+	hostInfinibandDir   = "/dev/infiniband"
+)
+
+// objectName is the name of every object rendered for svc: one name for the
+// DaemonSet, ConfigMap, ServiceAccount, ClusterRole(Binding) and policy.
+// RDMAService names are at most 40 characters, so it fits a label value.
+func objectName(svc *v1alpha1.RDMAService) string { return "rdmavisor-agent-" + svc.Name }
+
+func commonLabels(svc *v1alpha1.RDMAService) map[string]string {
+	return map[string]string{
+		labelName:      agentAppName,
+		labelInstance:  svc.Name,
+		labelManagedBy: FieldOwner,
+		LabelService:   svc.Name,
+	}
+}
+
+// selectorLabels select the agent pods of svc. A DaemonSet selector is
+// immutable: never change these.
+func selectorLabels(svc *v1alpha1.RDMAService) map[string]string {
+	return map[string]string{labelName: agentAppName, LabelService: svc.Name}
+}
+
+func ownerRef(svc *v1alpha1.RDMAService) *metav1ac.OwnerReferenceApplyConfiguration {
+	return metav1ac.OwnerReference().
+		WithAPIVersion(v1alpha1.GroupVersion.String()).
+		WithKind("RDMAService").
+		WithName(svc.Name).
+		WithUID(svc.UID).
+		WithController(true).
+		WithBlockOwnerDeletion(true)
+}
+
+// renderConfig turns the spec into the agent's configuration file. Defaults
+// repeat the schema's, for objects stored before a default existed.
+func renderConfig(svc *v1alpha1.RDMAService) (*config.AgentConfig, []byte, error) {
+	s := svc.Spec
+	cfg := config.Default()
+	cfg.ServiceName = svc.Name
+	if s.Device.Provider != "" {
+		cfg.Device.Provider = config.Provider(s.Device.Provider)
+	}
+	cfg.Device.Names = slices.Clone(s.Device.Names)
+	cfg.Device.Vendors = slices.Clone(s.Device.Vendors)
+	if s.Transport != "" {
+		cfg.Transport = config.Transport(s.Transport)
+	}
+	if s.QPsPerPeer != nil {
+		cfg.QPsPerPeer = int(*s.QPsPerPeer)
+	}
+	if s.BufferPoolSize != nil {
+		cfg.BufferPoolBytes = s.BufferPoolSize.Value()
+	}
+	if s.VConnsPerNode != nil {
+		cfg.VConnsPerNode = int(*s.VConnsPerNode)
+	}
+	if s.ResourceName != "" {
+		cfg.ResourceName = s.ResourceName
+	}
+	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryKubernetes}
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("rendering agent config: %w", err)
+	}
+	data, err := cfg.Marshal()
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, data, nil
+}
+
+func renderConfigMap(svc *v1alpha1.RDMAService, namespace string, data []byte) *corev1ac.ConfigMapApplyConfiguration {
+	return corev1ac.ConfigMap(objectName(svc), namespace).
+		WithLabels(commonLabels(svc)).
+		WithOwnerReferences(ownerRef(svc)).
+		WithData(map[string]string{configKey: string(data)})
+}
+
+func renderServiceAccount(svc *v1alpha1.RDMAService, namespace string) *corev1ac.ServiceAccountApplyConfiguration {
+	return corev1ac.ServiceAccount(objectName(svc), namespace).
+		WithLabels(commonLabels(svc)).
+		WithOwnerReferences(ownerRef(svc))
+}
+
+// renderClusterRole grants what an agent needs: its RDMANode (create, update)
+// and every RDMANode (read, for peer discovery). RBAC cannot restrict writes
+// to one object by the caller's node: the admission policy does that.
+func renderClusterRole(svc *v1alpha1.RDMAService) *rbacv1ac.ClusterRoleApplyConfiguration {
+	group := v1alpha1.GroupVersion.Group
+	return rbacv1ac.ClusterRole(objectName(svc)).
+		WithLabels(commonLabels(svc)).
+		WithOwnerReferences(ownerRef(svc)).
+		WithRules(
+			rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources("rdmanodes").
+				WithVerbs("get", "list", "watch", "create", "update", "patch"),
+			rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources("rdmanodes/status").
+				WithVerbs("get", "update", "patch"),
+		)
+}
+
+func renderClusterRoleBinding(svc *v1alpha1.RDMAService, namespace string) *rbacv1ac.ClusterRoleBindingApplyConfiguration {
+	return rbacv1ac.ClusterRoleBinding(objectName(svc)).
+		WithLabels(commonLabels(svc)).
+		WithOwnerReferences(ownerRef(svc)).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(objectName(svc))).
+		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(objectName(svc)).WithNamespace(namespace))
+}
+
+// agentUsername is the user name of the agents' service account tokens.
+func agentUsername(svc *v1alpha1.RDMAService, namespace string) string {
+	return "system:serviceaccount:" + namespace + ":" + objectName(svc)
+}
+
+// renderPolicy confines the agents of svc: a request from their service
+// account may create or update only the RDMANode named after the node its
+// token is bound to (the kubelet-issued token carries the node name as a user
+// extra), and only with spec.serviceName set to svc.
+func renderPolicy(svc *v1alpha1.RDMAService, namespace string) *admissionv1ac.ValidatingAdmissionPolicyApplyConfiguration {
+	const nodeOf = "request.userInfo.extra[%q]"
+	nodeExtra := fmt.Sprintf(nodeOf, nodeNameExtra)
+	return admissionv1ac.ValidatingAdmissionPolicy(objectName(svc)).
+		WithLabels(commonLabels(svc)).
+		WithOwnerReferences(ownerRef(svc)).
+		WithSpec(admissionv1ac.ValidatingAdmissionPolicySpec().
+			WithFailurePolicy(admissionregistrationv1.Fail).
+			WithMatchConstraints(admissionv1ac.MatchResources().WithResourceRules(
+				admissionv1ac.NamedRuleWithOperations().
+					WithOperations(admissionregistrationv1.Create, admissionregistrationv1.Update).
+					WithAPIGroups(v1alpha1.GroupVersion.Group).
+					WithAPIVersions("*").
+					WithResources("rdmanodes", "rdmanodes/status"))).
+			WithMatchConditions(admissionv1ac.MatchCondition().
+				WithName("agent-of-"+svc.Name).
+				WithExpression(fmt.Sprintf("request.userInfo.username == %q", agentUsername(svc, namespace)))).
+			WithVariables(admissionv1ac.Variable().
+				WithName("nodeName").
+				WithExpression(fmt.Sprintf("has(request.userInfo.extra) && %q in request.userInfo.extra && size(%s) == 1 ? %s[0] : ''",
+					nodeNameExtra, nodeExtra, nodeExtra))).
+			WithValidations(
+				admissionv1ac.Validation().
+					WithExpression("variables.nodeName != '' && object.metadata.name == variables.nodeName").
+					WithMessage("an RDMAvisor agent may write only the RDMANode of its own node").
+					WithMessageExpression("variables.nodeName == '' ? 'an RDMAvisor agent may write only the RDMANode of its own node, and its token names no node' : 'the RDMAvisor agent on node ' + variables.nodeName + ' may write only RDMANode ' + variables.nodeName + ', not ' + object.metadata.name").
+					WithReason(metav1.StatusReasonForbidden),
+				admissionv1ac.Validation().
+					WithExpression(fmt.Sprintf("object.spec.serviceName == %q", svc.Name)).
+					WithMessage(fmt.Sprintf("agents of RDMAService %s may write only RDMANodes with spec.serviceName %s", svc.Name, svc.Name)).
+					WithReason(metav1.StatusReasonForbidden),
+			))
+}
+
+func renderPolicyBinding(svc *v1alpha1.RDMAService) *admissionv1ac.ValidatingAdmissionPolicyBindingApplyConfiguration {
+	return admissionv1ac.ValidatingAdmissionPolicyBinding(objectName(svc)).
+		WithLabels(commonLabels(svc)).
+		WithOwnerReferences(ownerRef(svc)).
+		WithSpec(admissionv1ac.ValidatingAdmissionPolicyBindingSpec().
+			WithPolicyName(objectName(svc)).
+			WithValidationActions(admissionregistrationv1.Deny))
+}
+
+// renderNodeAffinity restricts the DaemonSet to the nodes svc selects, minus
+// those an older service already serves. Nil when every node is eligible.
+func renderNodeAffinity(sel *metav1.LabelSelector, excluded []string) *corev1ac.AffinityApplyConfiguration {
+	term := corev1ac.NodeSelectorTerm()
+	var empty = true
+	if sel != nil {
+		for _, k := range slices.Sorted(maps.Keys(sel.MatchLabels)) {
+			term.WithMatchExpressions(corev1ac.NodeSelectorRequirement().
+				WithKey(k).WithOperator(corev1.NodeSelectorOpIn).WithValues(sel.MatchLabels[k]))
+			empty = false
+		}
+		for _, e := range sel.MatchExpressions {
+			// LabelSelector operators (In, NotIn, Exists, DoesNotExist) are
+			// spelled as their NodeSelector counterparts.
+			term.WithMatchExpressions(corev1ac.NodeSelectorRequirement().
+				WithKey(e.Key).WithOperator(corev1.NodeSelectorOperator(e.Operator)).WithValues(e.Values...))
+			empty = false
+		}
+	}
+	if len(excluded) > 0 {
+		term.WithMatchFields(corev1ac.NodeSelectorRequirement().
+			WithKey("metadata.name").WithOperator(corev1.NodeSelectorOpNotIn).WithValues(excluded...))
+		empty = false
+	}
+	if empty {
+		return nil
+	}
+	return corev1ac.Affinity().WithNodeAffinity(corev1ac.NodeAffinity().
+		WithRequiredDuringSchedulingIgnoredDuringExecution(corev1ac.NodeSelector().WithNodeSelectorTerms(term)))
+}
+
+func hostPathVolume(name, path string, typ corev1.HostPathType) *corev1ac.VolumeApplyConfiguration {
+	return corev1ac.Volume().WithName(name).WithHostPath(corev1ac.HostPathVolumeSource().WithPath(path).WithType(typ))
+}
+
+func mount(name, path string, readOnly bool) *corev1ac.VolumeMountApplyConfiguration {
+	m := corev1ac.VolumeMount().WithName(name).WithMountPath(path)
+	if readOnly {
+		m.WithReadOnly(true)
+	}
+	return m
+}
+
+func envFromField(name, path string) *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
+		WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(path)))
+}
+
+// renderDaemonSet renders the agent DaemonSet. One image holds the three
+// binaries; their command lines are the contract with cmd/node-agent,
+// cmd/device-plugin and cmd/rdmavisor-cni, which all read the same config file.
+func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *config.AgentConfig, cfgData []byte, excluded []string) *appsv1ac.DaemonSetApplyConfiguration {
+	sum := sha256.Sum256(cfgData)
+	configFile := configMountDir + "/" + configKey
+	pull := svc.Spec.Agent.ImagePullPolicy
+
+	volumes := []*corev1ac.VolumeApplyConfiguration{
+		corev1ac.Volume().WithName("config").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(objectName(svc))),
+		hostPathVolume("sockets", cfg.SocketDir, corev1.HostPathDirectoryOrCreate),
+		hostPathVolume("device-plugins", hostDevicePluginDir, corev1.HostPathDirectory),
+		hostPathVolume("pod-resources", hostPodResourcesDir, corev1.HostPathDirectory),
+		hostPathVolume("cni-bin", hostCNIBinDir, corev1.HostPathDirectoryOrCreate),
+		hostPathVolume("cni-conf", hostCNIConfDir, corev1.HostPathDirectoryOrCreate),
+	}
+	agentMounts := []*corev1ac.VolumeMountApplyConfiguration{
+		mount("config", configMountDir, true),
+		mount("sockets", cfg.SocketDir, false),
+		mount("pod-resources", hostPodResourcesDir, true),
+	}
+	agentSecurity := corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false)
+	if cfg.Device.Provider == config.ProviderIBVerbs {
+		// Verbs need the uverbs character devices, and IPC_LOCK to pin
+		// registered memory beyond RLIMIT_MEMLOCK.
+		volumes = append(volumes, hostPathVolume("infiniband", hostInfinibandDir, corev1.HostPathDirectory))
+		agentMounts = append(agentMounts, mount("infiniband", hostInfinibandDir, false))
+		agentSecurity.WithCapabilities(corev1ac.Capabilities().WithAdd("IPC_LOCK"))
+	}
+	// Validate accepted the address, so the port parses.
+	_, port, _ := net.SplitHostPort(cfg.MetricsAddress)
+	metricsPort, _ := strconv.Atoi(port)
+	probe := func(path string) *corev1ac.ProbeApplyConfiguration {
+		return corev1ac.Probe().WithHTTPGet(corev1ac.HTTPGetAction().WithPath(path).WithPort(intstr.FromString("metrics"))).
+			WithPeriodSeconds(10)
+	}
+
+	agent := corev1ac.Container().
+		WithName("agent").
+		WithImage(image).
+		WithCommand("node-agent", "--config="+configFile).
+		WithEnv(envFromField("NODE_NAME", "spec.nodeName"), envFromField("NODE_IP", "status.hostIP")).
+		WithPorts(
+			corev1ac.ContainerPort().WithName("control").WithContainerPort(int32(cfg.ControlPort)).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(int32(metricsPort)).WithProtocol(corev1.ProtocolTCP),
+		).
+		WithVolumeMounts(agentMounts...).
+		WithSecurityContext(agentSecurity).
+		WithLivenessProbe(probe("/healthz")).
+		WithReadinessProbe(probe("/readyz"))
+	if cfg.Device.Provider == config.ProviderSoft {
+		agent.WithPorts(corev1ac.ContainerPort().WithName("roce").WithContainerPort(int32(cfg.Soft.UDPPort)).WithProtocol(corev1.ProtocolUDP))
+	}
+	if r := svc.Spec.Agent.Resources; r != nil {
+		res := corev1ac.ResourceRequirements()
+		if r.Limits != nil {
+			res.WithLimits(r.Limits)
+		}
+		if r.Requests != nil {
+			res.WithRequests(r.Requests)
+		}
+		agent.WithResources(res)
+	}
+
+	devicePlugin := corev1ac.Container().
+		WithName("device-plugin").
+		WithImage(image).
+		WithCommand("device-plugin", "--config="+configFile).
+		WithEnv(envFromField("NODE_NAME", "spec.nodeName")).
+		WithVolumeMounts(
+			mount("config", configMountDir, true),
+			mount("sockets", cfg.SocketDir, false),
+			mount("device-plugins", hostDevicePluginDir, false),
+		).
+		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false))
+
+	cniInstall := corev1ac.Container().
+		WithName("cni-install").
+		WithImage(image).
+		WithCommand("rdmavisor-cni", "install",
+			"--config="+configFile,
+			"--cni-bin-dir=/host"+hostCNIBinDir,
+			"--cni-conf-dir=/host"+hostCNIConfDir).
+		WithVolumeMounts(
+			mount("config", configMountDir, true),
+			mount("cni-bin", "/host"+hostCNIBinDir, false),
+			mount("cni-conf", "/host"+hostCNIConfDir, false),
+		).
+		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false))
+
+	for _, c := range []*corev1ac.ContainerApplyConfiguration{agent, devicePlugin, cniInstall} {
+		if pull != "" {
+			c.WithImagePullPolicy(pull)
+		}
+	}
+
+	pod := corev1ac.PodSpec().
+		WithServiceAccountName(objectName(svc)).
+		// The agent serves peers on the node IP (RoCEv2 UDP and the control
+		// port), so it lives in the host network namespace.
+		WithHostNetwork(true).
+		WithDNSPolicy(corev1.DNSClusterFirstWithHostNet).
+		WithPriorityClassName("system-node-critical").
+		WithInitContainers(cniInstall).
+		WithContainers(agent, devicePlugin).
+		WithVolumes(volumes...)
+	if aff := renderNodeAffinity(svc.Spec.NodeSelector, excluded); aff != nil {
+		pod.WithAffinity(aff)
+	}
+	for i := range svc.Spec.Tolerations {
+		pod.WithTolerations(tolerationApply(&svc.Spec.Tolerations[i]))
+	}
+
+	return appsv1ac.DaemonSet(objectName(svc), namespace).
+		WithLabels(commonLabels(svc)).
+		WithOwnerReferences(ownerRef(svc)).
+		WithSpec(appsv1ac.DaemonSetSpec().
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(svc))).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(commonLabels(svc)).
+				// A changed config rolls the pods, which read it only at start.
+				WithAnnotations(map[string]string{annotationConfigHash: hex.EncodeToString(sum[:8])}).
+				WithSpec(pod)))
+}
+
+func tolerationApply(t *corev1.Toleration) *corev1ac.TolerationApplyConfiguration {
+	a := corev1ac.Toleration()
+	if t.Key != "" {
+		a.WithKey(t.Key)
+	}
+	if t.Operator != "" {
+		a.WithOperator(t.Operator)
+	}
+	if t.Value != "" {
+		a.WithValue(t.Value)
+	}
+	if t.Effect != "" {
+		a.WithEffect(t.Effect)
+	}
+	if t.TolerationSeconds != nil {
+		a.WithTolerationSeconds(*t.TolerationSeconds)
+	}
+	return a
+}

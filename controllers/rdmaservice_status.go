@@ -1,0 +1,204 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+)
+
+// Condition reasons of an RDMAService.
+const (
+	ReasonAllNodesReady   = "AllNodesReady"
+	ReasonNodesNotReady   = "NodesNotReady"
+	ReasonNodeUnhealthy   = "NodeUnhealthy"
+	ReasonDeviceUnhealthy = "DeviceUnhealthy"
+	ReasonNoNodes         = "NoNodes"
+	ReasonConflict        = "Conflict"
+	ReasonNoConflict      = "NoConflict"
+	ReasonWaitingForNodes = "WaitingForNodes"
+	ReasonComplete        = "Complete"
+	ReasonAsExpected      = "AsExpected"
+	ReasonReconcileError  = "ReconcileError"
+)
+
+// indexServiceName indexes RDMANodes by spec.serviceName in the cache.
+const indexServiceName = "spec.serviceName"
+
+// nodeReport is what one RDMANode says about its node.
+type nodeReport struct {
+	name string
+	// problem is why the node is unhealthy; empty when it is not.
+	problem string
+	ready   bool
+	// pending: no report yet, or readiness unknown.
+	pending bool
+	// badDevices names the unhealthy devices of a node that may still be ready.
+	badDevices []string
+	// expires is when a ready node's heartbeat becomes too old.
+	expires time.Time
+}
+
+// assess reads one RDMANode; rn is nil when the agent has not written it yet.
+func assess(name string, rn *v1alpha1.RDMANode, now time.Time, timeout time.Duration) nodeReport {
+	rep := nodeReport{name: name}
+	if rn == nil {
+		rep.pending = true
+		return rep
+	}
+	for _, d := range rn.Status.Devices {
+		if d.Health == v1alpha1.DeviceUnhealthy {
+			rep.badDevices = append(rep.badDevices, d.Name)
+		}
+	}
+	cond := meta.FindStatusCondition(rn.Status.Conditions, v1alpha1.ConditionNodeReady)
+	switch {
+	case cond == nil || cond.Status == metav1.ConditionUnknown:
+		rep.pending = true
+	case cond.Status == metav1.ConditionFalse:
+		rep.problem = cond.Reason
+		if cond.Message != "" {
+			rep.problem += ": " + cond.Message
+		}
+	case rn.Status.HeartbeatTime == nil || now.Sub(rn.Status.HeartbeatTime.Time) > timeout:
+		rep.problem = fmt.Sprintf("no heartbeat for more than %s", timeout)
+	default:
+		rep.ready = true
+		rep.expires = rn.Status.HeartbeatTime.Add(timeout)
+	}
+	return rep
+}
+
+// updateStatus aggregates the RDMANodes of the desired nodes into svc.Status
+// and returns when to look again: a ready node whose heartbeat stops must turn
+// the service not ready even if nothing else changes.
+func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.RDMAService, p *placement) (time.Duration, error) {
+	var list v1alpha1.RDMANodeList
+	if err := r.List(ctx, &list, client.MatchingFields{indexServiceName: svc.Name}); err != nil {
+		return 0, fmt.Errorf("listing RDMANodes: %w", err)
+	}
+	byName := make(map[string]*v1alpha1.RDMANode, len(list.Items))
+	for i := range list.Items {
+		byName[list.Items[i].Name] = &list.Items[i]
+	}
+
+	now := r.now()
+	st := &svc.Status
+	st.DesiredNodes, st.ReadyNodes = int32(len(p.desired)), 0
+	st.VConnCapacity, st.VConnsInUse, st.QPsInUse = 0, 0, 0
+	var unhealthy, pending, badDevices []string
+	var requeue time.Duration
+	for _, name := range p.desired {
+		rn := byName[name]
+		rep := assess(name, rn, now, r.heartbeatTimeout())
+		switch {
+		case rep.ready:
+			st.ReadyNodes++
+			if d := rep.expires.Sub(now) + time.Second; requeue == 0 || d < requeue {
+				requeue = d
+			}
+		case rep.pending:
+			pending = append(pending, name)
+		default:
+			unhealthy = append(unhealthy, "node "+name+": "+rep.problem)
+		}
+		for _, d := range rep.badDevices {
+			badDevices = append(badDevices, "node "+name+" device "+d)
+		}
+		if rn != nil {
+			st.VConnCapacity += int64(rn.Status.VConnCapacity)
+			st.VConnsInUse += int64(rn.Status.VConnsOpen)
+			st.QPsInUse += int64(rn.Status.QPsInUse)
+		}
+	}
+	st.Nodes = fmt.Sprintf("%d/%d", st.ReadyNodes, st.DesiredNodes)
+
+	ready := metav1.Condition{Type: v1alpha1.ConditionReady}
+	switch {
+	case p.refused:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonConflict, p.message()
+	case len(p.desired) == 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNoNodes
+		ready.Message = "no node is selected, tolerated and free of other RDMAServices"
+	case len(unhealthy) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodeUnhealthy
+		ready.Message = summarize(unhealthy)
+	case len(pending) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodesNotReady
+		ready.Message = fmt.Sprintf("%s nodes ready; waiting for %s", st.Nodes, summarize(pending))
+	default:
+		ready.Status, ready.Reason = metav1.ConditionTrue, ReasonAllNodesReady
+		ready.Message = st.Nodes + " nodes ready"
+	}
+	r.setCondition(svc, ready)
+
+	progressing := metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonComplete}
+	if len(pending) > 0 {
+		progressing.Status, progressing.Reason = metav1.ConditionTrue, ReasonWaitingForNodes
+		progressing.Message = "waiting for the agents of " + summarize(pending)
+	}
+	r.setCondition(svc, progressing)
+
+	degraded := metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected}
+	switch {
+	case len(unhealthy) > 0:
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnhealthy, summarize(unhealthy)
+	case len(badDevices) > 0:
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonDeviceUnhealthy, summarize(badDevices)+" unhealthy"
+	}
+	r.setCondition(svc, degraded)
+	return requeue, nil
+}
+
+// setConflict records the placement's conflicts.
+func (r *RDMAServiceReconciler) setConflict(svc *v1alpha1.RDMAService, p *placement) {
+	c := metav1.Condition{Type: v1alpha1.ConditionConflict, Status: metav1.ConditionFalse, Reason: ReasonNoConflict}
+	if len(p.conflicts) > 0 {
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonConflict, p.message()
+	}
+	r.setCondition(svc, c)
+}
+
+// setReconcileError makes a failed reconcile visible on the service, as
+// Degraded: Ready keeps saying what the agents report, so a transient API
+// error does not flap it. The next successful reconcile recomputes Degraded.
+func (r *RDMAServiceReconciler) setReconcileError(svc *v1alpha1.RDMAService, err error) {
+	r.setCondition(svc, metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionTrue,
+		Reason: ReasonReconcileError, Message: err.Error()})
+}
+
+func (r *RDMAServiceReconciler) setCondition(svc *v1alpha1.RDMAService, c metav1.Condition) {
+	c.ObservedGeneration = svc.Generation
+	if len(c.Message) > 1024 {
+		c.Message = c.Message[:1021] + "..."
+	}
+	meta.SetStatusCondition(&svc.Status.Conditions, c)
+}
+
+// patchStatus writes the status if it changed, so a reconcile that changes
+// nothing writes nothing.
+func (r *RDMAServiceReconciler) patchStatus(ctx context.Context, before, svc *v1alpha1.RDMAService) error {
+	if equality.Semantic.DeepEqual(before.Status, svc.Status) {
+		return nil
+	}
+	if err := r.Status().Patch(ctx, svc, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("patching RDMAService status: %w", err)
+	}
+	return nil
+}
+
+// summarize joins up to 5 items.
+func summarize(items []string) string {
+	const max = 5
+	if len(items) <= max {
+		return strings.Join(items, "; ")
+	}
+	return fmt.Sprintf("%s; and %d more", strings.Join(items[:max], "; "), len(items)-max)
+}

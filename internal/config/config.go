@@ -1,0 +1,236 @@
+// Package config owns the node agent's configuration file: the versioned YAML
+// document (apiVersion rdmavisor.io/v1alpha1, kind AgentConfig) that the
+// operator renders into a ConfigMap and the node agent, device plugin and CNI
+// installer read. Load decodes strictly, fills defaults and validates.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// APIVersion and Kind identify an agent configuration document.
+const (
+	APIVersion = "rdmavisor.io/v1alpha1"
+	Kind       = "AgentConfig"
+)
+
+// Provider names the verbs backend.
+type Provider string
+
+// Providers.
+const (
+	ProviderSoft    Provider = "soft"
+	ProviderIBVerbs Provider = "ibverbs"
+)
+
+// Wire is how the soft provider carries RoCEv2 packets.
+type Wire string
+
+// WireUDP is RoCEv2 over UDP sockets, the only wire between nodes (the
+// in-memory fabric exists only inside tests).
+const WireUDP Wire = "udp"
+
+// Transport is the QP type policy.
+type Transport string
+
+// Transports.
+const (
+	TransportRC   Transport = "rc"
+	TransportUC   Transport = "uc"
+	TransportUD   Transport = "ud"
+	TransportAuto Transport = "auto"
+)
+
+// DiscoveryMode is how an agent finds its peers.
+type DiscoveryMode string
+
+// Discovery modes.
+const (
+	// DiscoveryKubernetes reads peers from RDMANode objects.
+	DiscoveryKubernetes DiscoveryMode = "kubernetes"
+	// DiscoveryStatic uses the peer list in the file (standalone mode).
+	DiscoveryStatic DiscoveryMode = "static"
+)
+
+// Defaults.
+const (
+	DefaultUDPPort         = 4791 // the IANA RoCEv2 port
+	DefaultControlPort     = 7471
+	DefaultMetricsAddress  = ":7472"
+	DefaultQPsPerPeer      = 2
+	DefaultBufferPoolBytes = 64 << 20
+	DefaultVConnsPerNode   = 1024
+	DefaultMaxMessageBytes = 1 << 20
+	DefaultResourceName    = "rdmavisor.io/vconn"
+	DefaultSocketDir       = "/var/run/rdmavisor"
+	DefaultAdminSocket     = DefaultSocketDir + "/admin.sock"
+)
+
+// Bounds checked by Validate. They match the RDMAService schema.
+const (
+	MaxQPsPerPeer      = 64
+	MinBufferPoolBytes = 1 << 20
+	MaxBufferPoolBytes = 64 << 30
+	MaxVConnsPerNode   = 65536
+	MaxMaxMessageBytes = 1 << 30
+)
+
+// AgentConfig is the node agent's configuration.
+type AgentConfig struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	// NodeName is the node the agent runs on. Usually empty in the file,
+	// which is shared by every node: the agent fills it from the
+	// environment (see ApplyNode).
+	NodeName string `json:"nodeName,omitempty"`
+	// ServiceName is the RDMAService the agent belongs to, written into its
+	// RDMANode. Empty in standalone mode.
+	ServiceName string `json:"serviceName,omitempty"`
+
+	Device DeviceConfig `json:"device"`
+	Soft   SoftConfig   `json:"soft"`
+
+	Transport       Transport `json:"transport"`
+	QPsPerPeer      int       `json:"qpsPerPeer"`
+	BufferPoolBytes int64     `json:"bufferPoolBytes"`
+	VConnsPerNode   int       `json:"vconnsPerNode"`
+	MaxMessageBytes int64     `json:"maxMessageBytes"`
+	// ResourceName is the extended resource the device plugin advertises.
+	ResourceName string `json:"resourceName"`
+
+	// SocketDir holds the per-allocation sockets handed to pods.
+	SocketDir string `json:"socketDir"`
+	// AdminSocket is the agent's local control socket, used by the device
+	// plugin, the CNI plugin and the CLI.
+	AdminSocket string `json:"adminSocket"`
+	// ControlPort is the TCP port of the agent-to-agent gRPC control plane.
+	ControlPort int `json:"controlPort"`
+	// MetricsAddress serves /metrics, /healthz and /readyz.
+	MetricsAddress string `json:"metricsAddress"`
+
+	PeerDiscovery PeerDiscovery `json:"peerDiscovery"`
+}
+
+// DeviceConfig selects the RDMA devices.
+type DeviceConfig struct {
+	Provider Provider `json:"provider"`
+	// Names and Vendors narrow the devices of the ibverbs provider; empty
+	// means all.
+	Names   []string `json:"names,omitempty"`
+	Vendors []string `json:"vendors,omitempty"`
+}
+
+// SoftConfig configures the software provider.
+type SoftConfig struct {
+	Wire    Wire `json:"wire"`
+	UDPPort int  `json:"udpPort"`
+	// BindAddress is the IP the provider binds; empty means the node IP.
+	BindAddress string `json:"bindAddress,omitempty"`
+}
+
+// PeerDiscovery says how the agent finds peer agents.
+type PeerDiscovery struct {
+	Mode DiscoveryMode `json:"mode"`
+	// Static lists the peers in static mode.
+	Static []Peer `json:"static,omitempty"`
+}
+
+// Peer is a statically configured peer agent.
+type Peer struct {
+	NodeName string `json:"nodeName"`
+	// Address is the peer's control plane, host:port.
+	Address string `json:"address"`
+}
+
+// Default returns a configuration with every default set.
+func Default() *AgentConfig {
+	return &AgentConfig{
+		APIVersion:      APIVersion,
+		Kind:            Kind,
+		Device:          DeviceConfig{Provider: ProviderIBVerbs},
+		Soft:            SoftConfig{Wire: WireUDP, UDPPort: DefaultUDPPort},
+		Transport:       TransportAuto,
+		QPsPerPeer:      DefaultQPsPerPeer,
+		BufferPoolBytes: DefaultBufferPoolBytes,
+		VConnsPerNode:   DefaultVConnsPerNode,
+		MaxMessageBytes: DefaultMaxMessageBytes,
+		ResourceName:    DefaultResourceName,
+		SocketDir:       DefaultSocketDir,
+		AdminSocket:     DefaultAdminSocket,
+		ControlPort:     DefaultControlPort,
+		MetricsAddress:  DefaultMetricsAddress,
+		PeerDiscovery:   PeerDiscovery{Mode: DiscoveryKubernetes},
+	}
+}
+
+// Load decodes a configuration document, fills defaults and validates it.
+// Unknown and duplicate fields are errors, so a typo is not silently ignored.
+// A field present in the document keeps its value even when it is zero, so
+// `qpsPerPeer: 0` is reported rather than replaced by the default.
+func Load(data []byte) (*AgentConfig, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fmt.Errorf("agent config is empty")
+	}
+	// Decoding onto the defaults fills exactly the fields the document omits.
+	cfg := Default()
+	cfg.APIVersion, cfg.Kind = "", ""
+	if err := decodeStrict(data, cfg); err != nil {
+		return nil, fmt.Errorf("decoding agent config: %w", err)
+	}
+	// An empty list and an absent one mean the same; keep one form so a
+	// loaded config compares equal to its re-encoding.
+	for _, l := range []*[]string{&cfg.Device.Names, &cfg.Device.Vendors} {
+		if len(*l) == 0 {
+			*l = nil
+		}
+	}
+	if len(cfg.PeerDiscovery.Static) == 0 {
+		cfg.PeerDiscovery.Static = nil
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid agent config: %w", err)
+	}
+	return cfg, nil
+}
+
+// decodeStrict decodes YAML into cfg, rejecting duplicate keys and unknown
+// fields. Field names match case-sensitively (encoding/json would accept
+// QPSPerPeer for qpsPerPeer, and let it shadow the real key).
+func decodeStrict(data []byte, cfg *AgentConfig) error {
+	j, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return err
+	}
+	strictErrs, err := json.UnmarshalStrict(j, cfg)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strictErrs...)
+}
+
+// Marshal encodes the configuration as YAML, in a stable field order.
+func (c *AgentConfig) Marshal() ([]byte, error) {
+	out, err := yaml.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("encoding agent config: %w", err)
+	}
+	return out, nil
+}
+
+// ApplyNode fills what the shared file leaves to each node: the node's name
+// and, for the soft provider, the node IP as bind address. The agent calls it
+// with values from the downward API, then Validate again.
+func (c *AgentConfig) ApplyNode(nodeName, nodeIP string) {
+	if c.NodeName == "" {
+		c.NodeName = nodeName
+	}
+	if c.Soft.BindAddress == "" {
+		c.Soft.BindAddress = nodeIP
+	}
+}

@@ -1,0 +1,167 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strconv"
+)
+
+// FieldError is a problem with one field, named by its path in the document.
+type FieldError struct {
+	Field  string
+	Detail string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Detail }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Detail: fmt.Sprintf(format, args...)}
+}
+
+var (
+	// dnsSubdomain is RFC 1123, as Kubernetes names nodes.
+	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	// resourceName is a domain-prefixed extended resource name.
+	resourceName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	// deviceWord is a device name or vendor.
+	deviceWord = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+)
+
+// Validate reports every invalid field, joined with errors.Join; each error is
+// a *FieldError naming the field.
+func (c *AgentConfig) Validate() error {
+	var errs []error
+	add := func(err error) { errs = append(errs, err) }
+
+	if c.APIVersion != APIVersion {
+		add(fieldErr("apiVersion", "must be %q, got %q", APIVersion, c.APIVersion))
+	}
+	if c.Kind != Kind {
+		add(fieldErr("kind", "must be %q, got %q", Kind, c.Kind))
+	}
+	if c.NodeName != "" && (len(c.NodeName) > 253 || !dnsSubdomain.MatchString(c.NodeName)) {
+		add(fieldErr("nodeName", "must be a DNS subdomain (a Kubernetes node name), got %q", c.NodeName))
+	}
+	if c.ServiceName != "" && (len(c.ServiceName) > 40 || !dnsSubdomain.MatchString(c.ServiceName)) {
+		add(fieldErr("serviceName", "must be an RDMAService name (DNS subdomain, at most 40 characters), got %q", c.ServiceName))
+	}
+
+	switch c.Device.Provider {
+	case ProviderIBVerbs:
+	case ProviderSoft:
+		if len(c.Device.Names) > 0 || len(c.Device.Vendors) > 0 {
+			add(fieldErr("device", "names and vendors select hardware devices: they cannot be set with provider soft"))
+		}
+	default:
+		add(fieldErr("device.provider", "must be soft or ibverbs, got %q", c.Device.Provider))
+	}
+	for i, n := range c.Device.Names {
+		if !deviceWord.MatchString(n) {
+			add(fieldErr(fmt.Sprintf("device.names[%d]", i), "invalid device name %q", n))
+		}
+	}
+	for i, v := range c.Device.Vendors {
+		if !deviceWord.MatchString(v) {
+			add(fieldErr(fmt.Sprintf("device.vendors[%d]", i), "invalid vendor %q", v))
+		}
+	}
+
+	if c.Soft.Wire != WireUDP {
+		add(fieldErr("soft.wire", "must be udp, got %q", c.Soft.Wire))
+	}
+	if c.Soft.UDPPort < 1 || c.Soft.UDPPort > 65535 {
+		add(fieldErr("soft.udpPort", "must be a port between 1 and 65535, got %d", c.Soft.UDPPort))
+	}
+	if c.Soft.BindAddress != "" {
+		if _, err := netip.ParseAddr(c.Soft.BindAddress); err != nil {
+			add(fieldErr("soft.bindAddress", "must be an IP address, got %q", c.Soft.BindAddress))
+		}
+	}
+
+	switch c.Transport {
+	case TransportRC, TransportUC, TransportUD, TransportAuto:
+	default:
+		add(fieldErr("transport", "must be one of rc, uc, ud, auto, got %q", c.Transport))
+	}
+	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
+		add(fieldErr("qpsPerPeer", "must be between 1 and %d, got %d", MaxQPsPerPeer, c.QPsPerPeer))
+	}
+	if c.BufferPoolBytes < MinBufferPoolBytes || c.BufferPoolBytes > MaxBufferPoolBytes {
+		add(fieldErr("bufferPoolBytes", "must be between %d (1Mi) and %d (64Gi), got %d",
+			int64(MinBufferPoolBytes), int64(MaxBufferPoolBytes), c.BufferPoolBytes))
+	}
+	if c.VConnsPerNode < 1 || c.VConnsPerNode > MaxVConnsPerNode {
+		add(fieldErr("vconnsPerNode", "must be between 1 and %d, got %d", MaxVConnsPerNode, c.VConnsPerNode))
+	}
+	switch {
+	case c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxMaxMessageBytes:
+		add(fieldErr("maxMessageBytes", "must be between 1 and %d (1Gi), got %d", int64(MaxMaxMessageBytes), c.MaxMessageBytes))
+	case c.MaxMessageBytes > c.BufferPoolBytes:
+		// A message is staged in registered buffers: it must fit the pool.
+		add(fieldErr("maxMessageBytes", "must not exceed bufferPoolBytes (%d), got %d", c.BufferPoolBytes, c.MaxMessageBytes))
+	}
+	if len(c.ResourceName) > 253 || !resourceName.MatchString(c.ResourceName) {
+		add(fieldErr("resourceName", "must be a domain-prefixed name such as %s, got %q", DefaultResourceName, c.ResourceName))
+	}
+
+	if !filepath.IsAbs(c.SocketDir) {
+		add(fieldErr("socketDir", "must be an absolute path, got %q", c.SocketDir))
+	}
+	switch {
+	case !filepath.IsAbs(c.AdminSocket):
+		add(fieldErr("adminSocket", "must be an absolute path, got %q", c.AdminSocket))
+	case len(c.AdminSocket) > 107:
+		// sun_path holds 108 bytes including the terminating NUL.
+		add(fieldErr("adminSocket", "must be at most 107 bytes (a unix socket path), got %d", len(c.AdminSocket)))
+	}
+	if c.ControlPort < 1 || c.ControlPort > 65535 {
+		add(fieldErr("controlPort", "must be a port between 1 and 65535, got %d", c.ControlPort))
+	}
+	if err := validHostPort(c.MetricsAddress); err != nil {
+		add(fieldErr("metricsAddress", "%v", err))
+	} else if _, port, _ := net.SplitHostPort(c.MetricsAddress); port == strconv.Itoa(c.ControlPort) {
+		add(fieldErr("metricsAddress", "port %s is already the controlPort", port))
+	}
+
+	switch c.PeerDiscovery.Mode {
+	case DiscoveryKubernetes:
+		if len(c.PeerDiscovery.Static) > 0 {
+			add(fieldErr("peerDiscovery.static", "must be empty unless mode is static"))
+		}
+	case DiscoveryStatic:
+		seen := make(map[string]bool, len(c.PeerDiscovery.Static))
+		for i, p := range c.PeerDiscovery.Static {
+			f := fmt.Sprintf("peerDiscovery.static[%d]", i)
+			if !dnsSubdomain.MatchString(p.NodeName) {
+				add(fieldErr(f+".nodeName", "must be a node name, got %q", p.NodeName))
+			} else if seen[p.NodeName] {
+				add(fieldErr(f+".nodeName", "duplicate peer %q", p.NodeName))
+			}
+			seen[p.NodeName] = true
+			if err := validHostPort(p.Address); err != nil {
+				add(fieldErr(f+".address", "%v", err))
+			}
+		}
+	default:
+		add(fieldErr("peerDiscovery.mode", "must be kubernetes or static, got %q", c.PeerDiscovery.Mode))
+	}
+	return errors.Join(errs...)
+}
+
+// validHostPort accepts host:port with a numeric port in 1..65535; the host
+// may be empty (all addresses).
+func validHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("must be host:port, got %q", s)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port must be between 1 and 65535, got %q", port)
+	}
+	return nil
+}
