@@ -1,0 +1,162 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/go-logr/logr"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
+)
+
+// Transport is a vconn's transport policy.
+type Transport uint8
+
+const (
+	// RC: reliable, ordered, any size (the default).
+	RC Transport = iota
+	// UC: ordered, loss-tolerant: a lost message is lost whole, never in
+	// part; for data the application can afford to miss.
+	UC
+	// UD: datagrams of at most one MTU less the header, unreliable.
+	UD
+	// Auto: reliable and ordered like RC; small messages travel over UD
+	// with the engine's own sequencing, acknowledgements and
+	// retransmission, large ones over RC.
+	Auto
+)
+
+func (t Transport) String() string {
+	switch t {
+	case RC:
+		return "rc"
+	case UC:
+		return "uc"
+	case UD:
+		return "ud"
+	case Auto:
+		return "auto"
+	}
+	return fmt.Sprintf("Transport(%d)", uint8(t))
+}
+
+// ParseTransport reads "rc", "uc", "ud" or "auto".
+func ParseTransport(s string) (Transport, error) {
+	for t := RC; t <= Auto; t++ {
+		if t.String() == s {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("engine: unknown transport %q: want rc, uc, ud or auto", s)
+}
+
+// Config configures an Engine. Zero fields take the defaults noted.
+type Config struct {
+	Device verbs.Device
+	Log    logr.Logger
+
+	// QPsPerPeer is P, the RC QPs this engine opens to each peer (default 4).
+	QPsPerPeer int
+	// Pollers is the number of polling goroutines, each with its own CQ
+	// (default 1).
+	Pollers int
+	// MTU is the path MTU of the QPs (default: the device's active MTU).
+	MTU verbs.MTU
+	// MaxVConns bounds the vconns open at once (default 1<<20).
+	MaxVConns int
+	// MaxMessage is the largest message a vconn carries (default 4 MiB).
+	MaxMessage int
+	// RecvBuffers is the SRQ depth shared by all RC QPs (default 4096).
+	RecvBuffers int
+	// ChunkSize is the size of a receive buffer and so of the largest
+	// SEND, header included (default 16 KiB). Longer messages are chunked.
+	ChunkSize int
+	// SendBuffers is the number of send buffers of each size class
+	// (default 4096).
+	SendBuffers int
+	// Credits is how many receive buffers one vconn may hold at the peer
+	// before the peer's application reads (default 32).
+	Credits int
+	// SQDepth is the send queue of each QP (default 512).
+	SQDepth int
+	// Transport is the policy of vconns that do not choose (default RC).
+	Transport Transport
+	// AutoThreshold is the largest message Auto sends over UD (default:
+	// measured; see DefaultAutoThreshold).
+	AutoThreshold int
+	// DgramBuffers is the depth of the SRQ shared by the UD and UC QPs
+	// (default 512). Unreliable traffic has its own receive buffers so it
+	// can never take the reliable vconns' away.
+	DgramBuffers int
+	// QKey is the Q_Key of the engines' UD QPs (default 0x52444d56).
+	QKey uint32
+	// SpinPolls is how many empty polls a poller makes before it sleeps on
+	// the completion channel (default 2000).
+	SpinPolls int
+}
+
+const (
+	defaultQPsPerPeer  = 4
+	defaultMaxVConns   = 1 << 20
+	defaultMaxMessage  = 4 << 20
+	defaultRecvBuffers = 4096
+	defaultChunkSize   = 16 << 10
+	defaultSendBuffers = 4096
+	defaultCredits     = 32
+	defaultSQDepth     = 512
+	defaultSpinPolls   = 2000
+	cqDepth            = 1 << 16
+)
+
+// withDefaults fills zero fields and validates the rest.
+func (c Config) withDefaults() (Config, error) {
+	if c.Device == nil {
+		return c, errors.New("engine: config: no device")
+	}
+	set := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	set(&c.QPsPerPeer, defaultQPsPerPeer)
+	set(&c.Pollers, 1)
+	set(&c.MaxVConns, defaultMaxVConns)
+	set(&c.MaxMessage, defaultMaxMessage)
+	set(&c.RecvBuffers, defaultRecvBuffers)
+	set(&c.ChunkSize, defaultChunkSize)
+	set(&c.SendBuffers, defaultSendBuffers)
+	set(&c.Credits, defaultCredits)
+	set(&c.SQDepth, defaultSQDepth)
+	set(&c.SpinPolls, defaultSpinPolls)
+	set(&c.DgramBuffers, 512)
+	if c.QKey == 0 {
+		c.QKey = 0x52444d56
+	}
+	if c.MTU == 0 {
+		c.MTU = c.Device.Attr().ActiveMTU
+	}
+	if c.AutoThreshold == 0 {
+		c.AutoThreshold = DefaultAutoThreshold
+	}
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("engine: config: "+format, args...))
+		}
+	}
+	check(c.QPsPerPeer >= 1 && c.QPsPerPeer <= 64, "QPsPerPeer %d: want 1..64", c.QPsPerPeer)
+	check(c.Pollers >= 1 && c.Pollers <= 64, "Pollers %d: want 1..64", c.Pollers)
+	check(c.MaxVConns >= 1 && c.MaxVConns <= vqpn.MaxCapacity, "MaxVConns %d: want 1..%d", c.MaxVConns, vqpn.MaxCapacity)
+	check(c.ChunkSize >= 256+headerLen && c.ChunkSize <= 1<<20, "ChunkSize %d: want %d..%d", c.ChunkSize, 256+headerLen, 1<<20)
+	check(c.MaxMessage >= 1 && c.MaxMessage <= 1<<30, "MaxMessage %d: want 1..1 GiB", c.MaxMessage)
+	check(c.RecvBuffers >= 16 && c.RecvBuffers <= 1<<20, "RecvBuffers %d: want 16..%d", c.RecvBuffers, 1<<20)
+	check(c.SendBuffers >= 16 && c.SendBuffers <= 1<<22, "SendBuffers %d: want 16..%d", c.SendBuffers, 1<<22)
+	check(c.Credits >= 2 && c.Credits <= c.RecvBuffers, "Credits %d: want 2..RecvBuffers (%d)", c.Credits, c.RecvBuffers)
+	check(c.DgramBuffers >= 16 && c.DgramBuffers <= 1<<20, "DgramBuffers %d: want 16..%d", c.DgramBuffers, 1<<20)
+	check(c.SQDepth >= 16 && c.SQDepth <= 1<<15, "SQDepth %d: want 16..32768", c.SQDepth)
+	check(c.MTU.Bytes() != 0, "MTU %v is not an IB MTU", c.MTU)
+	check(c.Transport <= Auto, "transport %v", c.Transport)
+	check(c.AutoThreshold >= 0, "AutoThreshold %d", c.AutoThreshold)
+	return c, errors.Join(errs...)
+}

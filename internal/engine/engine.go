@@ -1,0 +1,259 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
+)
+
+// Errors a vconn reports to its application.
+var (
+	ErrClosed       = errors.New("engine: vconn closed")
+	ErrPeerGone     = errors.New("engine: peer gone")
+	ErrQPFailed     = errors.New("engine: shared QP failed")
+	ErrTooLarge     = errors.New("engine: message larger than the maximum")
+	ErrNotOpen      = errors.New("engine: vconn not open")
+	ErrEngineClosed = errors.New("engine: engine closed")
+	ErrReset        = errors.New("engine: vconn reset by peer")
+)
+
+// Engine multiplexes vconns over shared QPs on one device.
+type Engine struct {
+	cfg  Config
+	log  logr.Logger
+	dev  verbs.Device
+	pd   verbs.PD
+	gid  verbs.GID
+	pool *bufPool
+	// recvClass and dgramClass are the pool classes of the two SRQs'
+	// buffers: srq serves the RC QPs, dsrq the UD and UC QPs.
+	recvClass  int
+	dgramClass int
+	srq        verbs.SRQ
+	dsrq       verbs.SRQ
+	pollers    []*poller
+	vconns     *vqpn.Table[VConn]
+
+	peersMu sync.Mutex
+	peers   map[verbs.GID]*Peer // guarded by peersMu
+	// ingress maps the QPN of each QP a peer created toward us to that
+	// peer: a message may only name vconns of the peer it came from.
+	ingress sync.Map
+
+	closed atomic.Bool
+	stats  counters
+}
+
+// New opens an engine on cfg.Device: PD, buffer pool, SRQ (filled) and
+// pollers.
+func New(cfg Config) (_ *Engine, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg:    cfg,
+		log:    cfg.Log,
+		dev:    cfg.Device,
+		vconns: vqpn.New[VConn](cfg.MaxVConns),
+		peers:  make(map[verbs.GID]*Peer),
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.release())
+		}
+	}()
+	if e.gid, err = e.dev.GID(0); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if e.pd, err = e.dev.AllocPD(); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	// Send classes for small messages, control messages and whole chunks,
+	// then the receive buffers, all chunk-sized.
+	specs := []classSpec{
+		{size: 256, n: cfg.SendBuffers},
+		{size: 2048, n: cfg.SendBuffers / 2},
+		{size: cfg.ChunkSize, n: cfg.SendBuffers / 4},
+		{size: cfg.ChunkSize, n: cfg.RecvBuffers},
+		{size: cfg.ChunkSize, n: cfg.DgramBuffers},
+	}
+	e.recvClass, e.dgramClass = len(specs)-2, len(specs)-1
+	if e.pool, err = newBufPool(e.pd, specs); err != nil {
+		return nil, err
+	}
+	if e.srq, err = e.pd.CreateSRQ(&verbs.SRQInitAttr{MaxWR: uint32(cfg.RecvBuffers), MaxSGE: 1}); err != nil {
+		return nil, fmt.Errorf("engine: create SRQ: %w", err)
+	}
+	if e.dsrq, err = e.pd.CreateSRQ(&verbs.SRQInitAttr{MaxWR: uint32(cfg.DgramBuffers), MaxSGE: 1}); err != nil {
+		return nil, fmt.Errorf("engine: create datagram SRQ: %w", err)
+	}
+	for i := 0; i < cfg.Pollers; i++ {
+		p, err := newPoller(e, i)
+		if err != nil {
+			return nil, err
+		}
+		e.pollers = append(e.pollers, p)
+		if err := p.openUD(); err != nil {
+			return nil, err
+		}
+	}
+	// Fill the SRQs.
+	for _, c := range []struct {
+		class int
+		srq   verbs.SRQ
+	}{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}} {
+		var wrs []verbs.RecvWR
+		for {
+			slot, ok := e.pool.get(c.class)
+			if !ok {
+				break
+			}
+			wrs = append(wrs, e.recvWR(slot))
+		}
+		if _, err := c.srq.PostRecv(wrs); err != nil {
+			return nil, fmt.Errorf("engine: fill SRQ: %w", err)
+		}
+	}
+	for _, p := range e.pollers {
+		p.started = true
+		go p.run()
+	}
+	e.log.V(1).Info("Engine started", "device", e.dev.Attr().Name, "gid", e.gid, "pollers", cfg.Pollers, "qpsPerPeer", cfg.QPsPerPeer, "recvBuffers", cfg.RecvBuffers)
+	return e, nil
+}
+
+func (e *Engine) recvWR(slot uint32) verbs.RecvWR {
+	return verbs.RecvWR{WRID: uint64(slot), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
+}
+
+// udQPNs lists the engine's UD QPs, one per poller, for peers.
+func (e *Engine) udQPNs() []uint32 {
+	q := make([]uint32, len(e.pollers))
+	for i, p := range e.pollers {
+		q[i] = p.ud.qp.QPN()
+	}
+	return q
+}
+
+// GID is the engine's device address, which peers connect to.
+func (e *Engine) GID() verbs.GID { return e.gid }
+
+// Config returns the engine's configuration, defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Close fails every vconn, destroys the QPs and releases the device
+// resources. The device itself stays open: it is the caller's.
+func (e *Engine) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	e.peersMu.Lock()
+	peers := make([]*Peer, 0, len(e.peers))
+	for _, p := range e.peers {
+		peers = append(peers, p)
+	}
+	e.peersMu.Unlock()
+	for _, p := range peers {
+		p.fail(ErrEngineClosed)
+		// Exported regions are deregistered with the PD: no peer can
+		// reach them once the QPs are gone.
+		p.mu.Lock()
+		for vc := p.list; vc != nil; vc = vc.next {
+			vc.releaseRegions()
+		}
+		p.mu.Unlock()
+	}
+	for _, p := range e.pollers {
+		p.stop()
+	}
+	var errs []error
+	for _, p := range peers {
+		errs = append(errs, p.destroy())
+	}
+	errs = append(errs, e.release())
+	return errors.Join(errs...)
+}
+
+// release frees what New allocated, in reverse order.
+func (e *Engine) release() error {
+	var errs []error
+	for _, p := range e.pollers {
+		errs = append(errs, p.close())
+	}
+	for _, s := range []verbs.SRQ{e.srq, e.dsrq} {
+		if s != nil {
+			errs = append(errs, s.Close())
+		}
+	}
+	if e.pool != nil {
+		errs = append(errs, e.pool.close())
+	}
+	if e.pd != nil {
+		errs = append(errs, e.pd.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Stats is a snapshot of the engine's counters.
+type Stats struct {
+	VConns       int // open now
+	Peers        int
+	QPs          int    // RC QPs this engine created, to all peers
+	UCQPs        int    // UC QPs this engine created, to all peers
+	IngressQPs   int    // RC QPs peers created toward this engine
+	MsgsSent     uint64 // messages handed to the device
+	MsgsReceived uint64 // messages delivered to vconns
+	Posts        uint64 // PostSend calls (doorbells)
+	WRsPosted    uint64 // send WRs posted; WRsPosted/Posts is the batch size
+	StaleDropped uint64 // completions for closed vconns, dropped
+	Malformed    uint64 // messages with a bad header, dropped
+	CreditStalls uint64 // times a vconn waited for credits
+	Sleeps       uint64 // times a poller blocked on its completion channel
+	BuffersInUse []int  // per pool class
+}
+
+type counters struct {
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps atomic.Uint64
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	s := Stats{
+		VConns:       e.vconns.Len(),
+		MsgsSent:     e.stats.msgsSent.Load(),
+		MsgsReceived: e.stats.msgsReceived.Load(),
+		Posts:        e.stats.posts.Load(),
+		WRsPosted:    e.stats.wrsPosted.Load(),
+		StaleDropped: e.vconns.Stale(),
+		Malformed:    e.stats.malformed.Load(),
+		CreditStalls: e.stats.creditStalls.Load(),
+		Sleeps:       e.stats.sleeps.Load(),
+		BuffersInUse: e.pool.inUse(),
+	}
+	e.peersMu.Lock()
+	s.Peers = len(e.peers)
+	for _, p := range e.peers {
+		p.mu.Lock()
+		for _, q := range p.qps {
+			if q != nil {
+				s.QPs++
+			}
+		}
+		for _, q := range p.ucs {
+			if q != nil {
+				s.UCQPs++
+			}
+		}
+		s.IngressQPs += len(p.ingress)
+		p.mu.Unlock()
+	}
+	e.peersMu.Unlock()
+	return s
+}

@@ -1,0 +1,288 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+)
+
+// testEngines starts two engines on soft devices joined by an in-memory
+// fabric with faults f.
+func testEngines(t testing.TB, f wire.Faults, cfg Config) (*Engine, *Engine) {
+	t.Helper()
+	fb := wire.NewFabric(f)
+	t.Cleanup(func() { _ = fb.Close() })
+	open := func(ip string) *Engine {
+		w, err := fb.Attach(verbs.GIDFromAddr(netip.MustParseAddr(ip)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev, err := soft.Open(soft.Config{Name: ip, Wire: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := cfg
+		c.Device = dev
+		if c.Log.GetSink() == nil {
+			c.Log = testr.NewWithInterface(t, testr.Options{})
+		}
+		e, err := New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Errorf("close engine: %v", err)
+			}
+			if err := dev.Close(); err != nil {
+				t.Errorf("close device: %v", err)
+			}
+		})
+		return e
+	}
+	return open("10.9.0.1"), open("10.9.0.2")
+}
+
+func TestSendRecv(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := []int{0, 1, 100, 16<<10 - headerLen, 16 << 10, 100 << 10, 1 << 20}
+	go func() {
+		for i, n := range sizes {
+			msg := bytes.Repeat([]byte{byte(i + 1)}, n)
+			if err := va.SendImm(ctx, msg, uint32(i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		_ = va.Close()
+	}()
+	for i, n := range sizes {
+		m, err := vb.Recv(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if len(m.Data) != n || !m.HasImm || m.Imm != uint32(i) || n > 0 && (m.Data[0] != byte(i+1) || m.Data[n-1] != byte(i+1)) {
+			t.Fatalf("message %d: got %d bytes imm %v/%d", i, len(m.Data), m.HasImm, m.Imm)
+		}
+		m.Release()
+	}
+	if _, err := vb.Recv(ctx); err != io.EOF {
+		t.Fatalf("after the peer closed: %v, want EOF", err)
+	}
+	if err := vb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
+}
+
+func waitFor(t testing.TB, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestManyVConnsUnderLoss(t *testing.T) {
+	const (
+		nvc  = 10000
+		msgs = 5
+	)
+	a, b := testEngines(t, wire.Faults{Seed: 7, Loss: 0.02, Reorder: 0.02}, Config{QPsPerPeer: 4})
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	got := make([][]uint32, nvc)
+	idx := map[*VConn]int{}
+	senders := make([]*VConn, nvc)
+	done := make(chan struct{}, 1)
+	total := 0
+	handler := func(vc *VConn, m Message) {
+		i := idx[vc]
+		got[i] = append(got[i], m.Imm)
+		if string(m.Data) != fmt.Sprintf("vconn %d message %d", i, m.Imm) {
+			t.Errorf("vconn %d got %q", i, m.Data)
+		}
+		m.Release()
+		total++
+		if total == nvc*msgs {
+			done <- struct{}{}
+		}
+	}
+	for i := range senders {
+		va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{Handler: handler})
+		if err != nil {
+			t.Fatal(err)
+		}
+		senders[i] = va
+		idx[vb] = i
+	}
+	if s := a.Stats(); s.QPs != 4 {
+		t.Fatalf("%d vconns use %d QPs, want 4", nvc, s.QPs)
+	}
+	for j := 0; j < msgs; j++ {
+		for i, va := range senders {
+			if err := va.SendImm(ctx, []byte(fmt.Sprintf("vconn %d message %d", i, j)), uint32(j)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("delivered %d of %d", total, nvc*msgs)
+	}
+	for i, g := range got {
+		for j, imm := range g {
+			if imm != uint32(j) {
+				t.Fatalf("vconn %d: message %d arrived as %d-th", i, imm, j)
+			}
+		}
+	}
+	t.Logf("a: %+v", a.Stats())
+	dumpPeers(t, a)
+	dumpPeers(t, b)
+}
+
+func dumpPeers(t testing.TB, e *Engine) {
+	for _, p := range e.peers {
+		p.mu.Lock()
+		t.Logf("engine %v peer %v qps %v ingress %d", e.gid, p.gid, p.qps, len(p.ingress))
+		p.mu.Unlock()
+	}
+}
+
+func TestOneSided(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vc2a, vc2b, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b exports a 100 KiB region to vb's peer (va) only.
+	r, err := vb.Export(ctx, 100<<10, AccessRead|AccessWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := vb.Export(ctx, 4096, AccessRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Tell the peer, in order after the exports.
+	if err := vb.Send(ctx, []byte("regions ready")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := va.Recv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Release()
+
+	data := bytes.Repeat([]byte("0123456789abcdef"), 3000) // 48000 bytes: three chunks
+	if err := va.Write(ctx, r.ID(), 1000, data); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(r.Bytes()[1000:1000+len(data)], data) {
+		t.Fatal("RDMA write did not land")
+	}
+	copy(ro.Bytes(), "read-only region")
+	got := make([]byte, 16)
+	if err := va.Read(ctx, ro.ID(), 0, got); err != nil || string(got) != "read-only region" {
+		t.Fatalf("read: %q, %v", got, err)
+	}
+	back := make([]byte, len(data))
+	if err := va.Read(ctx, r.ID(), 1000, back); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("read back: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		op   func() error
+	}{
+		{"write to a read-only region", ErrRegionAccess, func() error { return va.Write(ctx, ro.ID(), 0, []byte("x")) }},
+		{"write past the end", ErrRegionAccess, func() error { return va.Write(ctx, r.ID(), 100<<10-1, []byte("xy")) }},
+		{"read past the end", ErrRegionAccess, func() error { return va.Read(ctx, ro.ID(), 4000, make([]byte, 97)) }},
+		{"unknown region", ErrNoRegion, func() error { return va.Write(ctx, 99, 0, []byte("x")) }},
+		// The region is exported to vb's peer, not to this other vconn.
+		{"another vconn", ErrNoRegion, func() error { return vc2a.Write(ctx, r.ID(), 0, []byte("x")) }},
+	} {
+		if err := tc.op(); !errors.Is(err, tc.err) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.err)
+		}
+	}
+	// Unexport: the peer confirms, then the memory is deregistered; the
+	// region is refused afterwards.
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return errors.Is(va.Write(ctx, r.ID(), 0, []byte("x")), ErrNoRegion) }, "the unexport to reach the peer")
+	if va.Err() != nil || vb.Err() != nil || vc2a.Err() != nil || vc2b.Err() != nil {
+		t.Fatalf("a refused operation broke a vconn: %v %v %v %v", va.Err(), vb.Err(), vc2a.Err(), vc2b.Err())
+	}
+}
+
+func TestTransports(t *testing.T) {
+	for _, tr := range []Transport{RC, UC, UD, Auto} {
+		t.Run(tr.String(), func(t *testing.T) {
+			a, b := testEngines(t, wire.Faults{}, Config{})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			max := va.MaxMessage()
+			for i, n := range []int{0, 1, 200, min(max, 3000), max} {
+				msg := bytes.Repeat([]byte{byte(i + 1)}, n)
+				if err := va.SendImm(ctx, msg, uint32(i)); err != nil {
+					t.Fatal(err)
+				}
+				m, err := vb.Recv(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(m.Data, msg) || m.Imm != uint32(i) {
+					t.Fatalf("message %d: %d bytes, imm %d", i, len(m.Data), m.Imm)
+				}
+				m.Release()
+			}
+			if err := va.Send(ctx, make([]byte, max+1)); !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("a %d-byte message on a %v vconn: %v", max+1, tr, err)
+			}
+			// Back the other way, then close both.
+			if err := vb.Send(ctx, []byte("pong")); err != nil {
+				t.Fatal(err)
+			}
+			if m, err := va.Recv(ctx); err != nil || string(m.Data) != "pong" {
+				t.Fatalf("reply: %q %v", m.Data, err)
+			}
+			_ = va.Close()
+			_ = vb.Close()
+			waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
+		})
+	}
+}

@@ -1,0 +1,384 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+// QPRequest asks a peer engine to create a QP connected to ours.
+type QPRequest struct {
+	GID  verbs.GID    // the requesting engine
+	Type verbs.QPType // RC or UC
+	QPN  uint32
+	PSN  uint32
+	MTU  verbs.MTU
+	// UDQPNs are the requesting engine's UD QPs, one per poller.
+	UDQPNs []uint32
+}
+
+// QPReply is the peer's side of the new connection.
+type QPReply struct {
+	QPN    uint32
+	PSN    uint32
+	UDQPNs []uint32
+}
+
+// PeerLink is the control plane toward one peer engine: the agents' gRPC
+// in production, a direct call in tests.
+type PeerLink interface {
+	// ConnectQP has the peer engine create an RC QP connected to req and
+	// return its end, as Engine.AcceptQP does.
+	ConnectQP(ctx context.Context, req QPRequest) (QPReply, error)
+}
+
+// LocalLink reaches an engine in the same process.
+type LocalLink struct{ To *Engine }
+
+// ConnectQP calls AcceptQP on the peer engine.
+func (l LocalLink) ConnectQP(_ context.Context, req QPRequest) (QPReply, error) {
+	return l.To.AcceptQP(req)
+}
+
+// Peer is a remote node: the RC QPs this engine sends on to reach it,
+// created on first use, and the QPs it created toward us.
+type Peer struct {
+	e   *Engine
+	gid verbs.GID
+	ctl PeerLink // guarded by mu
+
+	mu      sync.Mutex
+	qps     []*sendQP  // by index, nil until first used; guarded by mu
+	ucs     []*sendQP  // UC QPs, likewise; guarded by mu
+	udQPNs  []uint32   // the peer's UD QPs; guarded by mu
+	ah      verbs.AH   // address handle for datagrams to the peer; guarded by mu
+	ingress []verbs.QP // guarded by mu
+	err     error      // set once the peer failed; guarded by mu
+	list    *VConn     // vconns to this peer, linked by VConn.prev/next; guarded by mu
+	dead    []*sendQP  // failed QPs awaiting their last completions; guarded by mu
+	// setup serialises QP creation per index without holding mu across
+	// the control-plane call.
+	setup []sync.Mutex
+}
+
+// sendQP is an RC QP this engine posts on. Its batch and outstanding count
+// belong to its poller.
+type sendQP struct {
+	qp          verbs.QP
+	peer        *Peer
+	p           *poller
+	batch       []verbs.SendWR // poller-owned
+	outstanding int            // poller-owned: posted, not completed
+	queued      bool           // poller-owned: on the poller's dirty list
+	failed      bool           // guarded by peer.mu
+}
+
+// Peer returns the engine's peer at gid, creating it with link.
+func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
+	if e.closed.Load() {
+		return nil, ErrEngineClosed
+	}
+	e.peersMu.Lock()
+	defer e.peersMu.Unlock()
+	if p := e.peers[gid]; p != nil {
+		if link != nil {
+			p.mu.Lock()
+			p.ctl = link
+			p.mu.Unlock()
+		}
+		return p, nil
+	}
+	n := e.cfg.QPsPerPeer
+	p := &Peer{e: e, gid: gid, ctl: link, qps: make([]*sendQP, n), ucs: make([]*sendQP, n), setup: make([]sync.Mutex, 2*n)}
+	e.peers[gid] = p
+	return p, nil
+}
+
+// GID is the peer's address.
+func (p *Peer) GID() verbs.GID { return p.gid }
+
+// newQP creates an RC QP on the SRQ, or a UC QP on the datagram SRQ.
+func (e *Engine) newQP(t verbs.QPType, cq verbs.CQ) (verbs.QP, error) {
+	srq := e.srq
+	if t == verbs.QPTypeUC {
+		srq = e.dsrq
+	}
+	return e.pd.CreateQP(&verbs.QPInitAttr{
+		Type: t, SendCQ: cq, RecvCQ: cq, SRQ: srq,
+		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: 1, MaxRecvSGE: 1},
+	})
+}
+
+func (e *Engine) pathOptions(psn uint32) verbs.PathOptions {
+	return verbs.PathOptions{
+		MTU:    e.cfg.MTU,
+		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+		SQPSN:  psn,
+		// Retry for about a second before declaring the path dead:
+		// 7 retries of 4.096 µs × 2^15 ≈ 134 ms.
+		Timeout:  15,
+		RetryCnt: 7,
+		RNRRetry: 7,
+	}
+}
+
+// sendQP returns the RC QP of index i, creating and connecting it on first
+// use.
+func (p *Peer) sendQP(ctx context.Context, i int) (*sendQP, error) {
+	return p.connected(ctx, verbs.QPTypeRC, i)
+}
+
+// ucQP returns the UC QP of index i (on the same poller as RC QP i).
+func (p *Peer) ucQP(ctx context.Context, i int) (*sendQP, error) {
+	return p.connected(ctx, verbs.QPTypeUC, i)
+}
+
+func (p *Peer) table(t verbs.QPType) []*sendQP {
+	if t == verbs.QPTypeUC {
+		return p.ucs
+	}
+	return p.qps
+}
+
+func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, error) {
+	p.mu.Lock()
+	q, err, link := p.table(t)[i], p.err, p.ctl
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if q != nil {
+		return q, nil
+	}
+	setup := &p.setup[i]
+	if t == verbs.QPTypeUC {
+		setup = &p.setup[len(p.qps)+i]
+	}
+	setup.Lock()
+	defer setup.Unlock()
+	p.mu.Lock()
+	q = p.table(t)[i]
+	p.mu.Unlock()
+	if q != nil {
+		return q, nil
+	}
+	if link == nil {
+		return nil, fmt.Errorf("engine: peer %v: no control-plane link", p.gid)
+	}
+	e := p.e
+	poller := e.pollers[i%len(e.pollers)]
+	qp, err := e.newQP(t, poller.cq)
+	if err != nil {
+		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
+	}
+	psn := rand.Uint32() & (1<<24 - 1)
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.udQPNs()})
+	if err != nil {
+		_ = qp.Close()
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+	}
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(psn)); err != nil {
+		_ = qp.Close()
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+	}
+	q = &sendQP{qp: qp, peer: p, p: poller}
+	poller.sendQPs.Store(qp.QPN(), q)
+	p.mu.Lock()
+	if p.err != nil {
+		err := p.err
+		p.mu.Unlock()
+		_ = qp.Close()
+		return nil, err
+	}
+	p.table(t)[i] = q
+	if len(reply.UDQPNs) > 0 {
+		p.udQPNs = reply.UDQPNs
+	}
+	p.mu.Unlock()
+	e.log.V(1).Info("Connected QP to peer", "peer", p.gid, "type", t, "index", i, "qpn", qp.QPN(), "remoteQPN", reply.QPN)
+	return q, nil
+}
+
+// AcceptQP creates the receiving end of a peer's RC QP: an RC QP on the
+// shared SRQ, connected to req, and returns its end.
+func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
+	if e.closed.Load() {
+		return QPReply{}, ErrEngineClosed
+	}
+	if req.Type == 0 {
+		req.Type = verbs.QPTypeRC
+	}
+	if req.MTU.Bytes() == 0 || req.QPN == 0 || req.QPN >= 1<<24 || req.PSN >= 1<<24 ||
+		req.Type != verbs.QPTypeRC && req.Type != verbs.QPTypeUC || len(req.UDQPNs) > 64 {
+		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w: bad request %+v", req.GID, verbs.ErrInvalid, req)
+	}
+	p, err := e.Peer(req.GID, nil)
+	if err != nil {
+		return QPReply{}, err
+	}
+	p.mu.Lock()
+	n := len(p.ingress)
+	perr := p.err
+	p.mu.Unlock()
+	if perr != nil {
+		return QPReply{}, perr
+	}
+	poller := e.pollers[n%len(e.pollers)]
+	qp, err := e.newQP(req.Type, poller.cq)
+	if err != nil {
+		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
+	}
+	psn := rand.Uint32() & (1<<24 - 1)
+	opt := e.pathOptions(psn)
+	opt.MTU = min(req.MTU, e.cfg.MTU)
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: req.GID, QPN: req.QPN, PSN: req.PSN}, opt); err != nil {
+		_ = qp.Close()
+		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
+	}
+	p.mu.Lock()
+	p.ingress = append(p.ingress, qp)
+	if len(req.UDQPNs) > 0 {
+		p.udQPNs = req.UDQPNs
+	}
+	p.mu.Unlock()
+	e.ingress.Store(qp.QPN(), p)
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.udQPNs()}, nil
+}
+
+// Fail marks the peer gone: every vconn to it fails with ErrPeerGone
+// wrapped in err's context, now, rather than when its QPs time out.
+func (p *Peer) Fail(err error) { p.fail(fmt.Errorf("%w: %w", ErrPeerGone, err)) }
+
+func (p *Peer) fail(err error) {
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.mu.Unlock()
+	p.failWhere(func(*VConn) bool { return true }, err)
+}
+
+// failWhere fails the peer's vconns that match.
+func (p *Peer) failWhere(match func(*VConn) bool, err error) {
+	var victims []*VConn
+	p.mu.Lock()
+	for vc := p.list; vc != nil; vc = vc.next {
+		if match(vc) {
+			victims = append(victims, vc)
+		}
+	}
+	p.mu.Unlock()
+	for _, vc := range victims {
+		vc.fail(err)
+	}
+}
+
+func (p *Peer) link(vc *VConn) {
+	p.mu.Lock()
+	vc.next = p.list
+	if p.list != nil {
+		p.list.prev = vc
+	}
+	p.list = vc
+	p.mu.Unlock()
+}
+
+func (p *Peer) unlink(vc *VConn) {
+	p.mu.Lock()
+	if vc.prev != nil {
+		vc.prev.next = vc.next
+	} else if p.list == vc {
+		p.list = vc.next
+	}
+	if vc.next != nil {
+		vc.next.prev = vc.prev
+	}
+	vc.prev, vc.next = nil, nil
+	p.mu.Unlock()
+}
+
+// destroy closes the peer's QPs; the engine is closing and pollers stopped.
+func (p *Peer) destroy() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, t := range [][]*sendQP{p.qps, p.ucs} {
+		for i, q := range t {
+			if q != nil {
+				errs = append(errs, q.qp.Close())
+				t[i] = nil
+			}
+		}
+	}
+	if p.ah != nil {
+		errs = append(errs, p.ah.Close())
+		p.ah = nil
+	}
+	for _, q := range p.dead {
+		errs = append(errs, q.qp.Close())
+	}
+	p.dead = nil
+	for _, qp := range p.ingress {
+		errs = append(errs, qp.Close())
+	}
+	p.ingress = nil
+	return errors.Join(errs...)
+}
+
+// Pair connects a new vconn on a to a new vconn on b, both engines in this
+// process: what two agents do over their control plane, done directly.
+func Pair(ctx context.Context, a, b *Engine, oa, ob VConnOptions) (*VConn, *VConn, error) {
+	pa, err := a.Peer(b.gid, LocalLink{To: b})
+	if err != nil {
+		return nil, nil, err
+	}
+	pb, err := b.Peer(a.gid, LocalLink{To: a})
+	if err != nil {
+		return nil, nil, err
+	}
+	va, err := a.NewVConn(ctx, pa, oa)
+	if err != nil {
+		return nil, nil, err
+	}
+	vb, err := b.NewVConn(ctx, pb, ob)
+	if err != nil {
+		_ = va.Close()
+		return nil, nil, err
+	}
+	if err := errors.Join(vb.Connect(va.ID()), va.Connect(vb.ID())); err != nil {
+		_ = va.Close()
+		_ = vb.Close()
+		return nil, nil, err
+	}
+	return va, vb, nil
+}
+
+// udRoute returns the address handle and the UD QPN for a datagram to the
+// peer; k spreads vconns over the peer's UD QPs.
+func (p *Peer) udRoute(k int) (uint32, uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ah == nil || len(p.udQPNs) == 0 {
+		return 0, 0 // not routable: the post fails and the vconn with it
+	}
+	return p.ah.Handle(), p.udQPNs[k%len(p.udQPNs)]
+}
+
+// ensureAH creates the peer's address handle for datagrams.
+func (p *Peer) ensureAH() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ah != nil {
+		return nil
+	}
+	ah, err := p.e.pd.CreateAH(&verbs.AHAttr{DGID: p.gid, PortNum: 1, HopLimit: 64})
+	if err != nil {
+		return fmt.Errorf("engine: address handle for peer %v: %w", p.gid, err)
+	}
+	p.ah = ah
+	return nil
+}

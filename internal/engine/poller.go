@@ -1,0 +1,710 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
+)
+
+// poller owns one CQ and the QPs that complete on it. Its loop posts what
+// vconns queued (one PostSend per QP per round: many WRs per doorbell),
+// reposts released receive buffers to the SRQ, and polls and dispatches
+// completions. When a round finds nothing to do SpinPolls times in a row it
+// arms the CQ and sleeps in poll(2) on the completion channel and its wake
+// eventfd.
+type poller struct {
+	e    *Engine
+	idx  int
+	cq   verbs.CQ
+	wake int // eventfd: work was queued while the poller slept
+
+	sleeping atomic.Bool
+	stopping atomic.Bool
+	done     chan struct{}
+	started  bool
+
+	mu     sync.Mutex
+	runq   []*VConn // vconns with work; guarded by mu
+	repost []uint32 // receive buffers to give back to the SRQ; guarded by mu
+
+	// Owned by the poller goroutine.
+	work    []*VConn
+	later   []*VConn
+	reposts []uint32
+	dirty   []*sendQP
+	wcs     []verbs.WC
+	recvWRs []verbs.RecvWR
+	budget  int       // sends this CQ may still have outstanding
+	ud      *sendQP   // this poller's UD QP, shared by every peer
+	deadUD  []*sendQP // failed UD QPs awaiting their last completions
+	fds     [2]unix.PollFd
+
+	// sendQPs maps QPNs of send QPs on this CQ to their state, for
+	// completions; written when a QP is created.
+	sendQPs sync.Map // uint32 → *sendQP
+}
+
+func newPoller(e *Engine, idx int) (*poller, error) {
+	cq, err := e.dev.CreateCQ(cqDepth)
+	if err != nil {
+		return nil, fmt.Errorf("engine: poller %d CQ: %w", idx, err)
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = cq.Close()
+		return nil, fmt.Errorf("engine: poller %d eventfd: %w", idx, err)
+	}
+	return &poller{
+		e: e, idx: idx, cq: cq, wake: fd, done: make(chan struct{}),
+		wcs:    make([]verbs.WC, 64),
+		budget: cqDepth - e.cfg.RecvBuffers - 64,
+	}, nil
+}
+
+// udFailed replaces a UD QP that went to ERR (datagrams in flight are
+// lost, as datagrams may be); the dead one is destroyed once drained.
+func (p *poller) udFailed(q *sendQP, err error) {
+	if q == p.ud {
+		p.e.log.Info("UD QP failed; replacing it", "qpn", q.qp.QPN(), "err", err)
+		p.deadUD = append(p.deadUD, q)
+		if err := p.openUD(); err != nil {
+			p.e.log.Error(err, "Replacing the UD QP failed")
+		}
+	}
+	for i, x := range p.deadUD {
+		if x == q && q.outstanding <= 0 {
+			p.sendQPs.Delete(q.qp.QPN())
+			_ = q.qp.Close()
+			p.deadUD = append(p.deadUD[:i], p.deadUD[i+1:]...)
+			break
+		}
+	}
+}
+
+// openUD creates the poller's UD QP on the datagram SRQ.
+func (p *poller) openUD() error {
+	e := p.e
+	qp, err := e.pd.CreateQP(&verbs.QPInitAttr{
+		Type: verbs.QPTypeUD, SendCQ: p.cq, RecvCQ: p.cq, SRQ: e.dsrq,
+		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: 1, MaxRecvSGE: 1},
+	})
+	if err != nil {
+		return fmt.Errorf("engine: poller %d UD QP: %w", p.idx, err)
+	}
+	if err := verbs.ActivateUD(qp, e.cfg.QKey, 0); err != nil {
+		_ = qp.Close()
+		return fmt.Errorf("engine: poller %d: %w", p.idx, err)
+	}
+	p.ud = &sendQP{qp: qp, p: p}
+	p.sendQPs.Store(qp.QPN(), p.ud)
+	return nil
+}
+
+// enqueue puts a vconn on the run queue and wakes the poller if it sleeps.
+func (p *poller) enqueue(vc *VConn) {
+	p.mu.Lock()
+	p.runq = append(p.runq, vc)
+	p.mu.Unlock()
+	p.kick()
+}
+
+// repostRecv queues a receive buffer for the SRQ.
+func (p *poller) repostRecv(slot uint32) {
+	p.mu.Lock()
+	p.repost = append(p.repost, slot)
+	n := len(p.repost)
+	p.mu.Unlock()
+	if n == 1 || n >= 32 {
+		p.kick()
+	}
+}
+
+func (p *poller) kick() {
+	if p.sleeping.Load() {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(p.wake, one[:])
+	}
+}
+
+func (p *poller) run() {
+	defer close(p.done)
+	idle := 0
+	for !p.stopping.Load() {
+		if p.round() {
+			idle = 0
+			continue
+		}
+		idle++
+		if idle < p.e.cfg.SpinPolls {
+			runtime.Gosched()
+			continue
+		}
+		idle = 0
+		p.sleep()
+	}
+}
+
+// round does one pass of work; it reports whether there was any.
+func (p *poller) round() bool {
+	p.mu.Lock()
+	p.work, p.runq = p.runq, p.work[:0]
+	p.reposts = append(p.reposts, p.repost...)
+	p.repost = p.repost[:0]
+	p.mu.Unlock()
+	busy := len(p.work) > 0 || len(p.reposts) > 0 || len(p.later) > 0
+
+	for _, vc := range p.later {
+		p.work = append(p.work, vc)
+	}
+	p.later = p.later[:0]
+	for i, vc := range p.work {
+		vc.scheduled.Store(false)
+		p.serve(vc)
+		p.work[i] = nil
+	}
+	p.flushSends()
+
+	n := p.cq.Poll(p.wcs)
+	for i := 0; i < n; i++ {
+		p.complete(&p.wcs[i])
+	}
+	p.flushReposts()
+	return busy || n > 0
+}
+
+// sleep blocks until a completion or a kick. The CQ is armed and the
+// queues rechecked before blocking, so nothing that arrives meanwhile is
+// missed.
+func (p *poller) sleep() {
+	p.sleeping.Store(true)
+	defer p.sleeping.Store(false)
+	if err := p.cq.ReqNotify(false); err != nil {
+		return
+	}
+	p.mu.Lock()
+	pending := len(p.runq) > 0 || len(p.repost) > 0
+	p.mu.Unlock()
+	if pending || p.stopping.Load() {
+		return
+	}
+	if n := p.cq.Poll(p.wcs); n > 0 {
+		for i := 0; i < n; i++ {
+			p.complete(&p.wcs[i])
+		}
+		p.flushReposts()
+		return
+	}
+	p.e.stats.sleeps.Add(1)
+	p.fds = [2]unix.PollFd{{Fd: int32(p.cq.FD()), Events: unix.POLLIN}, {Fd: int32(p.wake), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(p.fds[:], -1)
+		if err == nil || !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	_, _ = p.cq.AckEvents()
+	var buf [8]byte
+	_, _ = unix.Read(p.wake, buf[:])
+}
+
+// serve moves a vconn's queued buffers into its QP's batch, as far as
+// credits and the send queue allow.
+func (p *poller) serve(vc *VConn) {
+	e := p.e
+	q := vc.sq
+	st := vc.state.Load()
+	remote := vqpn.ID(vc.remote.Load())
+	if st == stateClosed || st == stateFailed {
+		// Nothing more is sent: return what is queued to the pool.
+		for {
+			ent, ok := vc.ring.peek()
+			if !ok {
+				break
+			}
+			e.pool.put(uint32(ent >> 32))
+			vc.ring.pop()
+		}
+		vc.wakeSender()
+		if vc.rstDue.Swap(false) {
+			p.control(q, vc, remote, msgReset)
+		}
+		return
+	}
+	if !remote.Valid() {
+		return // not connected yet; Connect's sends reschedule
+	}
+	limit := e.cfg.SQDepth
+	for {
+		ent, ok := vc.ring.peek()
+		if !ok {
+			break
+		}
+		slot, n := uint32(ent>>32), uint32(ent)
+		if slot == opMarker {
+			o := &vc.regions.Load().op
+			if q.outstanding+len(q.batch)+len(o.wrs) > limit || p.budget < len(o.wrs) {
+				p.later = append(p.later, vc)
+				vc.scheduled.Store(true)
+				break
+			}
+			for _, wr := range o.wrs {
+				p.postWR(q, wr)
+			}
+			vc.ring.pop()
+			continue
+		}
+		b := e.pool.bytes(slot)
+		data := msgType(b[0]) == msgData
+		// Data goes on the vconn's transport; control always on RC.
+		// Only reliable data consumes receive credits: a lost datagram
+		// would take its credit with it.
+		dq := q
+		if data {
+			switch vc.tr {
+			case UD:
+				dq = p.ud
+			case UC:
+				dq = vc.dq
+			}
+		}
+		credited := data && dq == q
+		if credited && vc.sent == vc.limit.Load() {
+			e.stats.creditStalls.Add(1)
+			break // the peer's grant reschedules us
+		}
+		if dq.outstanding+len(dq.batch) >= limit || p.budget <= 0 {
+			p.later = append(p.later, vc)
+			vc.scheduled.Store(true)
+			break
+		}
+		vc.stampCredit(b)
+		vc.creditDue.Store(false)
+		if dq == p.ud {
+			p.postUD(vc, remote, slot, n)
+		} else {
+			p.post(dq, vc, remote, slot, n)
+		}
+		vc.ring.pop()
+		if credited {
+			vc.sent++
+		}
+	}
+	vc.wakeSender()
+	if !vc.ring.empty() {
+		return
+	}
+	if vc.creditDue.Load() && vc.state.Load() == stateOpen {
+		p.control(q, vc, remote, msgCredit)
+	}
+	for _, id := range vc.takeUnexportAcks() {
+		p.controlArg(q, vc, remote, msgUnexported, id)
+	}
+	if st == stateClosing && vc.finDue.Load() && !vc.finPosted {
+		vc.finPosted = true
+		p.control(q, vc, remote, msgFin)
+	}
+}
+
+// control posts a credit grant, FIN or RST.
+func (p *poller) control(q *sendQP, vc *VConn, remote vqpn.ID, t msgType) {
+	p.controlArg(q, vc, remote, t, 0)
+}
+
+func (p *poller) controlArg(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, arg uint32) {
+	e := p.e
+	var slot uint32
+	ok := q.outstanding+len(q.batch) < e.cfg.SQDepth && p.budget > 0
+	if ok {
+		slot, ok = e.pool.get(0)
+	}
+	if !ok {
+		// No room or no buffer now: try again next round.
+		switch t {
+		case msgFin:
+			vc.finPosted = false
+		case msgReset:
+			vc.rstDue.Store(true)
+		case msgUnexported:
+			rg := vc.rg()
+			rg.mu.Lock()
+			rg.unexportAcks = append(rg.unexportAcks, arg)
+			rg.mu.Unlock()
+		}
+		p.later = append(p.later, vc)
+		vc.scheduled.Store(true)
+		return
+	}
+	h := header{typ: t, flags: flagFirst | flagLast, arg: arg}
+	b := e.pool.bytes(slot)
+	h.put(b)
+	vc.stampCredit(b)
+	vc.creditDue.Store(false)
+	p.post(q, vc, remote, slot, headerLen)
+}
+
+func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot, n uint32) {
+	p.postWR(q, verbs.SendWR{
+		WRID:    vqpn.WRID(vc.id, slot),
+		Opcode:  verbs.WRSendWithImm,
+		Flags:   verbs.SendSignaled,
+		ImmData: vqpn.Imm(remote),
+		NumSGE:  1,
+		SG:      [verbs.MaxSGE]verbs.SGE{p.e.pool.sge(slot, n)},
+	})
+}
+
+// postUD posts a datagram to the peer's UD QP that pairs with this poller.
+func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot, n uint32) {
+	ah, qpn := vc.peer.udRoute(int(vc.id.VQPN()))
+	p.postWR(p.ud, verbs.SendWR{
+		WRID:       vqpn.WRID(vc.id, slot),
+		Opcode:     verbs.WRSendWithImm,
+		Flags:      verbs.SendSignaled,
+		ImmData:    vqpn.Imm(remote),
+		NumSGE:     1,
+		SG:         [verbs.MaxSGE]verbs.SGE{p.e.pool.sge(slot, n)},
+		AH:         ah,
+		RemoteQPN:  qpn,
+		RemoteQKey: p.e.cfg.QKey,
+	})
+}
+
+func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
+	q.batch = append(q.batch, wr)
+	p.budget--
+	if !q.queued {
+		q.queued = true
+		p.dirty = append(p.dirty, q)
+	}
+}
+
+// flushSends rings each dirty QP's doorbell once for its whole batch.
+func (p *poller) flushSends() {
+	e := p.e
+	for i, q := range p.dirty {
+		p.dirty[i] = nil
+		q.queued = false
+		if len(q.batch) == 0 {
+			continue
+		}
+		n, err := q.qp.PostSend(q.batch)
+		e.stats.posts.Add(1)
+		e.stats.wrsPosted.Add(uint64(n))
+		q.outstanding += n
+		if errors.Is(err, verbs.ErrQueueFull) {
+			// Accounting should prevent this; if it happens, the rest
+			// waits for completions instead of failing the QP.
+			rest := copy(q.batch, q.batch[n:])
+			clear(q.batch[rest:])
+			q.batch = q.batch[:rest]
+			q.queued = true
+			p.dirty[i] = q
+			continue
+		}
+		if err != nil {
+			// The QP refused the rest (it failed): their buffers go back,
+			// their vconns fail.
+			for _, wr := range q.batch[n:] {
+				id, slot := vqpn.SplitWRID(wr.WRID)
+				e.pool.put(slot)
+				p.budget++
+				if vc, ok := e.vconns.Lookup(id); ok {
+					vc.fail(fmt.Errorf("%w: %w", ErrQPFailed, err))
+				}
+			}
+			p.qpFailed(q, err)
+		}
+		clear(q.batch)
+		q.batch = q.batch[:0]
+	}
+	k := 0
+	for _, q := range p.dirty {
+		if q != nil {
+			p.dirty[k] = q
+			k++
+		}
+	}
+	p.dirty = p.dirty[:k]
+}
+
+func (p *poller) flushReposts() {
+	if len(p.reposts) == 0 {
+		return
+	}
+	e := p.e
+	for _, c := range []struct {
+		class int
+		srq   verbs.SRQ
+	}{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}} {
+		wrs := p.recvWRs[:0]
+		for _, slot := range p.reposts {
+			if int(slot>>24) == c.class {
+				wrs = append(wrs, e.recvWR(slot))
+			}
+		}
+		p.recvWRs = wrs
+		if len(wrs) == 0 {
+			continue
+		}
+		if _, err := c.srq.PostRecv(wrs); err != nil {
+			e.log.Error(err, "Reposting receive buffers failed", "buffers", len(wrs))
+		}
+	}
+	p.reposts = p.reposts[:0]
+}
+
+// complete dispatches one completion.
+func (p *poller) complete(wc *verbs.WC) {
+	if wc.Opcode&verbs.WCRecv != 0 {
+		p.onRecv(wc)
+		return
+	}
+	p.onSend(wc)
+}
+
+func (p *poller) onSend(wc *verbs.WC) {
+	e := p.e
+	p.budget++
+	v, _ := p.sendQPs.Load(wc.QPN)
+	q, _ := v.(*sendQP)
+	if q != nil {
+		q.outstanding--
+	}
+	id, slot := vqpn.SplitWRID(wc.WRID)
+	if !e.pool.valid(slot) {
+		return
+	}
+	if wc.Opcode == verbs.WCRDMAWrite || wc.Opcode == verbs.WCRDMARead {
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.opCompleted(wc, slot)
+		}
+		e.pool.put(slot)
+		if wc.Status != verbs.WCSuccess && q != nil {
+			p.qpFailed(q, wc.Err())
+		}
+		return
+	}
+	b := e.pool.bytes(slot)
+	t, last := msgType(b[0]), b[1]&flagLast != 0
+	e.pool.put(slot)
+	vc, ok := e.vconns.Lookup(id)
+	if wc.Status != verbs.WCSuccess {
+		if q != nil {
+			p.qpFailed(q, wc.Err())
+		}
+		return
+	}
+	if t == msgData && last {
+		e.stats.msgsSent.Add(1)
+	}
+	if ok && t == msgFin {
+		vc.onFinSent()
+	}
+}
+
+// qpFailed fails the vconns of a QP that went to ERR and takes the QP out
+// of its peer's pool, so new vconns get a fresh one. The dead QP is
+// destroyed once its flushed completions are in.
+func (p *poller) qpFailed(q *sendQP, err error) {
+	if q.peer == nil {
+		p.udFailed(q, err)
+		return
+	}
+	peer := q.peer
+	peer.mu.Lock()
+	first := !q.failed
+	q.failed = true
+	for _, t := range [][]*sendQP{peer.qps, peer.ucs} {
+		for i, x := range t {
+			if x == q {
+				t[i] = nil
+				peer.dead = append(peer.dead, q)
+			}
+		}
+	}
+	peer.mu.Unlock()
+	if first {
+		p.e.log.Info("Shared QP failed", "peer", peer.gid, "qpn", q.qp.QPN(), "err", err)
+		peer.failWhere(func(vc *VConn) bool { return vc.sq == q }, fmt.Errorf("%w: %w", ErrQPFailed, err))
+	}
+	if q.outstanding <= 0 {
+		p.sendQPs.Delete(q.qp.QPN())
+		peer.mu.Lock()
+		for i, x := range peer.dead {
+			if x == q {
+				peer.dead = append(peer.dead[:i], peer.dead[i+1:]...)
+				_ = q.qp.Close()
+				break
+			}
+		}
+		peer.mu.Unlock()
+	}
+}
+
+func (p *poller) onRecv(wc *verbs.WC) {
+	e := p.e
+	slot := uint32(wc.WRID)
+	if !e.pool.valid(slot) {
+		return
+	}
+	if wc.Status != verbs.WCSuccess || wc.Flags&verbs.WCWithImm == 0 {
+		if wc.Status != verbs.WCWRFlushErr {
+			e.stats.malformed.Add(1)
+		}
+		p.reposts = append(p.reposts, slot)
+		return
+	}
+	vc, ok := e.vconns.Lookup(vqpn.FromImm(wc.ImmData))
+	b := e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
+	from := p.peerOf(wc.QPN)
+	if wc.Flags&verbs.WCWithGRH != 0 {
+		// A datagram: the sender's GID is in the GRH space.
+		if len(b) < verbs.GRHSize {
+			ok = false
+		} else {
+			copy(from[:], b[8:24])
+			b = b[verbs.GRHSize:]
+		}
+	}
+	if !ok || vc.peer.gid != from {
+		// Closed (stale generation), or a peer naming a vconn that is not
+		// its own: dropped.
+		p.reposts = append(p.reposts, slot)
+		return
+	}
+	var h header
+	if err := h.parse(b); err != nil {
+		e.stats.malformed.Add(1)
+		p.reposts = append(p.reposts, slot)
+		return
+	}
+	vc.grant(h.credit)
+	switch h.typ {
+	case msgData:
+		p.onData(vc, &h, slot, b[headerLen:])
+	case msgFin:
+		p.reposts = append(p.reposts, slot)
+		vc.onPeerFin()
+	case msgReset:
+		p.reposts = append(p.reposts, slot)
+		vc.fail(ErrReset)
+	case msgExport:
+		err := vc.onExport(&h, b[headerLen:])
+		p.reposts = append(p.reposts, slot)
+		if err != nil {
+			e.stats.malformed.Add(1)
+			vc.fail(err)
+		}
+	case msgUnexport:
+		p.reposts = append(p.reposts, slot)
+		vc.onUnexport(&h)
+	case msgUnexported:
+		p.reposts = append(p.reposts, slot)
+		vc.onUnexported(h.arg)
+	default:
+		p.reposts = append(p.reposts, slot)
+	}
+}
+
+// peerOf returns the GID of the peer whose QP qpn received a message.
+func (p *poller) peerOf(qpn uint32) (g verbs.GID) {
+	if v, ok := p.e.ingress.Load(qpn); ok {
+		return v.(*Peer).gid
+	}
+	return g
+}
+
+// onData delivers a whole message or adds a chunk to the one being
+// reassembled.
+func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
+	e := p.e
+	first, last := h.flags&flagFirst != 0, h.flags&flagLast != 0
+	m := Message{vc: vc, Imm: h.imm, HasImm: h.flags&flagImm != 0, slot: noSlot, credits: 1}
+	if int(slot>>24) == e.dgramClass {
+		// Unreliable transports: whole messages only, no credits.
+		if !first || !last || uint32(len(payload)) != h.length {
+			e.stats.malformed.Add(1)
+			p.reposts = append(p.reposts, slot)
+			return
+		}
+		m.Data, m.slot, m.credits = payload, slot, 0
+		vc.deliver(m)
+		return
+	}
+	if first && last {
+		if uint32(len(payload)) != h.length {
+			p.malformed(vc, slot)
+			return
+		}
+		m.Data, m.slot = payload, slot
+		vc.deliver(m)
+		return
+	}
+	if first {
+		if vc.asm != nil || h.length > uint32(e.cfg.MaxMessage) {
+			p.malformed(vc, slot)
+			return
+		}
+		// Reassembly copies into a buffer of its own so the chunks'
+		// receive buffers (and credits) come back at once.
+		vc.asm, vc.asmOff = make([]byte, h.length), 0
+	}
+	if vc.asm == nil || vc.asmOff+uint32(len(payload)) > uint32(len(vc.asm)) {
+		p.malformed(vc, slot)
+		return
+	}
+	copy(vc.asm[vc.asmOff:], payload)
+	vc.asmOff += uint32(len(payload))
+	p.reposts = append(p.reposts, slot)
+	if !last {
+		vc.returnCredits(1) // the chunk is copied out: its buffer is free
+		return
+	}
+	if vc.asmOff != uint32(len(vc.asm)) {
+		vc.asm = nil
+		p.malformed(vc, noSlot)
+		return
+	}
+	m.Data = vc.asm
+	vc.asm = nil
+	vc.deliver(m)
+}
+
+// malformed drops a message that breaks the framing: the peer engine is
+// broken, so the vconn fails rather than deliver garbage.
+func (p *poller) malformed(vc *VConn, slot uint32) {
+	p.e.stats.malformed.Add(1)
+	if slot != noSlot {
+		p.reposts = append(p.reposts, slot)
+	}
+	vc.returnCredits(1)
+	vc.fail(errors.New("engine: malformed message from peer"))
+}
+
+func (p *poller) stop() {
+	p.stopping.Store(true)
+	p.sleeping.Store(true)
+	p.kick()
+	if p.started {
+		<-p.done
+	}
+}
+
+func (p *poller) close() error {
+	var errs []error
+	for _, q := range append(p.deadUD, p.ud) {
+		if q != nil {
+			errs = append(errs, q.qp.Close())
+		}
+	}
+	return errors.Join(append(errs, p.cq.Close(), unix.Close(p.wake))...)
+}

@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+// bufPool is the engine's registered memory: one MR carved into size
+// classes. A buffer is named by a slot, class<<24 | index, which is what a
+// work request's wr_id carries to free it on completion.
+//
+// Ownership: get hands a buffer to the caller; it stays the caller's (or
+// the device's, once posted) until put. Buffers are never touched after
+// put; a double put panics, as a refcount gone wrong must not corrupt data.
+type bufPool struct {
+	mr      verbs.MR
+	classes []bufClass
+}
+
+type bufClass struct {
+	size uint32
+	base uint64 // offset of the class in the MR
+	n    uint32
+
+	mu     sync.Mutex
+	free   []uint32 // indexes; guarded by mu
+	inUse  []bool   // guarded by mu
+	lowest int      // fewest free ever; guarded by mu
+}
+
+// classSpec asks for n buffers of size bytes.
+type classSpec struct {
+	size, n int
+}
+
+func newBufPool(pd verbs.PD, specs []classSpec) (*bufPool, error) {
+	total := 0
+	for _, s := range specs {
+		if s.size <= 0 || s.n <= 0 || s.n >= 1<<24 {
+			return nil, fmt.Errorf("engine: buffer class %+v: %w", s, verbs.ErrInvalid)
+		}
+		total += s.size * s.n
+	}
+	mr, err := pd.RegMR(total, verbs.AccessLocalWrite)
+	if err != nil {
+		return nil, fmt.Errorf("engine: register %d-byte buffer pool: %w", total, err)
+	}
+	p := &bufPool{mr: mr, classes: make([]bufClass, len(specs))}
+	off := uint64(0)
+	for i, s := range specs {
+		c := &p.classes[i]
+		c.size, c.base, c.n = uint32(s.size), off, uint32(s.n)
+		c.free = make([]uint32, s.n)
+		for j := range c.free {
+			c.free[j] = uint32(s.n - 1 - j)
+		}
+		c.inUse = make([]bool, s.n)
+		c.lowest = s.n
+		off += uint64(s.size) * uint64(s.n)
+	}
+	return p, nil
+}
+
+// class returns the smallest class whose buffers hold n bytes, or -1.
+func (p *bufPool) class(n int) int {
+	for i := range p.classes {
+		if int(p.classes[i].size) >= n {
+			return i
+		}
+	}
+	return -1
+}
+
+// get takes a buffer of class ci; ok is false when the class is empty.
+func (p *bufPool) get(ci int) (slot uint32, ok bool) {
+	c := &p.classes[ci]
+	c.mu.Lock()
+	k := len(c.free)
+	if k == 0 {
+		c.mu.Unlock()
+		return 0, false
+	}
+	idx := c.free[k-1]
+	c.free = c.free[:k-1]
+	c.inUse[idx] = true
+	c.lowest = min(c.lowest, k-1)
+	c.mu.Unlock()
+	return uint32(ci)<<24 | idx, true
+}
+
+func (p *bufPool) put(slot uint32) {
+	c := &p.classes[slot>>24]
+	idx := slot & (1<<24 - 1)
+	c.mu.Lock()
+	if !c.inUse[idx] {
+		c.mu.Unlock()
+		panic(fmt.Sprintf("engine: buffer %#x returned twice", slot))
+	}
+	c.inUse[idx] = false
+	c.free = append(c.free, idx)
+	c.mu.Unlock()
+}
+
+// valid reports whether slot names a buffer of this pool.
+func (p *bufPool) valid(slot uint32) bool {
+	ci := int(slot >> 24)
+	return ci < len(p.classes) && slot&(1<<24-1) < p.classes[ci].n
+}
+
+func (p *bufPool) size(slot uint32) uint32 { return p.classes[slot>>24].size }
+
+func (p *bufPool) offset(slot uint32) uint64 {
+	c := &p.classes[slot>>24]
+	return c.base + uint64(slot&(1<<24-1))*uint64(c.size)
+}
+
+// bytes is the buffer's memory.
+func (p *bufPool) bytes(slot uint32) []byte {
+	off := p.offset(slot)
+	return p.mr.Bytes()[off : off+uint64(p.size(slot)) : off+uint64(p.size(slot))]
+}
+
+// sge describes n bytes of the buffer.
+func (p *bufPool) sge(slot uint32, n uint32) verbs.SGE {
+	return verbs.SGE{Addr: p.mr.Addr() + p.offset(slot), Length: n, LKey: p.mr.LKey()}
+}
+
+// inUse counts buffers handed out, per class.
+func (p *bufPool) inUse() []int {
+	out := make([]int, len(p.classes))
+	for i := range p.classes {
+		c := &p.classes[i]
+		c.mu.Lock()
+		out[i] = int(c.n) - len(c.free)
+		c.mu.Unlock()
+	}
+	return out
+}
+
+func (p *bufPool) close() error { return p.mr.Close() }

@@ -1,0 +1,604 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
+)
+
+// VConn states.
+const (
+	stateConnecting uint32 = iota // allocated, peer's vQPN not known yet
+	stateOpen
+	stateClosing // closed locally; FIN queued, waiting for the peer's
+	stateClosed  // vQPN released
+	stateFailed  // peer gone, QP failed or engine closed
+)
+
+// Handler receives a vconn's messages on a poller goroutine. It must not
+// block, and must Release every message exactly once, soon: an unreleased
+// message holds a receive credit.
+type Handler func(vc *VConn, m Message)
+
+// VConnOptions configure a vconn.
+type VConnOptions struct {
+	// Handler, if set, gets every message; otherwise messages queue for
+	// Recv.
+	Handler Handler
+	// Transport is the vconn's policy; both ends must use the same. The
+	// zero value is RC, or the engine's Config.Transport when
+	// UseEngineDefault is set.
+	Transport Transport
+	// UseEngineDefault takes Transport from the engine's configuration.
+	UseEngineDefault bool
+}
+
+// VConn is a logical connection to a vconn on a peer engine.
+type VConn struct {
+	e      *Engine
+	peer   *Peer
+	sq     *sendQP // RC: data of RC vconns, control of all
+	dq     *sendQP // the UC QP of a UC vconn (UD vconns use their poller's UD QP)
+	tr     Transport
+	id     vqpn.ID
+	remote atomic.Uint32 // the peer vconn's vqpn.ID
+	state  atomic.Uint32
+	prev   *VConn // peer list; guarded by peer.mu
+	next   *VConn
+
+	// Send side. The producer is whoever holds sendMu; the consumer is the
+	// QP's poller.
+	sendMu    sync.Mutex
+	txSeq     uint32        // guarded by sendMu
+	txWake    chan struct{} // created by the producer before it sets txWaiting
+	txWaiting atomic.Bool
+	ring      ring
+	scheduled atomic.Bool   // on the poller's run queue
+	sent      uint32        // poller-owned: data chunks posted
+	limit     atomic.Uint32 // credits the peer granted, cumulative
+	creditDue atomic.Bool   // a credit grant should go out
+	finDue    atomic.Bool   // Close asked for a FIN after the queued data
+	finPosted bool          // poller-owned
+	finSent   atomic.Bool   // the FIN's send completed
+	rstDue    atomic.Bool   // Abort asked for a RST
+
+	regions atomic.Pointer[regions] // one-sided state, created on first use
+
+	// Receive side.
+	handler    Handler
+	consumed   atomic.Uint32 // receive buffers released, cumulative
+	advertised atomic.Uint32 // last credit grant sent
+	asm        []byte        // poller-owned: message being reassembled
+	asmOff     uint32
+
+	rxMu    sync.Mutex
+	rxq     []Message     // guarded by rxMu
+	rxHead  int           // guarded by rxMu
+	rxN     int           // guarded by rxMu
+	rxWake  chan struct{} // guarded by rxMu
+	peerFin bool          // guarded by rxMu
+	err     error         // guarded by rxMu: why the vconn failed
+}
+
+// Message is one received message. Data is valid until Release.
+type Message struct {
+	Data    []byte
+	Imm     uint32
+	HasImm  bool
+	vc      *VConn
+	slot    uint32 // receive buffer holding Data, or noSlot
+	credits uint32 // credits Release gives back
+}
+
+const noSlot = ^uint32(0)
+
+// NewVConn allocates a vconn to peer on one of its shared QPs (connecting
+// the QP first if this is its first use). The vconn sends once Connect has
+// told it the peer's vconn.
+func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VConn, error) {
+	if e.closed.Load() {
+		return nil, ErrEngineClosed
+	}
+	tr := o.Transport
+	if o.UseEngineDefault {
+		tr = e.cfg.Transport
+	}
+	if tr > Auto {
+		return nil, fmt.Errorf("engine: new vconn: transport %v", tr)
+	}
+	vc := &VConn{e: e, peer: peer, handler: o.Handler, tr: tr}
+	vc.limit.Store(uint32(e.cfg.Credits))
+	vc.advertised.Store(uint32(e.cfg.Credits))
+	id, err := e.vconns.Alloc(vc)
+	if err != nil {
+		return nil, fmt.Errorf("engine: new vconn to %v: %w", peer.gid, err)
+	}
+	vc.id = id
+	// vQPNs are dense, so consecutive vconns spread over the pool.
+	q, err := peer.sendQP(ctx, int(id.VQPN())%e.cfg.QPsPerPeer)
+	if err != nil {
+		_ = e.vconns.Release(id)
+		return nil, err
+	}
+	vc.sq = q
+	switch tr {
+	case UC:
+		vc.dq, err = peer.ucQP(ctx, int(id.VQPN())%e.cfg.QPsPerPeer)
+	case UD:
+		err = peer.ensureAH() // the poller's UD QP carries the data
+	}
+	if err != nil {
+		_ = e.vconns.Release(id)
+		return nil, err
+	}
+	peer.link(vc)
+	return vc, nil
+}
+
+// ID is the vconn's vQPN and generation, which the peer's vconn needs.
+func (vc *VConn) ID() vqpn.ID { return vc.id }
+
+// Peer is the node the vconn reaches.
+func (vc *VConn) Peer() *Peer { return vc.peer }
+
+// Connect records the peer vconn and opens the vconn.
+func (vc *VConn) Connect(remote vqpn.ID) error {
+	if !remote.Valid() {
+		return fmt.Errorf("engine: connect vconn %v: invalid remote %v", vc.id, remote)
+	}
+	vc.remote.Store(uint32(remote))
+	if !vc.state.CompareAndSwap(stateConnecting, stateOpen) {
+		return fmt.Errorf("engine: connect vconn %v: %w", vc.id, vc.stateErr())
+	}
+	return nil
+}
+
+// stateErr explains why the vconn cannot send.
+func (vc *VConn) stateErr() error {
+	switch vc.state.Load() {
+	case stateConnecting:
+		return ErrNotOpen
+	case stateClosing, stateClosed:
+		return ErrClosed
+	case stateFailed:
+		vc.rxMu.Lock()
+		defer vc.rxMu.Unlock()
+		return vc.err
+	}
+	return nil
+}
+
+// Send sends one message, blocking while the vconn's queue is full (the
+// peer is not reading: credits ran out).
+func (vc *VConn) Send(ctx context.Context, data []byte) error {
+	_, err := vc.send(ctx, data, 0, false, true)
+	return err
+}
+
+// SendImm sends one message with an application immediate.
+func (vc *VConn) SendImm(ctx context.Context, data []byte, imm uint32) error {
+	_, err := vc.send(ctx, data, imm, true, true)
+	return err
+}
+
+// TrySend sends one message if it fits in the vconn's queue now; it
+// reports false, without error, when it does not.
+func (vc *VConn) TrySend(data []byte) (bool, error) {
+	return vc.send(context.Background(), data, 0, false, false)
+}
+
+// MaxMessage is the largest message the vconn's transport carries.
+func (vc *VConn) MaxMessage() int {
+	switch vc.tr {
+	case UD:
+		return vc.e.cfg.MTU.Bytes() - headerLen
+	case UC:
+		return vc.e.cfg.ChunkSize - headerLen
+	}
+	return vc.e.cfg.MaxMessage
+}
+
+// Transport is the vconn's transport policy.
+func (vc *VConn) Transport() Transport { return vc.tr }
+
+func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, block bool) (bool, error) {
+	e := vc.e
+	if max := vc.MaxMessage(); len(data) > max {
+		return false, fmt.Errorf("engine: send %d bytes on %v vconn %v: %w (%d)", len(data), vc.tr, vc.id, ErrTooLarge, max)
+	}
+	if st := vc.state.Load(); st != stateOpen {
+		return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
+	}
+	per := e.cfg.ChunkSize - headerLen
+	chunks := max(1, (len(data)+per-1)/per)
+	if block {
+		vc.sendMu.Lock()
+	} else if !vc.sendMu.TryLock() {
+		return false, nil
+	}
+	defer vc.sendMu.Unlock()
+	if !block && vc.ring.free() < chunks {
+		return false, nil
+	}
+	h := header{typ: msgData, length: uint32(len(data)), seq: vc.txSeq, imm: imm}
+	if hasImm {
+		h.flags |= flagImm
+	}
+	for i := 0; i < chunks; i++ {
+		part := data[min(i*per, len(data)):min((i+1)*per, len(data))]
+		h.flags &^= flagFirst | flagLast
+		if i == 0 {
+			h.flags |= flagFirst
+		}
+		if i == chunks-1 {
+			h.flags |= flagLast
+		}
+		slot, err := vc.getBuffer(ctx, headerLen+len(part), block)
+		if err != nil || slot == noSlot {
+			// Nothing of this message is queued unless i > 0, which only a
+			// blocking send reaches; its ctx ended, the vconn is broken.
+			if i > 0 {
+				vc.fail(fmt.Errorf("engine: message abandoned half-queued: %w", err))
+			}
+			return false, err
+		}
+		b := e.pool.bytes(slot)
+		h.put(b)
+		copy(b[headerLen:], part)
+		if err := vc.waitRing(ctx, block); err != nil {
+			e.pool.put(slot)
+			if i > 0 {
+				vc.fail(fmt.Errorf("engine: message abandoned half-queued: %w", err))
+			}
+			return false, err
+		}
+		vc.ring.push(uint64(slot)<<32 | uint64(headerLen+len(part)))
+		if chunks > 1 {
+			vc.schedule()
+		}
+	}
+	vc.txSeq++
+	vc.schedule()
+	return true, nil
+}
+
+// getBuffer takes a send buffer for n bytes, waiting for one if the pool is
+// empty and block is set.
+func (vc *VConn) getBuffer(ctx context.Context, n int, block bool) (uint32, error) {
+	p := vc.e.pool
+	ci := p.class(n)
+	for wait := time.Microsecond; ; wait = min(2*wait, time.Millisecond) {
+		if slot, ok := p.get(ci); ok {
+			return slot, nil
+		}
+		if !block {
+			return noSlot, nil
+		}
+		if err := vc.sendable(ctx); err != nil {
+			return noSlot, err
+		}
+		time.Sleep(wait)
+	}
+}
+
+// waitRing waits for room in the ring.
+func (vc *VConn) waitRing(ctx context.Context, block bool) error {
+	for vc.ring.free() == 0 {
+		if !block {
+			return fmt.Errorf("engine: vconn %v queue full", vc.id)
+		}
+		if vc.txWake == nil {
+			vc.txWake = make(chan struct{}, 1)
+		}
+		vc.txWaiting.Store(true)
+		vc.schedule()
+		if vc.ring.free() > 0 {
+			break
+		}
+		if err := vc.sendable(ctx); err != nil {
+			return err
+		}
+		select {
+		case <-vc.txWake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (vc *VConn) sendable(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if vc.state.Load() != stateOpen {
+		return fmt.Errorf("engine: vconn %v: %w", vc.id, vc.stateErr())
+	}
+	return nil
+}
+
+// wakeSender wakes a producer waiting for ring space.
+func (vc *VConn) wakeSender() {
+	if vc.txWaiting.Swap(false) {
+		select {
+		case vc.txWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// schedule puts the vconn on its poller's run queue.
+func (vc *VConn) schedule() {
+	if !vc.scheduled.Swap(true) {
+		vc.sq.p.enqueue(vc)
+	}
+}
+
+// grant records a credit grant from the peer, and reschedules a vconn that
+// waited for it.
+func (vc *VConn) grant(credit uint32) {
+	for {
+		old := vc.limit.Load()
+		if int32(credit-old) <= 0 {
+			return
+		}
+		if vc.limit.CompareAndSwap(old, credit) {
+			break
+		}
+	}
+	if !vc.ring.empty() {
+		vc.schedule()
+	}
+}
+
+// deliver hands a received message to the handler or the receive queue.
+func (vc *VConn) deliver(m Message) {
+	vc.e.stats.msgsReceived.Add(1)
+	if vc.handler != nil {
+		vc.handler(vc, m)
+		return
+	}
+	vc.rxMu.Lock()
+	if st := vc.state.Load(); st == stateClosed || st == stateFailed {
+		vc.rxMu.Unlock()
+		m.Release()
+		return
+	}
+	if vc.rxN == len(vc.rxq) {
+		grown := make([]Message, max(4, 2*len(vc.rxq)))
+		for i := 0; i < vc.rxN; i++ {
+			grown[i] = vc.rxq[(vc.rxHead+i)%len(vc.rxq)]
+		}
+		vc.rxq, vc.rxHead = grown, 0
+	}
+	vc.rxq[(vc.rxHead+vc.rxN)%len(vc.rxq)] = m
+	vc.rxN++
+	w := vc.rxWake
+	vc.rxMu.Unlock()
+	notify(w)
+}
+
+func notify(w chan struct{}) {
+	if w != nil {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Recv returns the next message: io.EOF once the peer closed and every
+// message before its close was received; the failure once the vconn failed.
+func (vc *VConn) Recv(ctx context.Context) (Message, error) {
+	for {
+		vc.rxMu.Lock()
+		if vc.rxN > 0 {
+			m := vc.rxq[vc.rxHead]
+			vc.rxq[vc.rxHead] = Message{}
+			vc.rxHead = (vc.rxHead + 1) % len(vc.rxq)
+			vc.rxN--
+			vc.rxMu.Unlock()
+			return m, nil
+		}
+		switch st := vc.state.Load(); {
+		case st == stateFailed:
+			err := vc.err
+			vc.rxMu.Unlock()
+			return Message{}, err
+		case vc.peerFin:
+			vc.rxMu.Unlock()
+			return Message{}, io.EOF
+		case st == stateClosing || st == stateClosed:
+			vc.rxMu.Unlock()
+			return Message{}, fmt.Errorf("engine: recv on vconn %v: %w", vc.id, ErrClosed)
+		}
+		if vc.rxWake == nil {
+			vc.rxWake = make(chan struct{}, 1)
+		}
+		w := vc.rxWake
+		vc.rxMu.Unlock()
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return Message{}, ctx.Err()
+		}
+	}
+}
+
+// Release returns the message's buffer and its receive credits.
+func (m Message) Release() {
+	vc := m.vc
+	if vc == nil {
+		return
+	}
+	e := vc.e
+	if m.slot != noSlot {
+		e.pollers[0].repostRecv(m.slot)
+	}
+	vc.returnCredits(m.credits)
+}
+
+func (vc *VConn) returnCredits(n uint32) {
+	if n == 0 {
+		return
+	}
+	c := vc.consumed.Add(n)
+	grant := uint32(vc.e.cfg.Credits) + c
+	if grant-vc.advertised.Load() >= uint32(vc.e.cfg.Credits)/2 && vc.state.Load() == stateOpen {
+		if !vc.creditDue.Swap(true) {
+			vc.schedule()
+		}
+	}
+}
+
+// onPeerFin: the peer closed its side; data before it was delivered.
+func (vc *VConn) onPeerFin() {
+	vc.rxMu.Lock()
+	vc.peerFin = true
+	w := vc.rxWake
+	vc.rxMu.Unlock()
+	notify(w)
+	if vc.state.Load() == stateClosing && vc.finSent.Load() {
+		vc.release()
+	}
+}
+
+// onFinSent: our FIN reached the peer.
+func (vc *VConn) onFinSent() {
+	vc.finSent.Store(true)
+	vc.rxMu.Lock()
+	fin := vc.peerFin
+	vc.rxMu.Unlock()
+	if fin {
+		vc.release()
+	}
+}
+
+// Close closes the vconn: queued messages are still sent, then a FIN; the
+// vQPN is released once the peer closed too (or failed). Unread messages
+// are dropped.
+func (vc *VConn) Close() error {
+	for {
+		switch st := vc.state.Load(); st {
+		case stateConnecting, stateFailed:
+			if vc.state.CompareAndSwap(st, stateClosing) {
+				vc.dropReceived()
+				vc.release()
+				return nil
+			}
+		case stateOpen:
+			if vc.state.CompareAndSwap(st, stateClosing) {
+				vc.dropReceived()
+				vc.finDue.Store(true)
+				vc.schedule()
+				return nil
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// Abort closes the vconn at once, like a TCP reset: queued messages are
+// dropped, the peer's vconn fails with ErrReset, and the vQPN is free for
+// reuse immediately; whatever is still in flight for it is dropped by the
+// generation check.
+func (vc *VConn) Abort() {
+	if vc.state.Load() == stateClosed {
+		return
+	}
+	if vqpn.ID(vc.remote.Load()).Valid() {
+		vc.rstDue.Store(true)
+	}
+	vc.dropReceived()
+	vc.release()
+}
+
+func (vc *VConn) dropReceived() {
+	vc.rxMu.Lock()
+	msgs := make([]Message, 0, vc.rxN)
+	for vc.rxN > 0 {
+		msgs = append(msgs, vc.rxq[vc.rxHead])
+		vc.rxq[vc.rxHead] = Message{}
+		vc.rxHead = (vc.rxHead + 1) % len(vc.rxq)
+		vc.rxN--
+	}
+	vc.rxMu.Unlock()
+	for _, m := range msgs {
+		m.Release()
+	}
+}
+
+// release frees the vQPN. Completions still in flight for it are dropped
+// by the table's generation check.
+func (vc *VConn) release() {
+	for {
+		st := vc.state.Load()
+		if st == stateClosed {
+			return
+		}
+		if vc.state.CompareAndSwap(st, stateClosed) {
+			break
+		}
+	}
+	vc.peer.unlink(vc)
+	vc.releaseRegions()
+	_ = vc.e.vconns.Release(vc.id)
+	vc.abandonOp(fmt.Errorf("engine: vconn %v: %w", vc.id, ErrClosed))
+	// The poller returns whatever is still queued to the pool.
+	vc.schedule()
+	vc.rxMu.Lock()
+	w := vc.rxWake
+	vc.rxMu.Unlock()
+	notify(w)
+	vc.wakeSender()
+}
+
+// fail moves the vconn to failed with err, waking its reader and sender.
+func (vc *VConn) fail(err error) {
+	for {
+		st := vc.state.Load()
+		if st == stateFailed || st == stateClosed {
+			return
+		}
+		if st == stateClosing {
+			vc.release() // closed locally; nothing left to report
+			return
+		}
+		vc.rxMu.Lock()
+		vc.err = fmt.Errorf("engine: vconn %v: %w", vc.id, err)
+		vc.rxMu.Unlock()
+		if vc.state.CompareAndSwap(st, stateFailed) {
+			break
+		}
+	}
+	vc.schedule()
+	vc.rxMu.Lock()
+	w := vc.rxWake
+	vc.rxMu.Unlock()
+	notify(w)
+	vc.wakeSender()
+}
+
+// Err returns why the vconn failed, or nil.
+func (vc *VConn) Err() error {
+	if vc.state.Load() != stateFailed {
+		return nil
+	}
+	vc.rxMu.Lock()
+	defer vc.rxMu.Unlock()
+	return vc.err
+}
+
+// stampCredit writes the current grant into a queued buffer's header.
+func (vc *VConn) stampCredit(b []byte) {
+	g := uint32(vc.e.cfg.Credits) + vc.consumed.Load()
+	binary.BigEndian.PutUint32(b[4:], g)
+	vc.advertised.Store(g)
+}
