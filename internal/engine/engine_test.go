@@ -23,6 +23,11 @@ func testEngines(t testing.TB, f wire.Faults, cfg Config) (*Engine, *Engine) {
 	t.Helper()
 	fb := wire.NewFabric(f)
 	t.Cleanup(func() { _ = fb.Close() })
+	return testEnginesOn(t, fb, cfg)
+}
+
+func testEnginesOn(t testing.TB, fb *wire.Fabric, cfg Config) (*Engine, *Engine) {
+	t.Helper()
 	open := func(ip string) *Engine {
 		w, err := fb.Attach(verbs.GIDFromAddr(netip.MustParseAddr(ip)))
 		if err != nil {

@@ -1,0 +1,120 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+)
+
+// TestIdleEngineSleeps: once traffic stops, the pollers block on their
+// completion channels: the process uses next to no CPU.
+func TestIdleEngineSleeps(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		if err := va.Send(ctx, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		m, err := vb.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Release()
+	}
+	waitFor(t, func() bool { return a.pollers[0].sleeping.Load() && b.pollers[0].sleeping.Load() }, "pollers to sleep")
+	before := cpuTime(t)
+	time.Sleep(time.Second)
+	used := cpuTime(t) - before
+	// Busy pollers would burn a whole core (1 s); sleeping ones nothing.
+	if used > 100*time.Millisecond {
+		t.Fatalf("an idle engine pair used %v of CPU in 1 s", used)
+	}
+	t.Logf("idle CPU in 1 s: %v", used)
+	// And it wakes up for the next message.
+	if err := va.Send(ctx, []byte("wake")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := vb.Recv(ctx); err != nil || string(m.Data) != "wake" {
+		t.Fatalf("after idling: %q, %v", m.Data, err)
+	}
+}
+
+func cpuTime(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestPeerFailFailsVConns: the control plane declaring a peer dead fails
+// its vconns at once, with a clear error, and blocked calls return.
+func TestPeerFailFailsVConns(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	va, _, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := va.Recv(ctx)
+		errc <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	va.Peer().Fail(errors.New("heartbeats stopped"))
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrPeerGone) {
+			t.Fatalf("blocked Recv returned %v, want ErrPeerGone", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a blocked Recv did not return when its peer failed")
+	}
+	if err := va.Send(ctx, []byte("x")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send after the peer failed: %v", err)
+	}
+	if err := va.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return a.Stats().VConns == 0 }, "the failed vconn's vQPN to be released")
+}
+
+// TestDeadPeerTimesOut: a peer that vanishes without a word (its engine
+// and device gone) is detected by the QPs' retransmission timeouts: the
+// vconns fail, no call hangs.
+func TestDeadPeerTimesOut(t *testing.T) {
+	fb := wire.NewFabric(wire.Faults{})
+	t.Cleanup(func() { _ = fb.Close() })
+	a, b := testEnginesOn(t, fb, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	va, _, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = b
+	// The network between the nodes goes dark.
+	fb.SetFaults(wire.Faults{Loss: 1})
+	start := time.Now()
+	if err := va.Send(ctx, []byte("into the void")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = va.Recv(ctx)
+	if !errors.Is(err, ErrQPFailed) {
+		t.Fatalf("Recv on a vconn to a dead peer: %v, want ErrQPFailed", err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("took %v to notice the dead peer", el)
+	}
+}
