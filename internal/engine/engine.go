@@ -216,11 +216,12 @@ type Stats struct {
 	Malformed    uint64 // messages with a bad header, dropped
 	CreditStalls uint64 // times a vconn waited for credits
 	Sleeps       uint64 // times a poller blocked on its completion channel
+	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
 	BuffersInUse []int  // per pool class
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -235,6 +236,7 @@ func (e *Engine) Stats() Stats {
 		Malformed:    e.stats.malformed.Load(),
 		CreditStalls: e.stats.creditStalls.Load(),
 		Sleeps:       e.stats.sleeps.Load(),
+		Retransmits:  e.stats.retransmits.Load(),
 		BuffersInUse: e.pool.inUse(),
 	}
 	e.peersMu.Lock()

@@ -291,3 +291,54 @@ func TestTransports(t *testing.T) {
 		})
 	}
 }
+
+// TestAutoReliableUnderLoss: an Auto vconn mixes datagrams (small
+// messages) and RC (large) and still delivers every message exactly once
+// and in order when the network loses, duplicates and reorders packets.
+func TestAutoReliableUnderLoss(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	size := func(i int) int {
+		if i%10 == 0 {
+			return 5000 + i // over the threshold: RC
+		}
+		return 8 + i%500
+	}
+	go func() {
+		for i := 0; i < n; i++ {
+			msg := bytes.Repeat([]byte{byte(i)}, size(i))
+			if err := va.SendImm(ctx, msg, uint32(i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i := 0; i < n; i++ {
+		m, err := vb.Recv(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if m.Imm != uint32(i) || len(m.Data) != size(i) || m.Data[0] != byte(i) {
+			t.Fatalf("message %d arrived as imm %d with %d bytes", i, m.Imm, len(m.Data))
+		}
+		m.Release()
+	}
+	s := a.Stats()
+	if s.Retransmits == 0 {
+		t.Fatal("no datagram was retransmitted under 5% loss: the UD path was not exercised")
+	}
+	t.Logf("sender: %d retransmissions", s.Retransmits)
+	_ = va.Close()
+	_ = vb.Close()
+	waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
+	waitFor(t, func() bool {
+		in := a.Stats().BuffersInUse
+		return in[0]+in[1]+in[2] == 0
+	}, "send buffers returned")
+}

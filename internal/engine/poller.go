@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,6 +46,8 @@ type poller struct {
 	budget  int       // sends this CQ may still have outstanding
 	ud      *sendQP   // this poller's UD QP, shared by every peer
 	deadUD  []*sendQP // failed UD QPs awaiting their last completions
+	rtx     []*VConn  // Auto vconns with datagrams awaiting ACKs
+	rtxAt   time.Time // next retransmission scan
 	fds     [2]unix.PollFd
 
 	// sendQPs maps QPNs of send QPs on this CQ to their state, for
@@ -178,6 +181,13 @@ func (p *poller) round() bool {
 		p.complete(&p.wcs[i])
 	}
 	p.flushReposts()
+	if len(p.rtx) > 0 {
+		if now := time.Now(); now.After(p.rtxAt) {
+			p.rtxAt = now.Add(relRTO / 4)
+			p.retransmit(now)
+			p.flushSends()
+		}
+	}
 	return busy || n > 0
 }
 
@@ -205,8 +215,12 @@ func (p *poller) sleep() {
 	}
 	p.e.stats.sleeps.Add(1)
 	p.fds = [2]unix.PollFd{{Fd: int32(p.cq.FD()), Events: unix.POLLIN}, {Fd: int32(p.wake), Events: unix.POLLIN}}
+	timeout := -1
+	if len(p.rtx) > 0 {
+		timeout = 1 // ms: datagrams await acknowledgement
+	}
 	for {
-		_, err := unix.Poll(p.fds[:], -1)
+		_, err := unix.Poll(p.fds[:], timeout)
 		if err == nil || !errors.Is(err, unix.EINTR) {
 			break
 		}
@@ -276,7 +290,11 @@ func (p *poller) serve(vc *VConn) {
 				dq = vc.dq
 			}
 		}
-		credited := data && dq == q
+		auto := data && vc.tr == Auto && vc.autoUD(n)
+		if auto {
+			dq = p.ud
+		}
+		credited := data && (dq == q || auto)
 		if credited && vc.sent == vc.limit.Load() {
 			e.stats.creditStalls.Add(1)
 			break // the peer's grant reschedules us
@@ -288,7 +306,13 @@ func (p *poller) serve(vc *VConn) {
 		}
 		vc.stampCredit(b)
 		vc.creditDue.Store(false)
-		if dq == p.ud {
+		if auto {
+			if !p.sendReliable(vc, remote, slot, n, binary.BigEndian.Uint32(b[12:])) {
+				p.later = append(p.later, vc)
+				vc.scheduled.Store(true)
+				break
+			}
+		} else if dq == p.ud {
 			p.postUD(vc, remote, slot, n)
 		} else {
 			p.post(dq, vc, remote, slot, n)
@@ -302,7 +326,7 @@ func (p *poller) serve(vc *VConn) {
 	if !vc.ring.empty() {
 		return
 	}
-	if vc.creditDue.Load() && vc.state.Load() == stateOpen {
+	if (vc.creditDue.Load() || vc.ackDue.Load()) && vc.state.Load() == stateOpen {
 		p.control(q, vc, remote, msgCredit)
 	}
 	for _, id := range vc.takeUnexportAcks() {
@@ -588,6 +612,9 @@ func (p *poller) onRecv(wc *verbs.WC) {
 		return
 	}
 	vc.grant(h.credit)
+	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit) {
+		vc.onAck(h.arg)
+	}
 	switch h.typ {
 	case msgData:
 		p.onData(vc, &h, slot, b[headerLen:])
@@ -637,6 +664,11 @@ func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
 			return
 		}
 		m.Data, m.slot, m.credits = payload, slot, 0
+		if vc.tr == Auto {
+			m.credits = 1
+			vc.deliverSeq(h.seq, m)
+			return
+		}
 		vc.deliver(m)
 		return
 	}
@@ -646,7 +678,7 @@ func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
 			return
 		}
 		m.Data, m.slot = payload, slot
-		vc.deliver(m)
+		p.deliver(vc, h, m)
 		return
 	}
 	if first {
@@ -676,6 +708,14 @@ func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
 	}
 	m.Data = vc.asm
 	vc.asm = nil
+	p.deliver(vc, h, m)
+}
+
+func (p *poller) deliver(vc *VConn, h *header, m Message) {
+	if vc.tr == Auto {
+		vc.deliverSeq(h.seq, m)
+		return
+	}
 	vc.deliver(m)
 }
 

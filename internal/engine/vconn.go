@@ -54,21 +54,24 @@ type VConn struct {
 
 	// Send side. The producer is whoever holds sendMu; the consumer is the
 	// QP's poller.
-	sendMu    sync.Mutex
-	txSeq     uint32        // guarded by sendMu
-	txWake    chan struct{} // created by the producer before it sets txWaiting
-	txWaiting atomic.Bool
-	ring      ring
-	scheduled atomic.Bool   // on the poller's run queue
-	sent      uint32        // poller-owned: data chunks posted
-	limit     atomic.Uint32 // credits the peer granted, cumulative
-	creditDue atomic.Bool   // a credit grant should go out
-	finDue    atomic.Bool   // Close asked for a FIN after the queued data
-	finPosted bool          // poller-owned
-	finSent   atomic.Bool   // the FIN's send completed
-	rstDue    atomic.Bool   // Abort asked for a RST
+	sendMu     sync.Mutex
+	txSeq      uint32        // guarded by sendMu
+	txWake     chan struct{} // created by the producer before it sets txWaiting
+	txWaiting  atomic.Bool
+	ring       ring
+	scheduled  atomic.Bool   // on the poller's run queue
+	sent       uint32        // poller-owned: data chunks posted
+	limit      atomic.Uint32 // credits the peer granted, cumulative
+	creditDue  atomic.Bool   // a credit grant should go out
+	finDue     atomic.Bool   // Close asked for a FIN after the queued data
+	finPosted  bool          // poller-owned
+	rtxWatched bool          // poller-owned: on the poller's retransmission list
+	finSent    atomic.Bool   // the FIN's send completed
+	rstDue     atomic.Bool   // Abort asked for a RST
 
 	regions atomic.Pointer[regions] // one-sided state, created on first use
+	rel     atomic.Pointer[rel]     // Auto's reliability state, created on first use
+	ackDue  atomic.Bool             // an Auto acknowledgement should go out
 
 	// Receive side.
 	handler    Handler
@@ -130,8 +133,8 @@ func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VCo
 	switch tr {
 	case UC:
 		vc.dq, err = peer.ucQP(ctx, int(id.VQPN())%e.cfg.QPsPerPeer)
-	case UD:
-		err = peer.ensureAH() // the poller's UD QP carries the data
+	case UD, Auto:
+		err = peer.ensureAH() // the poller's UD QP carries (small) data
 	}
 	if err != nil {
 		_ = e.vconns.Release(id)
@@ -549,6 +552,7 @@ func (vc *VConn) release() {
 	}
 	vc.peer.unlink(vc)
 	vc.releaseRegions()
+	vc.releaseRel()
 	_ = vc.e.vconns.Release(vc.id)
 	vc.abandonOp(fmt.Errorf("engine: vconn %v: %w", vc.id, ErrClosed))
 	// The poller returns whatever is still queued to the pool.
@@ -596,9 +600,14 @@ func (vc *VConn) Err() error {
 	return vc.err
 }
 
-// stampCredit writes the current grant into a queued buffer's header.
+// stampCredit writes the current grant into a queued buffer's header, and
+// on an Auto vconn's data and grants the acknowledgement too.
 func (vc *VConn) stampCredit(b []byte) {
 	g := uint32(vc.e.cfg.Credits) + vc.consumed.Load()
 	binary.BigEndian.PutUint32(b[4:], g)
 	vc.advertised.Store(g)
+	if vc.tr == Auto && (msgType(b[0]) == msgData || msgType(b[0]) == msgCredit) {
+		binary.BigEndian.PutUint32(b[20:], vc.ackValue())
+		vc.ackDue.Store(false)
+	}
 }
