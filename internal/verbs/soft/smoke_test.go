@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -152,3 +153,10 @@ func TestSmokeRCSend(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// The wire must carry the largest packet the provider builds.
+func TestPacketFitsWire(t *testing.T) {
+	if n := roce.MaxPacketLen(4096); n > wire.MaxPacketLen {
+		t.Fatalf("a 4096-MTU packet is up to %d bytes; the wire carries %d", n, wire.MaxPacketLen)
+	}
+}
