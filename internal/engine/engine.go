@@ -42,6 +42,7 @@ type Engine struct {
 
 	peersMu sync.Mutex
 	peers   map[verbs.GID]*Peer // guarded by peersMu
+	retired []*Peer             // failed peers replaced by fresh ones; guarded by peersMu
 	// ingress maps the QPN of each QP a peer created toward us to that
 	// peer: a message may only name vconns of the peer it came from.
 	ingress sync.Map
@@ -133,7 +134,9 @@ func (e *Engine) recvWR(slot uint32) verbs.RecvWR {
 	return verbs.RecvWR{WRID: uint64(slot), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
 }
 
-// udQPNs lists the engine's UD QPs, one per poller, for peers.
+// UDQPNs lists the engine's UD QPs, one per poller, for peers.
+func (e *Engine) UDQPNs() []uint32 { return e.udQPNs() }
+
 func (e *Engine) udQPNs() []uint32 {
 	q := make([]uint32, len(e.pollers))
 	for i, p := range e.pollers {
@@ -174,6 +177,10 @@ func (e *Engine) Close() error {
 		p.stop()
 	}
 	var errs []error
+	e.peersMu.Lock()
+	peers = append(peers, e.retired...)
+	e.retired = nil
+	e.peersMu.Unlock()
 	for _, p := range peers {
 		errs = append(errs, p.destroy())
 	}

@@ -118,3 +118,43 @@ func TestDeadPeerTimesOut(t *testing.T) {
 		t.Fatalf("took %v to notice the dead peer", el)
 	}
 }
+
+// TestFailedPeerIsReplaced: after a peer failed (its agent restarted), the
+// next Peer call gives a fresh peer with new QPs, and traffic flows again;
+// the old QPs are taken out of service.
+func TestFailedPeerIsReplaced(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{QPsPerPeer: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := va.Send(ctx, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	old := va.Peer()
+	old.Fail(errors.New("agent restarted"))
+	vb.Peer().Fail(errors.New("agent restarted"))
+	_ = va.Close()
+	_ = vb.Close()
+
+	va, vb, err = Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if va.Peer() == old {
+		t.Fatal("the failed peer was reused")
+	}
+	if err := va.Send(ctx, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := vb.Recv(ctx)
+	if err != nil || string(m.Data) != "after" {
+		t.Fatalf("after the peer was replaced: %q, %v", m.Data, err)
+	}
+	m.Release()
+	if s := a.Stats(); s.Peers != 1 {
+		t.Fatalf("%d peers, want 1", s.Peers)
+	}
+}

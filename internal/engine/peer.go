@@ -77,7 +77,9 @@ type sendQP struct {
 	failed      bool           // guarded by peer.mu
 }
 
-// Peer returns the engine's peer at gid, creating it with link.
+// Peer returns the engine's peer at gid, creating it with link. A peer
+// that failed is retired and replaced by a fresh one: the node came back
+// (its agent restarted) and gets new QPs.
 func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
 	if e.closed.Load() {
 		return nil, ErrEngineClosed
@@ -85,12 +87,18 @@ func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
 	e.peersMu.Lock()
 	defer e.peersMu.Unlock()
 	if p := e.peers[gid]; p != nil {
-		if link != nil {
-			p.mu.Lock()
+		p.mu.Lock()
+		failed := p.err != nil
+		if !failed && link != nil {
 			p.ctl = link
-			p.mu.Unlock()
 		}
-		return p, nil
+		p.mu.Unlock()
+		if !failed {
+			return p, nil
+		}
+		delete(e.peers, gid)
+		e.retired = append(e.retired, p)
+		p.retire()
 	}
 	n := e.cfg.QPsPerPeer
 	p := &Peer{e: e, gid: gid, ctl: link, qps: make([]*sendQP, n), ucs: make([]*sendQP, n), setup: make([]sync.Mutex, 2*n)}
@@ -381,4 +389,29 @@ func (p *Peer) ensureAH() error {
 	}
 	p.ah = ah
 	return nil
+}
+
+// retire takes a failed peer's QPs out of service: the ones this engine
+// sends on go to ERR, so their outstanding work requests flush back through
+// the pollers (which destroy each QP once drained); the ones the peer
+// created are destroyed now (nothing is ever posted on them). Called with
+// the engine's peersMu held, after the peer failed.
+func (p *Peer) retire() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range [][]*sendQP{p.qps, p.ucs} {
+		for i, q := range t {
+			if q == nil {
+				continue
+			}
+			t[i] = nil
+			p.dead = append(p.dead, q)
+			_ = q.qp.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.QPAttrState)
+		}
+	}
+	for _, qp := range p.ingress {
+		p.e.ingress.Delete(qp.QPN())
+		_ = qp.Close()
+	}
+	p.ingress = nil
 }
