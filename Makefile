@@ -41,6 +41,10 @@ CONTROLLER_GEN ?= $(GO) tool controller-gen
 generate: ## Generate deepcopy code of the API types (controller-gen).
 	$(CONTROLLER_GEN) object paths=./api/...
 
+.PHONY: proto
+proto: ## Generate the gRPC code of internal/**/*.proto (protoc + pinned plugins).
+	hack/protoc.sh
+
 .PHONY: manifests
 manifests: ## Generate CRDs and the operator's RBAC role (controller-gen).
 	$(CONTROLLER_GEN) crd rbac:roleName=rdmavisor-operator paths=./api/... paths=./controllers/... \

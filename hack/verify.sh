@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates generated code and fails if the tree changes.
-# Usage: hack/verify.sh [CHECK...]   CHECK: tidy, generated (default: all).
+# Usage: hack/verify.sh [CHECK...]   CHECK: tidy, generated, proto (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,10 +25,22 @@ generated() {
   fi
 }
 
-for check in "${@:-tidy generated}"; do
+# proto: the gRPC code generated from internal/**/*.proto by hack/protoc.sh.
+proto() {
+  hack/protoc.sh
+  local untracked
+  untracked=$(git ls-files --others --exclude-standard -- 'internal/*.pb.go')
+  if ! git diff --exit-code -- 'internal/*.pb.go' || [ -n "$untracked" ]; then
+    [ -z "$untracked" ] || printf 'untracked (not in git):\n%s\n' "$untracked"
+    echo "generated protobuf code is out of date: run hack/protoc.sh and commit the result"
+    exit 1
+  fi
+}
+
+for check in "${@:-tidy generated proto}"; do
   for c in $check; do
     case $c in
-      tidy | generated) "$c" ;;
+      tidy | generated | proto) "$c" ;;
       *) echo "unknown check $c" >&2; exit 2 ;;
     esac
   done

@@ -1,0 +1,53 @@
+// Command node-agent is the RDMAvisor node agent: it owns the node's RDMA
+// device, multiplexes the pods' vconns over shared QPs and talks to the
+// other nodes' agents. See package internal/agent.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/klog/v2/textlogger"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+)
+
+func main() {
+	var (
+		path string
+		o    agent.Overrides
+		v    int
+	)
+	flag.StringVar(&path, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults with the soft provider")
+	flag.StringVar(&o.NodeName, "node-name", "", "node name (default $NODE_NAME)")
+	flag.StringVar(&o.NodeIP, "node-ip", "", "node IP, which the soft provider binds (default $NODE_IP)")
+	flag.StringVar(&o.SocketDir, "socket-dir", "", "directory of the admin and allocation sockets")
+	flag.IntVar(&o.ControlPort, "control-port", 0, "TCP port of the agent-to-agent control plane")
+	flag.StringVar(&o.Peers, "peers", "", "static peers, name=host:port,... (standalone mode)")
+	flag.IntVar(&v, "v", 0, "log verbosity")
+	flag.Parse()
+	log := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(v)))
+
+	cfg, err := agent.LoadConfig(path, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node-agent:", err)
+		os.Exit(2)
+	}
+	a, err := agent.New(agent.Options{Config: cfg, Log: log})
+	if err != nil {
+		log.Error(err, "Cannot start the agent")
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	log.Info("Stopping the agent")
+	if err := a.Close(); err != nil {
+		log.Error(err, "Stopping the agent")
+		os.Exit(1)
+	}
+}

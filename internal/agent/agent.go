@@ -1,0 +1,308 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+)
+
+// Options configure an Agent. Only Config is required.
+type Options struct {
+	Config *config.AgentConfig
+	Log    logr.Logger
+	// Discovery finds peer agents (default: the config's static peers).
+	Discovery Discovery
+	// ControlListener serves the gRPC control plane (default: a TCP
+	// listener on the bind address and Config.ControlPort).
+	ControlListener net.Listener
+	// MetricsListener serves /healthz and /readyz (default: a TCP
+	// listener on Config.MetricsAddress).
+	MetricsListener net.Listener
+	// TuneEngine adjusts the engine configuration derived from Config.
+	TuneEngine func(*engine.Config)
+	// HeartbeatInterval and HeartbeatTimeout: a peer that has not answered
+	// a beat for HeartbeatTimeout is declared gone (defaults 250ms, 2s).
+	HeartbeatInterval, HeartbeatTimeout time.Duration
+}
+
+// Agent is a running node agent.
+type Agent struct {
+	cfg         *config.AgentConfig
+	opts        Options
+	log         logr.Logger
+	disc        Discovery
+	dev         verbs.Device
+	eng         *engine.Engine
+	incarnation uint64
+	ctlAddr     string // the advertised control address
+
+	grpc    *grpc.Server
+	ctlLn   net.Listener
+	http    *http.Server
+	adminLn *net.UnixListener
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	ready  atomic.Bool
+	// stopping: Close has begun. Vconns are then left to the engine's
+	// close, without a FIN, so peers see the agent go (ErrPeerGone), not
+	// their peer applications close.
+	stopping atomic.Bool
+
+	mu        sync.Mutex
+	closed    bool                   // guarded by mu
+	allocs    map[string]*allocation // guarded by mu
+	pods      map[string]Pod         // by UID; guarded by mu
+	listeners map[uint32]*listener   // by port; guarded by mu
+	remotes   map[string]*remote     // by control address; guarded by mu
+}
+
+// New starts an agent: device, engine, control plane, admin socket and
+// health endpoints. Close stops it.
+func New(opts Options) (_ *Agent, err error) {
+	cfg := opts.Config
+	if cfg == nil {
+		return nil, errors.New("agent: no configuration")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("agent: invalid configuration: %w", err)
+	}
+	if opts.HeartbeatInterval == 0 {
+		opts.HeartbeatInterval = 250 * time.Millisecond
+	}
+	if opts.HeartbeatTimeout == 0 {
+		opts.HeartbeatTimeout = 2 * time.Second
+	}
+	a := &Agent{
+		cfg: cfg, opts: opts, log: opts.Log.WithValues("node", cfg.NodeName),
+		disc: opts.Discovery, incarnation: rand.Uint64(),
+		allocs: make(map[string]*allocation), pods: make(map[string]Pod),
+		listeners: make(map[uint32]*listener), remotes: make(map[string]*remote),
+	}
+	if a.disc == nil {
+		a.disc = StaticFromConfig(cfg)
+	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, a.Close())
+		}
+	}()
+	if err := a.openDevice(); err != nil {
+		return nil, err
+	}
+	ec, err := a.engineConfig()
+	if err != nil {
+		return nil, err
+	}
+	if a.eng, err = engine.New(ec); err != nil {
+		return nil, fmt.Errorf("agent: start engine: %w", err)
+	}
+	if err := a.serveControl(); err != nil {
+		return nil, err
+	}
+	if err := a.serveAdmin(); err != nil {
+		return nil, err
+	}
+	if err := a.serveHealth(); err != nil {
+		return nil, err
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.disc.Watch(a.ctx, a.peersChanged)
+	}()
+	a.ready.Store(true)
+	a.log.Info("Agent started", "control", a.ctlAddr, "admin", cfg.AdminSocket, "gid", a.eng.GID())
+	return a, nil
+}
+
+func (a *Agent) bindAddr() (netip.Addr, error) {
+	if a.cfg.Soft.BindAddress == "" {
+		return netip.Addr{}, errors.New("agent: no bind address: set soft.bindAddress, --node-ip or NODE_IP")
+	}
+	return netip.ParseAddr(a.cfg.Soft.BindAddress)
+}
+
+func (a *Agent) openDevice() error {
+	if a.cfg.Device.Provider != config.ProviderSoft {
+		return fmt.Errorf("agent: device provider %q is not built in: use provider soft (ibverbs needs the ibverbs build tag)", a.cfg.Device.Provider)
+	}
+	addr, err := a.bindAddr()
+	if err != nil {
+		return err
+	}
+	w, err := wire.ListenUDP(wire.UDPConfig{Addr: addr, Port: uint16(a.cfg.Soft.UDPPort)})
+	if err != nil {
+		return fmt.Errorf("agent: open soft device: %w", err)
+	}
+	dev, err := soft.Open(soft.Config{Name: "soft-" + addr.String(), Wire: w})
+	if err != nil {
+		_ = w.Close()
+		return fmt.Errorf("agent: open soft device: %w", err)
+	}
+	a.dev = dev
+	return nil
+}
+
+// engineConfig derives the engine's configuration: half the buffer pool
+// receives, the other half sends.
+func (a *Agent) engineConfig() (engine.Config, error) {
+	tr, err := engine.ParseTransport(string(a.cfg.Transport))
+	if err != nil {
+		return engine.Config{}, err
+	}
+	const chunk = 16 << 10
+	clamp := func(v, lo, hi int64) int { return int(max(lo, min(hi, v))) }
+	ec := engine.Config{
+		Device:      a.dev,
+		Log:         a.log.WithName("engine"),
+		QPsPerPeer:  a.cfg.QPsPerPeer,
+		MaxMessage:  int(a.cfg.MaxMessageBytes),
+		Transport:   tr,
+		ChunkSize:   chunk,
+		RecvBuffers: clamp(a.cfg.BufferPoolBytes/2/chunk, 64, 1<<15),
+		SendBuffers: clamp(a.cfg.BufferPoolBytes/2/(256+1024+chunk/4), 64, 1<<15),
+	}
+	if a.opts.TuneEngine != nil {
+		a.opts.TuneEngine(&ec)
+	}
+	return ec, nil
+}
+
+func (a *Agent) serveControl() error {
+	ln := a.opts.ControlListener
+	if ln == nil {
+		addr, err := a.bindAddr()
+		if err != nil {
+			return err
+		}
+		if ln, err = net.Listen("tcp", net.JoinHostPort(addr.String(), fmt.Sprint(a.cfg.ControlPort))); err != nil {
+			return fmt.Errorf("agent: control plane: %w", err)
+		}
+	}
+	a.ctlLn = ln
+	a.ctlAddr = ln.Addr().String()
+	a.grpc = grpc.NewServer()
+	controlpb.RegisterControlServer(a.grpc, &controlServer{a: a})
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.grpc.Serve(ln); err != nil {
+			a.log.Error(err, "Control plane stopped")
+		}
+	}()
+	return nil
+}
+
+func (a *Agent) serveHealth() error {
+	ln := a.opts.MetricsListener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", a.cfg.MetricsAddress); err != nil {
+			return fmt.Errorf("agent: metrics address: %w", err)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	a.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error(err, "Health endpoints stopped")
+		}
+	}()
+	return nil
+}
+
+// ControlAddress is the agent's gRPC address.
+func (a *Agent) ControlAddress() string { return a.ctlAddr }
+
+// Engine is the agent's engine (for statistics).
+func (a *Agent) Engine() *engine.Engine { return a.eng }
+
+// NodeName is the agent's node.
+func (a *Agent) NodeName() string { return a.cfg.NodeName }
+
+// Ready reports whether the agent serves.
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+// Close stops the agent: applications' connections end, vconns fail,
+// peers see the heartbeats stop.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	a.stopping.Store(true)
+	allocs := make([]*allocation, 0, len(a.allocs))
+	for _, al := range a.allocs {
+		allocs = append(allocs, al)
+	}
+	remotes := make([]*remote, 0, len(a.remotes))
+	for _, r := range a.remotes {
+		remotes = append(remotes, r)
+	}
+	a.mu.Unlock()
+	a.ready.Store(false)
+	a.cancel()
+	var errs []error
+	if a.adminLn != nil {
+		errs = append(errs, a.adminLn.Close())
+		_ = os.Remove(a.cfg.AdminSocket)
+	}
+	for _, al := range allocs {
+		al.shutdown()
+	}
+	if a.grpc != nil {
+		a.grpc.Stop()
+	}
+	for _, r := range remotes {
+		r.close()
+	}
+	if a.http != nil {
+		errs = append(errs, a.http.Close())
+	}
+	a.wg.Wait()
+	if a.eng != nil {
+		errs = append(errs, a.eng.Close())
+	}
+	if a.dev != nil {
+		errs = append(errs, a.dev.Close())
+	}
+	if a.cfg.SocketDir != "" {
+		_ = os.RemoveAll(filepath.Join(a.cfg.SocketDir, "alloc"))
+	}
+	a.log.Info("Agent stopped")
+	return errors.Join(errs...)
+}

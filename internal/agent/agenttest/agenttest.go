@@ -1,0 +1,219 @@
+// Package agenttest starts node agents in one process for tests and
+// examples: two agents, "node-a" on 127.0.0.2 and "node-b" on 127.0.0.3,
+// each with a software RDMA device on UDP, static peers, and its own
+// socket directory.
+package agenttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+)
+
+// Options configure a Cluster.
+type Options struct {
+	Log logr.Logger
+	// Transport of the agents' vconns (default rc).
+	Transport config.Transport
+	// VConnsPerNode bounds each node's allocations (default 65536).
+	VConnsPerNode int
+	// TuneEngine adjusts the engines' configuration.
+	TuneEngine func(*engine.Config)
+	// HeartbeatTimeout declares a silent peer gone (default 1s).
+	HeartbeatTimeout time.Duration
+}
+
+// Node is one agent of the cluster.
+type Node struct {
+	Name  string
+	IP    string
+	Agent *agent.Agent
+	// Config is the agent's configuration (Admin socket, socket dir...).
+	Config *config.AgentConfig
+
+	c *Cluster
+}
+
+// Cluster is a set of agents that know each other.
+type Cluster struct {
+	Nodes []*Node
+	opts  Options
+	dir   string
+}
+
+// Start starts node-a on 127.0.0.2 and node-b on 127.0.0.3.
+func Start(o Options) (_ *Cluster, err error) {
+	if o.Transport == "" {
+		o.Transport = config.TransportRC
+	}
+	if o.VConnsPerNode == 0 {
+		o.VConnsPerNode = config.MaxVConnsPerNode
+	}
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = time.Second
+	}
+	if o.Log.GetSink() == nil {
+		o.Log = logr.Discard()
+	}
+	// Short: socket paths must fit in 107 bytes.
+	dir, err := os.MkdirTemp("", "rv")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{opts: o, dir: dir}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, c.Close())
+		}
+	}()
+	port, err := freeUDPPort("127.0.0.2", "127.0.0.3")
+	if err != nil {
+		return nil, err
+	}
+	ctl := make([]net.Listener, 2)
+	for i, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		if ctl[i], err = net.Listen("tcp", ip+":0"); err != nil {
+			return nil, err
+		}
+	}
+	names := []string{"node-a", "node-b"}
+	for i, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		cfg := config.Default()
+		cfg.NodeName = names[i]
+		cfg.Device.Provider = config.ProviderSoft
+		cfg.Soft.UDPPort = port
+		cfg.Soft.BindAddress = ip
+		cfg.Transport = o.Transport
+		cfg.BufferPoolBytes = 32 << 20
+		cfg.MaxMessageBytes = 1 << 20
+		cfg.VConnsPerNode = o.VConnsPerNode
+		cfg.SocketDir = filepath.Join(dir, names[i])
+		cfg.AdminSocket = filepath.Join(dir, names[i], "admin.sock")
+		cfg.ControlPort = ctl[i].Addr().(*net.TCPAddr).Port
+		cfg.MetricsAddress = ip + ":1" // unused: a listener on port 0 serves
+		other := 1 - i
+		cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryStatic,
+			Static: []config.Peer{{NodeName: names[other], Address: ctl[other].Addr().String()}}}
+		c.Nodes = append(c.Nodes, &Node{Name: names[i], IP: ip, Config: cfg, c: c})
+	}
+	for i, n := range c.Nodes {
+		if err := n.start(ctl[i]); err != nil {
+			for _, l := range ctl[i+1:] {
+				_ = l.Close()
+			}
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (n *Node) start(ctl net.Listener) error {
+	o := n.c.opts
+	var err error
+	if ctl == nil {
+		// A restart: the peers know this address.
+		for i := 0; i < 50; i++ {
+			if ctl, err = net.Listen("tcp", fmt.Sprintf("%s:%d", n.IP, n.Config.ControlPort)); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	ml, err := net.Listen("tcp", n.IP+":0")
+	if err != nil {
+		_ = ctl.Close()
+		return err
+	}
+	n.Agent, err = agent.New(agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), ControlListener: ctl, MetricsListener: ml,
+		TuneEngine: o.TuneEngine, HeartbeatInterval: o.HeartbeatTimeout / 4, HeartbeatTimeout: o.HeartbeatTimeout})
+	if err != nil {
+		_ = ctl.Close()
+		_ = ml.Close()
+	}
+	return err
+}
+
+// Allocate creates an allocation of k vconns on the node through its admin
+// socket and returns the allocation's socket path.
+func (n *Node) Allocate(ctx context.Context, id string, k int) (string, error) {
+	ac, err := agent.DialAdmin(ctx, n.Config.AdminSocket)
+	if err != nil {
+		return "", err
+	}
+	defer ac.Close()
+	al, err := ac.CreateAllocation(ctx, id, k)
+	if err != nil {
+		return "", err
+	}
+	return al.Socket, nil
+}
+
+// Stop stops the node's agent (a crash, as far as peers can tell).
+func (n *Node) Stop() error {
+	if n.Agent == nil {
+		return nil
+	}
+	err := n.Agent.Close()
+	n.Agent = nil
+	return err
+}
+
+// Restart stops the agent and starts a new one with the same addresses.
+// Allocations are not kept: the device plugin re-creates them.
+func (n *Node) Restart() error {
+	if err := n.Stop(); err != nil {
+		return err
+	}
+	return n.start(nil)
+}
+
+// Close stops every agent and removes the socket directories.
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, n := range c.Nodes {
+		errs = append(errs, n.Stop())
+	}
+	errs = append(errs, os.RemoveAll(c.dir))
+	return errors.Join(errs...)
+}
+
+// freeUDPPort finds a UDP port free on every address.
+func freeUDPPort(addrs ...string) (int, error) {
+	for try := 0; try < 20; try++ {
+		first, err := net.ListenPacket("udp", addrs[0]+":0")
+		if err != nil {
+			return 0, err
+		}
+		port := first.LocalAddr().(*net.UDPAddr).Port
+		conns := []net.PacketConn{first}
+		ok := true
+		for _, a := range addrs[1:] {
+			pc, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", a, port))
+			if err != nil {
+				ok = false
+				break
+			}
+			conns = append(conns, pc)
+		}
+		for _, pc := range conns {
+			_ = pc.Close()
+		}
+		if ok {
+			return port, nil
+		}
+	}
+	return 0, errors.New("agenttest: no UDP port free on every address")
+}

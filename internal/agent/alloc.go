@@ -1,0 +1,179 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+)
+
+// allocation is a share of the node's vconns handed to one pod: a quota
+// and a socket of its own, <socketDir>/alloc/<id>/vconn.sock.
+type allocation struct {
+	a     *Agent
+	id    string
+	quota int
+	dir   string
+	path  string
+	ln    *net.UnixListener
+	done  chan struct{} // closed when the accept loop returned
+
+	mu       sync.Mutex
+	used     int                   // vconns open; guarded by mu
+	sessions map[*session]struct{} // guarded by mu
+	closed   bool                  // guarded by mu
+}
+
+// SocketName is the allocation socket's name in its directory.
+const SocketName = "vconn.sock"
+
+var allocID = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// ErrExists and ErrNotFound classify admin failures.
+var (
+	ErrExists   = errors.New("agent: already exists")
+	ErrNotFound = errors.New("agent: not found")
+	ErrQuota    = errors.New("agent: not enough vconns left on the node")
+)
+
+// CreateAllocation creates an allocation of k vconns and its socket.
+func (a *Agent) CreateAllocation(id string, k int) (Allocation, error) {
+	if !allocID.MatchString(id) {
+		return Allocation{}, fmt.Errorf("agent: allocation id %q: want lower-case letters, digits and '-', at most 63", id)
+	}
+	if k < 1 || k > a.cfg.VConnsPerNode {
+		return Allocation{}, fmt.Errorf("agent: allocation %s: %d vconns: want 1..%d", id, k, a.cfg.VConnsPerNode)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return Allocation{}, errors.New("agent: shutting down")
+	}
+	if a.allocs[id] != nil {
+		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, ErrExists)
+	}
+	total := k
+	for _, al := range a.allocs {
+		total += al.quota
+	}
+	if total > a.cfg.VConnsPerNode {
+		return Allocation{}, fmt.Errorf("agent: allocation %s of %d vconns: %w (%d of %d allocated)", id, k, ErrQuota, total-k, a.cfg.VConnsPerNode)
+	}
+	dir := filepath.Join(a.cfg.SocketDir, "alloc", id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+	}
+	path := filepath.Join(dir, SocketName)
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+	}
+	// The pod's containers may run as any user: the directory mounted
+	// into the pod is the boundary, not the socket's mode.
+	if err := os.Chmod(path, 0o666); err != nil {
+		_ = ln.Close()
+		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+	}
+	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}), sessions: make(map[*session]struct{})}
+	a.allocs[id] = al
+	go al.serve()
+	a.log.Info("Created allocation", "allocation", id, "vconns", k, "socket", path)
+	return al.info(), nil
+}
+
+// DeleteAllocation closes an allocation's socket and every vconn of it.
+func (a *Agent) DeleteAllocation(id string) error {
+	a.mu.Lock()
+	al := a.allocs[id]
+	delete(a.allocs, id)
+	a.mu.Unlock()
+	if al == nil {
+		return fmt.Errorf("agent: allocation %s: %w", id, ErrNotFound)
+	}
+	al.shutdown()
+	a.log.Info("Deleted allocation", "allocation", id)
+	return nil
+}
+
+// Allocations lists the allocations.
+func (a *Agent) Allocations() []Allocation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Allocation, 0, len(a.allocs))
+	for _, al := range a.allocs {
+		out = append(out, al.info())
+	}
+	return out
+}
+
+func (al *allocation) info() Allocation {
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	return Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used}
+}
+
+// take claims a vconn of the quota.
+func (al *allocation) take() bool {
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if al.closed || al.used >= al.quota {
+		return false
+	}
+	al.used++
+	return true
+}
+
+// give returns a vconn to the quota.
+func (al *allocation) give() {
+	al.mu.Lock()
+	al.used--
+	al.mu.Unlock()
+}
+
+func (al *allocation) serve() {
+	defer close(al.done)
+	for {
+		c, err := al.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		s := newSession(al, c)
+		al.mu.Lock()
+		if al.closed {
+			al.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		al.sessions[s] = struct{}{}
+		al.mu.Unlock()
+		go s.run()
+	}
+}
+
+// shutdown closes the socket and every session, and removes the
+// directory.
+func (al *allocation) shutdown() {
+	al.mu.Lock()
+	al.closed = true
+	sessions := make([]*session, 0, len(al.sessions))
+	for s := range al.sessions {
+		sessions = append(sessions, s)
+	}
+	al.mu.Unlock()
+	_ = al.ln.Close()
+	<-al.done
+	for _, s := range sessions {
+		s.close()
+	}
+	_ = os.RemoveAll(al.dir)
+}
+
+func (al *allocation) drop(s *session) {
+	al.mu.Lock()
+	delete(al.sessions, s)
+	al.mu.Unlock()
+}

@@ -1,0 +1,322 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
+)
+
+// controlServer is the agent's side of the agent-to-agent gRPC service.
+type controlServer struct {
+	controlpb.UnimplementedControlServer
+	a *Agent
+}
+
+func (a *Agent) self() *controlpb.Node {
+	gid := a.eng.GID()
+	return &controlpb.Node{Name: a.cfg.NodeName, ControlAddress: a.ctlAddr, Gid: gid[:], Incarnation: a.incarnation}
+}
+
+func (s *controlServer) Identity(context.Context, *controlpb.IdentityRequest) (*controlpb.IdentityReply, error) {
+	ec := s.a.eng.Config()
+	return &controlpb.IdentityReply{Node: s.a.self(), Qkey: ec.QKey, Mtu: uint32(ec.MTU.Bytes())}, nil
+}
+
+func gidOf(b []byte) (verbs.GID, error) {
+	var g verbs.GID
+	if len(b) != len(g) {
+		return g, status.Errorf(codes.InvalidArgument, "gid of %d bytes", len(b))
+	}
+	copy(g[:], b)
+	return g, nil
+}
+
+func (s *controlServer) ConnectQP(_ context.Context, req *controlpb.QPRequest) (*controlpb.QPReply, error) {
+	gid, err := gidOf(req.Gid)
+	if err != nil {
+		return nil, err
+	}
+	if req.Type > 255 || req.Mtu > 255 {
+		return nil, status.Error(codes.InvalidArgument, "bad QP type or MTU")
+	}
+	rep, err := s.a.eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
+		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns})
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs}, nil
+}
+
+// Dial gives the caller's vconn a peer on a listener of this node.
+func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*controlpb.DialReply, error) {
+	a := s.a
+	c := req.GetCaller()
+	if c == nil || c.ControlAddress == "" || req.Port == 0 || req.Port > 65535 || !vqpn.ID(req.Vconn).Valid() {
+		return nil, status.Error(codes.InvalidArgument, "dial: caller, port and vconn are required")
+	}
+	gid, err := gidOf(c.Gid)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	l := a.listeners[req.Port]
+	a.mu.Unlock()
+	if l == nil {
+		return nil, status.Errorf(codes.NotFound, "nothing listens on port %d of %s", req.Port, a.cfg.NodeName)
+	}
+	if !l.sess.al.take() {
+		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: allocation %s has all its %d vconns in use", req.Port, l.sess.al.id, l.sess.al.quota)
+	}
+	r, err := a.remote(c.ControlAddress)
+	if err != nil {
+		l.sess.al.give()
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	peer, err := r.enginePeer(ctx, gid, c.Name)
+	if err != nil {
+		l.sess.al.give()
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	vc, err := a.eng.NewVConn(ctx, peer, engine.VConnOptions{UseEngineDefault: true})
+	if err != nil {
+		l.sess.al.give()
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	if err := vc.Connect(vqpn.ID(req.Vconn)); err != nil {
+		_ = vc.Close()
+		l.sess.al.give()
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if !l.sess.accepted(l, vc, fmt.Sprintf("%s:%d", c.Name, 0)) {
+		vc.Abort()
+		l.sess.al.give()
+		return nil, status.Errorf(codes.NotFound, "listener on port %d closed", req.Port)
+	}
+	return &controlpb.DialReply{Vconn: uint32(vc.ID())}, nil
+}
+
+// Heartbeat echoes beats, stamped with this agent's incarnation.
+func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat, controlpb.Beat]) error {
+	for {
+		b, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		b.Incarnation = s.a.incarnation
+		if err := stream.Send(b); err != nil {
+			return nil
+		}
+	}
+}
+
+// remote is a peer agent: its gRPC client, its engine peer once known,
+// and the heartbeat that watches it.
+type remote struct {
+	a      *Agent
+	addr   string
+	conn   *grpc.ClientConn
+	cl     controlpb.ControlClient
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu          sync.Mutex
+	name        string       // guarded by mu
+	peer        *engine.Peer // guarded by mu
+	incarnation uint64       // last seen; guarded by mu
+}
+
+// remote returns the peer agent at a control address, connecting to it
+// and starting its heartbeat on first use.
+func (a *Agent) remote(addr string) (*remote, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, errors.New("agent: shutting down")
+	}
+	if r := a.remotes[addr]; r != nil {
+		return r, nil
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("agent: peer %s: %w", addr, err)
+	}
+	ctx, cancel := context.WithCancel(a.ctx)
+	r := &remote{a: a, addr: addr, conn: conn, cl: controlpb.NewControlClient(conn), cancel: cancel, done: make(chan struct{})}
+	a.remotes[addr] = r
+	go r.heartbeat(ctx)
+	return r, nil
+}
+
+func (r *remote) close() {
+	r.cancel()
+	<-r.done
+	_ = r.conn.Close()
+}
+
+// enginePeer returns the engine's peer for this agent, learning its GID
+// with Identity when the caller does not know it.
+func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*engine.Peer, error) {
+	r.mu.Lock()
+	p := r.peer
+	r.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
+	if gid == (verbs.GID{}) {
+		rep, err := r.cl.Identity(ctx, &controlpb.IdentityRequest{Caller: r.a.self()})
+		if err != nil {
+			return nil, fmt.Errorf("agent: identity of peer %s: %w", r.addr, err)
+		}
+		if gid, err = gidOf(rep.GetNode().GetGid()); err != nil {
+			return nil, fmt.Errorf("agent: identity of peer %s: %w", r.addr, err)
+		}
+		name = rep.GetNode().GetName()
+	}
+	p, err := r.a.eng.Peer(gid, link{r.cl})
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	if r.peer == nil {
+		r.peer, r.name = p, name
+	}
+	p = r.peer
+	r.mu.Unlock()
+	return p, nil
+}
+
+// fail fails every vconn to the peer.
+func (r *remote) fail(err error) {
+	r.mu.Lock()
+	p, name := r.peer, r.name
+	r.mu.Unlock()
+	if p == nil {
+		return
+	}
+	r.a.log.Info("Peer agent lost: failing its vconns", "peer", name, "address", r.addr, "reason", err.Error())
+	p.Fail(fmt.Errorf("agent %s at %s: %w", name, r.addr, err))
+}
+
+// heartbeat keeps a beat stream open to the peer. A stream that breaks,
+// a beat unanswered for HeartbeatTimeout or a new incarnation (the agent
+// restarted) fails the peer's vconns.
+func (r *remote) heartbeat(ctx context.Context) {
+	defer close(r.done)
+	interval, timeout := r.a.opts.HeartbeatInterval, r.a.opts.HeartbeatTimeout
+	for ctx.Err() == nil {
+		err := r.beatOnce(ctx, interval, timeout)
+		if ctx.Err() != nil {
+			return
+		}
+		r.fail(err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
+
+func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := r.cl.Heartbeat(sctx)
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for seq := uint64(1); ; seq++ {
+			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation}) != nil {
+				return
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var timedOut bool
+	var tmu sync.Mutex
+	for {
+		w := time.AfterFunc(timeout, func() { tmu.Lock(); timedOut = true; tmu.Unlock(); cancel() })
+		b, err := stream.Recv()
+		w.Stop()
+		if err != nil {
+			tmu.Lock()
+			defer tmu.Unlock()
+			if timedOut {
+				return fmt.Errorf("no heartbeat for %v", timeout)
+			}
+			return fmt.Errorf("heartbeat: %w", err)
+		}
+		r.mu.Lock()
+		old := r.incarnation
+		r.incarnation = b.Incarnation
+		r.mu.Unlock()
+		if old != 0 && old != b.Incarnation {
+			return errors.New("peer agent restarted")
+		}
+	}
+}
+
+// peersChanged connects to discovered peers so heartbeats watch them.
+func (a *Agent) peersChanged(peers []PeerInfo) {
+	for _, p := range peers {
+		if _, err := a.remote(p.Address); err != nil {
+			a.log.Error(err, "Cannot reach peer agent", "peer", p.NodeName)
+		}
+	}
+}
+
+// link is engine.PeerLink over the control plane.
+type link struct{ cl controlpb.ControlClient }
+
+func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPReply, error) {
+	rep, err := l.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
+		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs})
+	if err != nil {
+		return engine.QPReply{}, err
+	}
+	return engine.QPReply{QPN: rep.Qpn, PSN: rep.Psn, UDQPNs: rep.UdQpns}, nil
+}
+
+// dialPeer connects a new vconn to a listener on another node.
+func (a *Agent) dialPeer(ctx context.Context, p PeerInfo, port uint32) (*engine.VConn, error) {
+	r, err := a.remote(p.Address)
+	if err != nil {
+		return nil, err
+	}
+	peer, err := r.enginePeer(ctx, verbs.GID{}, p.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	vc, err := a.eng.NewVConn(ctx, peer, engine.VConnOptions{UseEngineDefault: true})
+	if err != nil {
+		return nil, err
+	}
+	rep, err := r.cl.Dial(ctx, &controlpb.DialRequest{Caller: a.self(), Port: port, Vconn: uint32(vc.ID())})
+	if err != nil {
+		_ = vc.Close()
+		return nil, err
+	}
+	if err := vc.Connect(vqpn.ID(rep.Vconn)); err != nil {
+		vc.Abort()
+		return nil, err
+	}
+	return vc, nil
+}

@@ -1,0 +1,173 @@
+// Package frame is the application protocol between a pod and its node
+// agent: one frame per SOCK_SEQPACKET datagram on the allocation's socket.
+//
+// Every frame has a 28-byte header, big-endian, then its payload:
+//
+//	offset size field
+//	0      1    version  protocol version, Version (1)
+//	1      1    op       operation (Op)
+//	2      2    flags    FlagImm; other bits must be zero
+//	4      4    req      request id chosen by the client, echoed in the
+//	                     reply; 0 on frames the agent pushes
+//	8      4    handle   vconn or listener handle, 0 when none
+//	12     4    arg      port, immediate, window grant, error code,
+//	                     access, or region id (per op)
+//	16     8    arg2     size or offset (per op)
+//	24     4    length   payload length: the datagram's length less 28
+//	28     len  payload  at most MaxPayload bytes
+//
+// Requests (client to agent; each answered by OK or Error with its req,
+// except Grant, answered only when it fails):
+//
+//	op         handle    arg       arg2  payload            OK reply
+//	Hello      -         version   -     -                  arg version, payload HelloInfo
+//	Listen     -         port      -     -                  handle listener
+//	Dial       -         -         -     "host:port"        handle vconn, payload remote address
+//	Send       vconn     imm       -     message            -
+//	Grant      vconn     n         -     -                  (none)
+//	Close      any       -         -     -                  -
+//	Export     vconn     access    size  -                  arg region
+//	Unexport   vconn     region    -     -                  -
+//	LocalRead  vconn     region    off   u32 length         payload bytes
+//	LocalWrite vconn     region    off   bytes              -
+//	Write      vconn     region    off   bytes              -   (RDMA WRITE on the peer's region)
+//	Read       vconn     region    off   u32 length         payload bytes (RDMA READ)
+//
+// Pushes (agent to client, req 0):
+//
+//	op      handle    arg          payload
+//	Data    vconn     imm          message (only while the client has granted window)
+//	EOF     vconn     -            -        (the peer closed; no more Data)
+//	Accept  listener  new vconn    remote address
+//	Error   vconn     code         message (the vconn failed)
+//
+// Flow control: the agent pushes Data for a vconn only while the client's
+// window (the sum of its Grants, less what was pushed) is positive, and
+// reads from the engine only then, so a slow application holds the
+// engine's per-vconn credits rather than agent memory. A client may have at
+// most HelloInfo.SendWindow Sends of one vconn unanswered.
+//
+// Region data is copied over the socket (LocalRead, LocalWrite); a memfd
+// fast path that maps the registered memory into the pod is future work.
+package frame
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Version is the protocol version this package speaks.
+const Version = 1
+
+// HeaderLen is the fixed header's length; MaxPayload bounds the payload,
+// so a frame is at most MaxFrame bytes.
+const (
+	HeaderLen  = 28
+	MaxPayload = 64 << 10
+	MaxFrame   = HeaderLen + MaxPayload
+)
+
+// Op is a frame's operation.
+type Op uint8
+
+// Operations.
+const (
+	OpHello Op = iota + 1
+	OpListen
+	OpDial
+	OpSend
+	OpGrant
+	OpClose
+	OpExport
+	OpUnexport
+	OpLocalRead
+	OpLocalWrite
+	OpWrite
+	OpRead
+	OpOK
+	OpError
+	OpData
+	OpEOF
+	OpAccept
+	opLimit
+)
+
+var opNames = [...]string{"", "hello", "listen", "dial", "send", "grant", "close", "export", "unexport",
+	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept"}
+
+func (o Op) String() string {
+	if o > 0 && o < opLimit {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// FlagImm says the message carries an application immediate in arg.
+const FlagImm uint16 = 1 << 0
+
+// Frame is one protocol frame. A decoded frame's Payload aliases the
+// datagram it was decoded from.
+type Frame struct {
+	Op      Op
+	Flags   uint16
+	Req     uint32
+	Handle  uint32
+	Arg     uint32
+	Arg2    uint64
+	Payload []byte
+}
+
+// Code is an error class carried in Error frames.
+type Code uint32
+
+// Error codes.
+const (
+	CodeBadRequest   Code = 1  // malformed frame or arguments
+	CodeVersion      Code = 2  // protocol version not supported
+	CodeQuota        Code = 3  // the allocation's vconns are all in use
+	CodeNoHandle     Code = 4  // no such handle on this connection
+	CodeRefused      Code = 5  // nothing listens at the address
+	CodeUnreachable  Code = 6  // the address names no known node
+	CodeClosed       Code = 7  // the vconn is closed
+	CodeReset        Code = 8  // the peer aborted the vconn
+	CodePeerGone     Code = 9  // the peer node is gone
+	CodeTooLarge     Code = 10 // message larger than the maximum
+	CodeInternal     Code = 11 // the agent failed
+	CodeAddrInUse    Code = 12 // the port already has a listener
+	CodeRegion       Code = 13 // region missing, out of bounds or not allowed
+	CodeWindow       Code = 14 // more Sends outstanding than the window
+	CodeShuttingDown Code = 15 // the agent is stopping
+)
+
+var codeNames = map[Code]string{
+	CodeBadRequest: "bad request", CodeVersion: "unsupported version", CodeQuota: "vconn quota exhausted",
+	CodeNoHandle: "no such handle", CodeRefused: "connection refused", CodeUnreachable: "node unreachable",
+	CodeClosed: "vconn closed", CodeReset: "vconn reset by peer", CodePeerGone: "peer node gone",
+	CodeTooLarge: "message too large", CodeInternal: "internal error", CodeAddrInUse: "address in use",
+	CodeRegion: "region access denied", CodeWindow: "send window exceeded", CodeShuttingDown: "agent shutting down",
+}
+
+func (c Code) String() string {
+	if s, ok := codeNames[c]; ok {
+		return s
+	}
+	return fmt.Sprintf("code %d", uint32(c))
+}
+
+// Errors of Decode.
+var (
+	ErrShort   = errors.New("frame: shorter than its header")
+	ErrVersion = errors.New("frame: unsupported version")
+	ErrOp      = errors.New("frame: unknown op")
+	ErrLength  = errors.New("frame: length does not match the datagram")
+	ErrFlags   = errors.New("frame: unknown flags")
+	ErrTooBig  = errors.New("frame: payload larger than MaxPayload")
+)
+
+// HelloInfo is the payload of the OK reply to Hello.
+type HelloInfo struct {
+	Quota      uint32 // vconns the allocation may hold open
+	SendWindow uint32 // Sends of one vconn that may be unanswered
+	MaxMessage uint32 // largest message payload
+	Node       string // the agent's node name
+}

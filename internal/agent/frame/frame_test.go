@@ -1,0 +1,121 @@
+package frame
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// golden frames: the bytes on the wire, fixed by the protocol.
+var golden = []struct {
+	name string
+	f    Frame
+	hex  string
+}{
+	{"hello", Frame{Op: OpHello, Req: 1, Arg: Version},
+		"01010000" + "00000001" + "00000000" + "00000001" + "0000000000000000" + "00000000"},
+	{"dial", Frame{Op: OpDial, Req: 7, Payload: []byte("b:80")},
+		"01030000" + "00000007" + "00000000" + "00000000" + "0000000000000000" + "00000004" + "623a3830"},
+	{"send imm", Frame{Op: OpSend, Flags: FlagImm, Req: 0x01020304, Handle: 9, Arg: 0xdeadbeef, Payload: []byte{0xaa}},
+		"01040001" + "01020304" + "00000009" + "deadbeef" + "0000000000000000" + "00000001" + "aa"},
+	{"error push", Frame{Op: OpError, Handle: 3, Arg: uint32(CodePeerGone), Payload: []byte("x")},
+		"010e0000" + "00000000" + "00000003" + "00000009" + "0000000000000000" + "00000001" + "78"},
+	{"read", Frame{Op: OpRead, Req: 2, Handle: 1, Arg: 5, Arg2: 0x100, Payload: AppendLength(nil, 16)},
+		"010c0000" + "00000002" + "00000001" + "00000005" + "0000000000000100" + "00000004" + "00000010"},
+}
+
+func TestGolden(t *testing.T) {
+	for _, g := range golden {
+		t.Run(g.name, func(t *testing.T) {
+			want, err := hex.DecodeString(g.hex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Append(nil, &g.f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("encode:\n got %x\nwant %x", got, want)
+			}
+			f, err := Decode(want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(f.Payload) == 0 {
+				f.Payload = g.f.Payload
+			}
+			if !reflect.DeepEqual(f, g.f) {
+				t.Fatalf("decode: got %+v, want %+v", f, g.f)
+			}
+		})
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	ok, _ := Append(nil, &Frame{Op: OpSend, Payload: []byte("abc")})
+	mut := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), ok...)) }
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"empty", nil, ErrShort},
+		{"short", ok[:HeaderLen-1], ErrShort},
+		{"version", mut(func(b []byte) []byte { b[0] = 2; return b }), ErrVersion},
+		{"op zero", mut(func(b []byte) []byte { b[1] = 0; return b }), ErrOp},
+		{"op unknown", mut(func(b []byte) []byte { b[1] = 200; return b }), ErrOp},
+		{"flags", mut(func(b []byte) []byte { b[2] = 0x80; return b }), ErrFlags},
+		{"truncated", ok[:len(ok)-1], ErrLength},
+		{"trailing", append(append([]byte(nil), ok...), 0), ErrLength},
+		{"huge", mut(func(b []byte) []byte { b[24] = 0xff; return b }), ErrTooBig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Decode(tc.b); !errors.Is(err, tc.want) {
+				t.Fatalf("Decode: %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if _, err := Append(nil, &Frame{Op: OpSend, Payload: make([]byte, MaxPayload+1)}); !errors.Is(err, ErrTooBig) {
+		t.Fatalf("Append of an oversized payload: %v", err)
+	}
+}
+
+func TestHello(t *testing.T) {
+	h := HelloInfo{Quota: 3, SendWindow: 16, MaxMessage: 60000, Node: "node-a"}
+	got, err := DecodeHello(AppendHello(nil, h))
+	if err != nil || got != h {
+		t.Fatalf("DecodeHello: %+v, %v", got, err)
+	}
+	if _, err := DecodeHello([]byte{1}); !errors.Is(err, ErrPayload) {
+		t.Fatalf("short hello: %v", err)
+	}
+}
+
+// FuzzDecode checks that Decode never panics and that what it accepts
+// re-encodes to the same bytes.
+func FuzzDecode(f *testing.F) {
+	for _, g := range golden {
+		b, _ := hex.DecodeString(g.hex)
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{1, 4, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fr, err := Decode(b)
+		if err != nil {
+			return
+		}
+		out, err := Append(nil, &fr)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		if !bytes.Equal(out, b) {
+			t.Fatalf("round trip:\n got %x\nwant %x", out, b)
+		}
+		_, _ = DecodeHello(fr.Payload)
+		_, _ = DecodeLength(fr.Payload)
+	})
+}

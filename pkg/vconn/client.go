@@ -1,0 +1,444 @@
+package vconn
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+)
+
+// Environment variables the device plugin sets in a pod.
+const (
+	EnvSocket = "RDMAVISOR_SOCKET"
+	EnvVConns = "RDMAVISOR_VCONNS"
+)
+
+// Options configure a Client.
+type Options struct {
+	// Socket is the allocation's socket (default: $RDMAVISOR_SOCKET).
+	Socket string
+	// VConns is the quota the pod was given (default: $RDMAVISOR_VCONNS);
+	// informational: the agent enforces its own record.
+	VConns int
+}
+
+// OptionsFromEnv reads the options the device plugin put in the
+// environment.
+func OptionsFromEnv() (Options, error) {
+	o := Options{Socket: os.Getenv(EnvSocket)}
+	if o.Socket == "" {
+		return o, fmt.Errorf("vconn: %s is not set: is the pod allocated an RDMAvisor vconn resource?", EnvSocket)
+	}
+	if s := os.Getenv(EnvVConns); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return o, fmt.Errorf("vconn: %s=%q is not a count", EnvVConns, s)
+		}
+		o.VConns = n
+	}
+	return o, nil
+}
+
+// Client is an application's connection to its node agent. If the agent
+// restarts, the vconns of the old connection fail with ErrAgentGone and
+// the next Dial or Listen connects again.
+type Client struct {
+	opts Options
+
+	mu     sync.Mutex
+	s      *session // current; replaced when broken; guarded by mu
+	closed bool     // guarded by mu
+}
+
+// NewClient connects to the agent.
+func NewClient(ctx context.Context, o Options) (*Client, error) {
+	if o.Socket == "" {
+		e, err := OptionsFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		o.Socket, o.VConns = e.Socket, max(o.VConns, e.VConns)
+	}
+	c := &Client{opts: o}
+	if _, err := c.session(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+var defaultClient struct {
+	mu sync.Mutex
+	c  *Client
+}
+
+// Default returns the client of the pod's allocation, from the
+// environment, connecting on first use.
+func Default(ctx context.Context) (*Client, error) {
+	defaultClient.mu.Lock()
+	defer defaultClient.mu.Unlock()
+	if defaultClient.c != nil {
+		return defaultClient.c, nil
+	}
+	c, err := NewClient(ctx, Options{})
+	if err != nil {
+		return nil, err
+	}
+	defaultClient.c = c
+	return c, nil
+}
+
+// Dial connects to a listener at addr ("node:port") with the default
+// client.
+func Dial(ctx context.Context, addr string) (net.Conn, error) {
+	c, err := Default(ctx)
+	if err != nil {
+		return nil, err
+	}
+	vc, err := c.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return vc, nil
+}
+
+// Listen listens at addr (":port" or "node:port") with the default client.
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	c, err := Default(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l, err := c.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// session returns the live session, connecting a new one if there is none
+// or the last one broke.
+func (c *Client) session(ctx context.Context) (*session, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("vconn: client: %w", net.ErrClosed)
+	}
+	if c.s != nil && c.s.alive() {
+		return c.s, nil
+	}
+	s, err := dialSession(ctx, c.opts.Socket)
+	if err != nil {
+		return nil, err
+	}
+	c.s = s
+	return s, nil
+}
+
+// Quota is the number of vconns the agent lets this allocation open.
+func (c *Client) Quota(ctx context.Context) (int, error) {
+	s, err := c.session(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int(s.info.Quota), nil
+}
+
+// Node is the name of the agent's node.
+func (c *Client) Node(ctx context.Context) (string, error) {
+	s, err := c.session(ctx)
+	if err != nil {
+		return "", err
+	}
+	return s.info.Node, nil
+}
+
+// Close closes the connection to the agent and with it every vconn and
+// listener of this client.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	s := c.s
+	c.closed = true
+	c.mu.Unlock()
+	if s != nil {
+		s.shutdown(fmt.Errorf("vconn: client: %w", net.ErrClosed))
+	}
+	return nil
+}
+
+// Dial connects a vconn to the listener at addr: "node:port", node being
+// a peer's node name or IP.
+func (c *Client) Dial(ctx context.Context, addr string) (*Conn, error) {
+	s, err := c.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := s.call(ctx, &frame.Frame{Op: frame.OpDial, Payload: []byte(addr)})
+	if err != nil {
+		return nil, fmt.Errorf("vconn: dial %s: %w", addr, err)
+	}
+	vc := s.newConn(rep.Handle, Addr(s.info.Node), Addr(addr))
+	if vc == nil {
+		return nil, fmt.Errorf("vconn: dial %s: %w", addr, s.failure())
+	}
+	vc.grantInitial()
+	return vc, nil
+}
+
+// Listen accepts vconns dialled to port of this node; addr is ":port" or
+// "node:port".
+func (c *Client) Listen(ctx context.Context, addr string) (*Listener, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("vconn: listen %q: %w", addr, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 {
+		return nil, fmt.Errorf("vconn: listen %q: port must be 1..65535", addr)
+	}
+	s, err := c.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := s.call(ctx, &frame.Frame{Op: frame.OpListen, Arg: uint32(p)})
+	if err != nil {
+		return nil, fmt.Errorf("vconn: listen %s: %w", addr, err)
+	}
+	l := &Listener{s: s, h: rep.Handle, addr: Addr(net.JoinHostPort(s.info.Node, port)), notify: make(chan struct{}, 1)}
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("vconn: listen %s: %w", addr, s.err)
+	}
+	s.lns[l.h] = l
+	s.mu.Unlock()
+	return l, nil
+}
+
+// Addr is a vconn endpoint address, "node:port" or "node".
+type Addr string
+
+// Network is "vconn".
+func (Addr) Network() string { return "vconn" }
+
+func (a Addr) String() string { return string(a) }
+
+// session is one connection to the agent.
+type session struct {
+	conn *net.UnixConn
+	info frame.HelloInfo
+	done chan struct{} // closed when the session broke
+
+	wmu  sync.Mutex // serialises writes; guards wbuf
+	wbuf []byte
+
+	mu      sync.Mutex
+	nextReq uint32                              // guarded by mu
+	pending map[uint32]func(frame.Frame, error) // replies awaited; guarded by mu
+	conns   map[uint32]*Conn                    // guarded by mu
+	lns     map[uint32]*Listener                // guarded by mu
+	err     error                               // why the session broke; guarded by mu
+}
+
+func dialSession(ctx context.Context, path string) (*session, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, fmt.Errorf("vconn: connect to the agent: %w", &Error{Code: CodeAgentGone, Message: err.Error()})
+	}
+	s := &session{conn: nc.(*net.UnixConn), done: make(chan struct{}),
+		pending: make(map[uint32]func(frame.Frame, error)), conns: make(map[uint32]*Conn), lns: make(map[uint32]*Listener)}
+	go s.read()
+	rep, err := s.call(ctx, &frame.Frame{Op: frame.OpHello, Arg: frame.Version})
+	if err != nil {
+		s.shutdown(err)
+		return nil, fmt.Errorf("vconn: hello: %w", err)
+	}
+	if s.info, err = frame.DecodeHello(rep.Payload); err != nil {
+		s.shutdown(err)
+		return nil, fmt.Errorf("vconn: hello: %w", err)
+	}
+	return s, nil
+}
+
+func (s *session) alive() bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *session) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	return ErrAgentGone
+}
+
+func (s *session) write(f *frame.Frame) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var err error
+	if s.wbuf, err = frame.Append(s.wbuf[:0], f); err != nil {
+		return err
+	}
+	if _, err := s.conn.Write(s.wbuf); err != nil {
+		s.shutdown(&Error{Code: CodeAgentGone, Message: err.Error()})
+		return s.failure()
+	}
+	return nil
+}
+
+// async sends a request; cb gets the reply (or the session's failure) on
+// the reader goroutine and must not block.
+func (s *session) async(f *frame.Frame, cb func(frame.Frame, error)) error {
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return err
+	}
+	s.nextReq++
+	if s.nextReq == 0 {
+		s.nextReq++
+	}
+	f.Req = s.nextReq
+	s.pending[f.Req] = cb
+	s.mu.Unlock()
+	if err := s.write(f); err != nil {
+		s.mu.Lock()
+		_, mine := s.pending[f.Req]
+		delete(s.pending, f.Req)
+		s.mu.Unlock()
+		if mine {
+			return err
+		}
+		return nil // the failure was already delivered to cb
+	}
+	return nil
+}
+
+// call sends a request and waits for its reply.
+func (s *session) call(ctx context.Context, f *frame.Frame) (frame.Frame, error) {
+	type result struct {
+		f   frame.Frame
+		err error
+	}
+	ch := make(chan result, 1)
+	if err := s.async(f, func(r frame.Frame, err error) { ch <- result{r, err} }); err != nil {
+		return frame.Frame{}, err
+	}
+	req := f.Req
+	select {
+	case r := <-ch:
+		return r.f, r.err
+	case <-ctx.Done():
+		s.mu.Lock()
+		delete(s.pending, req)
+		s.mu.Unlock()
+		return frame.Frame{}, ctx.Err()
+	}
+}
+
+// read dispatches the agent's frames until the connection ends.
+func (s *session) read() {
+	buf := make([]byte, frame.MaxFrame+1)
+	for {
+		n, err := s.conn.Read(buf)
+		if err != nil || n == 0 {
+			msg := "connection closed"
+			if err != nil {
+				msg = err.Error()
+			}
+			s.shutdown(&Error{Code: CodeAgentGone, Message: msg})
+			return
+		}
+		f, err := frame.Decode(buf[:n])
+		if err != nil {
+			s.shutdown(&Error{Code: CodeAgentGone, Message: "protocol error: " + err.Error()})
+			return
+		}
+		f.Payload = append([]byte(nil), f.Payload...)
+		s.dispatch(f)
+	}
+}
+
+func (s *session) dispatch(f frame.Frame) {
+	if f.Req != 0 && (f.Op == frame.OpOK || f.Op == frame.OpError) {
+		s.mu.Lock()
+		cb := s.pending[f.Req]
+		delete(s.pending, f.Req)
+		s.mu.Unlock()
+		if cb != nil {
+			cb(f, errOf(&f))
+		}
+		return
+	}
+	switch f.Op {
+	case frame.OpData, frame.OpEOF, frame.OpError:
+		s.mu.Lock()
+		c := s.conns[f.Handle]
+		s.mu.Unlock()
+		if c != nil {
+			c.deliver(f)
+		}
+	case frame.OpAccept:
+		s.mu.Lock()
+		l := s.lns[f.Handle]
+		s.mu.Unlock()
+		if l == nil {
+			return
+		}
+		c := s.newConn(f.Arg, Addr(l.addr), Addr(f.Payload))
+		if c == nil {
+			return
+		}
+		go c.grantInitial()
+		l.push(c)
+	}
+}
+
+// newConn registers a vconn handle; nil if the session broke.
+func (s *session) newConn(h uint32, local, remote Addr) *Conn {
+	c := &Conn{s: s, h: h, local: local, remote: remote, notify: make(chan struct{}, 1),
+		sem: make(chan struct{}, max(1, int(s.info.SendWindow))), rd: newDeadline(), wd: newDeadline(), closing: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return nil
+	}
+	s.conns[h] = c
+	return c
+}
+
+// shutdown breaks the session with err: every waiter and vconn fails.
+func (s *session) shutdown(err error) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.err = err
+	pending := s.pending
+	conns := s.conns
+	lns := s.lns
+	s.pending, s.conns, s.lns = map[uint32]func(frame.Frame, error){}, map[uint32]*Conn{}, map[uint32]*Listener{}
+	s.mu.Unlock()
+	close(s.done)
+	_ = s.conn.Close()
+	for _, cb := range pending {
+		cb(frame.Frame{}, err)
+	}
+	for _, c := range conns {
+		c.fail(err)
+	}
+	for _, l := range lns {
+		l.fail(err)
+	}
+}

@@ -1,0 +1,79 @@
+package vconn
+
+import (
+	"fmt"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+)
+
+// Code classifies an Error.
+type Code uint32
+
+// Codes; the agent's are those of its protocol.
+const (
+	CodeBadRequest   = Code(frame.CodeBadRequest)
+	CodeVersion      = Code(frame.CodeVersion)
+	CodeQuota        = Code(frame.CodeQuota)
+	CodeNoHandle     = Code(frame.CodeNoHandle)
+	CodeRefused      = Code(frame.CodeRefused)
+	CodeUnreachable  = Code(frame.CodeUnreachable)
+	CodeClosed       = Code(frame.CodeClosed)
+	CodeReset        = Code(frame.CodeReset)
+	CodePeerGone     = Code(frame.CodePeerGone)
+	CodeTooLarge     = Code(frame.CodeTooLarge)
+	CodeInternal     = Code(frame.CodeInternal)
+	CodeAddrInUse    = Code(frame.CodeAddrInUse)
+	CodeRegion       = Code(frame.CodeRegion)
+	CodeWindow       = Code(frame.CodeWindow)
+	CodeShuttingDown = Code(frame.CodeShuttingDown)
+	// CodeAgentGone: the connection to the local agent broke.
+	CodeAgentGone Code = 1000
+)
+
+func (c Code) String() string {
+	if c == CodeAgentGone {
+		return "agent connection lost"
+	}
+	return frame.Code(c).String()
+}
+
+// Error is a failure the agent reported, or the loss of the agent.
+type Error struct {
+	Code    Code
+	Message string
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return "vconn: " + e.Code.String()
+	}
+	return fmt.Sprintf("vconn: %s: %s", e.Code, e.Message)
+}
+
+// Is matches any *Error of the same code, so errors.Is(err, ErrQuota)
+// works on what the agent sent.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Sentinels for errors.Is.
+var (
+	ErrQuota       error = &Error{Code: CodeQuota}
+	ErrRefused     error = &Error{Code: CodeRefused}
+	ErrUnreachable error = &Error{Code: CodeUnreachable}
+	ErrClosed      error = &Error{Code: CodeClosed}
+	ErrReset       error = &Error{Code: CodeReset}
+	ErrPeerGone    error = &Error{Code: CodePeerGone}
+	ErrTooLarge    error = &Error{Code: CodeTooLarge}
+	ErrRegion      error = &Error{Code: CodeRegion}
+	ErrAddrInUse   error = &Error{Code: CodeAddrInUse}
+	ErrAgentGone   error = &Error{Code: CodeAgentGone}
+)
+
+func errOf(f *frame.Frame) error {
+	if f.Op != frame.OpError {
+		return nil
+	}
+	return &Error{Code: Code(f.Arg), Message: string(f.Payload)}
+}
