@@ -171,7 +171,7 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*e
 	r.mu.Lock()
 	p := r.peer
 	r.mu.Unlock()
-	if p != nil {
+	if p != nil && p.Err() == nil {
 		return p, nil
 	}
 	if gid == (verbs.GID{}) {
@@ -189,7 +189,9 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*e
 		return nil, err
 	}
 	r.mu.Lock()
-	if r.peer == nil {
+	if r.peer == nil || r.peer.Err() != nil {
+		// First use, or the peer failed (its agent restarted): the engine
+		// gave a fresh peer with new QPs.
 		r.peer, r.name = p, name
 	}
 	p = r.peer

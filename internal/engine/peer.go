@@ -109,6 +109,13 @@ func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
 // GID is the peer's address.
 func (p *Peer) GID() verbs.GID { return p.gid }
 
+// Err is why the peer failed, or nil.
+func (p *Peer) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
 // newQP creates an RC QP on the SRQ, or a UC QP on the datagram SRQ.
 func (e *Engine) newQP(t verbs.QPType, cq verbs.CQ) (verbs.QP, error) {
 	srq := e.srq

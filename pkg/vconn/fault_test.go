@@ -135,6 +135,35 @@ func TestLocalAgentRestarts(t *testing.T) {
 	if q, err := a.Quota(ctx); err != nil || q != 8 {
 		t.Fatalf("quota after the restart: %d, %v", q, err)
 	}
+	// And the restarted node reaches its peer again, both ways: the peer
+	// replaced the QPs it had to the old incarnation.
+	lnB, err := b.Listen(ctx, ":12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lnB.Close()
+	go func() {
+		c, err := lnB.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		m, err := c.(*vconn.Conn).RecvMsg(ctx)
+		if err == nil {
+			_ = c.(*vconn.Conn).SendMsg(ctx, append([]byte("echo "), m.Data...))
+		}
+	}()
+	c2, err := a.Dial(ctx, "node-b:12")
+	if err != nil {
+		t.Fatalf("dial the peer after the restart: %v", err)
+	}
+	defer c2.Close()
+	if err := c2.SendMsg(ctx, []byte("hello again")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := c2.RecvMsg(ctx); err != nil || string(m.Data) != "echo hello again" {
+		t.Fatalf("reply across nodes after the restart: %q, %v", m.Data, err)
+	}
 }
 
 // TestOpenCloseLeaks: 10,000 vconn open/close cycles leave no vQPN, no
