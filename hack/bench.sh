@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Runs the benchmarks and writes bench/results/: the raw `go test -bench`
-# output and summary.md with each design's throughput as a ratio of the
-# baseline measured in the same run. $1 is -benchtime (default 2s).
+# output, engine.jsonl (`rdmavisor bench`: the engine against the naive
+# baseline, one JSON object per measurement) and summary.md with each
+# design's figures as ratios of the baseline measured in the same run.
+# $1 is -benchtime of the verbs benchmarks (default 2s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benchtime=${1:-2s}
 out=bench/results
 mkdir -p "$out"
 raw="$out/verbs.txt"
+
+echo "== engine vs naive: rdmavisor bench --suite all (full run, a few minutes)" >&2
+go run ./cmd/rdmavisor bench --suite all --format json | tee "$out/engine.jsonl" >&2
 
 echo "== verbs: RC over the soft provider vs TCP loopback (benchtime $benchtime)" >&2
 go test -run '^$' -bench 'BenchmarkRCUDP|BenchmarkTCPLoopback|BenchmarkRCFabric' \
@@ -37,5 +42,7 @@ go test -run '^$' -bench 'BenchmarkRCUDP|BenchmarkTCPLoopback|BenchmarkRCFabric'
         printf "| %d B | %s | %s | %s | %s |\n", s, v["RCUDP", s], v["TCPLoopback", s], r, v["RCFabric", s]
       }
     }' "$raw"
+  echo
+  go run ./cmd/rdmavisor bench --summarize "$out/engine.jsonl"
 } > "$out/summary.md"
 cat "$out/summary.md"

@@ -2,13 +2,22 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/rdmavisor/rdmavisor/internal/bench"
 	"github.com/rdmavisor/rdmavisor/internal/demo"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -17,6 +26,7 @@ const usage = `usage: rdmavisor <command> [flags]
 
 commands:
   demo    run the demo on the software RDMA provider
+  bench   measure the engine against the naive baseline (-h for flags)
 `
 
 func main() {
@@ -30,6 +40,8 @@ func main() {
 	switch os.Args[1] {
 	case "demo":
 		err = runDemo(ctx, os.Args[2:])
+	case "bench":
+		err = runBench(ctx, os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
@@ -58,4 +70,84 @@ func runDemo(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	return demo.Verbs(ctx, os.Stdout, demo.VerbsOptions{Messages: *msgs, Size: *size, PingPong: *rounds, MTU: m})
+}
+
+func runBench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	suite := fs.String("suite", "all", "suites to run: e1, e2, e3, e5, a comma-separated list, or all")
+	quick := fs.Bool("quick", false, "one 0.4 s window after 0.2 s of warm-up per line (full: the median of three 1.5 s windows, each after 0.5 s) and E5 at every other size; all counts kept")
+	format := fs.String("format", "json", "output: json (one object per line) or text")
+	budget := fs.String("budget-bytes", "2GiB", "resident memory a measurement may reach (estimated from smaller counts), e.g. 2GiB")
+	wireKind := fs.String("wire", "fabric", "wire between the two soft devices: fabric (in memory) or udp (127.0.0.2 and 127.0.0.3)")
+	out := fs.String("out", "", "also write DIR/engine.jsonl and DIR/engine-summary.md")
+	summarize := fs.String("summarize", "", "print the Markdown summary of a JSON lines FILE and exit")
+	vconns := fs.String("vconns", "", "comma-separated connection counts for E1 and E2 instead of the plan's")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to FILE")
+	verbose := fs.Int("v", 0, "log verbosity on stderr")
+	_ = fs.Parse(args)
+	if *summarize != "" {
+		f, err := os.Open(*summarize)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return bench.Summarize(f, os.Stdout)
+	}
+	b, err := bench.ParseBytes(*budget)
+	if err != nil {
+		return err
+	}
+	o := bench.Options{
+		Plan: bench.FullPlan(), Budget: b, Wire: *wireKind, Format: *format, Out: os.Stdout,
+		Log: funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: *verbose}),
+	}
+	if *quick {
+		o.Plan = bench.QuickPlan()
+	}
+	if *suite != "all" {
+		o.Suites = strings.Split(*suite, ",")
+	}
+	if *vconns != "" {
+		var ns []int
+		for _, f := range strings.Split(*vconns, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return fmt.Errorf("--vconns: bad count %q", f)
+			}
+			ns = append(ns, n)
+		}
+		o.Plan.E1VConns, o.Plan.E2EngineVConns, o.Plan.E2NaiveVConns = ns, ns, ns
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var jsonl bytes.Buffer
+	if *out != "" {
+		if err := os.MkdirAll(*out, 0o755); err != nil {
+			return err
+		}
+		o.JSONCopy = &jsonl
+	}
+	start := time.Now()
+	err = bench.Run(ctx, o)
+	o.Log.Info("Benchmarks done", "seconds", time.Since(start).Seconds())
+	if *out != "" {
+		var sum bytes.Buffer
+		errs := []error{err, os.WriteFile(filepath.Join(*out, "engine.jsonl"), jsonl.Bytes(), 0o644)}
+		if serr := bench.Summarize(bytes.NewReader(jsonl.Bytes()), &sum); serr != nil {
+			errs = append(errs, serr)
+		} else {
+			errs = append(errs, os.WriteFile(filepath.Join(*out, "engine-summary.md"), sum.Bytes(), 0o644))
+		}
+		err = errors.Join(errs...)
+	}
+	return err
 }

@@ -79,7 +79,7 @@ func New(cfg Config) (_ *Engine, err error) {
 	// Send classes for small messages, control messages and whole chunks,
 	// then the receive buffers, all chunk-sized.
 	specs := []classSpec{
-		{size: 256, n: cfg.SendBuffers},
+		{size: 256, n: 4 * cfg.SendBuffers}, // most messages are small
 		{size: 2048, n: cfg.SendBuffers / 2},
 		{size: cfg.ChunkSize, n: cfg.SendBuffers / 4},
 		{size: cfg.ChunkSize, n: cfg.RecvBuffers},

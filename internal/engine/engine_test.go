@@ -342,3 +342,34 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 		return in[0]+in[1]+in[2] == 0
 	}, "send buffers returned")
 }
+
+// TestAutoLongMessages: an Auto vconn's long messages (several chunks)
+// travel on RC whole, interleaved in order with datagram-sized ones.
+func TestAutoLongMessages(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := []int{16 << 10, 16<<10 - headerLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
+	go func() {
+		for i, n := range sizes {
+			if err := va.SendImm(ctx, bytes.Repeat([]byte{byte(i + 1)}, n), uint32(i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i, n := range sizes {
+		m, err := vb.Recv(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if m.Imm != uint32(i) || len(m.Data) != n || m.Data[n-1] != byte(i+1) {
+			t.Fatalf("message %d arrived as imm %d, %d bytes", i, m.Imm, len(m.Data))
+		}
+		m.Release()
+	}
+}

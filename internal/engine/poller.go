@@ -290,7 +290,9 @@ func (p *poller) serve(vc *VConn) {
 				dq = vc.dq
 			}
 		}
-		auto := data && vc.tr == Auto && vc.autoUD(n)
+		// Only whole messages go as datagrams: the chunks of a long one
+		// all travel on RC, in order.
+		auto := data && vc.tr == Auto && b[1]&(flagFirst|flagLast) == flagFirst|flagLast && vc.autoUD(n)
 		if auto {
 			dq = p.ud
 		}

@@ -24,10 +24,12 @@ type bufClass struct {
 	base uint64 // offset of the class in the MR
 	n    uint32
 
-	mu     sync.Mutex
-	free   []uint32 // indexes; guarded by mu
-	inUse  []bool   // guarded by mu
-	lowest int      // fewest free ever; guarded by mu
+	mu      sync.Mutex
+	free    []uint32      // indexes; guarded by mu
+	inUse   []bool        // guarded by mu
+	lowest  int           // fewest free ever; guarded by mu
+	waiters int           // goroutines in wait; guarded by mu
+	freed   chan struct{} // closed (and replaced) by a put while waiters wait; guarded by mu
 }
 
 // classSpec asks for n buffers of size bytes.
@@ -100,6 +102,33 @@ func (p *bufPool) put(slot uint32) {
 	}
 	c.inUse[idx] = false
 	c.free = append(c.free, idx)
+	if c.waiters > 0 {
+		close(c.freed)
+		c.freed = make(chan struct{})
+	}
+	c.mu.Unlock()
+}
+
+// wait blocks until class ci may have a free buffer, or done is closed.
+func (p *bufPool) wait(ci int, done <-chan struct{}) {
+	c := &p.classes[ci]
+	c.mu.Lock()
+	if len(c.free) > 0 {
+		c.mu.Unlock()
+		return
+	}
+	if c.freed == nil {
+		c.freed = make(chan struct{})
+	}
+	c.waiters++
+	ch := c.freed
+	c.mu.Unlock()
+	select {
+	case <-ch:
+	case <-done:
+	}
+	c.mu.Lock()
+	c.waiters--
 	c.mu.Unlock()
 }
 

@@ -272,11 +272,12 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 }
 
 // getBuffer takes a send buffer for n bytes, waiting for one if the pool is
-// empty and block is set.
+// empty and block is set. The wait ends on a buffer's return, the context,
+// or (checked every 10 ms) the vconn failing.
 func (vc *VConn) getBuffer(ctx context.Context, n int, block bool) (uint32, error) {
 	p := vc.e.pool
 	ci := p.class(n)
-	for wait := time.Microsecond; ; wait = min(2*wait, time.Millisecond) {
+	for {
 		if slot, ok := p.get(ci); ok {
 			return slot, nil
 		}
@@ -286,7 +287,9 @@ func (vc *VConn) getBuffer(ctx context.Context, n int, block bool) (uint32, erro
 		if err := vc.sendable(ctx); err != nil {
 			return noSlot, err
 		}
-		time.Sleep(wait)
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+		p.wait(ci, tctx.Done())
+		cancel()
 	}
 }
 
@@ -328,7 +331,8 @@ func (vc *VConn) sendable(ctx context.Context) error {
 
 // wakeSender wakes a producer waiting for ring space.
 func (vc *VConn) wakeSender() {
-	if vc.txWaiting.Swap(false) {
+	// Load before Swap: the common case (nobody waits) stays a read.
+	if vc.txWaiting.Load() && vc.txWaiting.Swap(false) {
 		select {
 		case vc.txWake <- struct{}{}:
 		default:

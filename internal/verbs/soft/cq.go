@@ -27,22 +27,36 @@ type cq struct {
 	overruns uint64     // guarded by mu
 	users    int        // QPs using this CQ; guarded by mu
 
-	efd  int
-	wbuf [8]byte
-	rbuf [8]byte
-	rmu  sync.Mutex // serialises AckEvents' reads into rbuf
+	// The completion channel is created on first use (FD or ReqNotify),
+	// as libibverbs makes none for a CQ without one: a process with
+	// thousands of polled-only CQs needs no descriptor for each.
+	efdOnce sync.Once
+	efd     int // -1 until created; written once under efdOnce
+	efdErr  error
+	wbuf    [8]byte
+	rbuf    [8]byte
+	rmu     sync.Mutex // serialises AckEvents' reads into rbuf
 }
 
 var _ verbs.CQ = (*cq)(nil)
 
 func newCQ(cqe int) (*cq, error) {
-	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("eventfd: %w", err)
-	}
-	c := &cq{ring: make([]verbs.WC, cqe), efd: efd}
+	c := &cq{ring: make([]verbs.WC, cqe), efd: -1}
 	binary.NativeEndian.PutUint64(c.wbuf[:], 1)
 	return c, nil
+}
+
+// channel creates the completion channel's eventfd on first use.
+func (c *cq) channel() (int, error) {
+	c.efdOnce.Do(func() {
+		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			c.efdErr = fmt.Errorf("soft: completion channel: eventfd: %w", err)
+			return
+		}
+		c.efd = fd
+	})
+	return c.efd, c.efdErr
 }
 
 // Poll moves up to len(wcs) completions into wcs.
@@ -94,6 +108,9 @@ func (c *cq) push(wc *verbs.WC, solicited bool) {
 
 // ReqNotify arms the completion channel for the next completion.
 func (c *cq) ReqNotify(solicitedOnly bool) error {
+	if _, err := c.channel(); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -105,13 +122,20 @@ func (c *cq) ReqNotify(solicitedOnly bool) error {
 }
 
 // FD is the completion channel's descriptor (an eventfd).
-func (c *cq) FD() int { return c.efd }
+func (c *cq) FD() int {
+	fd, _ := c.channel()
+	return fd
+}
 
 // AckEvents consumes pending events without blocking.
 func (c *cq) AckEvents() (int, error) {
+	fd, err := c.channel()
+	if err != nil {
+		return 0, err
+	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	_, err := unix.Read(c.efd, c.rbuf[:])
+	_, err = unix.Read(fd, c.rbuf[:])
 	if errors.Is(err, unix.EAGAIN) {
 		return 0, nil
 	}
@@ -136,7 +160,11 @@ func (c *cq) Close() error {
 	c.closed = true
 	c.mu.Unlock()
 	c.dev.children.Add(-1)
-	return unix.Close(c.efd)
+	c.efdOnce.Do(func() {}) // no channel is created after this
+	if c.efd >= 0 {
+		return unix.Close(c.efd)
+	}
+	return nil
 }
 
 func (c *cq) use(delta int) {

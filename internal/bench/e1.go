@@ -1,0 +1,140 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// runE1 measures messages per second against the number of connections,
+// for the engine and the naive design: E1VConns connections from device a
+// to device b, 64-byte messages sent round-robin over all of them from
+// Plan.Producers goroutines, every message released on arrival. At each
+// count the two designs' runs alternate, Plan.Repeats times.
+//
+// Before each count the memory it would make resident is estimated from
+// the growth per connection measured at a smaller count (traffic included,
+// so touched receive buffers count); a count whose estimate exceeds the
+// budget, or that needs more file descriptors than the process may open, is
+// reported as an error line instead of run. So is every count above one
+// that failed.
+func runE1(ctx context.Context, e *env) error {
+	designs := []string{designEngine, designNaive}
+	est := map[string]*estimator{}
+	failed := map[string]error{}
+	for _, d := range designs {
+		est[d] = &estimator{}
+	}
+	for _, n := range e.Plan.E1VConns {
+		ss := map[string]*series{}
+		for _, d := range designs {
+			s := &series{rec: Record{Suite: "e1", Design: d, VConns: n, MsgBytes: e.Plan.MsgBytes}}
+			s.err = failed[d]
+			if s.err == nil {
+				s.err = e.admit(d, n, *est[d])
+			}
+			ss[d] = s
+		}
+		for rep := 0; rep < e.Plan.Repeats; rep++ {
+			for _, d := range designs {
+				s := ss[d]
+				if s.err != nil {
+					continue
+				}
+				e.Log.Info("Measuring", "suite", "e1", "design", d, "vconns", n, "run", rep+1)
+				r, grown, err := e1Once(ctx, e, d, n, &s.rec)
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				s.add(r, err)
+				if err == nil {
+					est[d].observe(n, grown)
+				} else {
+					failed[d] = fmt.Errorf("not run: %s failed at %d connections", d, n)
+				}
+			}
+		}
+		for _, d := range designs {
+			if err := e.emit(ss[d].record(false)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// e1Once runs one count and fills in rec's QPs and setup time; it returns
+// the rate and the resident memory the run grew by.
+func e1Once(ctx context.Context, e *env, name string, n int, rec *Record) (_ rate, grown int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
+	defer cancel()
+	before, err := sampleMemory()
+	if err != nil {
+		return rate{}, 0, err
+	}
+	tb, err := openTestbed(e.Wire)
+	if err != nil {
+		return rate{}, 0, err
+	}
+	rx := &counter{}
+	d, err := openDesign(name, tb, rx)
+	if err != nil {
+		return rate{}, 0, errors.Join(err, tb.close())
+	}
+	defer func() {
+		start := time.Now()
+		if cerr := errors.Join(d.close(), tb.close()); cerr != nil && err == nil {
+			err = fmt.Errorf("tear down: %w", cerr)
+		}
+		e.Log.V(1).Info("Torn down", "seconds", time.Since(start).Seconds())
+	}()
+	start := time.Now()
+	senders, err := openPairs(ctx, d, n)
+	if err != nil {
+		return rate{}, 0, err
+	}
+	rec.SetupSeconds = round(time.Since(start).Seconds(), 3)
+	rec.QPs = d.qps()
+	msg := make([]byte, e.Plan.MsgBytes)
+	for i := range msg {
+		msg[i] = byte(i)
+	}
+	r, err := drive(ctx, senders, e.Plan.Producers, msg, rx, e.Plan.Warmup, e.Plan.Measure)
+	if err != nil {
+		return rate{}, 0, err
+	}
+	after, err := sampleMemory()
+	if err != nil {
+		return rate{}, 0, err
+	}
+	return r, after.RSS - before.RSS, nil
+}
+
+// errOverBudget marks a count not run to protect the machine.
+var errOverBudget = errors.New("not run")
+
+// estimator predicts the resident memory of n connections from the largest
+// count measured so far (at least 100, where fixed costs no longer
+// dominate).
+type estimator struct {
+	perConn float64
+	at      int
+}
+
+func (s *estimator) observe(n int, grown int64) {
+	if n >= 100 && n >= s.at && grown > 0 {
+		s.perConn, s.at = float64(grown)/float64(n), n
+	}
+}
+
+// admit says whether n connections of design d may run.
+func (e *env) admit(d string, n int, est estimator) error {
+	if est.at > 0 {
+		if need := est.perConn * float64(n); need > float64(e.Budget) {
+			return fmt.Errorf("%w: %d %s connections would need about %.2f GiB resident (%.0f bytes per connection measured at %d), over the budget of %.2f GiB (--budget-bytes)",
+				errOverBudget, n, d, need/(1<<30), est.perConn, est.at, float64(e.Budget)/(1<<30))
+		}
+	}
+	return nil
+}

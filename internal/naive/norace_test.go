@@ -1,0 +1,5 @@
+//go:build !race
+
+package naive
+
+const raceEnabled = false
