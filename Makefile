@@ -15,7 +15,7 @@ build: ## Build every binary.
 	$(GO) build ./...
 
 .PHONY: demo
-demo: ## Run the main job: the demo on the software RDMA provider.
+demo: ## Run the main job: two node agents on the software RDMA provider, 1,000 vconns.
 	$(GO) run ./cmd/rdmavisor demo
 
 .PHONY: test

@@ -25,7 +25,9 @@ import (
 const usage = `usage: rdmavisor <command> [flags]
 
 commands:
-  demo    run the demo on the software RDMA provider
+  demo    two node agents on the software RDMA provider, 1,000 vconns
+          between a server and a client written with pkg/vconn
+          (--verbs: the verbs-level demo, one RC QP pair)
   bench   measure the engine against the naive baseline (-h for flags)
 `
 
@@ -57,19 +59,28 @@ func main() {
 
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
-	msgs := fs.Int("messages", 20000, "messages in the streaming phase")
-	size := fs.Int("size", 4096, "message size in bytes")
-	rounds := fs.Int("pingpong", 1000, "round trips in the latency phase")
-	mtu := fs.Int("mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
+	verbsOnly := fs.Bool("verbs", false, "run the verbs demo instead: two soft devices and one RC QP pair, no agents")
+	vconns := fs.Int("vconns", 1000, "vconns the client opens (agents demo)")
+	rounds := fs.Int("rounds", 20, "round trips per vconn (agents demo)")
+	msgs := fs.Int("messages", 20000, "messages in the streaming phase (verbs demo)")
+	size := fs.Int("size", 0, "message size in bytes (default: 64 for agents, 4096 for verbs)")
+	pingpong := fs.Int("pingpong", 1000, "round trips in the latency phase (verbs demo)")
+	mtu := fs.Int("mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096 (verbs demo)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
 	_ = fs.Parse(args)
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	if !*verbsOnly {
+		return demo.Agents(ctx, os.Stdout, demo.AgentsOptions{VConns: *vconns, Messages: *rounds, Size: *size})
+	}
 	m, err := verbs.MTUFromBytes(*mtu)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	return demo.Verbs(ctx, os.Stdout, demo.VerbsOptions{Messages: *msgs, Size: *size, PingPong: *rounds, MTU: m})
+	if *size == 0 {
+		*size = 4096
+	}
+	return demo.Verbs(ctx, os.Stdout, demo.VerbsOptions{Messages: *msgs, Size: *size, PingPong: *pingpong, MTU: m})
 }
 
 func runBench(ctx context.Context, args []string) error {
