@@ -18,6 +18,9 @@ echo "== verbs: RC over the soft provider vs TCP loopback (benchtime $benchtime)
 go test -run '^$' -bench 'BenchmarkRCUDP|BenchmarkTCPLoopback|BenchmarkRCFabric' \
   -benchtime "$benchtime" -count 1 ./internal/verbs/soft/ | tee "$raw" >&2
 
+echo "== E4: the application-agent hop, unix socket vs a direct engine call (benchtime $benchtime)" >&2
+go test -run '^$' -bench 'BenchmarkE4' -benchtime "$benchtime" -count 1 ./pkg/vconn/ | tee "$out/e4.txt" >&2
+
 {
   echo "# Benchmark summary"
   echo
@@ -42,6 +45,25 @@ go test -run '^$' -bench 'BenchmarkRCUDP|BenchmarkTCPLoopback|BenchmarkRCFabric'
         printf "| %d B | %s | %s | %s | %s |\n", s, v["RCUDP", s], v["TCPLoopback", s], r, v["RCFabric", s]
       }
     }' "$raw"
+  echo
+  echo "## E4: the application-agent hop (64-byte messages between two agents)"
+  echo
+  echo "| path | round trip (µs) | one-way messages/s |"
+  echo "|---|---:|---:|"
+  awk '
+    /^BenchmarkE4\// {
+      split($1, a, "/"); kind = a[2]; path = a[3]; sub(/-[0-9]+$/, "", path)
+      for (i = 2; i <= NF; i++) {
+        if ($i == "µs/rtt") rtt[path] = $(i-1)
+        if ($i == "msgs/s") mps[path] = $(i-1)
+      }
+      if (!(path in seen)) { seen[path] = 1; order[++n] = path }
+    }
+    END {
+      for (i = 1; i <= n; i++) { p = order[i]; printf "| %s | %s | %s |\n", p, rtt[p], mps[p] }
+      if (rtt["engine"] > 0 && mps["engine"] > 0)
+        printf "\nThe socket path costs %.2f× the direct call'"'"'s round trip and carries %.2f× its message rate.\n", rtt["socket"] / rtt["engine"], mps["socket"] / mps["engine"]
+    }' "$out/e4.txt"
   echo
   go run ./cmd/rdmavisor bench --summarize "$out/engine.jsonl"
 } > "$out/summary.md"
