@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -91,6 +92,9 @@ type Config struct {
 	DgramBuffers int
 	// QKey is the Q_Key of the engines' UD QPs (default 0x52444d56).
 	QKey uint32
+	// CloseTimeout bounds how long a closed vconn waits for its peer's FIN
+	// before its vQPN is released (default 10 s).
+	CloseTimeout time.Duration
 	// SpinPolls is how many empty polls a poller makes before it sleeps on
 	// the completion channel (default 2000).
 	SpinPolls int
@@ -130,6 +134,9 @@ func (c Config) withDefaults() (Config, error) {
 	set(&c.SQDepth, defaultSQDepth)
 	set(&c.SpinPolls, defaultSpinPolls)
 	set(&c.DgramBuffers, 512)
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 10 * time.Second
+	}
 	if c.QKey == 0 {
 		c.QKey = 0x52444d56
 	}

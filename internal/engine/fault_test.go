@@ -158,3 +158,25 @@ func TestFailedPeerIsReplaced(t *testing.T) {
 		t.Fatalf("%d peers, want 1", s.Peers)
 	}
 }
+
+// TestCloseTimeout: a vconn closed on one side whose peer never closes
+// (or failed without a word) gives its vQPN back after CloseTimeout.
+func TestCloseTimeout(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{CloseTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := va.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vb.Recv(ctx); err == nil {
+		t.Fatal("the peer's Recv after our close: no EOF")
+	}
+	waitFor(t, func() bool { return a.Stats().VConns == 0 }, "the closed vconn's vQPN, its peer silent")
+	if b.Stats().VConns != 1 {
+		t.Fatalf("the peer that has not closed holds %d vconns, want 1", b.Stats().VConns)
+	}
+}

@@ -133,9 +133,11 @@ func (e *Engine) pathOptions(psn uint32) verbs.PathOptions {
 		MTU:    e.cfg.MTU,
 		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
 		SQPSN:  psn,
-		// Retry for about a second before declaring the path dead:
-		// 7 retries of 4.096 µs × 2^15 ≈ 134 ms.
-		Timeout:  15,
+		// Retry for about two seconds before declaring the path dead:
+		// 7 retries of 4.096 µs × 2^16 ≈ 268 ms. The agents' heartbeats
+		// notice a dead node sooner; this only has to outlast a
+		// descheduled peer.
+		Timeout:  16,
 		RetryCnt: 7,
 		RNRRetry: 7,
 	}

@@ -59,15 +59,16 @@ type VConn struct {
 	txWake     chan struct{} // created by the producer before it sets txWaiting
 	txWaiting  atomic.Bool
 	ring       ring
-	scheduled  atomic.Bool   // on the poller's run queue
-	sent       uint32        // poller-owned: data chunks posted
-	limit      atomic.Uint32 // credits the peer granted, cumulative
-	creditDue  atomic.Bool   // a credit grant should go out
-	finDue     atomic.Bool   // Close asked for a FIN after the queued data
-	finPosted  bool          // poller-owned
-	rtxWatched bool          // poller-owned: on the poller's retransmission list
-	finSent    atomic.Bool   // the FIN's send completed
-	rstDue     atomic.Bool   // Abort asked for a RST
+	scheduled  atomic.Bool                // on the poller's run queue
+	sent       uint32                     // poller-owned: data chunks posted
+	limit      atomic.Uint32              // credits the peer granted, cumulative
+	creditDue  atomic.Bool                // a credit grant should go out
+	finDue     atomic.Bool                // Close asked for a FIN after the queued data
+	finPosted  bool                       // poller-owned
+	rtxWatched bool                       // poller-owned: on the poller's retransmission list
+	finSent    atomic.Bool                // the FIN's send completed
+	rstDue     atomic.Bool                // Abort asked for a RST
+	closeTimer atomic.Pointer[time.Timer] // releases a closing vconn whose peer never answers
 
 	regions atomic.Pointer[regions] // one-sided state, created on first use
 	rel     atomic.Pointer[rel]     // Auto's reliability state, created on first use
@@ -476,7 +477,9 @@ func (vc *VConn) onPeerFin() {
 	}
 }
 
-// onFinSent: our FIN reached the peer.
+// onFinSent: our FIN reached the peer. If the peer's FIN does not follow
+// within CloseTimeout (its vconn failed, or its application never closes),
+// the vQPN is released anyway, as TCP leaves FIN_WAIT_2.
 func (vc *VConn) onFinSent() {
 	vc.finSent.Store(true)
 	vc.rxMu.Lock()
@@ -484,6 +487,12 @@ func (vc *VConn) onFinSent() {
 	vc.rxMu.Unlock()
 	if fin {
 		vc.release()
+		return
+	}
+	t := time.AfterFunc(vc.e.cfg.CloseTimeout, vc.release)
+	vc.closeTimer.Store(t)
+	if vc.state.Load() == stateClosed {
+		t.Stop() // released meanwhile
 	}
 }
 
@@ -553,6 +562,9 @@ func (vc *VConn) release() {
 		if vc.state.CompareAndSwap(st, stateClosed) {
 			break
 		}
+	}
+	if t := vc.closeTimer.Load(); t != nil {
+		t.Stop()
 	}
 	vc.peer.unlink(vc)
 	vc.releaseRegions()
