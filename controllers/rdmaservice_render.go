@@ -325,6 +325,9 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 			mount("config", configMountDir, true),
 			mount("sockets", cfg.SocketDir, false),
 			mount("device-plugins", hostDevicePluginDir, false),
+			// Pod resources map allocations to pods, so the plugin can
+			// collect the quota of pods that are gone.
+			mount("pod-resources", hostPodResourcesDir, true),
 		).
 		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false))
 

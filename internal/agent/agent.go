@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -282,7 +281,7 @@ func (a *Agent) Close() error {
 		_ = os.Remove(a.cfg.AdminSocket)
 	}
 	for _, al := range allocs {
-		al.shutdown()
+		al.shutdown(true)
 	}
 	if a.grpc != nil {
 		a.grpc.Stop()
@@ -299,9 +298,6 @@ func (a *Agent) Close() error {
 	}
 	if a.dev != nil {
 		errs = append(errs, a.dev.Close())
-	}
-	if a.cfg.SocketDir != "" {
-		_ = os.RemoveAll(filepath.Join(a.cfg.SocketDir, "alloc"))
 	}
 	a.log.Info("Agent stopped")
 	return errors.Join(errs...)

@@ -94,7 +94,7 @@ func (a *Agent) DeleteAllocation(id string) error {
 	if al == nil {
 		return fmt.Errorf("agent: allocation %s: %w", id, ErrNotFound)
 	}
-	al.shutdown()
+	al.shutdown(false)
 	a.log.Info("Deleted allocation", "allocation", id)
 	return nil
 }
@@ -154,9 +154,11 @@ func (al *allocation) serve() {
 	}
 }
 
-// shutdown closes the socket and every session, and removes the
-// directory.
-func (al *allocation) shutdown() {
+// shutdown closes the socket and every session. The directory goes too,
+// unless keepDir: when the agent stops (to restart), running pods keep a
+// bind mount of it, and the allocation re-created at the same path must
+// appear in that mount.
+func (al *allocation) shutdown(keepDir bool) {
 	al.mu.Lock()
 	al.closed = true
 	sessions := make([]*session, 0, len(al.sessions))
@@ -168,6 +170,10 @@ func (al *allocation) shutdown() {
 	<-al.done
 	for _, s := range sessions {
 		s.close()
+	}
+	if keepDir {
+		_ = os.Remove(filepath.Join(al.dir, SocketName))
+		return
 	}
 	_ = os.RemoveAll(al.dir)
 }
