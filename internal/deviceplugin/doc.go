@@ -1,0 +1,68 @@
+// Package deviceplugin is RDMAvisor's kubelet device plugin (API
+// v1beta1): it advertises the node's vconns as an extended resource
+// (config resourceName, default rdmavisor.io/vconn) and turns each
+// container's share of it into an allocation of the node agent.
+//
+// # Devices
+//
+// The plugin advertises vconnsPerNode devices, vconn-0000, vconn-0001...
+// A device is one vconn of quota, not a piece of hardware: the devices of
+// a container together become one agent allocation of k vconns. Their
+// health is the agent's: the plugin polls the agent's admin socket
+// (Options.HealthInterval, and at once when the admin socket is created
+// again) and every device is Unhealthy while the agent does not answer or
+// reports not ready (its RDMA device is down), and Healthy again once it
+// does. ListAndWatch streams every change.
+//
+// # Allocate
+//
+// Allocate creates, per container, an allocation whose id is derived from
+// the sorted device IDs (AllocationID: "dp-" and a hash), with a quota of
+// as many vconns as devices. A retried Allocate for the same devices finds
+// the allocation already there and returns the same answer. The container
+// gets the allocation's directory, <socketDir>/alloc/<id> on the host,
+// mounted at ContainerSocketDir, and RDMAVISOR_SOCKET and RDMAVISOR_VCONNS;
+// with CDI enabled also a CDI device "<resourceName>=<id>" (the CDI spec
+// itself is not generated yet). Unknown, duplicate or too many device IDs
+// are codes.InvalidArgument and allocate nothing.
+//
+// # Preferred allocation
+//
+// The soft provider's devices carry no NUMA information, so
+// GetPreferredAllocation prefers, deterministically, the must-include
+// devices, then the lowest-starting run of contiguous available devices
+// long enough for the rest, else the lowest IDs. When devices gain a
+// topology, devices on the RDMA device's NUMA node will come first.
+//
+// # Registration and kubelet restarts
+//
+// The plugin serves its socket in the kubelet's device-plugin directory,
+// dials it to prove it serves, and only then registers with the kubelet.
+// It watches the directory (fsnotify): when kubelet.sock is created again
+// (the kubelet restarted) or the plugin's own socket is removed, it stops
+// its server and starts over; a failed registration is retried every
+// Options.RetryInterval.
+//
+// # Garbage collection
+//
+// Every Options.GCInterval, and at start, the plugin lists the agent's
+// allocations whose ids start with "dp-" (those the device plugin made)
+// and the pods' devices through the kubelet pod-resources API, and deletes
+// the allocations no container holds any more: no quota leaks across pod
+// deletions, kubelet restarts or plugin restarts. An allocation this
+// process created less than Options.GCGrace ago is kept, because the
+// kubelet records a container's devices only after Allocate returns. When
+// the pod-resources API does not answer nothing is deleted.
+//
+// The same pass re-creates the allocations of running containers that the
+// agent does not have (a restarted agent keeps none); it runs at once when
+// the agent's admin socket reappears or the devices turn healthy. The
+// allocation comes back at the same host path; a container sees it only
+// if the directory it mounted was not removed in between.
+//
+// The pod-resources API lists the containers of pod.spec.containers (and
+// sidecars), not ordinary init containers: an init container that runs
+// longer than GCGrace loses its allocation. When an app container gets
+// exactly the devices of an init container (the kubelet reuses them), both
+// share one allocation.
+package deviceplugin

@@ -1,0 +1,129 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+)
+
+// collect deletes the device plugin's allocations that no container
+// holds any more, and re-creates those a container holds but the agent
+// lost (it restarted); see the package documentation. It returns the ids
+// deleted.
+func (p *Plugin) collect(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
+	defer cancel()
+	// Pods first: an allocation created after this listing is protected
+	// by GCGrace, not missed.
+	held, err := p.opts.PodResources.Devices(ctx, p.opts.Config.ResourceName)
+	if err != nil {
+		return nil, err
+	}
+	live := make(map[string]int, len(held)) // id -> vconns
+	for _, ids := range held {
+		if checkDevices(ids, p.n) == nil {
+			live[AllocationID(ids)] = len(ids)
+		}
+	}
+	als, err := p.opts.Agent.ListAllocations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var deleted []string
+	var errs []error
+	allocated := 0
+	for _, al := range als {
+		if !strings.HasPrefix(al.ID, allocPrefix) {
+			continue
+		}
+		p.mu.Lock()
+		t, recent := p.created[al.ID]
+		recent = recent && now.Sub(t) < p.opts.GCGrace
+		p.mu.Unlock()
+		if _, ok := live[al.ID]; ok || recent {
+			allocated += al.VConns
+			continue
+		}
+		if err := p.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, agent.ErrNotFound) {
+			errs = append(errs, err)
+			allocated += al.VConns
+			continue
+		}
+		p.mu.Lock()
+		delete(p.created, al.ID)
+		p.mu.Unlock()
+		deleted = append(deleted, al.ID)
+		p.metrics.collected.Inc()
+		p.log.Info("Deleted an allocation no pod holds", "allocation", al.ID, "vconns", al.VConns, "inUse", al.InUse)
+	}
+	present := make(map[string]bool, len(als))
+	for _, al := range als {
+		present[al.ID] = true
+	}
+	for id, k := range live {
+		if present[id] {
+			continue
+		}
+		_, err := p.opts.Agent.CreateAllocation(ctx, id, k)
+		switch {
+		case err == nil:
+			p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k)
+			p.metrics.recreated.Inc()
+			allocated += k
+		case errors.Is(err, agent.ErrExists): // Allocate made it since the listing
+		default:
+			errs = append(errs, err)
+		}
+	}
+	// Forget creation times of allocations that are gone.
+	p.mu.Lock()
+	for id, t := range p.created {
+		if !present[id] && now.Sub(t) >= p.opts.GCGrace {
+			delete(p.created, id)
+		}
+	}
+	p.mu.Unlock()
+	p.metrics.allocated.Set(float64(allocated))
+	return deleted, errors.Join(errs...)
+}
+
+// refreshAllocated updates the allocated-devices gauge from the agent.
+func (p *Plugin) refreshAllocated(ctx context.Context) {
+	als, err := p.opts.Agent.ListAllocations(ctx)
+	if err != nil {
+		return
+	}
+	n := 0
+	for _, al := range als {
+		if strings.HasPrefix(al.ID, allocPrefix) {
+			n += al.VConns
+		}
+	}
+	p.metrics.allocated.Set(float64(n))
+}
+
+// collectLoop runs collect at start, every GCInterval and when kicked,
+// until ctx ends. A failed pass is retried after RetryInterval when that
+// is sooner.
+func (p *Plugin) collectLoop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-p.kick:
+		}
+		next := p.opts.GCInterval
+		if _, err := p.collect(ctx); err != nil && ctx.Err() == nil {
+			next = min(next, p.opts.RetryInterval)
+			p.log.Error(err, "Cannot collect allocations of pods that are gone; will retry", "in", next)
+		}
+		t.Reset(next)
+	}
+}

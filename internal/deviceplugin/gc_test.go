@@ -1,0 +1,62 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+)
+
+type fakePods struct {
+	held [][]string
+	err  error
+}
+
+func (f *fakePods) Devices(context.Context, string) ([][]string, error) { return f.held, f.err }
+
+func TestCollect(t *testing.T) {
+	live, gone := ids(0, 1), ids(2)
+	for _, tc := range []struct {
+		name    string
+		pods    *fakePods
+		before  []string // allocation ids in the agent
+		deleted []string
+		after   []string
+		err     bool
+	}{
+		{name: "gone pod collected, live and foreign kept",
+			pods:    &fakePods{held: [][]string{live}},
+			before:  []string{AllocationID(live), AllocationID(gone), "other"},
+			deleted: []string{AllocationID(gone)},
+			after:   slices.Sorted(slices.Values([]string{AllocationID(live), "other"}))},
+		{name: "pod resources unreachable: nothing deleted",
+			pods:   &fakePods{err: errors.New("connection refused")},
+			before: []string{AllocationID(gone)},
+			after:  []string{AllocationID(gone)},
+			err:    true},
+		{name: "lost allocation of a live pod re-created",
+			pods:  &fakePods{held: [][]string{live, {"vconn-9999"}}},
+			after: []string{AllocationID(live)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fa := newFakeAgent("/run/rv", 8)
+			for _, id := range tc.before {
+				fa.allocs[id] = agent.Allocation{ID: id, VConns: 1}
+			}
+			p := testPlugin(t, fa, false)
+			p.opts.PodResources = tc.pods
+			deleted, err := p.collect(context.Background())
+			if (err != nil) != tc.err {
+				t.Fatalf("collect: %v, want error %v", err, tc.err)
+			}
+			if !slices.Equal(deleted, tc.deleted) {
+				t.Errorf("deleted %v, want %v", deleted, tc.deleted)
+			}
+			if got := fa.ids(); !slices.Equal(got, tc.after) {
+				t.Errorf("allocations %v, want %v", got, tc.after)
+			}
+		})
+	}
+}

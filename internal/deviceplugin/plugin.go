@@ -1,0 +1,333 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/rdmavisor/rdmavisor/internal/config"
+)
+
+// Defaults of Options.
+const (
+	DefaultKubeletDir     = "/var/lib/kubelet/device-plugins"
+	DefaultHealthInterval = 5 * time.Second
+	DefaultGCInterval     = time.Minute
+	DefaultGCGrace        = time.Minute
+	DefaultRetryInterval  = 5 * time.Second
+	DefaultRequestTimeout = 10 * time.Second
+)
+
+// Options configure a Plugin.
+type Options struct {
+	// Config is the node's agent configuration: resourceName,
+	// vconnsPerNode (the devices advertised), socketDir and adminSocket.
+	Config *config.AgentConfig
+	// KubeletDir is the kubelet's device-plugin directory, holding
+	// kubelet.sock and the plugin's socket.
+	KubeletDir string
+	// SocketName is the plugin's socket in KubeletDir (default: the
+	// resource name with '/' replaced by '_', and ".sock").
+	SocketName string
+	// PodResourcesSocket is the kubelet pod-resources API, used when
+	// PodResources is nil.
+	PodResourcesSocket string
+	// Agent defaults to the admin socket of Config.
+	Agent Agent
+	// PodResources defaults to a client of PodResourcesSocket.
+	PodResources PodResources
+	// HealthInterval is how often the agent is probed.
+	HealthInterval time.Duration
+	// GCInterval is how often allocations of gone pods are collected;
+	// GCGrace protects allocations this process created that recently.
+	GCInterval, GCGrace time.Duration
+	// RetryInterval spaces failed registrations.
+	RetryInterval time.Duration
+	// RequestTimeout bounds every call to the agent, the kubelet and the
+	// plugin's own socket.
+	RequestTimeout time.Duration
+	// CDI adds a CDI device "<resourceName>=<allocation id>" to every
+	// container.
+	CDI bool
+	// Registerer receives the metrics (default: a new registry).
+	Registerer prometheus.Registerer
+	Log        logr.Logger
+}
+
+// Plugin is the device plugin. Run serves it.
+type Plugin struct {
+	opts    Options
+	n       int // devices advertised
+	log     logr.Logger
+	health  *health
+	metrics *metrics
+	restart chan struct{} // Restart requests; buffered 1
+	kick    chan struct{} // garbage collection requests; buffered 1
+
+	mu      sync.Mutex
+	created map[string]time.Time // allocation id -> when this process last allocated it; guarded by mu
+	running bool                 // guarded by mu
+}
+
+// New checks the options and fills their defaults.
+func New(o Options) (*Plugin, error) {
+	if o.Config == nil {
+		return nil, errors.New("device plugin: no configuration")
+	}
+	if o.Config.VConnsPerNode < 1 || o.Config.ResourceName == "" {
+		return nil, fmt.Errorf("device plugin: want vconnsPerNode > 0 and a resource name, have %d and %q", o.Config.VConnsPerNode, o.Config.ResourceName)
+	}
+	if o.KubeletDir == "" {
+		o.KubeletDir = DefaultKubeletDir
+	}
+	if o.SocketName == "" {
+		o.SocketName = strings.ReplaceAll(o.Config.ResourceName, "/", "_") + ".sock"
+	}
+	if o.PodResourcesSocket == "" {
+		o.PodResourcesSocket = DefaultPodResourcesSocket
+	}
+	if o.Agent == nil {
+		o.Agent = AdminAgent{Path: o.Config.AdminSocket}
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&o.HealthInterval, DefaultHealthInterval}, {&o.GCInterval, DefaultGCInterval}, {&o.GCGrace, DefaultGCGrace},
+		{&o.RetryInterval, DefaultRetryInterval}, {&o.RequestTimeout, DefaultRequestTimeout}} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	if o.Log.GetSink() == nil {
+		o.Log = logr.Discard()
+	}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("device plugin: metrics: %w", err)
+	}
+	p := &Plugin{opts: o, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m,
+		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
+	m.advertised.Set(float64(p.n))
+	return p, nil
+}
+
+// Restart makes a running plugin stop its server and register again (on
+// SIGHUP, say).
+func (p *Plugin) Restart() {
+	select {
+	case p.restart <- struct{}{}:
+	default:
+	}
+}
+
+// Run serves the plugin until ctx ends: health probes, garbage collection,
+// the plugin's socket and the kubelet registration, started over whenever
+// the kubelet restarts. It returns nil when ctx ends, or an error if it
+// cannot start at all.
+func (p *Plugin) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.running {
+		p.mu.Unlock()
+		return errors.New("device plugin: already running")
+	}
+	p.running = true
+	p.mu.Unlock()
+
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("device plugin: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(p.opts.KubeletDir); err != nil {
+		return fmt.Errorf("device plugin: watching %s: %w", p.opts.KubeletDir, err)
+	}
+	if p.opts.PodResources == nil {
+		c, err := NewPodResourcesClient(p.opts.PodResourcesSocket)
+		if err != nil {
+			return fmt.Errorf("device plugin: %w", err)
+		}
+		defer c.Close()
+		p.opts.PodResources = c
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	// The first ListAndWatch reports the agent's health, not a guess.
+	p.updateHealth(ctx)
+	wg.Go(func() { p.watchHealth(ctx) })
+	wg.Go(func() { p.collectLoop(ctx) })
+
+	for ctx.Err() == nil {
+		srv, err := p.start(ctx)
+		if err != nil {
+			p.metrics.registrations.WithLabelValues("error").Inc()
+			p.log.Error(err, "Cannot register with the kubelet; will retry", "in", p.opts.RetryInterval)
+			p.waitRetry(ctx, w)
+			continue
+		}
+		p.metrics.registrations.WithLabelValues("ok").Inc()
+		p.log.Info("Registered with the kubelet", "resource", p.opts.Config.ResourceName, "devices", p.n,
+			"endpoint", filepath.Join(p.opts.KubeletDir, p.opts.SocketName))
+		reason := p.watch(ctx, w, srv)
+		srv.stop()
+		if ctx.Err() == nil {
+			p.log.Info("Registering again", "reason", reason)
+		}
+	}
+	return nil
+}
+
+// pluginServer is one life of the plugin's gRPC server.
+type pluginServer struct {
+	s      *grpc.Server
+	served chan struct{} // closed when Serve returned
+	err    error         // Serve's result; set before served is closed
+}
+
+func (s *pluginServer) stop() {
+	s.s.Stop()
+	<-s.served
+}
+
+func (p *Plugin) socketPath() string { return filepath.Join(p.opts.KubeletDir, p.opts.SocketName) }
+
+func (p *Plugin) kubeletSocket() string { return filepath.Join(p.opts.KubeletDir, "kubelet.sock") }
+
+// start serves the plugin's socket, checks it answers, and registers.
+func (p *Plugin) start(ctx context.Context) (_ *pluginServer, err error) {
+	path := p.socketPath()
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing the old socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("serving the plugin: %w", err)
+	}
+	srv := &pluginServer{s: grpc.NewServer(grpc.WaitForHandlers(true)), served: make(chan struct{})}
+	pluginapi.RegisterDevicePluginServer(srv.s, &server{p: p})
+	go func() {
+		srv.err = srv.s.Serve(ln)
+		close(srv.served)
+	}()
+	defer func() {
+		if err != nil {
+			srv.stop()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
+	defer cancel()
+	if err := call(path, func(c *grpc.ClientConn) error {
+		_, err := pluginapi.NewDevicePluginClient(c).GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("the plugin's own socket does not answer: %w", err)
+	}
+	req := &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: p.opts.SocketName,
+		ResourceName: p.opts.Config.ResourceName, Options: p.pluginOptions()}
+	// A kubelet socket that exists may not accept yet (it is created
+	// at bind, before listen): wait for it, within RequestTimeout.
+	_, statErr := os.Stat(p.kubeletSocket())
+	if err := call(p.kubeletSocket(), func(c *grpc.ClientConn) error {
+		_, err := pluginapi.NewRegistrationClient(c).Register(ctx, req, grpc.WaitForReady(statErr == nil))
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("registering with the kubelet: %w", err)
+	}
+	return srv, nil
+}
+
+// call makes one connection to a unix socket for f.
+func call(path string, f func(*grpc.ClientConn) error) error {
+	c, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(c)
+}
+
+// watch waits until the plugin must register again, and says why; it
+// returns when ctx ends too.
+func (p *Plugin) watch(ctx context.Context, w *fsnotify.Watcher, srv *pluginServer) string {
+	for {
+		select {
+		case <-ctx.Done():
+			return "stopping"
+		case <-p.restart:
+			return "restart requested"
+		case <-srv.served:
+			return fmt.Sprintf("the server stopped: %v", srv.err)
+		case ev, ok := <-w.Events:
+			if !ok {
+				return "the watcher stopped"
+			}
+			if r := p.restartFor(ev); r != "" {
+				return r
+			}
+		case err, ok := <-w.Errors:
+			if ok {
+				p.log.Error(err, "Watching the kubelet directory")
+			}
+		}
+	}
+}
+
+// restartFor says why ev needs a new registration, or "".
+func (p *Plugin) restartFor(ev fsnotify.Event) string {
+	switch {
+	case ev.Name == p.kubeletSocket() && ev.Has(fsnotify.Create):
+		return "the kubelet socket was created again: the kubelet restarted"
+	case ev.Name == p.socketPath() && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)):
+		// The plugin removes its own socket when it restarts: only a
+		// socket missing now counts.
+		if _, err := os.Stat(ev.Name); err != nil {
+			return "the plugin socket was removed"
+		}
+	}
+	return ""
+}
+
+// waitRetry waits RetryInterval, or less if the kubelet socket appears.
+func (p *Plugin) waitRetry(ctx context.Context, w *fsnotify.Watcher) {
+	t := time.NewTimer(p.opts.RetryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case <-p.restart:
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			if ev.Name == p.kubeletSocket() && ev.Has(fsnotify.Create) {
+				return
+			}
+		case err, ok := <-w.Errors:
+			if ok {
+				p.log.Error(err, "Watching the kubelet directory")
+			}
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+)
+
+// ContainerSocketDir is where a container sees its allocation's
+// directory; RDMAVISOR_SOCKET names the socket in it.
+const ContainerSocketDir = "/var/run/rdmavisor"
+
+// server implements the v1beta1 DevicePlugin service.
+type server struct {
+	pluginapi.UnimplementedDevicePluginServer
+	p *Plugin
+}
+
+var _ pluginapi.DevicePluginServer = (*server)(nil)
+
+func (p *Plugin) pluginOptions() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
+}
+
+// GetDevicePluginOptions: no PreStartContainer, a preferred allocation.
+func (s *server) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return s.p.pluginOptions(), nil
+}
+
+// devices lists every device with the given health.
+func (p *Plugin) devices(healthy bool) []*pluginapi.Device {
+	h := pluginapi.Unhealthy
+	if healthy {
+		h = pluginapi.Healthy
+	}
+	out := make([]*pluginapi.Device, p.n)
+	for i := range out {
+		out[i] = &pluginapi.Device{ID: DeviceID(i), Health: h}
+	}
+	return out
+}
+
+// ListAndWatch sends the devices, then again at every health change,
+// until the kubelet hangs up or the server stops.
+func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	ctx := stream.Context()
+	for {
+		healthy, changed := s.p.health.get()
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: s.p.devices(healthy)}); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+// GetPreferredAllocation: see the package documentation.
+func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	rep := &pluginapi.PreferredAllocationResponse{}
+	for _, cr := range req.GetContainerRequests() {
+		ids := preferred(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n)
+		rep.ContainerResponses = append(rep.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
+	}
+	return rep, nil
+}
+
+// PreStartContainer is not required (see GetDevicePluginOptions).
+func (s *server) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// Allocate creates an allocation per container; see the package
+// documentation. Every request is validated before anything is created,
+// and allocations made for an earlier container of a failed request are
+// deleted again.
+func (s *server) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	rep, err := s.p.allocate(ctx, req)
+	if err != nil {
+		s.p.metrics.allocations.WithLabelValues("error").Inc()
+		s.p.log.Error(err, "Allocate failed")
+		return nil, err
+	}
+	s.p.metrics.allocations.WithLabelValues("ok").Add(float64(len(rep.ContainerResponses)))
+	return rep, nil
+}
+
+func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	crs := req.GetContainerRequests()
+	if len(crs) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "allocate: no container requests")
+	}
+	for i, cr := range crs {
+		if err := checkDevices(cr.GetDevicesIds(), p.n); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "allocate: container request %d: %v", i, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
+	defer cancel()
+	rep := &pluginapi.AllocateResponse{}
+	var created []string
+	for _, cr := range crs {
+		ids := cr.GetDevicesIds()
+		id := AllocationID(ids)
+		isNew, err := p.ensureAllocation(ctx, id, len(ids))
+		if err != nil {
+			if rerr := p.rollback(created); rerr != nil {
+				p.log.Error(rerr, "Cannot roll back a failed Allocate", "allocations", created)
+			}
+			return nil, err
+		}
+		if isNew {
+			created = append(created, id)
+		}
+		rep.ContainerResponses = append(rep.ContainerResponses, p.containerResponse(id, len(ids)))
+		p.log.Info("Allocated", "allocation", id, "vconns", len(ids), "devices", ids, "new", isNew)
+	}
+	p.refreshAllocated(ctx)
+	return rep, nil
+}
+
+// ensureAllocation creates allocation id of k vconns, or finds it made by
+// an earlier try of the same Allocate.
+func (p *Plugin) ensureAllocation(ctx context.Context, id string, k int) (isNew bool, _ error) {
+	p.mu.Lock()
+	p.created[id] = time.Now() // before creating: a GC pass must not race with it
+	p.mu.Unlock()
+	_, err := p.opts.Agent.CreateAllocation(ctx, id, k)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, agent.ErrExists):
+		als, lerr := p.opts.Agent.ListAllocations(ctx)
+		if lerr != nil {
+			return false, status.Errorf(codes.Unavailable, "allocate %s: %v", id, lerr)
+		}
+		for _, al := range als {
+			if al.ID == id && al.VConns == k {
+				return false, nil
+			}
+		}
+		return false, status.Errorf(codes.Internal, "allocate %s: exists with another quota", id)
+	case errors.Is(err, agent.ErrQuota):
+		return false, status.Errorf(codes.ResourceExhausted, "allocate %s: %v", id, err)
+	}
+	if ae := (*agent.AdminError)(nil); errors.As(err, &ae) {
+		// The agent answered and refused: retrying will not help.
+		return false, status.Errorf(codes.FailedPrecondition, "allocate %s: %v", id, err)
+	}
+	return false, status.Errorf(codes.Unavailable, "allocate %s: %v", id, err)
+}
+
+// rollback deletes the allocations an Allocate that failed created.
+func (p *Plugin) rollback(ids []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.RequestTimeout)
+	defer cancel()
+	var errs []error
+	for _, id := range ids {
+		if err := p.opts.Agent.DeleteAllocation(ctx, id); err != nil && !errors.Is(err, agent.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("rolling back allocation %s: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Plugin) containerResponse(id string, k int) *pluginapi.ContainerAllocateResponse {
+	r := &pluginapi.ContainerAllocateResponse{
+		Envs: map[string]string{
+			vconn.EnvSocket: ContainerSocketDir + "/" + agent.SocketName,
+			vconn.EnvVConns: strconv.Itoa(k),
+		},
+		// Read-only is enough to connect to a unix socket; the pod cannot
+		// put anything beside it.
+		Mounts: []*pluginapi.Mount{{
+			HostPath:      filepath.Join(p.opts.Config.SocketDir, "alloc", id),
+			ContainerPath: ContainerSocketDir,
+			ReadOnly:      true,
+		}},
+	}
+	if p.opts.CDI {
+		r.CdiDevices = []*pluginapi.CDIDevice{{Name: p.opts.Config.ResourceName + "=" + id}}
+	}
+	return r
+}
