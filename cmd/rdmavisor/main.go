@@ -13,6 +13,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr/funcr"
@@ -25,8 +26,9 @@ import (
 const usage = `usage: rdmavisor <command> [flags]
 
 commands:
-  demo    two node agents on the software RDMA provider, 1,000 vconns
-          between a server and a client written with pkg/vconn
+  demo    two node agents on the software RDMA provider (as root, each in
+          a network namespace of its own), 1,000 vconns between a server
+          and a client written with pkg/vconn
           (--verbs: the verbs-level demo, one RC QP pair)
   bench   measure the engine against the naive baseline (-h for flags)
 `
@@ -36,7 +38,7 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
 	switch os.Args[1] {
@@ -60,6 +62,7 @@ func main() {
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
 	verbsOnly := fs.Bool("verbs", false, "run the verbs demo instead: two soft devices and one RC QP pair, no agents")
+	loopback := fs.Bool("loopback", false, "run both agents in this process on 127.0.0.2 and 127.0.0.3 even as root (default as root: two network namespaces)")
 	vconns := fs.Int("vconns", 1000, "vconns the client opens (agents demo)")
 	rounds := fs.Int("rounds", 20, "round trips per vconn (agents demo)")
 	msgs := fs.Int("messages", 20000, "messages in the streaming phase (verbs demo)")
@@ -67,11 +70,28 @@ func runDemo(ctx context.Context, args []string) error {
 	pingpong := fs.Int("pingpong", 1000, "round trips in the latency phase (verbs demo)")
 	mtu := fs.Int("mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096 (verbs demo)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
+	// One node of the network-namespace demo, as the demo runs it.
+	node := fs.Bool("node", false, "internal: run one node of the network-namespace demo")
+	server := fs.Bool("server", false, "internal: the node is the echo server")
+	name := fs.String("name", "", "internal: node name")
+	ip := fs.String("ip", "", "internal: node address")
+	peerName := fs.String("peer-name", "", "internal: peer node name")
+	peerIP := fs.String("peer-ip", "", "internal: peer node address")
 	_ = fs.Parse(args)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if !*verbsOnly {
-		return demo.Agents(ctx, os.Stdout, demo.AgentsOptions{VConns: *vconns, Messages: *rounds, Size: *size})
+	o := demo.AgentsOptions{VConns: *vconns, Messages: *rounds, Size: *size}
+	switch {
+	case *node:
+		return demo.RunNode(ctx, os.Stdout, demo.NodeOptions{Server: *server, Name: *name, IP: *ip, PeerName: *peerName, PeerIP: *peerIP, AgentsOptions: o})
+	case !*verbsOnly && !*loopback && demo.CanUseNetns():
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		return demo.AgentsNetns(ctx, os.Stdout, o, self)
+	case !*verbsOnly:
+		return demo.Agents(ctx, os.Stdout, o)
 	}
 	m, err := verbs.MTUFromBytes(*mtu)
 	if err != nil {

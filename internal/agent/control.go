@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -148,7 +149,11 @@ func (a *Agent) remote(addr string) (*remote, error) {
 	if r := a.remotes[addr]; r != nil {
 		return r, nil
 	}
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Reconnect within a second of a peer coming back (gRPC's default
+	// backoff grows to two minutes).
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second}))
 	if err != nil {
 		return nil, fmt.Errorf("agent: peer %s: %w", addr, err)
 	}
@@ -221,6 +226,21 @@ func (r *remote) heartbeat(ctx context.Context) {
 		err := r.beatOnce(ctx, interval, timeout)
 		if ctx.Err() != nil {
 			return
+		}
+		// Only a peer we have heard from can be lost: while a starting
+		// peer is not reachable yet (its control plane not up, or gRPC
+		// still backing off), vconns to it may already be set up through
+		// its own calls to us, and must not be failed.
+		r.mu.Lock()
+		heard := r.incarnation != 0
+		r.mu.Unlock()
+		if !heard {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval):
+			}
+			continue
 		}
 		r.fail(err)
 		select {

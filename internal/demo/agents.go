@@ -22,12 +22,7 @@ type AgentsOptions struct {
 	Workers  int // client goroutines sharing the vconns (default 32)
 }
 
-// Agents runs two node agents (node-a on 127.0.0.2, node-b on 127.0.0.3,
-// soft RDMA devices over UDP), an echo server on node-b and a client on
-// node-a, both written with pkg/vconn; the client opens o.VConns vconns
-// and ping-pongs on all of them. It prints the vconns, the QPs the
-// engines actually use, messages/s and the round-trip latency.
-func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
+func (o AgentsOptions) withDefaults() AgentsOptions {
 	if o.VConns == 0 {
 		o.VConns = 1000
 	}
@@ -40,6 +35,16 @@ func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
 	if o.Workers == 0 {
 		o.Workers = 32
 	}
+	return o
+}
+
+// Agents runs two node agents (node-a on 127.0.0.2, node-b on 127.0.0.3,
+// soft RDMA devices over UDP), an echo server on node-b and a client on
+// node-a, both written with pkg/vconn; the client opens o.VConns vconns
+// and ping-pongs on all of them. It prints the vconns, the QPs the
+// engines actually use, messages/s and the round-trip latency.
+func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
+	o = o.withDefaults()
 	cl, err := agenttest.Start(agenttest.Options{})
 	if err != nil {
 		return err
@@ -71,40 +76,53 @@ func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
 		return err
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.AcceptVConn()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				for {
-					m, err := c.RecvMsg(ctx)
-					if err != nil {
-						return
-					}
-					if err := c.SendMsg(ctx, m.Data); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go echo(ctx, ln)
 
+	stats := func() string {
+		sa, sb := a.Agent.Engine().Stats(), b.Agent.Engine().Stats()
+		return fmt.Sprintf("vconns open: node-a %d, node-b %d; RC QPs: node-a created %d, node-b created %d (%d in all, for %d vconns)",
+			sa.VConns, sb.VConns, sa.QPs, sb.QPs, sa.QPs+sb.QPs, o.VConns)
+	}
+	return roundTrips(ctx, w, ca, "node-b:7", o, stats)
+}
+
+// echo answers every message on every vconn the listener accepts.
+func echo(ctx context.Context, ln *vconn.Listener) {
+	for {
+		c, err := ln.AcceptVConn()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			for {
+				m, err := c.RecvMsg(ctx)
+				if err != nil {
+					return
+				}
+				if err := c.SendMsg(ctx, m.Data); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// roundTrips opens o.VConns vconns to addr, ping-pongs on all of them from
+// o.Workers goroutines and prints what it measured; stats describes the
+// engines once the vconns are open.
+func roundTrips(ctx context.Context, w io.Writer, ca *vconn.Client, addr string, o AgentsOptions, stats func() string) error {
 	start := time.Now()
 	conns := make([]*vconn.Conn, o.VConns)
 	if err := parallel(o.Workers, o.VConns, func(i int) error {
-		c, err := ca.Dial(ctx, "node-b:7")
+		c, err := ca.Dial(ctx, addr)
 		conns[i] = c
 		return err
 	}); err != nil {
 		return fmt.Errorf("dial: %w", err)
 	}
 	fmt.Fprintf(w, "opened %d vconns in %v\n", o.VConns, time.Since(start).Round(time.Millisecond))
-	sa, sb := a.Agent.Engine().Stats(), b.Agent.Engine().Stats()
-	fmt.Fprintf(w, "vconns open: node-a %d, node-b %d; RC QPs: node-a created %d, node-b created %d (%d in all, for %d vconns)\n",
-		sa.VConns, sb.VConns, sa.QPs, sb.QPs, sa.QPs+sb.QPs, o.VConns)
+	fmt.Fprintln(w, stats())
 
 	msg := make([]byte, o.Size)
 	lat := make([][]time.Duration, o.Workers)

@@ -37,7 +37,8 @@ type UDPConfig struct {
 	// NoOffload turns off UDP segmentation offload (UDP_SEGMENT: a run of
 	// same-size packets to one destination leaves as one super-datagram)
 	// and receive coalescing (UDP_GRO). Both are on by default where the
-	// kernel has them.
+	// kernel has them, segmentation only on loopback addresses: elsewhere
+	// the segments get numbered IPv4 IDs that the ICRC does not expect.
 	NoOffload bool
 }
 

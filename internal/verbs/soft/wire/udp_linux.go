@@ -160,8 +160,14 @@ func ListenUDP(cfg UDPConfig) (*UDP, error) {
 	var gso, gro bool
 	if !cfg.NoOffload {
 		rc.Control(func(fd uintptr) {
-			_, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
-			gso = err == nil
+			// Segmentation only on loopback: where the kernel (or a NIC)
+			// cuts a super-datagram it numbers the segments' IPv4 IDs,
+			// and the ICRC covers the ID (package roce assumes 0, as an
+			// unsegmented DF datagram from an unconnected socket has).
+			if local.Addr().IsLoopback() {
+				_, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
+				gso = err == nil
+			}
 			gro = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1) == nil
 		})
 	}

@@ -1,0 +1,217 @@
+package demo
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+)
+
+// NodeOptions describe one node of the network-namespace demo: its agent,
+// and an echo server or the client on top of it.
+type NodeOptions struct {
+	Server           bool
+	Name, IP         string
+	PeerName, PeerIP string
+	AgentsOptions
+}
+
+// Ports of the demo's agents: each node has its own network namespace, so
+// both use the standard ones.
+const (
+	demoUDPPort     = config.DefaultUDPPort
+	demoControlPort = 7471
+	demoServicePort = 7
+	readyLine       = "node ready"
+)
+
+// CanUseNetns reports whether this process can build network namespaces:
+// root, with iproute2.
+func CanUseNetns() bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
+	_, err := exec.LookPath("ip")
+	return err == nil
+}
+
+// AgentsNetns is Agents with each node in a network namespace of its own,
+// joined by a veth pair (10.77.0.1 and 10.77.0.2, MTU 9000 so a 4096-byte
+// RDMA MTU fits): two processes, each an agent with its application, as
+// two hosts would run them. self is the executable to run the nodes with
+// (its "demo --node" mode calls RunNode).
+func AgentsNetns(ctx context.Context, w io.Writer, o AgentsOptions, self string) (err error) {
+	id := strconv.Itoa(os.Getpid())
+	nsA, nsB := "rvdemo-a-"+id, "rvdemo-b-"+id
+	ifA, ifB := "rva"+id, "rvb"+id
+	ip := func(args ...string) error {
+		out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("demo: ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	defer func() {
+		// Deleting a namespace deletes its end of the veth pair, and so
+		// the pair.
+		for _, ns := range []string{nsA, nsB} {
+			_ = exec.Command("ip", "netns", "del", ns).Run()
+		}
+	}()
+	for _, args := range [][]string{
+		{"netns", "add", nsA}, {"netns", "add", nsB},
+		{"link", "add", ifA, "type", "veth", "peer", "name", ifB},
+		{"link", "set", ifA, "netns", nsA}, {"link", "set", ifB, "netns", nsB},
+		{"-n", nsA, "addr", "add", "10.77.0.1/24", "dev", ifA},
+		{"-n", nsB, "addr", "add", "10.77.0.2/24", "dev", ifB},
+		{"-n", nsA, "link", "set", ifA, "mtu", "9000", "up"}, {"-n", nsB, "link", "set", ifB, "mtu", "9000", "up"},
+		{"-n", nsA, "link", "set", "lo", "up"}, {"-n", nsB, "link", "set", "lo", "up"},
+	} {
+		if err := ip(args...); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "agents: node-a in netns %s (10.77.0.1), node-b in netns %s (10.77.0.2), veth MTU 9000\n", nsA, nsB)
+	node := func(ns string, server bool, name, addr, peer, peerAddr string) *exec.Cmd {
+		args := []string{"netns", "exec", ns, self, "demo", "--node",
+			"--server=" + strconv.FormatBool(server), "--name=" + name, "--ip=" + addr,
+			"--peer-name=" + peer, "--peer-ip=" + peerAddr,
+			"--vconns=" + strconv.Itoa(o.VConns), "--rounds=" + strconv.Itoa(o.Messages), "--size=" + strconv.Itoa(o.Size)}
+		cmd := exec.CommandContext(ctx, "ip", args...)
+		cmd.Stderr = os.Stderr
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+		return cmd
+	}
+	srv := node(nsB, true, "node-b", "10.77.0.2", "node-a", "10.77.0.1")
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		return fmt.Errorf("demo: start node-b: %w", err)
+	}
+	defer func() {
+		_ = srv.Process.Signal(syscall.SIGTERM)
+		if werr := srv.Wait(); werr != nil && err == nil {
+			err = fmt.Errorf("demo: node-b: %w", werr)
+		}
+	}()
+	lines := bufio.NewScanner(out)
+	ready := false
+	for !ready && lines.Scan() {
+		ready = lines.Text() == readyLine
+	}
+	if !ready {
+		return errors.New("demo: node-b exited before it was ready")
+	}
+	go func() {
+		for lines.Scan() {
+			fmt.Fprintln(w, lines.Text())
+		}
+	}()
+	cl := node(nsA, false, "node-a", "10.77.0.1", "node-b", "10.77.0.2")
+	cl.Stdout = w
+	if err := cl.Run(); err != nil {
+		return fmt.Errorf("demo: node-a: %w", err)
+	}
+	return nil
+}
+
+// RunNode runs one node of the network-namespace demo in this process's
+// namespace: an agent on o.IP with o.PeerName at o.PeerIP as its static
+// peer, an allocation, and either an echo server (until ctx ends) or the
+// client's ping-pong over o.VConns vconns.
+func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
+	o.AgentsOptions = o.withDefaults()
+	dir, err := os.MkdirTemp("", "rvdemo")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfg := config.Default()
+	cfg.NodeName = o.Name
+	cfg.Device.Provider = config.ProviderSoft
+	cfg.Soft.UDPPort = demoUDPPort
+	cfg.Soft.BindAddress = o.IP
+	cfg.BufferPoolBytes = 32 << 20
+	cfg.MaxMessageBytes = 1 << 20
+	cfg.VConnsPerNode = max(o.VConns+64, 1024)
+	cfg.SocketDir = filepath.Join(dir, "sockets")
+	cfg.AdminSocket = filepath.Join(dir, "sockets", "admin.sock")
+	cfg.ControlPort = demoControlPort
+	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryStatic,
+		Static: []config.Peer{{NodeName: o.PeerName, Address: net.JoinHostPort(o.PeerIP, strconv.Itoa(demoControlPort))}}}
+	ml, err := net.Listen("tcp", net.JoinHostPort(o.IP, "0"))
+	if err != nil {
+		return err
+	}
+	a, err := agent.New(agent.Options{Config: cfg, Log: logr.Discard(), MetricsListener: ml})
+	if err != nil {
+		_ = ml.Close()
+		return fmt.Errorf("demo: %s: %w", o.Name, err)
+	}
+	defer func() { err = errors.Join(err, a.Close()) }()
+	ac, err := agent.DialAdmin(ctx, cfg.AdminSocket)
+	if err != nil {
+		return err
+	}
+	quota := o.VConns
+	if o.Server {
+		quota += 64 // the client's reachability probe may still be closing
+	}
+	al, err := ac.CreateAllocation(ctx, "demo", quota)
+	_ = ac.Close()
+	if err != nil {
+		return err
+	}
+	c, err := vconn.NewClient(ctx, vconn.Options{Socket: al.Socket})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	stats := func() string {
+		s := a.Engine().Stats()
+		return fmt.Sprintf("%s: vconns open %d, RC QPs it created %d (to %d peer)", o.Name, s.VConns, s.QPs, s.Peers)
+	}
+	if o.Server {
+		ln, err := c.Listen(ctx, ":"+strconv.Itoa(demoServicePort))
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		go echo(ctx, ln)
+		fmt.Fprintln(w, readyLine)
+		<-ctx.Done()
+		fmt.Fprintln(w, stats())
+		return nil
+	}
+	// The server's agent is up; give the control plane a moment to see it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := c.Dial(ctx, net.JoinHostPort(o.PeerName, strconv.Itoa(demoServicePort)))
+		if err == nil {
+			_ = conn.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: reach %s: %w", o.PeerName, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return roundTrips(ctx, w, c, net.JoinHostPort(o.PeerName, strconv.Itoa(demoServicePort)), o.AgentsOptions, stats)
+}
