@@ -377,31 +377,30 @@ func (p *poller) controlArg(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, arg
 	p.post(q, vc, remote, slot, headerLen)
 }
 
-func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot, n uint32) {
-	p.postWR(q, verbs.SendWR{
+// sendWR is the SEND_WITH_IMM of n bytes of buffer slot for vc: wr_id
+// names the vconn and the buffer its completion frees, imm_data the
+// peer's vconn.
+func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot, n uint32) verbs.SendWR {
+	return verbs.SendWR{
 		WRID:    vqpn.WRID(vc.id, slot),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
 		ImmData: vqpn.Imm(remote),
 		NumSGE:  1,
 		SG:      [verbs.MaxSGE]verbs.SGE{p.e.pool.sge(slot, n)},
-	})
+	}
+}
+
+func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot, n uint32) {
+	p.postWR(q, p.sendWR(vc, remote, slot, n))
 }
 
 // postUD posts a datagram to the peer's UD QP that pairs with this poller.
 func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot, n uint32) {
-	ah, qpn := vc.peer.udRoute(int(vc.id.VQPN()))
-	p.postWR(p.ud, verbs.SendWR{
-		WRID:       vqpn.WRID(vc.id, slot),
-		Opcode:     verbs.WRSendWithImm,
-		Flags:      verbs.SendSignaled,
-		ImmData:    vqpn.Imm(remote),
-		NumSGE:     1,
-		SG:         [verbs.MaxSGE]verbs.SGE{p.e.pool.sge(slot, n)},
-		AH:         ah,
-		RemoteQPN:  qpn,
-		RemoteQKey: p.e.cfg.QKey,
-	})
+	wr := p.sendWR(vc, remote, slot, n)
+	wr.AH, wr.RemoteQPN = vc.peer.udRoute(int(vc.id.VQPN()))
+	wr.RemoteQKey = p.e.cfg.QKey
+	p.postWR(p.ud, wr)
 }
 
 func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {

@@ -392,6 +392,14 @@ func (vc *VConn) deliver(m Message) {
 	notify(w)
 }
 
+// wakeReader wakes a Recv blocked on the vconn.
+func (vc *VConn) wakeReader() {
+	vc.rxMu.Lock()
+	w := vc.rxWake
+	vc.rxMu.Unlock()
+	notify(w)
+}
+
 func notify(w chan struct{}) {
 	if w != nil {
 		select {
@@ -573,10 +581,7 @@ func (vc *VConn) release() {
 	vc.abandonOp(fmt.Errorf("engine: vconn %v: %w", vc.id, ErrClosed))
 	// The poller returns whatever is still queued to the pool.
 	vc.schedule()
-	vc.rxMu.Lock()
-	w := vc.rxWake
-	vc.rxMu.Unlock()
-	notify(w)
+	vc.wakeReader()
 	vc.wakeSender()
 }
 
@@ -599,10 +604,7 @@ func (vc *VConn) fail(err error) {
 		}
 	}
 	vc.schedule()
-	vc.rxMu.Lock()
-	w := vc.rxWake
-	vc.rxMu.Unlock()
-	notify(w)
+	vc.wakeReader()
 	vc.wakeSender()
 }
 

@@ -50,3 +50,35 @@ const (
 	nakRemoteAccess = 2
 	nakRemoteOp     = 3
 )
+
+// startsMessage and endsMessage classify a SEND or RDMA WRITE packet's
+// operation code (the opcode less its transport) by its place in the
+// message.
+func startsMessage(code uint8) bool {
+	switch code {
+	case opSendFirst, opSendOnly, opSendOnlyImm, opWriteFirst, opWriteOnly, opWriteOnlyImm:
+		return true
+	}
+	return false
+}
+
+func endsMessage(code uint8) bool {
+	switch code {
+	case opSendLast, opSendLastImm, opSendOnly, opSendOnlyImm, opWriteLast, opWriteLastImm, opWriteOnly, opWriteOnlyImm:
+		return true
+	}
+	return false
+}
+
+// continues reports whether code may come next at the responder: the next
+// packet of the SEND or WRITE in progress, or, between messages, the start
+// of one.
+func (r *responder) continues(code uint8) bool {
+	switch {
+	case r.inSend:
+		return code == opSendMiddle || code == opSendLast || code == opSendLastImm
+	case r.inWrite:
+		return code == opWriteMiddle || code == opWriteLast || code == opWriteLastImm
+	}
+	return startsMessage(code)
+}

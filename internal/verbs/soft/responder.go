@@ -57,24 +57,14 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 	}
 
 	// In sequence: the opcode must continue the message in progress, or
-	// start one.
-	var ok bool
-	switch {
-	case r.inSend:
-		ok = code == opSendMiddle || code == opSendLast || code == opSendLastImm
-	case r.inWrite:
-		ok = code == opWriteMiddle || code == opWriteLast || code == opWriteLastImm
-	default:
-		ok = code == opSendFirst || code == opSendOnly || code == opSendOnlyImm ||
-			code == opWriteFirst || code == opWriteOnly || code == opWriteOnlyImm || code == opReadRequest
-	}
-	if !ok || code == opAck || code >= opReadRespFirst && code <= opReadRespOnly {
+	// start one (a read request is a message of its own).
+	ok := r.continues(code) || code == opReadRequest && !r.inSend && !r.inWrite
+	if !ok {
 		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
 		return
 	}
 	mtu := q.mtu
-	last := code == opSendLast || code == opSendLastImm || code == opSendOnly || code == opSendOnlyImm ||
-		code == opWriteLast || code == opWriteLastImm || code == opWriteOnly || code == opWriteOnlyImm
+	last := endsMessage(code)
 	if !last && code != opReadRequest && uint32(len(payload)) != mtu {
 		// Only the last packet of a message may be short.
 		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
@@ -310,8 +300,7 @@ func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) 
 func (q *qp) respondUC(h *roce.Header, payload []byte) {
 	r := &q.resp
 	_, code := split(h.Opcode)
-	starts := code == opSendFirst || code == opSendOnly || code == opSendOnlyImm ||
-		code == opWriteFirst || code == opWriteOnly || code == opWriteOnlyImm
+	starts := startsMessage(code)
 	if h.PSN != r.epsn || r.ucDrop {
 		if !starts {
 			if h.PSN != r.epsn {
@@ -327,18 +316,8 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 		r.inSend, r.inWrite, r.ucDrop = false, false, false
 	}
 	r.epsn = psnAdd(h.PSN, 1)
-	var ok bool
-	switch {
-	case r.inSend:
-		ok = code == opSendMiddle || code == opSendLast || code == opSendLastImm
-	case r.inWrite:
-		ok = code == opWriteMiddle || code == opWriteLast || code == opWriteLastImm
-	default:
-		ok = starts
-	}
-	last := code == opSendLast || code == opSendLastImm || code == opSendOnly || code == opSendOnlyImm ||
-		code == opWriteLast || code == opWriteLastImm || code == opWriteOnly || code == opWriteOnlyImm
-	if !ok || (!last && uint32(len(payload)) != q.mtu) {
+	last := endsMessage(code)
+	if !r.continues(code) || (!last && uint32(len(payload)) != q.mtu) {
 		q.dev.stats.rxWrongSource.Add(1)
 		r.ucDrop, r.inSend, r.inWrite = true, false, false
 		return
