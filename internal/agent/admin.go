@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"syscall"
 )
 
 // AdminVersion is the admin protocol version.
@@ -110,12 +111,49 @@ func (a *Agent) RegisterPod(p Pod) error {
 	return nil
 }
 
-// UnregisterPod forgets a pod (the CNI plugin's DEL). Unknown pods are
-// not an error: DEL must be idempotent.
+// UnregisterPod forgets a pod (the CNI plugin's DEL) and closes every
+// application connection from the pod's network namespace, and so the
+// vconns opened through them. Its allocations stay: they are the device
+// plugin's, released when the kubelet no longer lists the pod (a DEL can
+// precede a sandbox restart of a pod that keeps its devices). Unknown pods
+// are not an error: DEL must be idempotent.
 func (a *Agent) UnregisterPod(uid string) {
 	a.mu.Lock()
+	p, ok := a.pods[uid]
 	delete(a.pods, uid)
+	var victims []*session
+	if ino, err := netnsInode(p.Netns); ok && p.Netns != "" && err == nil {
+		for _, al := range a.allocs {
+			al.mu.Lock()
+			for s := range al.sessions {
+				if s.netns == ino {
+					victims = append(victims, s)
+				}
+			}
+			al.mu.Unlock()
+		}
+	}
 	a.mu.Unlock()
+	for _, s := range victims {
+		s.close()
+	}
+	if ok {
+		a.log.Info("Unregistered pod", "pod", p.Namespace+"/"+p.Name, "uid", uid, "connectionsClosed", len(victims))
+	}
+}
+
+// netnsInode identifies a network namespace by its inode (a namespace
+// file: /proc/PID/ns/net, or a bind mount of it such as /var/run/netns/X).
+func netnsInode(path string) (uint64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, fmt.Errorf("agent: %s: no inode", path)
+	}
+	return st.Ino, nil
 }
 
 // Pods lists the registered pods.

@@ -45,6 +45,7 @@ type session struct {
 	listeners map[uint32]*listener // guarded by mu
 	closed    bool                 // guarded by mu
 	hello     bool                 // reader-owned
+	netns     uint64               // the application's network namespace (inode), 0 if unknown
 }
 
 // listener is a port this node's vconns accept on.
@@ -82,6 +83,9 @@ func newSession(al *allocation, c *net.UnixConn) *session {
 	s.log = al.a.log.WithValues("allocation", al.id)
 	if cred, err := peerCred(c); err == nil {
 		s.log = s.log.WithValues("pid", cred.Pid, "uid", cred.Uid, "gid", cred.Gid)
+		// The network namespace ties the connection to its pod: the CNI
+		// plugin's DEL names the pod's namespace.
+		s.netns, _ = netnsInode(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
 		s.log.Info("Application connected")
 	} else {
 		s.log.Error(err, "Application connected; its credentials are unknown")
