@@ -50,6 +50,15 @@ manifests: ## Generate CRDs and the operator's RBAC role (controller-gen).
 	$(CONTROLLER_GEN) crd rbac:roleName=rdmavisor-operator paths=./api/... paths=./controllers/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 
+.PHONY: chart-crds
+chart-crds: manifests ## Copy the generated CRDs into the Helm chart (make verify checks they match).
+	rm -f charts/rdmavisor/crds/*.yaml
+	cp config/crd/bases/*.yaml charts/rdmavisor/crds/
+
+.PHONY: images
+images: ## Build the binaries and the image tarball without Docker (hack/images.sh); imports it when ctr is there.
+	hack/images.sh
+
 .PHONY: bench
 bench: ## Run benchmarks and write bench/results/ with a summary of ratios.
 	hack/bench.sh $(BENCHTIME)

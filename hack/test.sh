@@ -9,5 +9,8 @@ if [ -x hack/envtest.sh ]; then
   KUBEBUILDER_ASSETS="$(hack/envtest.sh)"
   export KUBEBUILDER_ASSETS
 fi
+# helm, built once from the Go module proxy, for charts/chart_test.go.
+HELM="$(hack/helm.sh)"
+export HELM
 go test -race -count=1 -timeout 20m "$@" ./...
 go test -count=1 -timeout 10m -run 'Alloc' "$@" ./...

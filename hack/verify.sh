@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates generated code and fails if the tree changes.
-# Usage: hack/verify.sh [CHECK...]   CHECK: tidy, generated, proto (default: all).
+# Usage: hack/verify.sh [CHECK...]   CHECK: tidy, generated, proto, chart (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,10 +37,19 @@ proto() {
   fi
 }
 
-for check in "${@:-tidy generated proto}"; do
+# chart: the Helm chart's CRDs are the generated ones, byte for byte
+# (after `generated`, which regenerates config/crd/bases).
+chart() {
+  if ! diff -r config/crd/bases charts/rdmavisor/crds; then
+    echo "charts/rdmavisor/crds differ from config/crd/bases: run 'make chart-crds' and commit the result"
+    exit 1
+  fi
+}
+
+for check in "${@:-tidy generated proto chart}"; do
   for c in $check; do
     case $c in
-      tidy | generated | proto) "$c" ;;
+      tidy | generated | proto | chart) "$c" ;;
       *) echo "unknown check $c" >&2; exit 2 ;;
     esac
   done

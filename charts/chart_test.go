@@ -1,0 +1,467 @@
+// Tests of the Helm chart in charts/rdmavisor: helm lint and helm template
+// with several value sets, the rendered objects, and that the chart's CRDs
+// and RBAC rules are those controller-gen generates into config/.
+//
+// helm itself comes from hack/helm.sh, which builds a pinned version into a
+// cache; hack/test.sh sets HELM to its path.
+package charts_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+)
+
+const (
+	chartDir  = "rdmavisor"
+	release   = "rdmavisor"
+	namespace = "rdmavisor-system"
+	operator  = "rdmavisor-operator"
+)
+
+// helmBinary returns the helm binary named by $HELM.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	h := os.Getenv("HELM")
+	if h == "" {
+		t.Fatal("HELM is not set: run hack/test.sh, or HELM=\"$(hack/helm.sh)\" go test ./charts/")
+	}
+	return h
+}
+
+// runHelm runs helm with args and returns its stdout, or its error and
+// stderr. HOME-like state goes to a temporary directory, so the test reads
+// no user configuration and writes nothing outside it.
+func runHelm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(helmBinary(t), args...)
+	tmp := t.TempDir()
+	cmd.Env = append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(tmp, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(tmp, "config"),
+		"HELM_DATA_HOME="+filepath.Join(tmp, "data"),
+		"KUBECONFIG="+filepath.Join(tmp, "no-kubeconfig"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), &helmError{err: err, stderr: stderr.String() + stdout.String()}
+	}
+	return stdout.String(), nil
+}
+
+type helmError struct {
+	err    error
+	stderr string
+}
+
+func (e *helmError) Error() string { return e.err.Error() + ": " + e.stderr }
+
+// object is one rendered manifest: its identity, and its raw YAML for
+// decoding into a typed object.
+type object struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	raw []byte
+}
+
+func (o object) id() string { return o.Kind + "/" + o.Metadata.Name }
+
+// render runs helm template with the chart's CRDs and the given values,
+// each passed with --set, or with --set-string when prefixed "string:", and
+// splits the output into objects.
+func render(t *testing.T, set ...string) []object {
+	t.Helper()
+	args := []string{"template", release, chartDir, "--namespace", namespace, "--include-crds"}
+	for _, s := range set {
+		if v, ok := strings.CutPrefix(s, "string:"); ok {
+			args = append(args, "--set-string", v)
+		} else {
+			args = append(args, "--set", s)
+		}
+	}
+	out, err := runHelm(t, args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v", strings.Join(args, " "), err)
+	}
+	var objs []object
+	for _, doc := range docSep.Split(out, -1) {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var o object
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatalf("decoding a rendered manifest: %v\n%s", err, doc)
+		}
+		if o.Kind == "" {
+			t.Fatalf("rendered manifest without a kind:\n%s", doc)
+		}
+		o.raw = []byte(doc)
+		objs = append(objs, o)
+	}
+	return objs
+}
+
+// docSep separates the documents of a YAML stream.
+var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for line := range strings.Lines(doc) {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// find decodes the object kind/name of objs into into, failing if absent.
+func find(t *testing.T, objs []object, kind, name string, into any) {
+	t.Helper()
+	for _, o := range objs {
+		if o.Kind == kind && o.Metadata.Name == name {
+			if err := yaml.UnmarshalStrict(o.raw, into); err != nil {
+				t.Fatalf("decoding %s/%s: %v", kind, name, err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s/%s rendered; have %v", kind, name, ids(objs))
+}
+
+func ids(objs []object) []string {
+	var s []string
+	for _, o := range objs {
+		s = append(s, o.id())
+	}
+	slices.Sort(s)
+	return s
+}
+
+func TestCRDsEqualGenerated(t *testing.T) {
+	want, err := filepath.Glob("../config/crd/bases/*.yaml")
+	if err != nil || len(want) == 0 {
+		t.Fatalf("no generated CRDs in config/crd/bases: %v", err)
+	}
+	got, _ := filepath.Glob(chartDir + "/crds/*.yaml")
+	base := func(ps []string) []string {
+		var b []string
+		for _, p := range ps {
+			b = append(b, filepath.Base(p))
+		}
+		return b
+	}
+	if !slices.Equal(base(got), base(want)) {
+		t.Fatalf("chart CRDs %v, generated %v: copy config/crd/bases/*.yaml to charts/rdmavisor/crds/", base(got), base(want))
+	}
+	for _, p := range want {
+		w, _ := os.ReadFile(p)
+		g, _ := os.ReadFile(filepath.Join(chartDir, "crds", filepath.Base(p)))
+		if !bytes.Equal(g, w) {
+			t.Errorf("charts/rdmavisor/crds/%s differs from %s: copy it", filepath.Base(p), p)
+		}
+	}
+}
+
+func TestLint(t *testing.T) {
+	for name, set := range map[string][]string{
+		"defaults": nil,
+		"soft":     {"defaultService.enabled=true", "defaultService.device.provider=soft"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"lint", "--strict", chartDir}
+			for _, s := range set {
+				args = append(args, "--set", s)
+			}
+			if out, err := runHelm(t, args...); err != nil {
+				t.Fatalf("helm lint: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+func TestTemplateDefaults(t *testing.T) {
+	objs := render(t)
+	want := []string{
+		"ClusterRole/" + operator,
+		"ClusterRoleBinding/" + operator,
+		"CustomResourceDefinition/rdmanodes.rdmavisor.io",
+		"CustomResourceDefinition/rdmaservices.rdmavisor.io",
+		"Deployment/" + operator,
+		"Role/" + operator,
+		"RoleBinding/" + operator,
+		"ServiceAccount/" + operator,
+	}
+	if got := ids(objs); !slices.Equal(got, want) {
+		t.Fatalf("rendered objects:\n got %v\nwant %v", got, want)
+	}
+	for _, o := range objs {
+		switch o.Kind {
+		case "Deployment", "ServiceAccount", "Role", "RoleBinding":
+			if o.Metadata.Namespace != namespace {
+				t.Errorf("%s is in namespace %q, want the release's %q", o.id(), o.Metadata.Namespace, namespace)
+			}
+		}
+	}
+
+	var d appsv1.Deployment
+	find(t, objs, "Deployment", operator, &d)
+	sel := d.Spec.Selector.MatchLabels
+	if sel["app.kubernetes.io/instance"] != release || sel["app.kubernetes.io/component"] != "operator" {
+		t.Errorf("selector %v: want the release's operator", sel)
+	}
+	for k, v := range sel {
+		if d.Spec.Template.Labels[k] != v {
+			t.Errorf("pod template labels %v do not match the selector %v", d.Spec.Template.Labels, sel)
+			break
+		}
+	}
+	pod := d.Spec.Template.Spec
+	if pod.ServiceAccountName != operator {
+		t.Errorf("serviceAccountName %q, want %q", pod.ServiceAccountName, operator)
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	const image = "ghcr.io/rdmavisor/rdmavisor:0.1.0" // appVersion
+	if c.Image != image {
+		t.Errorf("image %q, want %q", c.Image, image)
+	}
+	if !slices.Equal(c.Command, []string{"operator"}) {
+		t.Errorf("command %q, want [operator]", c.Command)
+	}
+	wantArgs := []string{
+		"--leader-elect=true",
+		"--metrics-bind-address=:8080",
+		"--health-probe-bind-address=:8081",
+		"--namespace=$(POD_NAMESPACE)",
+		"--agent-image=" + image,
+	}
+	if !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("args\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	if len(c.Env) != 1 || c.Env[0].Name != "POD_NAMESPACE" || c.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+		t.Errorf("env %+v, want POD_NAMESPACE from metadata.namespace", c.Env)
+	}
+	for probe, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != probe || p.HTTPGet.Port.String() != "health" {
+			t.Errorf("probe %s: %+v", probe, p)
+		}
+	}
+	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot ||
+		pod.SecurityContext.RunAsUser == nil || *pod.SecurityContext.RunAsUser == 0 {
+		t.Errorf("pod securityContext %+v: want a non-root user", pod.SecurityContext)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("container securityContext %+v: want a read-only root, no privilege escalation, ALL capabilities dropped", sc)
+	}
+
+	// The rendered CRDs are the generated ones (byte equality of the files
+	// is TestCRDsEqualGenerated's).
+	for _, name := range []string{"rdmanodes", "rdmaservices"} {
+		var got, want map[string]any
+		find(t, objs, "CustomResourceDefinition", name+".rdmavisor.io", &got)
+		data, err := os.ReadFile("../config/crd/bases/rdmavisor.io_" + name + ".yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(data, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("rendered CRD %s differs from config/crd/bases", name)
+		}
+	}
+}
+
+// TestOperatorFlags checks that every flag the chart passes is one
+// cmd/operator defines.
+func TestOperatorFlags(t *testing.T) {
+	src, err := os.ReadFile("../cmd/operator/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defined := map[string]bool{}
+	for _, m := range regexp.MustCompile(`flag\.\w+Var\(&\w+, "([^"]+)"`).FindAllSubmatch(src, -1) {
+		defined[string(m[1])] = true
+	}
+	var d appsv1.Deployment
+	find(t, render(t, "operator.metricsPort=0"), "Deployment", operator, &d)
+	c := d.Spec.Template.Spec.Containers[0]
+	for _, a := range c.Args {
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !defined[name] {
+			t.Errorf("the chart passes %s, which cmd/operator does not define (it defines %v)", a, defined)
+		}
+	}
+	if !slices.Contains(c.Args, "--metrics-bind-address=0") {
+		t.Errorf("metricsPort 0: args %q, want --metrics-bind-address=0", c.Args)
+	}
+	for _, p := range c.Ports {
+		if p.Name == "metrics" {
+			t.Errorf("metricsPort 0 still exposes port %+v", p)
+		}
+	}
+}
+
+// TestRBACEqualsGenerated checks the chart's operator ClusterRole and Role
+// against config/rbac/role.yaml, which controller-gen generates from the
+// controllers' +kubebuilder:rbac markers.
+func TestRBACEqualsGenerated(t *testing.T) {
+	data, err := os.ReadFile("../config/rbac/role.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	generated := map[string][]rbacv1.PolicyRule{}
+	for _, doc := range docSep.Split(string(data), -1) {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		var r struct {
+			Kind  string              `json:"kind"`
+			Rules []rbacv1.PolicyRule `json:"rules"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
+			t.Fatalf("config/rbac/role.yaml: %v", err)
+		}
+		generated[r.Kind] = r.Rules
+	}
+	if len(generated["ClusterRole"]) == 0 || len(generated["Role"]) == 0 {
+		t.Fatalf("config/rbac/role.yaml holds no ClusterRole or no Role rules: %v", generated)
+	}
+
+	objs := render(t)
+	var cr rbacv1.ClusterRole
+	find(t, objs, "ClusterRole", operator, &cr)
+	if !reflect.DeepEqual(cr.Rules, generated["ClusterRole"]) {
+		t.Errorf("chart ClusterRole rules differ from config/rbac/role.yaml: update charts/rdmavisor/templates/rbac.yaml\n got %+v\nwant %+v",
+			cr.Rules, generated["ClusterRole"])
+	}
+	var role rbacv1.Role
+	find(t, objs, "Role", operator, &role)
+	if !reflect.DeepEqual(role.Rules, generated["Role"]) {
+		t.Errorf("chart Role rules differ from config/rbac/role.yaml: update charts/rdmavisor/templates/rbac.yaml\n got %+v\nwant %+v",
+			role.Rules, generated["Role"])
+	}
+
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		var b rbacv1.RoleBinding // a ClusterRoleBinding decodes into the same fields
+		find(t, objs, kind, operator, &b)
+		wantRef := strings.TrimSuffix(kind, "Binding")
+		if b.RoleRef.Kind != wantRef || b.RoleRef.Name != operator {
+			t.Errorf("%s roleRef %+v, want %s/%s", kind, b.RoleRef, wantRef, operator)
+		}
+		want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: operator, Namespace: namespace}}
+		if !reflect.DeepEqual(b.Subjects, want) {
+			t.Errorf("%s subjects %+v, want %+v", kind, b.Subjects, want)
+		}
+	}
+}
+
+func TestTemplateDefaultService(t *testing.T) {
+	objs := render(t,
+		"defaultService.enabled=true",
+		"defaultService.device.provider=soft",
+		"image.repository=local.test/rdmavisor",
+		"image.tag=dev",
+		"image.pullPolicy=Never")
+	var svc v1alpha1.RDMAService
+	// Strict: every rendered field is one the API type has.
+	find(t, objs, "RDMAService", "default", &svc)
+	if svc.APIVersion != v1alpha1.GroupVersion.String() {
+		t.Errorf("apiVersion %q, want %q", svc.APIVersion, v1alpha1.GroupVersion)
+	}
+	s := svc.Spec
+	if s.Device.Provider != v1alpha1.Provider("soft") || s.Device.Names != nil || s.Device.Vendors != nil {
+		t.Errorf("device %+v, want provider soft and no names or vendors", s.Device)
+	}
+	if s.Agent.Image != "local.test/rdmavisor:dev" || s.Agent.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("agent %+v, want the chart's image local.test/rdmavisor:dev, pull policy Never", s.Agent)
+	}
+	if s.Transport != "auto" || *s.QPsPerPeer != 2 || *s.VConnsPerNode != 1024 ||
+		s.BufferPoolSize.String() != "64Mi" || s.ResourceName != "rdmavisor.io/vconn" {
+		t.Errorf("spec %+v: want the values.yaml defaults", s)
+	}
+	if s.NodeSelector != nil || s.Tolerations != nil {
+		t.Errorf("spec %+v: want no node selector and no tolerations", s)
+	}
+	if svc.Namespace != "" {
+		t.Errorf("RDMAService is cluster-scoped, rendered in namespace %q", svc.Namespace)
+	}
+
+	var d appsv1.Deployment
+	find(t, objs, "Deployment", operator, &d)
+	c := d.Spec.Template.Spec.Containers[0]
+	if c.Image != "local.test/rdmavisor:dev" || c.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("operator image %q, pull policy %q", c.Image, c.ImagePullPolicy)
+	}
+}
+
+func TestTemplateDefaultServiceHardware(t *testing.T) {
+	objs := render(t,
+		"defaultService.enabled=true",
+		"defaultService.name=fabric",
+		"defaultService.device.vendors={mellanox}",
+		"string:defaultService.nodeSelector.matchLabels.rdmavisor\\.io/rdma=true",
+		"defaultService.tolerations[0].key=rdmavisor.io/rdma",
+		"defaultService.tolerations[0].operator=Exists",
+		"defaultService.agent.resources.limits.memory=1Gi")
+	var svc v1alpha1.RDMAService
+	find(t, objs, "RDMAService", "fabric", &svc)
+	s := svc.Spec
+	if s.Device.Provider != "ibverbs" || !slices.Equal(s.Device.Vendors, []string{"mellanox"}) {
+		t.Errorf("device %+v", s.Device)
+	}
+	if s.NodeSelector == nil || s.NodeSelector.MatchLabels["rdmavisor.io/rdma"] != "true" {
+		t.Errorf("nodeSelector %+v", s.NodeSelector)
+	}
+	if len(s.Tolerations) != 1 || s.Tolerations[0].Key != "rdmavisor.io/rdma" {
+		t.Errorf("tolerations %+v", s.Tolerations)
+	}
+	if s.Agent.Resources == nil || s.Agent.Resources.Limits.Memory().String() != "1Gi" {
+		t.Errorf("agent resources %+v", s.Agent.Resources)
+	}
+}
+
+func TestSchemaRejects(t *testing.T) {
+	for name, set := range map[string]string{
+		"pull policy":     "image.pullPolicy=Sometimes",
+		"transport":       "defaultService.transport=tcp",
+		"provider":        "defaultService.device.provider=verbs",
+		"qps per peer":    "defaultService.qpsPerPeer=65",
+		"resource name":   "defaultService.resourceName=vconn",
+		"service name":    "defaultService.name=Default",
+		"replicas":        "operator.replicas=-1",
+		"unknown key":     "imageTag=dev",
+		"soft with names": "defaultService.device.provider=soft,defaultService.device.names={mlx5_0}",
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, err := runHelm(t, "template", release, chartDir, "--set", set)
+			if err == nil {
+				t.Fatalf("helm template --set %s succeeded, want a schema error:\n%s", set, out)
+			}
+			if !strings.Contains(err.Error(), "schema") {
+				t.Errorf("helm template --set %s failed, but not on the schema: %v", set, err)
+			}
+		})
+	}
+}

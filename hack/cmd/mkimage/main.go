@@ -1,0 +1,307 @@
+// Command mkimage builds the RDMAvisor container image without a Docker
+// engine: it lays the static binaries built by hack/images.sh, and the files
+// of hack/image/, into one layer on an empty base (what the Dockerfile's
+// final stage holds) and writes a docker-archive tarball with a tag, which
+// `ctr -n k8s.io images import` and `docker load` accept. With -verify it
+// reads such a tarball back and checks it.
+//
+//	mkimage -bin-dir _output/bin -tag local.test/rdmavisor:dev -out _output/rdmavisor.tar
+//	mkimage -verify _output/rdmavisor.tar -tag local.test/rdmavisor:dev
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// Binaries are the commands the image holds, in binDir; every one is
+// required. The operator's DaemonSets run node-agent, device-plugin and
+// rdmavisor-cni by name, so binDir is on PATH.
+var Binaries = []string{"operator", "node-agent", "device-plugin", "rdmavisor-cni", "rdmavisor"}
+
+const (
+	binDir = "/usr/local/bin"
+	// User is the image's default user. Root, because the node agent and
+	// the device plugin write host paths owned by root (the kubelet's
+	// device-plugin and pod-resources directories, /opt/cni/bin,
+	// /etc/cni/net.d) and the agent DaemonSet sets no user. The chart runs
+	// the operator as NonRootUser instead.
+	User = "0:0"
+	// NonRootUser is the "nonroot" entry of hack/image/passwd.
+	NonRootUser = 65532
+)
+
+// Entrypoint is the image's entrypoint: the user CLI. Kubernetes
+// manifests name the binary they run in `command`, which replaces it.
+var Entrypoint = []string{binDir + "/rdmavisor"}
+
+// Options say what to build.
+type Options struct {
+	BinDir  string    // holds the static binaries named in Binaries
+	RootFS  string    // holds passwd and group, copied to /etc
+	Arch    string    // GOARCH of the binaries
+	Version string    // org.opencontainers.image.version
+	Created time.Time // every timestamp in the image, for reproducible builds
+}
+
+// Build returns the image.
+func Build(o Options) (v1.Image, error) {
+	layer, err := rootLayer(o)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &v1.ConfigFile{
+		Architecture: o.Arch,
+		OS:           "linux",
+		Created:      v1.Time{Time: o.Created},
+		Config: v1.Config{
+			Entrypoint: Entrypoint,
+			Env:        []string{"PATH=" + binDir + ":/usr/bin:/bin"},
+			User:       User,
+			WorkingDir: "/",
+			Labels: map[string]string{
+				"org.opencontainers.image.title":   "rdmavisor",
+				"org.opencontainers.image.source":  "https://github.com/rdmavisor/rdmavisor",
+				"org.opencontainers.image.version": o.Version,
+			},
+		},
+	}
+	img, err := mutate.ConfigFile(empty.Image, cfg)
+	if err != nil {
+		return nil, err
+	}
+	img, err = mutate.Append(img, mutate.Addendum{
+		Layer: layer,
+		History: v1.History{
+			Created:   v1.Time{Time: o.Created},
+			CreatedBy: "hack/cmd/mkimage",
+			Comment:   "RDMAvisor binaries and /etc/passwd",
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("appending the layer: %w", err)
+	}
+	return img, nil
+}
+
+// rootLayer is the image's only layer, as a tar of its whole file system.
+func rootLayer(o Options) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dir := func(p string, mode int64, uid int) error {
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: p + "/", Mode: mode,
+			Uid: uid, Gid: uid, ModTime: o.Created, Format: tar.FormatPAX})
+	}
+	file := func(p string, mode int64, data []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: p, Mode: mode,
+			Size: int64(len(data)), ModTime: o.Created, Format: tar.FormatPAX}); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	for _, d := range []struct {
+		path string
+		mode int64
+		uid  int
+	}{
+		{"etc", 0o755, 0}, {"home", 0o755, 0}, {"home/nonroot", 0o700, NonRootUser},
+		{"root", 0o700, 0}, {"tmp", 0o1777, 0}, {"usr", 0o755, 0}, {"usr/local", 0o755, 0},
+		{"usr/local/bin", 0o755, 0},
+	} {
+		if err := dir(d.path, d.mode, d.uid); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []string{"passwd", "group"} {
+		data, err := os.ReadFile(filepath.Join(o.RootFS, f))
+		if err != nil {
+			return nil, err
+		}
+		if err := file("etc/"+f, 0o644, data); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range Binaries {
+		data, err := os.ReadFile(filepath.Join(o.BinDir, b))
+		if err != nil {
+			return nil, fmt.Errorf("reading binary %s: %w", b, err)
+		}
+		if err := file(strings.TrimPrefix(binDir, "/")+"/"+b, 0o755, data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	data := buf.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(data)), nil
+	})
+}
+
+// Write writes img as a docker-archive tarball at out, tagged tag.
+func Write(img v1.Image, tag, out string) error {
+	t, err := name.NewTag(tag)
+	if err != nil {
+		return fmt.Errorf("parsing tag %q: %w", tag, err)
+	}
+	tmp := out + ".tmp"
+	if err := tarball.WriteToFile(tmp, t, img); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing %s: %w", out, err)
+	}
+	return os.Rename(tmp, out)
+}
+
+// File is one regular file or directory of an image's file system.
+type File struct {
+	Mode     int64
+	Uid, Gid int
+	Size     int64
+	Dir      bool
+}
+
+// Read reads the image tagged tag back from the tarball at path, with its
+// flattened file system.
+func Read(path, tag string) (*v1.ConfigFile, map[string]File, error) {
+	t, err := name.NewTag(tag)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parsing tag %q: %w", tag, err)
+	}
+	img, err := tarball.ImageFromPath(path, &t)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, nil, err
+	}
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	files := map[string]File{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading the file system of %s: %w", path, err)
+		}
+		files["/"+strings.TrimSuffix(cleanPath(h.Name), "/")] = File{
+			Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, Size: h.Size, Dir: h.Typeflag == tar.TypeDir,
+		}
+	}
+	return cfg, files, nil
+}
+
+func cleanPath(p string) string { return path.Clean(strings.TrimPrefix(p, "./")) }
+
+// Verify checks the image tagged tag in the tarball at path: its entrypoint,
+// user, PATH and the binaries.
+func Verify(path, tag string) error {
+	cfg, files, err := Read(path, tag)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if !slices.Equal(cfg.Config.Entrypoint, Entrypoint) {
+		errs = append(errs, fmt.Errorf("entrypoint %q, want %q", cfg.Config.Entrypoint, Entrypoint))
+	}
+	if cfg.Config.User != User {
+		errs = append(errs, fmt.Errorf("user %q, want %q", cfg.Config.User, User))
+	}
+	if !slices.Contains(cfg.Config.Env, "PATH="+binDir+":/usr/bin:/bin") {
+		errs = append(errs, fmt.Errorf("env %q: want PATH with %s", cfg.Config.Env, binDir))
+	}
+	if cfg.OS != "linux" {
+		errs = append(errs, fmt.Errorf("os %q, want linux", cfg.OS))
+	}
+	for _, b := range append(slices.Clone(Binaries), "/etc/passwd", "/etc/group", "/tmp") {
+		p := b
+		if !strings.HasPrefix(b, "/") {
+			p = binDir + "/" + b
+		}
+		f, ok := files[p]
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s is missing", p))
+		case !f.Dir && strings.HasPrefix(p, binDir) && (f.Mode&0o111 == 0 || f.Size == 0):
+			errs = append(errs, fmt.Errorf("%s is not an executable file (mode %o, %d bytes)", p, f.Mode, f.Size))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func main() {
+	var (
+		o      Options
+		tag    string
+		out    string
+		verify string
+	)
+	flag.StringVar(&o.BinDir, "bin-dir", "_output/bin", "Directory of the static binaries: "+strings.Join(Binaries, ", ")+".")
+	flag.StringVar(&o.RootFS, "rootfs", "hack/image", "Directory of passwd and group.")
+	flag.StringVar(&o.Arch, "arch", runtime.GOARCH, "GOARCH the binaries were built for.")
+	flag.StringVar(&o.Version, "version", "dev", "Version label of the image.")
+	flag.StringVar(&tag, "tag", "local.test/rdmavisor:dev", "Image reference to tag the image with.")
+	flag.StringVar(&out, "out", "_output/rdmavisor.tar", "docker-archive tarball to write.")
+	flag.StringVar(&verify, "verify", "", "Read this tarball back and check the image tagged -tag instead of building.")
+	flag.Parse()
+	if err := run(o, tag, out, verify); err != nil {
+		fmt.Fprintln(os.Stderr, "mkimage:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o Options, tag, out, verify string) error {
+	if verify != "" {
+		if err := Verify(verify, tag); err != nil {
+			return fmt.Errorf("%s: %w", verify, err)
+		}
+		fmt.Printf("%s: %s is a valid RDMAvisor image\n", verify, tag)
+		return nil
+	}
+	// SOURCE_DATE_EPOCH (reproducible-builds.org) fixes the timestamps;
+	// without it they are the Unix epoch, so equal inputs give equal images.
+	o.Created = time.Unix(0, 0).UTC()
+	if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
+		sec, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", s, err)
+		}
+		o.Created = time.Unix(sec, 0).UTC()
+	}
+	img, err := Build(o)
+	if err != nil {
+		return err
+	}
+	if err := Write(img, tag, out); err != nil {
+		return err
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s: %s (%s)\n", out, tag, d)
+	return nil
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the RDMAvisor image without a Docker engine: the static binaries
+# (CGO_ENABLED=0, -trimpath), then a docker-archive tarball of the same
+# layout as the Dockerfile's final stage, written by hack/cmd/mkimage
+# (go-containerregistry) and read back to check it. When ctr and a running
+# containerd exist, the image is imported into containerd's k8s.io namespace,
+# where the kubelet finds it (pods then use imagePullPolicy: Never).
+#
+# Usage: hack/images.sh [--no-import]
+# Env:   TAG      image reference (default local.test/rdmavisor:dev)
+#        OUT      output directory (default bin/image; bin/ is git-ignored)
+#        GOARCH   architecture to build for (default: go env GOARCH)
+#        VERSION  version label (default: git describe, else dev)
+#        CONTAINERD_ADDRESS  containerd socket (default /run/containerd/containerd.sock)
+# Prints the tarball's path on the last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+import=1
+for arg in "$@"; do
+  case $arg in
+    --no-import) import=0 ;;
+    *) echo "usage: $0 [--no-import]" >&2; exit 2 ;;
+  esac
+done
+
+tag=${TAG:-local.test/rdmavisor:dev}
+out=${OUT:-bin/image}
+arch=${GOARCH:-$(go env GOARCH)}
+version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
+bindir="$out/linux_$arch"
+tarball="$out/rdmavisor-$arch.tar"
+# The image's binaries; keep in step with Binaries in hack/cmd/mkimage.
+binaries=(operator node-agent device-plugin rdmavisor-cni rdmavisor)
+
+mkdir -p "$bindir"
+pkgs=()
+for b in "${binaries[@]}"; do pkgs+=("./cmd/$b"); done
+echo "Building ${binaries[*]} for linux/$arch into $bindir" >&2
+CGO_ENABLED=0 GOOS=linux GOARCH="$arch" \
+  go build -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}"
+
+echo "Writing $tag to $tarball" >&2
+go run ./hack/cmd/mkimage -bin-dir "$bindir" -rootfs hack/image -arch "$arch" \
+  -version "$version" -tag "$tag" -out "$tarball" >&2
+go run ./hack/cmd/mkimage -verify "$tarball" -tag "$tag" >&2
+
+sock=${CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
+if [ "$import" = 0 ]; then
+  echo "Skipping the import into containerd (--no-import)" >&2
+elif ! command -v ctr >/dev/null; then
+  echo "ctr not found: skipping the import into containerd; load $tarball where the cluster runs" >&2
+elif [ ! -S "$sock" ]; then
+  echo "no containerd socket at $sock: skipping the import; set CONTAINERD_ADDRESS or load $tarball yourself" >&2
+else
+  echo "Importing $tag into containerd ($sock, namespace k8s.io)" >&2
+  ctr --address "$sock" -n k8s.io images import "$tarball" >&2
+fi
+echo "$tarball"
