@@ -205,12 +205,19 @@ func (a *Agent) serveAdminConn(c *net.UnixConn) {
 	stop := context.AfterFunc(a.ctx, func() { _ = c.Close() })
 	defer stop()
 	log := a.log.WithName("admin")
-	if cred, err := peerCred(c); err == nil {
-		log = log.WithValues("pid", cred.Pid, "uid", cred.Uid)
-		log.V(1).Info("Admin client connected")
-	} else {
-		log.Error(err, "Admin client connected; its credentials are unknown")
+	cred, err := peerCred(c)
+	if err != nil {
+		log.Error(err, "Refusing an admin client whose credentials are unknown")
+		return
 	}
+	log = log.WithValues("pid", cred.Pid, "uid", cred.Uid)
+	// The socket is 0600; the check also holds if the directory is ever
+	// shared: only root and the agent's own user administer it.
+	if cred.Uid != 0 && int(cred.Uid) != os.Getuid() {
+		log.Info("Refusing an admin client: not root nor the agent's user")
+		return
+	}
+	log.V(1).Info("Admin client connected")
 	buf := make([]byte, maxAdminMessage+1)
 	for {
 		n, err := c.Read(buf)
