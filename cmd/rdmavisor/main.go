@@ -109,7 +109,7 @@ func runBench(ctx context.Context, args []string) error {
 	quick := fs.Bool("quick", false, "one 0.4 s window after 0.2 s of warm-up per line (full: the median of three 1.5 s windows, each after 0.5 s) and E5 at every other size; all counts kept")
 	format := fs.String("format", "json", "output: json (one object per line) or text")
 	budget := fs.String("budget-bytes", "2GiB", "resident memory a measurement may reach (estimated from smaller counts), e.g. 2GiB")
-	wireKind := fs.String("wire", "fabric", "wire between the two soft devices: fabric (in memory) or udp (127.0.0.2 and 127.0.0.3)")
+	wireKind := fs.String("wire", "", "wire between the two soft devices for every suite: fabric (in memory) or udp (127.0.0.2 and 127.0.0.3); default: udp for e3 (batched doorbells only show where a post costs something), fabric for the others")
 	out := fs.String("out", "", "also write DIR/engine.jsonl and DIR/engine-summary.md")
 	summarize := fs.String("summarize", "", "print the Markdown summary of a JSON lines FILE and exit")
 	vconns := fs.String("vconns", "", "comma-separated connection counts for E1 and E2 instead of the plan's")

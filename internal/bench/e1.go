@@ -73,7 +73,7 @@ func e1Once(ctx context.Context, e *env, name string, n int, rec *Record) (_ rat
 	if err != nil {
 		return rate{}, 0, err
 	}
-	tb, err := openTestbed(e.Wire)
+	tb, err := openTestbed(e.wireFor("e1"))
 	if err != nil {
 		return rate{}, 0, err
 	}

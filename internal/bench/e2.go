@@ -53,7 +53,7 @@ func runE2(ctx context.Context, e *env) error {
 func e2Once(ctx context.Context, e *env, name string, n int, rec *Record) (grown int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
 	defer cancel()
-	tb, err := openTestbed(e.Wire)
+	tb, err := openTestbed(e.wireFor("e2"))
 	if err != nil {
 		return 0, err
 	}

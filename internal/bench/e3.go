@@ -61,7 +61,7 @@ func runE3(ctx context.Context, e *env) error {
 func e3Once(ctx context.Context, e *env, mode string, k int) (_ rate, err error) {
 	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
 	defer cancel()
-	tb, err := openTestbed(e.Wire)
+	tb, err := openTestbed(e.wireFor("e3"))
 	if err != nil {
 		return rate{}, err
 	}

@@ -61,7 +61,7 @@ func e5Once(ctx context.Context, e *env, t engine.Transport, size int) (_ rate, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
 	defer cancel()
-	tb, err := openTestbed(e.Wire)
+	tb, err := openTestbed(e.wireFor("e5"))
 	if err != nil {
 		return rate{}, err
 	}

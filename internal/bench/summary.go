@@ -217,14 +217,19 @@ func Summarize(r io.Reader, w io.Writer) error {
 	}
 	var b strings.Builder
 	ts := Evaluate(recs)
-	wire := ""
+	wires := map[string]string{}
 	for _, r := range recs {
-		if r.Wire != "" {
-			wire = r.Wire
-			break
+		if r.Wire != "" && wires[r.Suite] == "" {
+			wires[r.Suite] = r.Wire
 		}
 	}
-	fmt.Fprintf(&b, "## Engine vs naive (`rdmavisor bench`, %s wire)\n\n", or(wire, "unknown"))
+	var on []string
+	for _, s := range Suites {
+		if w := wires[s]; w != "" {
+			on = append(on, s+" on "+w)
+		}
+	}
+	fmt.Fprintf(&b, "## Engine vs naive (`rdmavisor bench`: %s)\n\n", or(strings.Join(on, ", "), "unknown wire"))
 	b.WriteString("Every figure comes from the JSON lines of the same run (bench/results/engine.jsonl).\n")
 	section := func(suite, title string, table func(*strings.Builder)) {
 		fmt.Fprintf(&b, "\n### %s\n\n", title)
