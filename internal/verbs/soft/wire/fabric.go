@@ -193,20 +193,7 @@ func (e *endpoint) Send(pkts []Packet) (int, error) {
 	if e.closed.Load() {
 		return 0, errClosed
 	}
-	var now int64
-	if f.cfg.timed() {
-		now = f.sched.now()
-	}
-	for i := range pkts {
-		p := &pkts[i]
-		if p.N > MaxPacketLen {
-			f.st.DropOversize++
-			continue
-		}
-		_ = p.Buf[:p.N] // a bad N panics here, not in the fabric
-		f.send(p, now)
-	}
-	f.flush()
+	f.sendAll(pkts)
 	return len(pkts), nil
 }
 

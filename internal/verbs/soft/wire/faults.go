@@ -140,6 +140,26 @@ func (f *faulter) configure(cfg Faults) {
 
 // send runs one packet through the fault model. Call with mu held; the
 // packet must be no longer than MaxPacketLen.
+// sendAll passes a batch through the fault model and hands what leaves
+// now to the sink. Oversized packets are dropped and counted. Call with mu
+// held.
+func (f *faulter) sendAll(pkts []Packet) {
+	var now int64
+	if f.cfg.timed() {
+		now = f.sched.now()
+	}
+	for i := range pkts {
+		p := &pkts[i]
+		if p.N > MaxPacketLen {
+			f.st.DropOversize++
+			continue
+		}
+		_ = p.Buf[:p.N] // a bad N panics here, in the caller's frame, not later
+		f.send(p, now)
+	}
+	f.flush()
+}
+
 func (f *faulter) send(p *Packet, now int64) {
 	if !f.cfg.active() {
 		f.out = append(f.out, outPkt{ref: p})

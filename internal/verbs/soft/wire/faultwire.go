@@ -79,20 +79,7 @@ func (w *faultWire) Send(pkts []Packet) (int, error) {
 	if w.closed.Load() {
 		return 0, errClosed
 	}
-	var now int64
-	if f.cfg.timed() {
-		now = f.sched.now()
-	}
-	for i := range pkts {
-		p := &pkts[i]
-		if p.N > MaxPacketLen {
-			f.st.DropOversize++
-			continue
-		}
-		_ = p.Buf[:p.N]
-		f.send(p, now)
-	}
-	f.flush()
+	f.sendAll(pkts)
 	if err := w.err; err != nil {
 		w.err = nil
 		return 0, err
