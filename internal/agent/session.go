@@ -73,8 +73,7 @@ type handle struct {
 }
 
 type op struct {
-	f    frame.Frame // Payload owned by the op
-	done func()      // hook after the reply (nil)
+	f frame.Frame // Payload owned by the op
 }
 
 func newSession(al *allocation, c *net.UnixConn) *session {
@@ -490,14 +489,13 @@ func (h *handle) pump() {
 		if m.HasImm {
 			f.Flags, f.Arg = frame.FlagImm, m.Imm
 		}
-		var werr error
 		if len(m.Data) > frame.MaxPayload {
-			werr = s.reply(0, h.id, frame.CodeTooLarge, fmt.Sprintf("received a message of %d bytes: the socket carries at most %d", len(m.Data), frame.MaxPayload))
+			_ = s.reply(0, h.id, frame.CodeTooLarge, fmt.Sprintf("received a message of %d bytes: the socket carries at most %d", len(m.Data), frame.MaxPayload))
 			m.Release()
 			h.vc.Abort()
 			return
 		}
-		werr = s.write(&f)
+		werr := s.write(&f)
 		m.Release()
 		if werr != nil {
 			return

@@ -135,9 +135,7 @@ func (e *Engine) recvWR(slot uint32) verbs.RecvWR {
 }
 
 // UDQPNs lists the engine's UD QPs, one per poller, for peers.
-func (e *Engine) UDQPNs() []uint32 { return e.udQPNs() }
-
-func (e *Engine) udQPNs() []uint32 {
+func (e *Engine) UDQPNs() []uint32 {
 	q := make([]uint32, len(e.pollers))
 	for i, p := range e.pollers {
 		q[i] = p.ud.qp.QPN()

@@ -193,7 +193,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.udQPNs()})
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs()})
 	if err != nil {
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
@@ -263,7 +263,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	}
 	p.mu.Unlock()
 	e.ingress.Store(qp.QPN(), p)
-	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.udQPNs()}, nil
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs()}, nil
 }
 
 // Fail marks the peer gone: every vconn to it fails with ErrPeerGone

@@ -165,9 +165,8 @@ func (p *poller) round() bool {
 	p.mu.Unlock()
 	busy := len(p.work) > 0 || len(p.reposts) > 0 || len(p.later) > 0
 
-	for _, vc := range p.later {
-		p.work = append(p.work, vc)
-	}
+	p.work = append(p.work, p.later...)
+	clear(p.later)
 	p.later = p.later[:0]
 	for i, vc := range p.work {
 		vc.scheduled.Store(false)

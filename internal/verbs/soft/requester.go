@@ -99,12 +99,6 @@ func (q *qp) pump(tx *txq) {
 	}
 }
 
-// resuming reports whether w is being re-sent from the middle after a
-// go-back-N: its PSNs were assigned on its first transmission.
-func (r *requester) resuming(w *swqe) bool {
-	return w.npsn != 0 && r.psn != w.firstPSN && psnDiff(r.psn, w.firstPSN) > 0 && psnDiff(r.psn, psnAdd(w.firstPSN, w.npsn)) < 0
-}
-
 // sendSegment transmits the packet of a send or write at r.off.
 func (q *qp) sendSegment(tx *txq, w *swqe) bool {
 	r := &q.req

@@ -66,12 +66,6 @@ func (r *rq) clear() {
 	r.mu.Unlock()
 }
 
-func (r *rq) len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n
-}
-
 type srq struct {
 	pd     *pd
 	rq     *rq
