@@ -14,6 +14,8 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
 )
 
 func main() {
@@ -37,15 +39,31 @@ func main() {
 		fmt.Fprintln(os.Stderr, "node-agent:", err)
 		os.Exit(2)
 	}
-	a, err := agent.New(agent.Options{Config: cfg, Log: log})
+	opts := agent.Options{Config: cfg, Log: log}
+	var reporter *rdmanode.Reporter
+	if cfg.PeerDiscovery.Mode == config.DiscoveryKubernetes {
+		if opts.Discovery, reporter, err = rdmanode.New(cfg, log); err != nil {
+			log.Error(err, "Cannot join the cluster")
+			os.Exit(1)
+		}
+	}
+	a, err := agent.New(opts)
 	if err != nil {
 		log.Error(err, "Cannot start the agent")
 		os.Exit(1)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	reported := make(chan struct{})
+	go func() {
+		defer close(reported)
+		if reporter != nil {
+			reporter.Run(ctx, a) // marks the node not ready when ctx ends
+		}
+	}()
 	<-ctx.Done()
 	log.Info("Stopping the agent")
+	<-reported
 	if err := a.Close(); err != nil {
 		log.Error(err, "Stopping the agent")
 		os.Exit(1)

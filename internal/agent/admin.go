@@ -78,6 +78,10 @@ type Status struct {
 	VConns    int    `json:"vconns"`    // open in the engine
 	QPs       int    `json:"qps"`
 	Peers     int    `json:"peers"`
+	// Device, GID and Control say where peers reach this agent.
+	Device  string `json:"device,omitempty"`
+	GID     string `json:"gid,omitempty"`
+	Control string `json:"control,omitempty"`
 }
 
 // Status reports the agent's state.
@@ -85,7 +89,8 @@ func (a *Agent) Status() Status {
 	st := a.eng.Stats()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := Status{Ready: a.ready.Load(), Node: a.cfg.NodeName, Capacity: a.cfg.VConnsPerNode, VConns: st.VConns, QPs: st.QPs, Peers: st.Peers}
+	s := Status{Ready: a.ready.Load(), Node: a.cfg.NodeName, Capacity: a.cfg.VConnsPerNode, VConns: st.VConns, QPs: st.QPs, Peers: st.Peers,
+		Device: a.dev.Attr().Name, GID: a.eng.GID().String(), Control: a.ctlAddr}
 	for _, al := range a.allocs {
 		s.Allocated += al.quota
 	}

@@ -27,8 +27,11 @@ type Overrides struct {
 func LoadConfig(path string, o Overrides) (*config.AgentConfig, error) {
 	var cfg *config.AgentConfig
 	if path == "" {
+		// Without a file the agent runs standalone: soft device, peers
+		// from --peers.
 		cfg = config.Default()
 		cfg.Device.Provider = config.ProviderSoft
+		cfg.PeerDiscovery.Mode = config.DiscoveryStatic
 	} else {
 		data, err := os.ReadFile(path)
 		if err != nil {

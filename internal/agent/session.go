@@ -295,12 +295,13 @@ func (s *session) dial(req uint32, addr string) {
 		_ = s.reply(req, 0, frame.CodeBadRequest, fmt.Sprintf("dial: address %q: want host:port", addr))
 		return
 	}
+	var peer PeerInfo
 	if bind, _ := a.bindAddr(); host == a.cfg.NodeName || bind.IsValid() && host == bind.String() {
-		_ = s.reply(req, 0, frame.CodeUnreachable, fmt.Sprintf("dial %s: vconns within one node are not supported yet", addr))
-		return
-	}
-	peer, err := resolve(a.disc, host)
-	if err != nil {
+		// Within the node, the agent is its own peer: its QPs loop back
+		// on the device, as they would on a NIC, and the dial takes the
+		// same control-plane path as any other.
+		peer = PeerInfo{NodeName: a.cfg.NodeName, Address: a.ctlAddr}
+	} else if peer, err = resolve(a.disc, host); err != nil {
 		_ = s.reply(req, 0, frame.CodeUnreachable, fmt.Sprintf("dial %s: %v", addr, err))
 		return
 	}

@@ -13,14 +13,20 @@ import (
 
 func TestMessages(t *testing.T) {
 	for _, tr := range []config.Transport{config.TransportRC, config.TransportAuto} {
-		t.Run(string(tr), func(t *testing.T) { testMessages(t, tr) })
+		t.Run(string(tr), func(t *testing.T) { testMessages(t, tr, false) })
+		// Two pods on one node: the agent is its own peer.
+		t.Run(string(tr)+"/same-node", func(t *testing.T) { testMessages(t, tr, true) })
 	}
 }
 
-func testMessages(t *testing.T, tr config.Transport) {
+func testMessages(t *testing.T, tr config.Transport, sameNode bool) {
 	cl := cluster(t, agenttest.Options{Transport: tr})
+	server := cl.Nodes[1]
+	if sameNode {
+		server = cl.Nodes[0]
+	}
 	a := client(t, cl.Nodes[0], "a", 4)
-	b := client(t, cl.Nodes[1], "b", 4)
+	b := client(t, server, "b", 4)
 	ctx := testCtx(t)
 	ln, err := b.Listen(ctx, ":80")
 	if err != nil {
@@ -51,7 +57,7 @@ func testMessages(t *testing.T, tr config.Transport) {
 			}
 		}
 	}()
-	c, err := a.Dial(ctx, "node-b:80")
+	c, err := a.Dial(ctx, server.Name+":80")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,163 @@
+// Package rdmanode joins a node agent to its Kubernetes cluster through
+// RDMANode objects: the Reporter writes the agent's own RDMANode (readiness,
+// device, address, load and a heartbeat, which the operator aggregates into
+// the RDMAService's status), and Discovery finds the peer agents of the same
+// RDMAService from theirs.
+//
+// An agent may write only the RDMANode named after its node (the operator's
+// admission policy enforces it), so each object has one writer and plain
+// updates with optimistic concurrency are enough.
+package rdmanode
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+)
+
+// Condition reasons the reporter writes.
+const (
+	ReasonServing  = "Serving"
+	ReasonStarting = "Starting"
+	ReasonStopped  = "AgentStopped"
+)
+
+// Source is what the reporter reports: the agent.
+type Source interface {
+	Status() agent.Status
+}
+
+// Reporter keeps the RDMANode of one node up to date.
+type Reporter struct {
+	Client   client.Client
+	Node     string
+	Service  string
+	Provider v1alpha1.Provider
+	Log      logr.Logger
+	// Heartbeat is how often the status is written even when nothing
+	// changed (default 30s; the operator's timeout is 90s).
+	Heartbeat time.Duration
+	// Poll is how often the agent's state is compared with the last
+	// report (default 2s).
+	Poll time.Duration
+}
+
+// Run reports until ctx ends, then marks the node not ready, so the
+// operator and peers see a stopped agent at once rather than after the
+// heartbeat timeout.
+func (r *Reporter) Run(ctx context.Context, src Source) {
+	heartbeat, poll := r.Heartbeat, r.Poll
+	if heartbeat <= 0 {
+		heartbeat = 30 * time.Second
+	}
+	if poll <= 0 {
+		poll = 2 * time.Second
+	}
+	var last *v1alpha1.RDMANodeStatus
+	var written time.Time
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		st := r.status(src.Status(), metav1.Now())
+		if last == nil || !sameReport(last, &st) || time.Since(written) >= heartbeat {
+			if err := r.Write(ctx, st); err != nil {
+				if ctx.Err() == nil {
+					r.Log.Error(err, "Cannot write the RDMANode; retrying", "node", r.Node)
+				}
+			} else {
+				last, written = &st, time.Now()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			defer cancel()
+			st := r.status(src.Status(), metav1.Now())
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionNodeReady,
+				Status: metav1.ConditionFalse, Reason: ReasonStopped, Message: "the node agent stopped"})
+			st.VConnsOpen, st.QPsInUse = 0, 0
+			if err := r.Write(stopCtx, st); err != nil {
+				r.Log.Error(err, "Cannot mark the RDMANode not ready", "node", r.Node)
+			}
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// status renders an agent's state.
+func (r *Reporter) status(s agent.Status, now metav1.Time) v1alpha1.RDMANodeStatus {
+	st := v1alpha1.RDMANodeStatus{
+		QPsInUse:      int32(s.QPs),
+		VConnsOpen:    int32(min(s.VConns, s.Capacity)),
+		VConnCapacity: int32(s.Capacity),
+		HeartbeatTime: &now,
+	}
+	if s.Device != "" {
+		st.Devices = []v1alpha1.RDMADevice{{Name: s.Device, Provider: r.Provider, GID: s.GID, Health: v1alpha1.DeviceHealthy}}
+	}
+	if host, port, err := net.SplitHostPort(s.Control); err == nil {
+		if p, err := strconv.Atoi(port); err == nil && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
+			st.Address = &v1alpha1.AgentAddress{IP: host, ControlPort: int32(p)}
+		}
+	}
+	cond := metav1.Condition{Type: v1alpha1.ConditionNodeReady, Status: metav1.ConditionTrue, Reason: ReasonServing,
+		Message: fmt.Sprintf("serving %d vconns over %d QPs", s.VConns, s.QPs)}
+	if !s.Ready {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonStarting, "the node agent is not ready"
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
+	return st
+}
+
+// sameReport: nothing but the heartbeat (and condition times) changed.
+func sameReport(a, b *v1alpha1.RDMANodeStatus) bool {
+	ca := meta.FindStatusCondition(a.Conditions, v1alpha1.ConditionNodeReady)
+	cb := meta.FindStatusCondition(b.Conditions, v1alpha1.ConditionNodeReady)
+	if ca == nil || cb == nil || ca.Status != cb.Status || ca.Reason != cb.Reason || ca.Message != cb.Message {
+		return false
+	}
+	return a.QPsInUse == b.QPsInUse && a.VConnsOpen == b.VConnsOpen && a.VConnCapacity == b.VConnCapacity &&
+		fmt.Sprint(a.Devices) == fmt.Sprint(b.Devices) && fmt.Sprint(a.Address) == fmt.Sprint(b.Address)
+}
+
+// Write creates the node's RDMANode if needed and replaces its status with
+// st. A condition keeps its transition time while its status holds.
+func (r *Reporter) Write(ctx context.Context, st v1alpha1.RDMANodeStatus) error {
+	var rn v1alpha1.RDMANode
+	err := r.Client.Get(ctx, client.ObjectKey{Name: r.Node}, &rn)
+	if apierrors.IsNotFound(err) {
+		rn = v1alpha1.RDMANode{ObjectMeta: metav1.ObjectMeta{Name: r.Node}, Spec: v1alpha1.RDMANodeSpec{ServiceName: r.Service}}
+		if err = r.Client.Create(ctx, &rn); err != nil {
+			return fmt.Errorf("creating RDMANode %s: %w", r.Node, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("reading RDMANode %s: %w", r.Node, err)
+	}
+	if rn.Spec.ServiceName != r.Service {
+		// Another service's agent served this node before; the operator
+		// deletes its RDMANode when that service lets the node go.
+		return fmt.Errorf("RDMANode %s belongs to RDMAService %q, not %q", r.Node, rn.Spec.ServiceName, r.Service)
+	}
+	conds := rn.Status.Conditions
+	for _, c := range st.Conditions {
+		meta.SetStatusCondition(&conds, c)
+	}
+	rn.Status = st
+	rn.Status.Conditions = conds
+	if err := r.Client.Status().Update(ctx, &rn); err != nil {
+		return fmt.Errorf("updating the status of RDMANode %s: %w", r.Node, err)
+	}
+	return nil
+}
