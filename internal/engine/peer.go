@@ -74,7 +74,10 @@ type sendQP struct {
 	batch       []verbs.SendWR // poller-owned
 	outstanding int            // poller-owned: posted, not completed
 	queued      bool           // poller-owned: on the poller's dirty list
-	failed      bool           // guarded by peer.mu
+	runq        []*VConn       // poller-owned: vconns with work, from runHead on
+	runHead     int
+	active      bool // poller-owned: on the poller's active list
+	failed      bool // guarded by peer.mu
 }
 
 // Peer returns the engine's peer at gid, creating it with link. A peer

@@ -39,6 +39,7 @@ type poller struct {
 	// Owned by the poller goroutine.
 	work    []*VConn
 	later   []*VConn
+	active  []*sendQP // QPs whose run queues hold vconns
 	reposts []uint32
 	dirty   []*sendQP
 	wcs     []verbs.WC
@@ -163,16 +164,33 @@ func (p *poller) round() bool {
 	p.reposts = append(p.reposts, p.repost...)
 	p.repost = p.repost[:0]
 	p.mu.Unlock()
-	busy := len(p.work) > 0 || len(p.reposts) > 0 || len(p.later) > 0
+	busy := len(p.work) > 0 || len(p.reposts) > 0 || len(p.later) > 0 || len(p.active) > 0
 
-	p.work = append(p.work, p.later...)
-	clear(p.later)
-	p.later = p.later[:0]
+	// Vconns with work wait on their QP's run queue; a QP's queue is
+	// served in order until the QP (or the CQ) has no room, and the rest
+	// wait there for the next round. A round's cost is then in proportion
+	// to what it posts, not to the number of vconns waiting.
 	for i, vc := range p.work {
-		vc.scheduled.Store(false)
-		p.serve(vc)
+		p.queue(vc)
 		p.work[i] = nil
 	}
+	for i, vc := range p.later {
+		p.queue(vc)
+		p.later[i] = nil
+	}
+	p.later = p.later[:0]
+	k := 0
+	for _, q := range p.active {
+		p.serveQP(q)
+		if q.runHead < len(q.runq) {
+			p.active[k] = q
+			k++
+		} else {
+			q.active = false
+		}
+	}
+	clear(p.active[k:])
+	p.active = p.active[:k]
 	p.flushSends()
 
 	n := p.cq.Poll(p.wcs)
@@ -188,6 +206,43 @@ func (p *poller) round() bool {
 		}
 	}
 	return busy || n > 0
+}
+
+// queue appends vc to its QP's run queue.
+func (p *poller) queue(vc *VConn) {
+	q := vc.sq
+	if !q.active {
+		q.active = true
+		p.active = append(p.active, q)
+	}
+	q.runq = append(q.runq, vc)
+}
+
+// serveQP serves q's run queue in order until a vconn cannot go on for
+// lack of room (it went on p.later, and so to the queue's tail next round).
+func (p *poller) serveQP(q *sendQP) {
+	i := q.runHead
+	for i < len(q.runq) {
+		vc := q.runq[i]
+		q.runq[i] = nil
+		i++
+		vc.scheduled.Store(false)
+		n := len(p.later)
+		p.serve(vc)
+		if len(p.later) > n {
+			break
+		}
+	}
+	switch {
+	case i == len(q.runq):
+		q.runq, q.runHead = q.runq[:0], 0
+	case i > len(q.runq)/2:
+		m := copy(q.runq, q.runq[i:])
+		clear(q.runq[m:])
+		q.runq, q.runHead = q.runq[:m], 0
+	default:
+		q.runHead = i
+	}
 }
 
 // sleep blocks until a completion or a kick. The CQ is armed and the
