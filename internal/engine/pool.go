@@ -29,6 +29,7 @@ type bufClass struct {
 	inUse   []bool        // guarded by mu
 	lowest  int           // fewest free ever; guarded by mu
 	waiters int           // goroutines in wait; guarded by mu
+	wakeAt  int           // free buffers that wake the waiters
 	freed   chan struct{} // closed (and replaced) by a put while waiters wait; guarded by mu
 }
 
@@ -60,6 +61,10 @@ func newBufPool(pd verbs.PD, specs []classSpec) (*bufPool, error) {
 		}
 		c.inUse = make([]bool, s.n)
 		c.lowest = s.n
+		// Waiters wake once a batch of buffers is free, not on every
+		// put: under sustained pressure a wake per buffer would cost a
+		// channel per message. (Waiters also look again every 10 ms.)
+		c.wakeAt = max(1, min(32, s.n/16))
 		off += uint64(s.size) * uint64(s.n)
 	}
 	return p, nil
@@ -102,7 +107,7 @@ func (p *bufPool) put(slot uint32) {
 	}
 	c.inUse[idx] = false
 	c.free = append(c.free, idx)
-	if c.waiters > 0 {
+	if c.waiters > 0 && len(c.free) >= c.wakeAt {
 		close(c.freed)
 		c.freed = make(chan struct{})
 	}

@@ -222,6 +222,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	per := e.cfg.ChunkSize - headerLen
 	chunks := max(1, (len(data)+per-1)/per)
 	if block {
+		vc.sq.p.throttle(ctx)
 		vc.sendMu.Lock()
 	} else if !vc.sendMu.TryLock() {
 		return false, nil
