@@ -7,7 +7,11 @@
 # where the kubelet finds it (pods then use imagePullPolicy: Never).
 #
 # Usage: hack/images.sh [--no-import]
+# It also builds the example application (examples/echo) as a one-binary
+# image, which the end-to-end tests run in pods.
+#
 # Env:   TAG      image reference (default local.test/rdmavisor:dev)
+#        ECHO_TAG example image reference (default local.test/rdmavisor-echo:dev)
 #        OUT      output directory (default bin/image; bin/ is git-ignored)
 #        GOARCH   architecture to build for (default: go env GOARCH)
 #        VERSION  version label (default: git describe, else dev)
@@ -25,11 +29,13 @@ for arg in "$@"; do
 done
 
 tag=${TAG:-local.test/rdmavisor:dev}
+echo_tag=${ECHO_TAG:-local.test/rdmavisor-echo:dev}
 out=${OUT:-bin/image}
 arch=${GOARCH:-$(go env GOARCH)}
 version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
 bindir="$out/linux_$arch"
 tarball="$out/rdmavisor-$arch.tar"
+echo_tarball="$out/rdmavisor-echo-$arch.tar"
 # The image's binaries; keep in step with Binaries in hack/cmd/mkimage.
 binaries=(operator node-agent device-plugin rdmavisor-cni rdmavisor)
 
@@ -38,12 +44,14 @@ pkgs=()
 for b in "${binaries[@]}"; do pkgs+=("./cmd/$b"); done
 echo "Building ${binaries[*]} for linux/$arch into $bindir" >&2
 CGO_ENABLED=0 GOOS=linux GOARCH="$arch" \
-  go build -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}"
+  go build -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}" ./examples/echo
 
 echo "Writing $tag to $tarball" >&2
 go run ./hack/cmd/mkimage -bin-dir "$bindir" -rootfs hack/image -arch "$arch" \
   -version "$version" -tag "$tag" -out "$tarball" >&2
 go run ./hack/cmd/mkimage -verify "$tarball" -tag "$tag" >&2
+echo "Writing $echo_tag to $echo_tarball" >&2
+go run ./hack/cmd/mkimage -single "$bindir/echo" -arch "$arch" -version "$version" -tag "$echo_tag" -out "$echo_tarball" >&2
 
 sock=${CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
 if [ "$import" = 0 ]; then
@@ -53,7 +61,8 @@ elif ! command -v ctr >/dev/null; then
 elif [ ! -S "$sock" ]; then
   echo "no containerd socket at $sock: skipping the import; set CONTAINERD_ADDRESS or load $tarball yourself" >&2
 else
-  echo "Importing $tag into containerd ($sock, namespace k8s.io)" >&2
+  echo "Importing $tag and $echo_tag into containerd ($sock, namespace k8s.io)" >&2
   ctr --address "$sock" -n k8s.io images import "$tarball" >&2
+  ctr --address "$sock" -n k8s.io images import "$echo_tarball" >&2
 fi
 echo "$tarball"

@@ -4,6 +4,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,7 +19,9 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/bench"
+	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/demo"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -31,6 +34,8 @@ commands:
           and a client written with pkg/vconn
           (--verbs: the verbs-level demo, one RC QP pair)
   bench   measure the engine against the naive baseline (-h for flags)
+  agent   status | pods | allocations: what the node agent holds, as JSON,
+          from its admin socket (--socket, default /var/run/rdmavisor/admin.sock)
 `
 
 func main() {
@@ -46,6 +51,8 @@ func main() {
 		err = runDemo(ctx, os.Args[2:])
 	case "bench":
 		err = runBench(ctx, os.Args[2:])
+	case "agent":
+		err = runAgent(ctx, os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
@@ -57,6 +64,44 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rdmavisor:", err)
 		os.Exit(1)
 	}
+}
+
+// runAgent prints the node agent's state, for operators (kubectl exec into
+// the agent container) and the end-to-end tests.
+func runAgent(ctx context.Context, args []string) error {
+	if len(args) < 1 {
+		return errors.New("agent: want status, pods or allocations")
+	}
+	fs := flag.NewFlagSet("agent", flag.ExitOnError)
+	sock := fs.String("socket", config.DefaultAdminSocket, "the agent's admin socket")
+	_ = fs.Parse(args[1:])
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := agent.DialAdmin(ctx, *sock)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var v any
+	switch args[0] {
+	case "status":
+		v, err = c.Status(ctx)
+	case "pods":
+		v, err = c.ListPods(ctx)
+	case "allocations":
+		v, err = c.ListAllocations(ctx)
+	default:
+		return fmt.Errorf("agent: unknown command %q: want status, pods or allocations", args[0])
+	}
+	if err != nil {
+		return err
+	}
+	out, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(out))
+	return nil
 }
 
 func runDemo(ctx context.Context, args []string) error {

@@ -158,6 +158,45 @@ func rootLayer(o Options) (v1.Layer, error) {
 	})
 }
 
+// BuildSingle returns an image of one static binary, /NAME, its entrypoint,
+// run as NonRootUser: the example applications and the local cluster's
+// pause image.
+func BuildSingle(bin string, o Options) (v1.Image, error) {
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return nil, fmt.Errorf("reading binary: %w", err)
+	}
+	name := filepath.Base(bin)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: o.Created, Format: tar.FormatPAX}); err != nil {
+		return nil, err
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: int64(len(data)), ModTime: o.Created, Format: tar.FormatPAX}); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(data); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	layerData := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerData)), nil })
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.ConfigFile(empty.Image, &v1.ConfigFile{
+		Architecture: o.Arch, OS: "linux", Created: v1.Time{Time: o.Created},
+		Config: v1.Config{Entrypoint: []string{"/" + name}, User: strconv.Itoa(NonRootUser) + ":" + strconv.Itoa(NonRootUser), WorkingDir: "/",
+			Labels: map[string]string{"org.opencontainers.image.version": o.Version}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return mutate.Append(img, mutate.Addendum{Layer: layer, History: v1.History{Created: v1.Time{Time: o.Created}, CreatedBy: "hack/cmd/mkimage -single"}})
+}
+
 // Write writes img as a docker-archive tarball at out, tagged tag.
 func Write(img v1.Image, tag, out string) error {
 	t, err := name.NewTag(tag)
@@ -258,6 +297,7 @@ func main() {
 		tag    string
 		out    string
 		verify string
+		single string
 	)
 	flag.StringVar(&o.BinDir, "bin-dir", "_output/bin", "Directory of the static binaries: "+strings.Join(Binaries, ", ")+".")
 	flag.StringVar(&o.RootFS, "rootfs", "hack/image", "Directory of passwd and group.")
@@ -266,14 +306,15 @@ func main() {
 	flag.StringVar(&tag, "tag", "local.test/rdmavisor:dev", "Image reference to tag the image with.")
 	flag.StringVar(&out, "out", "_output/rdmavisor.tar", "docker-archive tarball to write.")
 	flag.StringVar(&verify, "verify", "", "Read this tarball back and check the image tagged -tag instead of building.")
+	flag.StringVar(&single, "single", "", "Build an image of this one static binary instead (entrypoint /NAME, non-root).")
 	flag.Parse()
-	if err := run(o, tag, out, verify); err != nil {
+	if err := run(o, tag, out, verify, single); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(o Options, tag, out, verify string) error {
+func run(o Options, tag, out, verify, single string) error {
 	if verify != "" {
 		if err := Verify(verify, tag); err != nil {
 			return fmt.Errorf("%s: %w", verify, err)
@@ -291,7 +332,11 @@ func run(o Options, tag, out, verify string) error {
 		}
 		o.Created = time.Unix(sec, 0).UTC()
 	}
-	img, err := Build(o)
+	build := func() (v1.Image, error) { return Build(o) }
+	if single != "" {
+		build = func() (v1.Image, error) { return BuildSingle(single, o) }
+	}
+	img, err := build()
 	if err != nil {
 		return err
 	}

@@ -135,3 +135,35 @@ func TestImageTarball(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildSingle(t *testing.T) {
+	const tag = "local.test/echo:test"
+	bin := filepath.Join(t.TempDir(), "echo")
+	if err := os.WriteFile(bin, []byte("#!binary echo\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img, err := BuildSingle(bin, Options{Arch: "amd64", Version: "test", Created: time.Unix(0, 0).UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "echo.tar")
+	if err := Write(img, tag, out); err != nil {
+		t.Fatal(err)
+	}
+	cfg, files, err := Read(out, tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.Config.Entrypoint, []string{"/echo"}) || cfg.Config.User != "65532:65532" {
+		t.Fatalf("config: entrypoint %q user %q", cfg.Config.Entrypoint, cfg.Config.User)
+	}
+	if f, ok := files["/echo"]; !ok || f.Mode&0o111 == 0 || f.Size != 14 {
+		t.Fatalf("/echo: %+v %v", f, ok)
+	}
+	if f := files["/tmp"]; !f.Dir || f.Mode&0o1777 != 0o1777 {
+		t.Fatalf("/tmp: %+v", f)
+	}
+	if _, err := BuildSingle(filepath.Join(t.TempDir(), "missing"), Options{}); err == nil {
+		t.Fatal("an image of a missing binary")
+	}
+}
