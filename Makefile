@@ -8,7 +8,7 @@ BENCHTIME ?= 2s
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build every binary.
@@ -25,7 +25,20 @@ test: generate manifests lint ## Regenerate, then run vet, gofmt and all tests w
 .PHONY: lint
 lint: ## go vet and gofmt.
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: e2e
+e2e: ## As root: a local single-node cluster, then the end-to-end suite (hack/e2e.sh).
+	hack/e2e.sh
+
+.PHONY: cluster-up
+cluster-up: ## As root: start the local single-node cluster (hack/local-cluster/up.sh).
+	hack/local-cluster/up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster and clean up the host.
+	hack/local-cluster/down.sh
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each.

@@ -57,6 +57,10 @@
 // HeartbeatTimeout, whose stream breaks, or whose incarnation changes (it
 // restarted) is failed: every vconn to it fails with engine.ErrPeerGone.
 // Peers come from a Discovery: Static (standalone mode, the configuration's
-// list or --peers) now; RDMANode objects later. The control plane is not
-// authenticated yet (mTLS is planned).
+// list or --peers) or, in Kubernetes mode, the ready RDMANodes of the same
+// RDMAService (package rdmanode, which also writes this agent's own). A dial
+// to this node's own name or address makes the agent its own peer: its QPs
+// loop back on the device, as a NIC's do, so two pods on one node talk the
+// same way as pods on two. The control plane is not authenticated yet (mTLS
+// is planned).
 package agent
