@@ -121,11 +121,15 @@ func TestLifecycle(t *testing.T) {
 	for _, c := range pod.InitContainers {
 		inits = append(inits, c.Name)
 	}
-	if !slices.Equal(containers, []string{"agent", "device-plugin"}) || !slices.Equal(inits, []string{"cni-install"}) {
+	if !slices.Equal(containers, []string{"agent", "device-plugin"}) || !slices.Equal(inits, []string{"cni"}) {
 		t.Errorf("containers %v, init containers %v", containers, inits)
 	}
-	if cmd := pod.InitContainers[0].Command; len(cmd) < 2 || cmd[0] != "rdmavisor-cni" || cmd[1] != "install" {
+	if cmd := pod.InitContainers[0].Command; len(cmd) < 3 || cmd[0] != "rdmavisor-cni" || cmd[1] != "install" || cmd[2] != "--keep" {
 		t.Errorf("CNI installer command %v", cmd)
+	}
+	// A sidecar: it outlives the agent and uninstalls when the pod goes.
+	if rp := pod.InitContainers[0].RestartPolicy; rp == nil || *rp != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("CNI installer restart policy %v, want Always (a native sidecar)", rp)
 	}
 	var hostPaths []string
 	for _, v := range pod.Volumes {

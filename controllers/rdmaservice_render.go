@@ -331,10 +331,16 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		).
 		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false))
 
+	// A native sidecar (an init container that keeps running): it chains
+	// the CNI plugin before the agent starts, repairs the chain if the
+	// primary CNI rewrites its file, and, stopped after the agent when the
+	// pod goes (the service deleted, the node deselected), takes it out
+	// again, so no node is left calling a plugin whose agent is gone.
 	cniInstall := corev1ac.Container().
-		WithName("cni-install").
+		WithName("cni").
 		WithImage(image).
-		WithCommand("rdmavisor-cni", "install",
+		WithRestartPolicy(corev1.ContainerRestartPolicyAlways).
+		WithCommand("rdmavisor-cni", "install", "--keep",
 			"--config="+configFile,
 			"--cni-bin-dir=/host"+hostCNIBinDir,
 			"--cni-conf-dir=/host"+hostCNIConfDir).

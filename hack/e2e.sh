@@ -18,7 +18,9 @@ KUBECONFIG=$(hack/local-cluster/up.sh | tail -n 1)
 hack/images.sh >/dev/null
 HELM=$(hack/helm.sh)
 KUBECTL=$STATE/bin/kubectl
-export KUBECONFIG HELM KUBECTL
+# The suite runs on the node: it may check the node's CNI files.
+E2E_CNI_CONF_DIR=/etc/cni/net.d E2E_CNI_BIN_DIR=/opt/cni/bin
+export KUBECONFIG HELM KUBECTL E2E_CNI_CONF_DIR E2E_CNI_BIN_DIR
 echo "e2e: cluster and images ready after $((SECONDS - began))s" >&2
 status=0
 go test -tags e2e -count=1 -timeout 25m -v "$@" ./test/e2e/ || status=$?

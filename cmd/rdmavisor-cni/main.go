@@ -1,7 +1,7 @@
 // Command rdmavisor-cni is the RDMAvisor chained CNI plugin, run by the
 // container runtime, and its installer:
 //
-//	rdmavisor-cni install --config=agent.yaml --cni-bin-dir=DIR --cni-conf-dir=DIR [--failure-policy=fail-open] [--wait=5m]
+//	rdmavisor-cni install --config=agent.yaml --cni-bin-dir=DIR --cni-conf-dir=DIR [--failure-policy=fail-open] [--wait=5m] [--keep]
 //	rdmavisor-cni uninstall --cni-bin-dir=DIR --cni-conf-dir=DIR
 //
 // See package internal/cni.
@@ -13,6 +13,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -41,12 +43,14 @@ func installer(cmd string, args []string) error {
 		cfgPath, binDir, confDir, policy string
 		v                                int
 		wait                             time.Duration
+		keep                             bool
 	)
 	fs.StringVar(&cfgPath, "config", "", "agent configuration file (AgentConfig YAML) naming the admin socket; empty: defaults")
 	fs.StringVar(&binDir, "cni-bin-dir", "/opt/cni/bin", "the node's CNI binary directory")
 	fs.StringVar(&confDir, "cni-conf-dir", "/etc/cni/net.d", "the node's CNI configuration directory")
 	fs.StringVar(&policy, "failure-policy", string(cni.DefaultPolicy), "what ADD does when the agent is unreachable: fail-open or fail-closed")
 	fs.DurationVar(&wait, "wait", 5*time.Minute, "install: how long to wait for the primary CNI configuration to appear (0: fail at once)")
+	fs.BoolVar(&keep, "keep", false, "install: keep running, repair the installation when it is lost, and uninstall on SIGTERM (the agent pod's sidecar)")
 	fs.IntVar(&v, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -79,6 +83,11 @@ func installer(cmd string, args []string) error {
 		return errors.Join(errors.New("finding the plugin binary"), err)
 	}
 	in.Binary = self
+	if keep {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return in.Keep(ctx, 5*time.Second)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	_, err = in.InstallWhenReady(ctx, 2*time.Second)

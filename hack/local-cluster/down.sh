@@ -63,6 +63,8 @@ for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do ip netns de
 # 6. Network and on-disk state.
 ip link del cni0 2>/dev/null
 rm -f /etc/cni/net.d/10-local-bridge.conflist
+# The links up.sh made to Debian's plugins.
+find /opt/cni/bin -maxdepth 1 -type l -lname '/usr/lib/cni/*' -delete 2>/dev/null
 rm -rf /var/lib/cni/networks/local-pods /var/lib/cni/results /var/lib/kubelet /var/lib/containerd /run/containerd
 rm -rf "$STATE/logs" "$STATE/run"
 [ $purge = 1 ] && rm -rf "$STATE/pki" "$STATE/pause.tar"

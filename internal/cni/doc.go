@@ -40,8 +40,10 @@
 //
 // # The installer
 //
-// `rdmavisor-cni install` (the agent DaemonSet's init container) copies the
-// binary into the node's CNI bin directory and chains the plugin into the
-// primary configuration; `rdmavisor-cni uninstall` undoes it. See
-// Installer for the rules.
+// `rdmavisor-cni install` copies the binary into the node's CNI bin
+// directory and chains the plugin into the primary configuration;
+// `rdmavisor-cni uninstall` undoes it. With --keep (the agent DaemonSet's
+// CNI sidecar) it stays, repairs the chain when the primary CNI rewrites
+// its file, and uninstalls when stopped (Installer.Keep). See Installer for
+// the rules.
 package cni

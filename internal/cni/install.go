@@ -207,6 +207,61 @@ func (in *Installer) InstallWhenReady(ctx context.Context, poll time.Duration) (
 	}
 }
 
+// Keep holds an installation for as long as the agent runs on the node: it
+// installs (waiting for the primary configuration as InstallWhenReady
+// does), then checks every interval that the plugin is still chained and
+// its binary still there, and installs again if not (a primary CNI that
+// rewrites its file drops our entry). When ctx ends it uninstalls, so a
+// node whose agent is removed is left as it was found, as Istio's CNI
+// installer does. A pod killed without a graceful stop leaves the plugin
+// installed, and its replacement finds it so.
+func (in *Installer) Keep(ctx context.Context, interval time.Duration) error {
+	if _, err := in.InstallWhenReady(ctx, interval); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before anything was installed
+		}
+		return err
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			in.Log.Info("Stopping: removing the plugin from the node")
+			return in.Uninstall()
+		case <-t.C:
+		}
+		if in.chained() {
+			continue
+		}
+		in.Log.Info("The plugin is no longer installed: installing it again")
+		if _, err := in.Install(); err != nil {
+			// Keep trying: the primary CNI may be rewriting its file.
+			in.Log.Error(err, "Reinstalling the plugin")
+		}
+	}
+}
+
+// chained reports whether the binary is in place and the primary
+// configuration holds the plugin's entry.
+func (in *Installer) chained() bool {
+	if in.Binary != "" {
+		if _, err := os.Stat(filepath.Join(in.BinDir, PluginType)); err != nil {
+			return false
+		}
+	}
+	name, err := primary(in.ConfDir)
+	if err != nil {
+		return false
+	}
+	data, _, err := readConf(filepath.Join(in.ConfDir, name))
+	if err != nil {
+		return false
+	}
+	c, err := parseConf(data)
+	return err == nil && len(c.ours()) > 0
+}
+
 // Install copies the binary and chains the plugin into the primary
 // configuration. It returns the configuration file it left the plugin in.
 func (in *Installer) Install() (string, error) {
@@ -258,7 +313,7 @@ func (in *Installer) install() (string, error) {
 	}
 	n, changed := c.withEntry(entry)
 	if !changed {
-		in.Log.Info("The plugin is already installed", "file", path)
+		in.Log.V(1).Info("The plugin is already installed", "file", path)
 		return path, nil
 	}
 	out, err := n.marshal()

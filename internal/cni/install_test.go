@@ -400,3 +400,44 @@ func TestInstallWhenReady(t *testing.T) {
 		t.Fatalf("installed: %s", data)
 	}
 }
+
+// TestKeep: the sidecar mode repairs an installation the primary CNI or an
+// operator undid, and leaves the node as it found it when stopped.
+func TestKeep(t *testing.T) {
+	in, orig := installDir(t, "bridge.conflist", "10-primary.conflist")
+	want := snapshot(t, in.ConfDir)
+	primary := filepath.Join(in.ConfDir, "10-primary.conflist")
+	bin := filepath.Join(in.BinDir, PluginType)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Keep(ctx, 10*time.Millisecond) }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	waitFor("the first install", in.chained)
+	// The primary CNI rewrites its file without our entry.
+	if err := os.WriteFile(primary, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the entry chained again", in.chained)
+	// Someone removes the binary.
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the binary back", func() bool { _, err := os.Stat(bin); return err == nil })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshot(t, in.ConfDir); !maps.Equal(got, want) {
+		t.Errorf("after Keep stopped the conf dir holds %v, want %v", got, want)
+	}
+	if _, err := os.Stat(bin); !os.IsNotExist(err) {
+		t.Errorf("binary left behind: %v", err)
+	}
+}

@@ -389,7 +389,32 @@ func (e *env) registered() map[string]agentPod {
 	return m
 }
 
+// hostCNI checks, where the suite runs on the node itself (hack/e2e.sh
+// sets E2E_CNI_CONF_DIR and E2E_CNI_BIN_DIR), whether the plugin is in
+// the node's CNI configuration and binary directory.
+func (e *env) hostCNI(want bool) {
+	e.t.Helper()
+	confDir, binDir := os.Getenv("E2E_CNI_CONF_DIR"), os.Getenv("E2E_CNI_BIN_DIR")
+	if confDir == "" || binDir == "" {
+		e.t.Log("E2E_CNI_CONF_DIR or E2E_CNI_BIN_DIR unset: not checking the node's CNI files")
+		return
+	}
+	e.eventually(fmt.Sprintf("rdmavisor-cni installed on the node: %v", want), time.Minute, func() (bool, string) {
+		files, _ := filepath.Glob(filepath.Join(confDir, "*.conflist"))
+		chained := false
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err == nil && strings.Contains(string(b), `"rdmavisor-cni"`) {
+				chained = true
+			}
+		}
+		_, err := os.Stat(filepath.Join(binDir, "rdmavisor-cni"))
+		return chained == want && (err == nil) == want, fmt.Sprintf("chained %v, binary %v", chained, err)
+	})
+}
+
 func (e *env) cniRegistered() {
+	e.hostCNI(true)
 	reg := e.registered()
 	for _, name := range []string{"echo-server", "echo-client"} {
 		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
@@ -519,6 +544,8 @@ func (e *env) deleteService() {
 		}
 		return true, ""
 	})
+	// The agent's CNI sidecar took the plugin out of the node's chain.
+	e.hostCNI(false)
 	// With its plugin gone the kubelet offers no vconn: nothing more can
 	// be scheduled against it. (The kubelet zeroes the capacity itself
 	// five minutes later.)
