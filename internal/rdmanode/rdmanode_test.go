@@ -160,3 +160,15 @@ func TestReporterRefusesAnotherServicesNode(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestStoppingReporterDoesNotRecreate: the last, not-ready write of a
+// stopping agent does not bring back an RDMANode the operator deleted.
+func TestStoppingReporterDoesNotRecreate(t *testing.T) {
+	r := &Reporter{Client: k8s, Node: "node-gone", Service: "svc", Provider: v1alpha1.ProviderSoft, Log: testr.New(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // stopped before its first write: only the final one runs
+	r.Run(ctx, newFake(agent.Status{Ready: true, Capacity: 1, Control: "10.0.0.9:7471"}))
+	if rn := get(t, "node-gone"); rn != nil {
+		t.Fatalf("a stopping agent created %+v", rn)
+	}
+}

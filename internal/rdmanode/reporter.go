@@ -87,7 +87,9 @@ func (r *Reporter) Run(ctx context.Context, src Source) {
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionNodeReady,
 				Status: metav1.ConditionFalse, Reason: ReasonStopped, Message: "the node agent stopped"})
 			st.VConnsOpen, st.QPsInUse = 0, 0
-			if err := r.Write(stopCtx, st); err != nil {
+			// Never recreate it now: the operator may have deleted it
+			// because this node left the service.
+			if err := r.write(stopCtx, st, false); err != nil && !apierrors.IsNotFound(err) {
 				r.Log.Error(err, "Cannot mark the RDMANode not ready", "node", r.Node)
 			}
 			return
@@ -135,9 +137,13 @@ func sameReport(a, b *v1alpha1.RDMANodeStatus) bool {
 // Write creates the node's RDMANode if needed and replaces its status with
 // st. A condition keeps its transition time while its status holds.
 func (r *Reporter) Write(ctx context.Context, st v1alpha1.RDMANodeStatus) error {
+	return r.write(ctx, st, true)
+}
+
+func (r *Reporter) write(ctx context.Context, st v1alpha1.RDMANodeStatus, create bool) error {
 	var rn v1alpha1.RDMANode
 	err := r.Client.Get(ctx, client.ObjectKey{Name: r.Node}, &rn)
-	if apierrors.IsNotFound(err) {
+	if apierrors.IsNotFound(err) && create {
 		rn = v1alpha1.RDMANode{ObjectMeta: metav1.ObjectMeta{Name: r.Node}, Spec: v1alpha1.RDMANodeSpec{ServiceName: r.Service}}
 		if err = r.Client.Create(ctx, &rn); err != nil {
 			return fmt.Errorf("creating RDMANode %s: %w", r.Node, err)
