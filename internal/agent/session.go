@@ -425,14 +425,17 @@ func (s *session) close() {
 		ls = append(ls, l)
 	}
 	s.mu.Unlock()
+	// The socket first: the application sees its agent (or allocation) go
+	// as one event, and a request racing the close cannot find its vconn
+	// already gone and be answered "no such handle".
+	s.cancel()
+	_ = s.conn.Close()
 	for _, l := range ls {
 		s.unlisten(l)
 	}
 	for _, h := range hs {
 		s.closeVConn(h)
 	}
-	s.cancel()
-	_ = s.conn.Close()
 	s.wg.Wait()
 	s.al.drop(s)
 	s.log.V(1).Info("Application disconnected")
