@@ -374,7 +374,7 @@ func (p *poller) serve(vc *VConn) {
 	if st == stateClosed || st == stateFailed {
 		// Nothing more is sent: return what is queued to the pool.
 		for {
-			ent, ok := vc.ring.peek()
+			ent, ok := vc.ring.peek(&vc.ents)
 			if !ok {
 				break
 			}
@@ -392,7 +392,7 @@ func (p *poller) serve(vc *VConn) {
 	}
 	limit := e.cfg.SQDepth
 	for {
-		ent, ok := vc.ring.peek()
+		ent, ok := vc.ring.peek(&vc.ents)
 		if !ok {
 			break
 		}
@@ -441,7 +441,6 @@ func (p *poller) serve(vc *VConn) {
 			break
 		}
 		vc.stampCredit(b)
-		vc.creditDue.Store(false)
 		if auto {
 			if !p.sendReliable(vc, remote, slot, n, binary.BigEndian.Uint32(b[12:])) {
 				p.later = append(p.later, vc)
@@ -507,7 +506,6 @@ func (p *poller) controlArg(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, arg
 	b := e.pool.bytes(slot)
 	h.put(b)
 	vc.stampCredit(b)
-	vc.creditDue.Store(false)
 	p.post(q, vc, remote, slot, headerLen)
 }
 
@@ -646,9 +644,13 @@ const touchAhead = 16
 func (p *poller) touch(vcs []*VConn) {
 	var x uint32
 	for _, vc := range vcs {
-		x += vc.state.Load() + vc.ring.tail.Load()
-		if vc.sq == nil {
-			x++
+		x += vc.state.Load() + vc.remote.Load() // the two hot lines
+	}
+	// Then the oldest queued buffer of each, which its sender just wrote.
+	pool := p.e.pool
+	for _, vc := range vcs {
+		if ent, ok := vc.ring.peek(&vc.ents); ok && uint32(ent>>32) != opMarker {
+			x += uint32(pool.bytes(uint32(ent >> 32))[0])
 		}
 	}
 	p.sink += x
@@ -660,15 +662,19 @@ func (p *poller) touch(vcs []*VConn) {
 // message is handled is the old owner still, never a new one: the message
 // is dropped as on any closed vconn.
 func (p *poller) completeAll(n int) {
-	var x uint32
 	for i := range p.wcs[:n] {
 		wc := &p.wcs[i]
 		p.rxVC[i] = nil
 		if wc.Opcode&verbs.WCRecv != 0 && wc.Status == verbs.WCSuccess && wc.Flags&verbs.WCWithImm != 0 {
 			if vc, ok := p.e.vconns.Lookup(vqpn.FromImm(wc.ImmData)); ok {
 				p.rxVC[i] = vc
-				x += vc.state.Load() + vc.limit.Load()
 			}
+		}
+	}
+	var x uint32
+	for _, vc := range p.rxVC[:n] {
+		if vc != nil {
+			x += vc.state.Load() + uint32(vc.tr) // the two hot lines
 		}
 	}
 	p.sink += x

@@ -8,29 +8,32 @@ const ringSize = 16
 
 // ring is a single-producer, single-consumer queue of send buffers: the
 // producer is the vconn's sender (serialised by VConn.sendMu), the consumer
-// its QP's poller. An entry is slot<<32 | length.
+// its QP's poller. An entry is slot<<32 | length. The indexes live with the
+// vconn's hot fields and the entries (ringEntries) apart, after them: a
+// message touches one entry, but every path reads the indexes.
 type ring struct {
 	head atomic.Uint32 // next to consume; written by the consumer
 	tail atomic.Uint32 // next to fill; written by the producer
-	e    [ringSize]uint64
 }
+
+type ringEntries [ringSize]uint64
 
 func (r *ring) free() int { return ringSize - int(r.tail.Load()-r.head.Load()) }
 
 // push appends; the caller checked free.
-func (r *ring) push(v uint64) {
+func (r *ring) push(e *ringEntries, v uint64) {
 	t := r.tail.Load()
-	r.e[t%ringSize] = v
+	e[t%ringSize] = v
 	r.tail.Store(t + 1)
 }
 
 // peek returns the oldest entry without consuming it.
-func (r *ring) peek() (uint64, bool) {
+func (r *ring) peek(e *ringEntries) (uint64, bool) {
 	h := r.head.Load()
 	if h == r.tail.Load() {
 		return 0, false
 	}
-	return r.e[h%ringSize], true
+	return e[h%ringSize], true
 }
 
 func (r *ring) pop() { r.head.Add(1) }

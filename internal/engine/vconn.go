@@ -43,45 +43,45 @@ type VConnOptions struct {
 //
 // The fields a message touches come first, so that with many vconns (each
 // touched about once per message, long after the last time) a message
-// costs few cache lines on each side: the first three lines hold what
-// Send, the poller's serve and the receive path read and write, then the
-// ring's entries; the rest is cold.
+// costs few cache lines on each side: the first line holds what Send and
+// the receive path use, the second what else the poller's serve uses, then
+// come the ring's entries; the rest is cold. (Which line a field is in is
+// checked by TestVConnLayout.)
 type VConn struct {
-	e       *Engine
-	peer    *Peer
-	sq      *sendQP // RC: data of RC vconns, control of all
-	dq      *sendQP // the UC QP of a UC vconn (UD vconns use their poller's UD QP)
-	handler Handler
-	regions atomic.Pointer[regions] // one-sided state, created on first use
-	rel     atomic.Pointer[rel]     // Auto's reliability state, created on first use
-	id      vqpn.ID
-	remote  atomic.Uint32 // the peer vconn's vqpn.ID
-	state   atomic.Uint32
-	tr      Transport
-
-	finPosted  bool          // poller-owned
-	rtxWatched bool          // poller-owned: on the poller's retransmission list
-	sent       uint32        // poller-owned: data chunks posted
+	// Line 0.
+	e          *Engine
+	peer       *Peer
+	sq         *sendQP // RC: data of RC vconns, control of all
+	sendMu     sync.Mutex
+	state      atomic.Uint32
 	limit      atomic.Uint32 // credits the peer granted, cumulative
+	consumed   atomic.Uint32 // receive buffers released, cumulative
+	advertised atomic.Uint32 // last credit grant sent
+	txSeq      uint32        // guarded by sendMu
 	scheduled  atomic.Bool   // on the poller's run queue
+	ring       ring          // the producer is whoever holds sendMu; the consumer the QP's poller
+
+	// Line 1.
+	handler    Handler
+	dq         *sendQP                 // the UC QP of a UC vconn (UD vconns use their poller's UD QP)
+	regions    atomic.Pointer[regions] // one-sided state, created on first use
+	txWake     chan struct{}           // created by the producer before it sets txWaiting
+	id         vqpn.ID
+	remote     atomic.Uint32 // the peer vconn's vqpn.ID
+	sent       uint32        // poller-owned: data chunks posted
 	creditDue  atomic.Bool   // a credit grant should go out
 	ackDue     atomic.Bool   // an Auto acknowledgement should go out
 	finDue     atomic.Bool   // Close asked for a FIN after the queued data
-	rstDue     atomic.Bool   // Abort asked for a RST
+	txWaiting  atomic.Bool
+	tr         Transport
+	finPosted  bool // poller-owned
+	rtxWatched bool // poller-owned: on the poller's retransmission list
 
-	// Receive side: credits.
-	consumed   atomic.Uint32 // receive buffers released, cumulative
-	advertised atomic.Uint32 // last credit grant sent
-
-	// Send side. The producer is whoever holds sendMu; the consumer is the
-	// QP's poller.
-	sendMu    sync.Mutex
-	txSeq     uint32 // guarded by sendMu
-	txWaiting atomic.Bool
-	txWake    chan struct{} // created by the producer before it sets txWaiting
-	ring      ring          // last of the hot fields: its entries follow
+	ents ringEntries
 
 	// Cold.
+	rel        atomic.Pointer[rel]        // Auto's reliability state, created on first use
+	rstDue     atomic.Bool                // Abort asked for a RST
 	finSent    atomic.Bool                // the FIN's send completed
 	closeTimer atomic.Pointer[time.Timer] // releases a closing vconn whose peer never answers
 	prev       *VConn                     // peer list; guarded by peer.mu
@@ -97,7 +97,7 @@ type VConn struct {
 	peerFin bool          // guarded by rxMu
 	err     error         // guarded by rxMu: why the vconn failed
 
-	_ [32]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
+	_ [40]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
 }
 
 // Message is one received message. Data is valid until Release.
@@ -273,7 +273,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 			}
 			return false, err
 		}
-		vc.ring.push(uint64(slot)<<32 | uint64(headerLen+len(part)))
+		vc.ring.push(&vc.ents, uint64(slot)<<32|uint64(headerLen+len(part)))
 		if chunks > 1 {
 			vc.schedule()
 		}
@@ -630,11 +630,19 @@ func (vc *VConn) Err() error {
 }
 
 // stampCredit writes the current grant into a queued buffer's header, and
-// on an Auto vconn's data and grants the acknowledgement too.
+// on an Auto vconn's data and grants the acknowledgement too; no separate
+// grant is due after it.
 func (vc *VConn) stampCredit(b []byte) {
 	g := uint32(vc.e.cfg.Credits) + vc.consumed.Load()
 	binary.BigEndian.PutUint32(b[4:], g)
-	vc.advertised.Store(g)
+	// Stores only on change: an atomic store is a full barrier, which
+	// waits for every store before it, cache misses included.
+	if vc.advertised.Load() != g {
+		vc.advertised.Store(g)
+	}
+	if vc.creditDue.Load() {
+		vc.creditDue.Store(false) // the grant goes out with b
+	}
 	if vc.tr == Auto && (msgType(b[0]) == msgData || msgType(b[0]) == msgCredit) {
 		binary.BigEndian.PutUint32(b[20:], vc.ackValue())
 		vc.ackDue.Store(false)
