@@ -15,7 +15,7 @@ func TestVConnLayout(t *testing.T) {
 	}
 	line := func(off uintptr) uintptr { return off / 64 }
 	for name, off := range map[string]uintptr{
-		"e": unsafe.Offsetof(vc.e), "peer": unsafe.Offsetof(vc.peer), "sq": unsafe.Offsetof(vc.sq),
+		"e": unsafe.Offsetof(vc.e), "tr": unsafe.Offsetof(vc.tr), "sq": unsafe.Offsetof(vc.sq),
 		"sendMu": unsafe.Offsetof(vc.sendMu), "state": unsafe.Offsetof(vc.state), "limit": unsafe.Offsetof(vc.limit),
 		"consumed": unsafe.Offsetof(vc.consumed), "advertised": unsafe.Offsetof(vc.advertised),
 		"txSeq": unsafe.Offsetof(vc.txSeq), "scheduled": unsafe.Offsetof(vc.scheduled), "ring.tail": unsafe.Offsetof(vc.ring) + 4,
@@ -25,10 +25,10 @@ func TestVConnLayout(t *testing.T) {
 		}
 	}
 	for name, off := range map[string]uintptr{
-		"handler": unsafe.Offsetof(vc.handler), "dq": unsafe.Offsetof(vc.dq), "regions": unsafe.Offsetof(vc.regions),
+		"peer": unsafe.Offsetof(vc.peer), "handler": unsafe.Offsetof(vc.handler), "dq": unsafe.Offsetof(vc.dq), "regions": unsafe.Offsetof(vc.regions),
 		"remote": unsafe.Offsetof(vc.remote), "sent": unsafe.Offsetof(vc.sent), "creditDue": unsafe.Offsetof(vc.creditDue),
 		"ackDue": unsafe.Offsetof(vc.ackDue), "finDue": unsafe.Offsetof(vc.finDue), "txWaiting": unsafe.Offsetof(vc.txWaiting),
-		"tr": unsafe.Offsetof(vc.tr), "rtxWatched": unsafe.Offsetof(vc.rtxWatched),
+		"id": unsafe.Offsetof(vc.id),
 	} {
 		if line(off) != 1 {
 			t.Errorf("VConn.%s at offset %d: want it in the second cache line", name, off)

@@ -674,7 +674,7 @@ func (p *poller) completeAll(n int) {
 	var x uint32
 	for _, vc := range p.rxVC[:n] {
 		if vc != nil {
-			x += vc.state.Load() + uint32(vc.tr) // the two hot lines
+			x += vc.state.Load() + vc.remote.Load() // the two hot lines
 		}
 	}
 	p.sink += x

@@ -61,9 +61,10 @@ func newBufPool(pd verbs.PD, specs []classSpec) (*bufPool, error) {
 		}
 		c.inUse = make([]bool, s.n)
 		c.lowest = s.n
-		// Waiters wake once a batch of buffers is free, not on every
-		// put: under sustained pressure a wake per buffer would cost a
-		// channel per message. (Waiters also look again every 10 ms.)
+		// Many waiters wake once a batch of buffers is free, not on
+		// every put: under sustained pressure a wake per buffer would
+		// cost a channel per message. A few wake once there is one
+		// each. (Waiters also look again every 10 ms.)
 		c.wakeAt = max(1, min(32, s.n/16))
 		off += uint64(s.size) * uint64(s.n)
 	}
@@ -107,7 +108,7 @@ func (p *bufPool) put(slot uint32) {
 	}
 	c.inUse[idx] = false
 	c.free = append(c.free, idx)
-	if c.waiters > 0 && len(c.free) >= c.wakeAt {
+	if c.waiters > 0 && len(c.free) >= min(c.wakeAt, c.waiters) {
 		close(c.freed)
 		c.freed = make(chan struct{})
 	}

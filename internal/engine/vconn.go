@@ -43,14 +43,13 @@ type VConnOptions struct {
 //
 // The fields a message touches come first, so that with many vconns (each
 // touched about once per message, long after the last time) a message
-// costs few cache lines on each side: the first line holds what Send and
-// the receive path use, the second what else the poller's serve uses, then
-// come the ring's entries; the rest is cold. (Which line a field is in is
+// costs few cache lines on each side: the first line holds what Send
+// uses, the second what else the receive path and the poller's serve use,
+// then come the ring's entries; the rest is cold. (Which line a field is in is
 // checked by TestVConnLayout.)
 type VConn struct {
 	// Line 0.
 	e          *Engine
-	peer       *Peer
 	sq         *sendQP // RC: data of RC vconns, control of all
 	sendMu     sync.Mutex
 	state      atomic.Uint32
@@ -60,26 +59,27 @@ type VConn struct {
 	txSeq      uint32        // guarded by sendMu
 	scheduled  atomic.Bool   // on the poller's run queue
 	ring       ring          // the producer is whoever holds sendMu; the consumer the QP's poller
-
-	// Line 1.
-	handler    Handler
-	dq         *sendQP                 // the UC QP of a UC vconn (UD vconns use their poller's UD QP)
-	regions    atomic.Pointer[regions] // one-sided state, created on first use
-	txWake     chan struct{}           // created by the producer before it sets txWaiting
-	id         vqpn.ID
-	remote     atomic.Uint32 // the peer vconn's vqpn.ID
-	sent       uint32        // poller-owned: data chunks posted
-	creditDue  atomic.Bool   // a credit grant should go out
-	ackDue     atomic.Bool   // an Auto acknowledgement should go out
-	finDue     atomic.Bool   // Close asked for a FIN after the queued data
-	txWaiting  atomic.Bool
 	tr         Transport
 	finPosted  bool // poller-owned
 	rtxWatched bool // poller-owned: on the poller's retransmission list
 
+	// Line 1.
+	peer      *Peer
+	handler   Handler
+	dq        *sendQP                 // the UC QP of a UC vconn (UD vconns use their poller's UD QP)
+	regions   atomic.Pointer[regions] // one-sided state, created on first use
+	id        vqpn.ID
+	remote    atomic.Uint32 // the peer vconn's vqpn.ID
+	sent      uint32        // poller-owned: data chunks posted
+	creditDue atomic.Bool   // a credit grant should go out
+	ackDue    atomic.Bool   // an Auto acknowledgement should go out
+	finDue    atomic.Bool   // Close asked for a FIN after the queued data
+	txWaiting atomic.Bool
+
 	ents ringEntries
 
 	// Cold.
+	txWake     chan struct{}              // created by the producer before it sets txWaiting
 	rel        atomic.Pointer[rel]        // Auto's reliability state, created on first use
 	rstDue     atomic.Bool                // Abort asked for a RST
 	finSent    atomic.Bool                // the FIN's send completed
@@ -97,7 +97,7 @@ type VConn struct {
 	peerFin bool          // guarded by rxMu
 	err     error         // guarded by rxMu: why the vconn failed
 
-	_ [40]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
+	_ [32]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
 }
 
 // Message is one received message. Data is valid until Release.
