@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -75,6 +76,14 @@ type sendQP struct {
 	outstanding int            // poller-owned: posted, not completed
 	queued      bool           // poller-owned: on the poller's dirty list
 	runq        []*VConn       // poller-owned: vconns with work, from runHead on
+
+	// backlog counts the messages in the rings of the vconns that send on
+	// this QP; blocking senders wait while it is at maxBacklog (throttle),
+	// and unthrottled is closed when it falls to half.
+	backlog     atomic.Int32
+	maxBacklog  int32
+	throttled   atomic.Bool   // a sender waits on unthrottled
+	unthrottled chan struct{} // guarded by p.mu
 	runHead     int
 	active      bool // poller-owned: on the poller's active list
 	failed      bool // guarded by peer.mu
@@ -205,7 +214,9 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
 	}
-	q = &sendQP{qp: qp, peer: p, p: poller}
+	// A send queue's worth waiting behind the send queue: enough to
+	// refill it between rounds, few enough to stay in cache.
+	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth)}
 	poller.sendQPs.Store(qp.QPN(), q)
 	p.mu.Lock()
 	if p.err != nil {

@@ -37,14 +37,6 @@ type poller struct {
 	runq   []*VConn // vconns with work; guarded by mu
 	repost []uint32 // receive buffers to give back to the SRQ; guarded by mu
 
-	// backlog counts the vconns scheduled and not yet served; written
-	// under mu. Blocking senders wait while it is at maxBacklog (see
-	// throttle), and unthrottled is closed when it falls to half.
-	backlog     atomic.Int32
-	maxBacklog  int32
-	unthrottled chan struct{} // guarded by mu
-	served      int32         // poller-owned: vconns served, not yet taken off backlog
-
 	// Owned by the poller goroutine.
 	work    []*VConn
 	later   []*VConn
@@ -54,6 +46,7 @@ type poller struct {
 	wcs     []verbs.WC
 	rxVC    []*VConn // the vconns of wcs' receives
 	sink    uint32   // what touch read, so the reads are not optimised away
+	popped  int32    // messages serve took from rings, for the QP's backlog
 	recvWRs []verbs.RecvWR
 	budget  int       // sends this CQ may still have outstanding
 	ud      *sendQP   // this poller's UD QP, shared by every peer
@@ -93,11 +86,6 @@ func newPoller(e *Engine, idx int) (*poller, error) {
 		wcs:    make([]verbs.WC, pollBatch),
 		rxVC:   make([]*VConn, pollBatch),
 		budget: cqDepth - e.cfg.RecvBuffers - pollBatch,
-		// Two send queues' worth: enough to refill the QPs between
-		// rounds, few enough that the vconns served are still in cache
-		// (E1 at 100,000 vconns: 2×SQDepth ran about as fast as SQDepth/2
-		// and 15% faster than 4×SQDepth; 16,384 half as fast).
-		maxBacklog: int32(2 * e.cfg.SQDepth),
 	}, nil
 }
 
@@ -144,7 +132,6 @@ func (p *poller) openUD() error {
 func (p *poller) enqueue(vc *VConn) {
 	p.mu.Lock()
 	p.runq = append(p.runq, vc)
-	p.backlog.Add(1)
 	p.mu.Unlock()
 	p.kick()
 }
@@ -192,7 +179,6 @@ func (p *poller) run() {
 // round does one pass of work; it reports whether there was any.
 func (p *poller) round() bool {
 	p.mu.Lock()
-	p.settle()
 	p.work, p.runq = p.runq, p.work[:0]
 	p.reposts = append(p.reposts, p.repost...)
 	p.repost = p.repost[:0]
@@ -241,44 +227,62 @@ func (p *poller) round() bool {
 	return busy || n > 0
 }
 
-// settle takes the vconns served since the last call off the backlog and
-// wakes throttled senders once it is down to half. The caller holds mu.
-func (p *poller) settle() {
-	if p.served == 0 {
+// took accounts for an entry taken from vc's ring.
+func (p *poller) took(vc *VConn) {
+	if vc.uncounted > 0 {
+		vc.uncounted-- // taken off the backlog when vc stalled
 		return
 	}
-	b := p.backlog.Add(-p.served)
-	p.served = 0
-	if p.unthrottled != nil && b <= p.maxBacklog/2 {
-		close(p.unthrottled)
-		p.unthrottled = nil
-	}
+	p.popped++
 }
 
-// throttle blocks a sender while the poller's backlog is full, or until
-// ctx ends. Work queued beyond what the QPs can take soon only waits, and
-// goes cold in the cache meanwhile: with one message per vconn, a backlog
-// of thousands of vconns made every message a handful of cache misses.
-// Bounding it keeps what the poller serves warm (as byte queue limits
-// bound a NIC's queue), and costs senders nothing while it is not full.
-func (p *poller) throttle(ctx context.Context) {
-	for p.backlog.Load() >= p.maxBacklog && !p.stopping.Load() {
+// throttle blocks a sender while its QP's backlog is full, or until ctx
+// ends. Messages queued beyond what the QP takes soon only wait, and go
+// cold in the cache meanwhile: with thousands of vconns each holding a
+// message or a few, a backlog bounded only by the buffer pool (16,384
+// small buffers) made every message a handful of cache misses. Bounding
+// it keeps what the poller serves warm (as byte queue limits bound a NIC's
+// queue), and costs senders nothing while it is not full.
+func (q *sendQP) throttle(ctx context.Context) {
+	p := q.p
+	for q.backlog.Load() >= q.maxBacklog && !p.stopping.Load() {
 		p.mu.Lock()
-		if p.backlog.Load() < p.maxBacklog || p.stopping.Load() {
+		q.throttled.Store(true)
+		if q.backlog.Load() < q.maxBacklog || p.stopping.Load() {
 			p.mu.Unlock()
 			return
 		}
-		if p.unthrottled == nil {
-			p.unthrottled = make(chan struct{})
+		if q.unthrottled == nil {
+			q.unthrottled = make(chan struct{})
 		}
-		ch := p.unthrottled
+		ch := q.unthrottled
 		p.mu.Unlock()
 		p.kick()
 		select {
 		case <-ch:
+		case <-p.done:
+			return
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// dequeued takes n messages the poller took from the rings of q's vconns
+// off q's backlog, and wakes throttled senders once it is down to half.
+func (q *sendQP) dequeued(n int32) {
+	if n == 0 {
+		return
+	}
+	if b := q.backlog.Add(-n); b <= q.maxBacklog/2 && q.throttled.Load() {
+		p := q.p
+		p.mu.Lock()
+		q.throttled.Store(false)
+		if q.unthrottled != nil {
+			close(q.unthrottled)
+			q.unthrottled = nil
+		}
+		p.mu.Unlock()
 	}
 }
 
@@ -310,10 +314,11 @@ func (p *poller) serveQP(q *sendQP) {
 		n := len(p.later)
 		p.serve(vc)
 		if len(p.later) > n {
-			break // vc waits on: still in the backlog
+			break
 		}
-		p.served++
 	}
+	q.dequeued(p.popped)
+	p.popped = 0
 	switch {
 	case i == len(q.runq):
 		q.runq, q.runHead = q.runq[:0], 0
@@ -336,7 +341,6 @@ func (p *poller) sleep() {
 		return
 	}
 	p.mu.Lock()
-	p.settle()
 	pending := len(p.runq) > 0 || len(p.repost) > 0
 	p.mu.Unlock()
 	if pending || p.stopping.Load() {
@@ -380,6 +384,7 @@ func (p *poller) serve(vc *VConn) {
 			}
 			e.pool.put(uint32(ent >> 32))
 			vc.ring.pop()
+			p.took(vc)
 		}
 		vc.wakeSender()
 		if vc.rstDue.Swap(false) {
@@ -408,6 +413,7 @@ func (p *poller) serve(vc *VConn) {
 				p.postWR(q, wr)
 			}
 			vc.ring.pop()
+			p.took(vc)
 			continue
 		}
 		b := e.pool.bytes(slot)
@@ -433,6 +439,13 @@ func (p *poller) serve(vc *VConn) {
 		credited := data && (dq == q || auto)
 		if credited && vc.sent == vc.limit.Load() {
 			e.stats.creditStalls.Add(1)
+			// What waits for the peer's reader does not count in the
+			// QP's backlog, or one slow reader would throttle every
+			// sender on the QP.
+			if k := int32(vc.ring.len()) - vc.uncounted; k > 0 {
+				vc.uncounted += k
+				p.popped += k
+			}
 			break // the peer's grant reschedules us
 		}
 		if dq.outstanding+len(dq.batch) >= limit || p.budget <= 0 {
@@ -453,6 +466,7 @@ func (p *poller) serve(vc *VConn) {
 			p.post(dq, vc, remote, slot, n)
 		}
 		vc.ring.pop()
+		p.took(vc)
 		if credited {
 			vc.sent++
 		}
@@ -928,12 +942,6 @@ func (p *poller) malformed(vc *VConn, slot uint32) {
 
 func (p *poller) stop() {
 	p.stopping.Store(true)
-	p.mu.Lock()
-	if p.unthrottled != nil {
-		close(p.unthrottled)
-		p.unthrottled = nil
-	}
-	p.mu.Unlock()
 	p.sleeping.Store(true)
 	p.kick()
 	if p.started {

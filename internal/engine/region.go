@@ -182,7 +182,7 @@ func (vc *VConn) sendControl(ctx context.Context, t msgType, arg uint32, payload
 		e.pool.put(slot)
 		return err
 	}
-	vc.ring.push(&vc.ents, uint64(slot)<<32|uint64(headerLen+len(payload)))
+	vc.push(uint64(slot)<<32 | uint64(headerLen+len(payload)))
 	vc.schedule()
 	return nil
 }
@@ -330,7 +330,7 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 	vc.sendMu.Lock()
 	err := vc.waitRing(ctx, true)
 	if err == nil {
-		vc.ring.push(&vc.ents, uint64(opMarker)<<32)
+		vc.push(uint64(opMarker) << 32)
 		vc.schedule()
 	}
 	vc.sendMu.Unlock()

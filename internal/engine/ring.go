@@ -38,4 +38,7 @@ func (r *ring) peek(e *ringEntries) (uint64, bool) {
 
 func (r *ring) pop() { r.head.Add(1) }
 
+// len is the number of entries queued.
+func (r *ring) len() int { return int(r.tail.Load() - r.head.Load()) }
+
 func (r *ring) empty() bool { return r.head.Load() == r.tail.Load() }

@@ -75,6 +75,7 @@ type VConn struct {
 	ackDue    atomic.Bool   // an Auto acknowledgement should go out
 	finDue    atomic.Bool   // Close asked for a FIN after the queued data
 	txWaiting atomic.Bool
+	uncounted int32 // poller-owned: ring entries taken off the QP's backlog while credits ran out
 
 	ents ringEntries
 
@@ -232,7 +233,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	per := e.cfg.ChunkSize - headerLen
 	chunks := max(1, (len(data)+per-1)/per)
 	if block {
-		vc.sq.p.throttle(ctx)
+		vc.sq.throttle(ctx)
 		vc.sendMu.Lock()
 	} else if !vc.sendMu.TryLock() {
 		return false, nil
@@ -273,7 +274,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 			}
 			return false, err
 		}
-		vc.ring.push(&vc.ents, uint64(slot)<<32|uint64(headerLen+len(part)))
+		vc.push(uint64(slot)<<32 | uint64(headerLen+len(part)))
 		if chunks > 1 {
 			vc.schedule()
 		}
@@ -281,6 +282,12 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	vc.txSeq++
 	vc.schedule()
 	return true, nil
+}
+
+// push queues a ring entry; the caller holds sendMu and checked free.
+func (vc *VConn) push(ent uint64) {
+	vc.ring.push(&vc.ents, ent)
+	vc.sq.backlog.Add(1)
 }
 
 // getBuffer takes a send buffer for n bytes, waiting for one if the pool is
