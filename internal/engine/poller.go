@@ -236,21 +236,22 @@ func (p *poller) took(vc *VConn) {
 	p.popped++
 }
 
-// throttle blocks a sender while its QP's backlog is full, or until ctx
-// ends. Messages queued beyond what the QP takes soon only wait, and go
-// cold in the cache meanwhile: with thousands of vconns each holding a
-// message or a few, a backlog bounded only by the buffer pool (16,384
-// small buffers) made every message a handful of cache misses. Bounding
-// it keeps what the poller serves warm (as byte queue limits bound a NIC's
-// queue), and costs senders nothing while it is not full.
-func (q *sendQP) throttle(ctx context.Context) {
+// throttle blocks a sender while its QP's backlog is full; it returns
+// ctx's error if ctx ends first. Messages queued beyond what the QP takes
+// soon only wait, and go cold in the cache meanwhile: with thousands of
+// vconns each holding a message or a few, a backlog bounded only by the
+// buffer pool (16,384 small buffers) made every message a handful of
+// cache misses. Bounding it keeps what the poller serves warm (as byte
+// queue limits bound a NIC's queue), and costs senders nothing while it
+// is not full.
+func (q *sendQP) throttle(ctx context.Context) error {
 	p := q.p
 	for q.backlog.Load() >= q.maxBacklog && !p.stopping.Load() {
 		p.mu.Lock()
 		q.throttled.Store(true)
 		if q.backlog.Load() < q.maxBacklog || p.stopping.Load() {
 			p.mu.Unlock()
-			return
+			return nil
 		}
 		if q.unthrottled == nil {
 			q.unthrottled = make(chan struct{})
@@ -261,11 +262,12 @@ func (q *sendQP) throttle(ctx context.Context) {
 		select {
 		case <-ch:
 		case <-p.done:
-			return
+			return nil
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		}
 	}
+	return nil
 }
 
 // dequeued takes n messages the poller took from the rings of q's vconns

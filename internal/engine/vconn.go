@@ -190,7 +190,7 @@ func (vc *VConn) stateErr() error {
 }
 
 // Send sends one message, blocking while the vconn's queue is full (the
-// peer is not reading: credits ran out).
+// peer is not reading: credits ran out) or its QP's backlog is.
 func (vc *VConn) Send(ctx context.Context, data []byte) error {
 	_, err := vc.send(ctx, data, 0, false, true)
 	return err
@@ -233,7 +233,12 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	per := e.cfg.ChunkSize - headerLen
 	chunks := max(1, (len(data)+per-1)/per)
 	if block {
-		vc.sq.throttle(ctx)
+		if err := vc.sq.throttle(ctx); err != nil {
+			return false, err
+		}
+		if st := vc.state.Load(); st != stateOpen { // changed while throttled
+			return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
+		}
 		vc.sendMu.Lock()
 	} else if !vc.sendMu.TryLock() {
 		return false, nil
