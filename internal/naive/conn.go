@@ -192,8 +192,12 @@ func (c *Conn) destroy() error {
 	return errors.Join(errs...)
 }
 
+// pathOptions are the engine's path settings, so the comparison is of the
+// designs, not of timers: with the verbs default (67 ms × 7 retries) a
+// descheduled poller among thousands of QPs fails connections the engine's
+// 268 ms timeout would keep.
 func (e *Endpoint) pathOptions(mtu verbs.MTU, psn uint32) verbs.PathOptions {
-	return verbs.PathOptions{MTU: mtu, SQPSN: psn}
+	return verbs.PathOptions{MTU: mtu, SQPSN: psn, Timeout: 16, RetryCnt: 7, RNRRetry: 7}
 }
 
 // Pair connects a new conn on a to a new conn on b, both endpoints in this
