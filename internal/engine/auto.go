@@ -27,6 +27,11 @@ type rel struct {
 	// keeps its buffer (the master copy); a transmission posts a copy.
 	unacked []relMsg
 	acked   uint32 // the peer's cumulative acknowledgement
+	// Round-trip estimate and retransmission timeout, as TCP's (RFC
+	// 6298): a fixed timeout short enough for an idle path fires
+	// spuriously on a busy one, where acknowledgements are delayed and
+	// pollers share cores.
+	srtt, rttvar, rto time.Duration
 
 	// Receive side.
 	rxNext     uint32    // next sequence number to accept
@@ -45,7 +50,8 @@ type relMsg struct {
 }
 
 const (
-	relRTO      = time.Millisecond // first retransmission timeout
+	relMinRTO   = time.Millisecond     // the timeout never goes below this
+	relInitRTO  = 4 * time.Millisecond // before the first round-trip sample
 	relMaxRTO   = 64 * time.Millisecond
 	relMaxTries = 24 // about 1.5 s of silence before the vconn fails
 )
@@ -74,8 +80,9 @@ func (vc *VConn) ackValue() uint32 {
 	return r.rxNext
 }
 
-// onAck frees the datagrams the peer acknowledged.
-func (vc *VConn) onAck(ack uint32) {
+// onAck frees the datagrams the peer acknowledged and, from the newest
+// one sent only once (Karn's rule), updates the round-trip estimate.
+func (vc *VConn) onAck(ack uint32, now time.Time) {
 	r := vc.reliability()
 	r.mu.Lock()
 	if int32(ack-r.acked) <= 0 {
@@ -84,17 +91,56 @@ func (vc *VConn) onAck(ack uint32) {
 	}
 	r.acked = ack
 	k := 0
+	var sample time.Duration
 	for k < len(r.unacked) && int32(ack-r.unacked[k].seq) > 0 {
-		vc.e.pool.put(r.unacked[k].slot)
+		u := &r.unacked[k]
+		if u.tries == 0 {
+			sample = now.Sub(u.sent)
+		}
+		vc.e.pool.put(u.slot)
 		k++
 	}
 	r.unacked = append(r.unacked[:0], r.unacked[k:]...)
+	if sample > 0 {
+		r.observe(sample)
+	}
 	r.mu.Unlock()
 }
 
+// observe folds a round-trip sample into the estimate (RFC 6298 2.2-2.3).
+func (r *rel) observe(sample time.Duration) {
+	if r.srtt == 0 {
+		r.srtt, r.rttvar = sample, sample/2
+	} else {
+		d := r.srtt - sample
+		if d < 0 {
+			d = -d
+		}
+		r.rttvar = (3*r.rttvar + d) / 4
+		r.srtt = (7*r.srtt + sample) / 8
+	}
+	r.rto = min(max(r.srtt+4*r.rttvar, relMinRTO), relMaxRTO)
+}
+
+// timeout is the retransmission timeout of a datagram sent tries+1 times.
+func (r *rel) timeout(tries int) time.Duration {
+	rto := r.rto
+	if rto == 0 {
+		rto = relInitRTO
+	}
+	return min(rto<<tries, relMaxRTO)
+}
+
 // deliverSeq delivers m (sequence seq) in order: early messages wait for
-// the gap to fill, duplicates are dropped.
-func (vc *VConn) deliverSeq(seq uint32, m Message) {
+// the gap to fill, duplicates are dropped. p is the poller that received
+// it.
+//
+// Acknowledgements are cumulative and delayed, as TCP's are: one goes out
+// when half a credit window has arrived unacknowledged (with the credit
+// grant, which carries it, when the application keeps up), when the
+// receiving poller runs out of completions to handle (the sender has
+// paused), or at once for a duplicate (the sender timed out).
+func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message) {
 	r := vc.reliability()
 	r.mu.Lock()
 	d := int32(seq - r.rxNext)
@@ -154,9 +200,34 @@ func (vc *VConn) deliverSeq(seq uint32, m Message) {
 		r.inorder = r.inorder[:0:cap(r.inorder)]
 		r.delivering = false
 	}
+	pending := r.rxNext - r.ackSent
 	r.mu.Unlock()
-	vc.ackDue.Store(true)
-	vc.schedule()
+	if pending >= uint32(max(1, vc.e.cfg.Credits/2)) {
+		if !vc.ackDue.Swap(true) {
+			vc.schedule()
+		}
+		return
+	}
+	if !vc.ackWait.Swap(true) {
+		p.acks = append(p.acks, vc)
+	}
+}
+
+// flushAcks sends the delayed acknowledgements: the poller found nothing
+// more to receive, so the senders are waiting or paused.
+func (p *poller) flushAcks() {
+	for i, vc := range p.acks {
+		p.acks[i] = nil
+		vc.ackWait.Store(false)
+		r := vc.reliability()
+		r.mu.Lock()
+		pending := r.rxNext != r.ackSent
+		r.mu.Unlock()
+		if pending && !vc.ackDue.Swap(true) {
+			vc.schedule()
+		}
+	}
+	p.acks = p.acks[:0]
 }
 
 // releaseRel returns the buffers an Auto vconn holds.
@@ -192,7 +263,7 @@ func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, slot, n, seq uint32) bo
 	p.postUD(vc, remote, tx, n)
 	r := vc.reliability()
 	r.mu.Lock()
-	r.unacked = append(r.unacked, relMsg{seq: seq, slot: slot, n: n, sent: time.Now()})
+	r.unacked = append(r.unacked, relMsg{seq: seq, slot: slot, n: n, sent: p.clock()})
 	r.mu.Unlock()
 	if !vc.rtxWatched {
 		vc.rtxWatched = true
@@ -214,8 +285,7 @@ func (p *poller) retransmit(now time.Time) bool {
 		var dead bool
 		for i := range r.unacked {
 			u := &r.unacked[i]
-			rto := min(relRTO<<u.tries, relMaxRTO)
-			if !live || now.Sub(u.sent) < rto {
+			if !live || now.Sub(u.sent) < r.timeout(u.tries) {
 				continue
 			}
 			if u.tries >= relMaxTries {

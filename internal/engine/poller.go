@@ -53,6 +53,8 @@ type poller struct {
 	deadUD  []*sendQP // failed UD QPs awaiting their last completions
 	rtx     []*VConn  // Auto vconns with datagrams awaiting ACKs
 	rtxAt   time.Time // next retransmission scan
+	acks    []*VConn  // Auto vconns with delayed acknowledgements
+	now     time.Time // the round's clock, read once (see clock)
 	fds     [2]unix.PollFd
 
 	// sendQPs maps QPNs of send QPs on this CQ to their state, for
@@ -178,6 +180,7 @@ func (p *poller) run() {
 
 // round does one pass of work; it reports whether there was any.
 func (p *poller) round() bool {
+	p.now = time.Time{}
 	p.mu.Lock()
 	p.work, p.runq = p.runq, p.work[:0]
 	p.reposts = append(p.reposts, p.repost...)
@@ -217,14 +220,27 @@ func (p *poller) round() bool {
 	n := p.cq.Poll(p.wcs)
 	p.completeAll(n)
 	p.flushReposts()
+	if n == 0 && len(p.acks) > 0 {
+		p.flushAcks()
+		busy = true // the acknowledgements go out next round
+	}
 	if len(p.rtx) > 0 {
-		if now := time.Now(); now.After(p.rtxAt) {
-			p.rtxAt = now.Add(relRTO / 4)
+		if now := p.clock(); now.After(p.rtxAt) {
+			p.rtxAt = now.Add(relMinRTO / 4)
 			p.retransmit(now)
 			p.flushSends()
 		}
 	}
 	return busy || n > 0
+}
+
+// clock is the time of this round: datagram timestamps need no better
+// than the retransmission timeout's resolution.
+func (p *poller) clock() time.Time {
+	if p.now.IsZero() {
+		p.now = time.Now()
+	}
+	return p.now
 }
 
 // took accounts for an entry taken from vc's ring.
@@ -825,7 +841,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	}
 	vc.grant(h.credit)
 	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit) {
-		vc.onAck(h.arg)
+		vc.onAck(h.arg, p.clock())
 	}
 	switch h.typ {
 	case msgData:
@@ -878,7 +894,7 @@ func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
 		m.Data, m.slot, m.credits = payload, slot, 0
 		if vc.tr == Auto {
 			m.credits = 1
-			vc.deliverSeq(h.seq, m)
+			vc.deliverSeq(p, h.seq, m)
 			return
 		}
 		vc.deliver(m)
@@ -925,7 +941,7 @@ func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
 
 func (p *poller) deliver(vc *VConn, h *header, m Message) {
 	if vc.tr == Auto {
-		vc.deliverSeq(h.seq, m)
+		vc.deliverSeq(p, h.seq, m)
 		return
 	}
 	vc.deliver(m)

@@ -97,8 +97,9 @@ type VConn struct {
 	rxWake  chan struct{} // guarded by rxMu
 	peerFin bool          // guarded by rxMu
 	err     error         // guarded by rxMu: why the vconn failed
+	ackWait atomic.Bool   // on a poller's delayed-acknowledgement list
 
-	_ [32]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
+	_ [28]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
 }
 
 // Message is one received message. Data is valid until Release.
