@@ -15,9 +15,10 @@ import (
 // sequence number (header.seq); the receiver delivers in sequence order,
 // holding early arrivals and dropping duplicates, and acknowledges
 // cumulatively in header.arg of whatever it sends back (data or a credit
-// grant); the sender keeps each datagram until it is acknowledged and
-// retransmits it after a timeout. Large messages go over RC in the same
-// sequence. Receive credits bound both paths together.
+// grant), late rather than per message (see deliverSeq); the sender keeps
+// each datagram until it is acknowledged and retransmits it after a
+// timeout that follows the measured round trip. Large messages go over RC
+// in the same sequence. Receive credits bound both paths together.
 
 // rel is an Auto vconn's reliability state.
 type rel struct {
