@@ -10,35 +10,57 @@ import (
 // runE1 measures messages per second against the number of connections,
 // for the engine and the naive design: E1VConns connections from device a
 // to device b, 64-byte messages sent round-robin over all of them from
-// Plan.Producers goroutines, every message released on arrival. At each
-// count the two designs' runs alternate, Plan.Repeats times.
+// Plan.Producers goroutines, every message released on arrival.
 //
-// Before each count the memory it would make resident is estimated from
-// the growth per connection measured at a smaller count (traffic included,
-// so touched receive buffers count); a count whose estimate exceeds the
-// budget, or that needs more file descriptors than the process may open, is
-// reported as an error line instead of run. So is every count above one
-// that failed.
+// The counts are measured in Plan.Repeats passes over all of them, the two
+// designs alternating at each, rather than each count's runs back to back:
+// a machine's speed can change for tens of seconds at a time (seen here:
+// every rate halving at once), and a ratio of two counts, each measured in
+// one burst, would mostly measure that. A line reports the median of its
+// count's runs, one from each pass.
+//
+// The first pass goes up in count. Before each count the memory it would
+// make resident is estimated from the growth per connection measured at a
+// smaller count (traffic included, so touched receive buffers count); a
+// count whose estimate exceeds the budget, or that needs more file
+// descriptors than the process may open, is reported as an error line
+// instead of run. So is every count above one that failed, in any pass.
 func runE1(ctx context.Context, e *env) error {
 	designs := []string{designEngine, designNaive}
 	est := map[string]*estimator{}
-	failed := map[string]error{}
 	for _, d := range designs {
 		est[d] = &estimator{}
 	}
-	for _, n := range e.Plan.E1VConns {
-		ss := map[string]*series{}
-		for _, d := range designs {
-			s := &series{rec: Record{Suite: "e1", Design: d, VConns: n, MsgBytes: e.Plan.MsgBytes}}
-			s.err = failed[d]
-			if s.err == nil {
-				s.err = e.admit(d, n, *est[d])
-			}
-			ss[d] = s
+	// lines[i][d] is the series of count E1VConns[i] for design d.
+	lines := make([]map[string]*series, len(e.Plan.E1VConns))
+	// failed[d] says why design d's counts above its first failure are
+	// not run.
+	failed := map[string]error{}
+	failAbove := func(d string, i int) {
+		if failed[d] == nil {
+			failed[d] = fmt.Errorf("not run: %s failed at %d connections", d, e.Plan.E1VConns[i])
 		}
-		for rep := 0; rep < e.Plan.Repeats; rep++ {
+		for j := i + 1; j < len(lines); j++ {
+			if lines[j] != nil && lines[j][d].err == nil {
+				lines[j][d].err = failed[d]
+			}
+		}
+	}
+	for rep := 0; rep < e.Plan.Repeats; rep++ {
+		for i, n := range e.Plan.E1VConns {
+			if rep == 0 {
+				lines[i] = map[string]*series{}
+				for _, d := range designs {
+					s := &series{rec: Record{Suite: "e1", Design: d, VConns: n, MsgBytes: e.Plan.MsgBytes}}
+					s.err = failed[d]
+					if s.err == nil {
+						s.err = e.admit(d, n, *est[d])
+					}
+					lines[i][d] = s
+				}
+			}
 			for _, d := range designs {
-				s := ss[d]
+				s := lines[i][d]
 				if s.err != nil {
 					continue
 				}
@@ -48,15 +70,17 @@ func runE1(ctx context.Context, e *env) error {
 					return ctx.Err()
 				}
 				s.add(r, err)
-				if err == nil {
+				if err != nil {
+					failAbove(d, i)
+				} else if rep == 0 {
 					est[d].observe(n, grown)
-				} else {
-					failed[d] = fmt.Errorf("not run: %s failed at %d connections", d, n)
 				}
 			}
 		}
+	}
+	for i := range lines {
 		for _, d := range designs {
-			if err := e.emit(ss[d].record(false)); err != nil {
+			if err := e.emit(lines[i][d].record(false)); err != nil {
 				return err
 			}
 		}
