@@ -21,11 +21,7 @@ func TestEcho(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	newClient := func(n *agenttest.Node, id string) *vconn.Client {
-		sock, err := n.Allocate(ctx, id, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := vconn.NewClient(ctx, vconn.Options{Socket: sock})
+		c, err := n.Client(ctx, id, 2)
 		if err != nil {
 			t.Fatal(err)
 		}

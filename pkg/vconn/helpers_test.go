@@ -34,11 +34,7 @@ func client(t testing.TB, n *agenttest.Node, id string, k int) *vconn.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	sock, err := n.Allocate(ctx, id, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := vconn.NewClient(ctx, vconn.Options{Socket: sock})
+	c, err := n.Client(ctx, id, k)
 	if err != nil {
 		t.Fatal(err)
 	}

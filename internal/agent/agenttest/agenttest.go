@@ -18,6 +18,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
 // Options configure a Cluster.
@@ -159,6 +160,16 @@ func (n *Node) Allocate(ctx context.Context, id string, k int) (string, error) {
 		return "", err
 	}
 	return al.Socket, nil
+}
+
+// Client allocates k vconns on the node as id and connects an
+// application client (package vconn) to them, as a pod would.
+func (n *Node) Client(ctx context.Context, id string, k int) (*vconn.Client, error) {
+	sock, err := n.Allocate(ctx, id, k)
+	if err != nil {
+		return nil, err
+	}
+	return vconn.NewClient(ctx, vconn.Options{Socket: sock})
 }
 
 // Stop stops the node's agent (a crash, as far as peers can tell).
