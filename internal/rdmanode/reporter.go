@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -123,15 +124,17 @@ func (r *Reporter) status(s agent.Status, now metav1.Time) v1alpha1.RDMANodeStat
 	return st
 }
 
-// sameReport: nothing but the heartbeat (and condition times) changed.
+// sameReport: nothing but the heartbeat and condition times changed.
 func sameReport(a, b *v1alpha1.RDMANodeStatus) bool {
-	ca := meta.FindStatusCondition(a.Conditions, v1alpha1.ConditionNodeReady)
-	cb := meta.FindStatusCondition(b.Conditions, v1alpha1.ConditionNodeReady)
-	if ca == nil || cb == nil || ca.Status != cb.Status || ca.Reason != cb.Reason || ca.Message != cb.Message {
-		return false
+	strip := func(s *v1alpha1.RDMANodeStatus) v1alpha1.RDMANodeStatus {
+		c := *s.DeepCopy()
+		c.HeartbeatTime = nil
+		for i := range c.Conditions {
+			c.Conditions[i].LastTransitionTime = metav1.Time{}
+		}
+		return c
 	}
-	return a.QPsInUse == b.QPsInUse && a.VConnsOpen == b.VConnsOpen && a.VConnCapacity == b.VConnCapacity &&
-		fmt.Sprint(a.Devices) == fmt.Sprint(b.Devices) && fmt.Sprint(a.Address) == fmt.Sprint(b.Address)
+	return equality.Semantic.DeepEqual(strip(a), strip(b))
 }
 
 // Write creates the node's RDMANode if needed and replaces its status with
