@@ -84,40 +84,64 @@ func Build(o Options) (v1.Image, error) {
 			},
 		},
 	}
+	return assemble(cfg, layer, v1.History{Created: v1.Time{Time: o.Created}, CreatedBy: "hack/cmd/mkimage",
+		Comment: "RDMAvisor binaries and /etc/passwd"})
+}
+
+// assemble makes the image of one layer with configuration cfg.
+func assemble(cfg *v1.ConfigFile, layer v1.Layer, h v1.History) (v1.Image, error) {
 	img, err := mutate.ConfigFile(empty.Image, cfg)
 	if err != nil {
 		return nil, err
 	}
-	img, err = mutate.Append(img, mutate.Addendum{
-		Layer: layer,
-		History: v1.History{
-			Created:   v1.Time{Time: o.Created},
-			CreatedBy: "hack/cmd/mkimage",
-			Comment:   "RDMAvisor binaries and /etc/passwd",
-		},
-	})
+	img, err = mutate.Append(img, mutate.Addendum{Layer: layer, History: h})
 	if err != nil {
 		return nil, fmt.Errorf("appending the layer: %w", err)
 	}
 	return img, nil
 }
 
-// rootLayer is the image's only layer, as a tar of its whole file system.
-func rootLayer(o Options) (v1.Layer, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	dir := func(p string, mode int64, uid int) error {
-		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: p + "/", Mode: mode,
-			Uid: uid, Gid: uid, ModTime: o.Created, Format: tar.FormatPAX})
-	}
-	file := func(p string, mode int64, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: p, Mode: mode,
-			Size: int64(len(data)), ModTime: o.Created, Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
+// layerWriter builds a layer as a tar, every entry with the same time.
+type layerWriter struct {
+	buf     bytes.Buffer
+	tw      *tar.Writer
+	created time.Time
+}
+
+func newLayerWriter(created time.Time) *layerWriter {
+	w := &layerWriter{created: created}
+	w.tw = tar.NewWriter(&w.buf)
+	return w
+}
+
+func (w *layerWriter) dir(p string, mode int64, uid int) error {
+	return w.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: p + "/", Mode: mode,
+		Uid: uid, Gid: uid, ModTime: w.created, Format: tar.FormatPAX})
+}
+
+func (w *layerWriter) file(p string, mode int64, data []byte) error {
+	if err := w.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: p, Mode: mode,
+		Size: int64(len(data)), ModTime: w.created, Format: tar.FormatPAX}); err != nil {
 		return err
 	}
+	_, err := w.tw.Write(data)
+	return err
+}
+
+// layer ends the tar and returns it as a layer.
+func (w *layerWriter) layer() (v1.Layer, error) {
+	if err := w.tw.Close(); err != nil {
+		return nil, err
+	}
+	data := w.buf.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(data)), nil
+	})
+}
+
+// rootLayer is the image's only layer, as a tar of its whole file system.
+func rootLayer(o Options) (v1.Layer, error) {
+	w := newLayerWriter(o.Created)
 	for _, d := range []struct {
 		path string
 		mode int64
@@ -127,7 +151,7 @@ func rootLayer(o Options) (v1.Layer, error) {
 		{"root", 0o700, 0}, {"tmp", 0o1777, 0}, {"usr", 0o755, 0}, {"usr/local", 0o755, 0},
 		{"usr/local/bin", 0o755, 0},
 	} {
-		if err := dir(d.path, d.mode, d.uid); err != nil {
+		if err := w.dir(d.path, d.mode, d.uid); err != nil {
 			return nil, err
 		}
 	}
@@ -136,7 +160,7 @@ func rootLayer(o Options) (v1.Layer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := file("etc/"+f, 0o644, data); err != nil {
+		if err := w.file("etc/"+f, 0o644, data); err != nil {
 			return nil, err
 		}
 	}
@@ -145,17 +169,11 @@ func rootLayer(o Options) (v1.Layer, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading binary %s: %w", b, err)
 		}
-		if err := file(strings.TrimPrefix(binDir, "/")+"/"+b, 0o755, data); err != nil {
+		if err := w.file(strings.TrimPrefix(binDir, "/")+"/"+b, 0o755, data); err != nil {
 			return nil, err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	data := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(data)), nil
-	})
+	return w.layer()
 }
 
 // BuildSingle returns an image of one static binary, /NAME, its entrypoint,
@@ -167,34 +185,22 @@ func BuildSingle(bin string, o Options) (v1.Image, error) {
 		return nil, fmt.Errorf("reading binary: %w", err)
 	}
 	name := filepath.Base(bin)
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: o.Created, Format: tar.FormatPAX}); err != nil {
+	w := newLayerWriter(o.Created)
+	if err := w.dir("tmp", 0o1777, 0); err != nil {
 		return nil, err
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: int64(len(data)), ModTime: o.Created, Format: tar.FormatPAX}); err != nil {
+	if err := w.file(name, 0o755, data); err != nil {
 		return nil, err
 	}
-	if _, err := tw.Write(data); err != nil {
-		return nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	layerData := buf.Bytes()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerData)), nil })
+	layer, err := w.layer()
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.ConfigFile(empty.Image, &v1.ConfigFile{
+	return assemble(&v1.ConfigFile{
 		Architecture: o.Arch, OS: "linux", Created: v1.Time{Time: o.Created},
 		Config: v1.Config{Entrypoint: []string{"/" + name}, User: strconv.Itoa(NonRootUser) + ":" + strconv.Itoa(NonRootUser), WorkingDir: "/",
 			Labels: map[string]string{"org.opencontainers.image.version": o.Version}},
-	})
-	if err != nil {
-		return nil, err
-	}
-	return mutate.Append(img, mutate.Addendum{Layer: layer, History: v1.History{Created: v1.Time{Time: o.Created}, CreatedBy: "hack/cmd/mkimage -single"}})
+	}, layer, v1.History{Created: v1.Time{Time: o.Created}, CreatedBy: "hack/cmd/mkimage -single"})
 }
 
 // Write writes img as a docker-archive tarball at out, tagged tag.
