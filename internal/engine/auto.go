@@ -1,45 +1,73 @@
 package engine
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// Auto vconns are reliable and ordered like RC, but send small messages as
-// UD datagrams, which cost the provider one packet and no transport ACK.
-// The engine then supplies what RC would: every message carries its
-// sequence number (header.seq); the receiver delivers in sequence order,
-// holding early arrivals and dropping duplicates, and acknowledges
-// cumulatively in header.arg of whatever it sends back (data or a credit
-// grant), late rather than per message (see deliverSeq); the sender keeps
-// each datagram until it is acknowledged and retransmits it after a
-// timeout that follows the measured round trip. Large messages go over RC
-// in the same sequence. Receive credits bound both paths together.
+// Auto vconns are reliable and ordered like RC, but send messages of up to
+// a chunk as datagrams on the vconn's UC QP, which cost the provider no
+// transport ACK and no per-packet state at the receiver. The engine then
+// supplies what RC would: every message carries its sequence number
+// (header.seq); the receiver delivers in sequence order, holding early
+// arrivals and dropping duplicates, and acknowledges cumulatively in
+// header.arg of whatever it sends back (data or a credit grant), late
+// rather than per message (see deliverSeq); the sender keeps each datagram
+// until it is acknowledged and retransmits it after a timeout that follows
+// the measured round trip. Larger messages go over RC, chunked, in the
+// same sequence. Receive credits bound both paths together.
+//
+// The datagrams go over UC, not UD as eRPC and FaSST send theirs: the
+// engine holds a UC pool per peer anyway, a UC message may span packets
+// (a chunk, where a UD one ends at the MTU), and on the soft provider one
+// vconn moved 16-byte messages over UC at 1.15x the rate of UD, which
+// pays for the GRH and the address handle on every datagram.
 
 // rel is an Auto vconn's reliability state.
+//
+// The send side belongs to the poller of the vconn's QPs (vc.sq.p), which
+// alone posts, retransmits and frees its datagrams, so it takes no lock:
+// the poller that receives the peer's acknowledgements (another one, with
+// several) only records them, in peerAck, and has the owner free what
+// they cover (freeAcked). The receive side, which any poller may reach,
+// is guarded by mu.
 type rel struct {
-	mu sync.Mutex
-
-	// Send side: datagrams not yet acknowledged, in sequence order. Each
-	// keeps its buffer (the master copy); a transmission posts a copy.
+	// Send side. unacked[head:] are the datagrams not yet acknowledged,
+	// in sequence order. Each holds its buffer, shared (bufPool.share)
+	// with the posts of it that have not completed: a buffer is reused
+	// only once acknowledged and no longer the device's.
 	unacked []relMsg
-	acked   uint32 // the peer's cumulative acknowledgement
+	head    int
+	acked   uint32 // the acknowledgement unacked reflects
 	// Round-trip estimate and retransmission timeout, as TCP's (RFC
 	// 6298): a fixed timeout short enough for an idle path fires
 	// spuriously on a busy one, where acknowledgements are delayed and
 	// pollers share cores.
 	srtt, rttvar, rto time.Duration
+	// Written by the receiving poller: the newest acknowledgement, when
+	// it came (since the engine's epoch), and the end of a gap the peer
+	// reported, 0 once handled.
+	peerAck   atomic.Uint32
+	peerAckAt atomic.Int64
+	resendTo  atomic.Uint32
 
 	// Receive side.
-	rxNext     uint32    // next sequence number to accept
-	early      []Message // early[i] holds seq rxNext+1+i, if arrived
-	inorder    []Message // accepted, in order, not yet handed over
-	delivering bool      // someone is handing inorder over
-	ackSent    uint32    // last acknowledgement sent
+	mu         sync.Mutex
+	rxNext     atomic.Uint32 // next sequence number to accept; written under mu
+	early      []Message     // early[i] holds seq rxNext+1+i, if arrived
+	inorder    []Message     // accepted, in order, not yet handed over
+	delivering bool          // someone is handing inorder over
+	ackSent    atomic.Uint32 // last acknowledgement sent
+	// A gap: rxNext is missing while later messages wait in early.
+	// gapEnd is the first of those; nacked the rxNext last reported
+	// (see reportGap).
+	gapEnd atomic.Uint32
+	nacked uint32
+	gapped bool // nacked is valid
 }
 
 type relMsg struct {
@@ -50,11 +78,20 @@ type relMsg struct {
 	tries int
 }
 
+// The retransmission timeout is for the tail of a burst only: a loss with
+// anything after it is reported as a gap and resent at once (reportGap).
+// So it can afford to wait out the stalls a busy host imposes on pollers
+// and the soft device's goroutines (a goroutine may wait a scheduler slice,
+// milliseconds, for a core); at 1 ms, every such stall resent a window in
+// vain. eRPC's timeout is 5 ms too.
 const (
-	relMinRTO   = time.Millisecond     // the timeout never goes below this
-	relInitRTO  = 4 * time.Millisecond // before the first round-trip sample
-	relMaxRTO   = 64 * time.Millisecond
-	relMaxTries = 24 // about 1.5 s of silence before the vconn fails
+	relMinRTO   = 5 * time.Millisecond  // the timeout never goes below this
+	relInitRTO  = 10 * time.Millisecond // before the first round-trip sample
+	relMaxRTO   = 160 * time.Millisecond
+	relMaxTries = 16 // about 2 s of silence before the vconn fails
+	// relAckDelay bounds how long an acknowledgement waits for company:
+	// well under relMinRTO, so it never makes the sender time out.
+	relAckDelay = 100 * time.Microsecond
 )
 
 func (vc *VConn) reliability() *rel {
@@ -65,47 +102,77 @@ func (vc *VConn) reliability() *rel {
 	return vc.rel.Load()
 }
 
-// autoUD reports whether a message of n bytes (header included) goes as a
-// datagram on this Auto vconn.
-func (vc *VConn) autoUD(n uint32) bool {
+// autoDgram reports whether a message of n bytes (header included) goes as
+// a datagram on this Auto vconn.
+func (vc *VConn) autoDgram(n uint32) bool {
 	e := vc.e
-	return n-headerLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.MTU.Bytes()
+	return n-headerLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
 }
 
 // ackValue is the cumulative acknowledgement to stamp on outgoing messages.
 func (vc *VConn) ackValue() uint32 {
 	r := vc.reliability()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.ackSent = r.rxNext
-	return r.rxNext
+	n := r.rxNext.Load()
+	if r.ackSent.Load() != n {
+		r.ackSent.Store(n)
+	}
+	return n
 }
 
-// onAck frees the datagrams the peer acknowledged and, from the newest
-// one sent only once (Karn's rule), updates the round-trip estimate.
-func (vc *VConn) onAck(ack uint32, now time.Time) {
+// onAck records an acknowledgement the peer sent, received by poller p:
+// p frees what it covers if it owns the send side, else the owner does
+// when it next serves the vconn.
+func (p *poller) onAck(vc *VConn, ack uint32) {
 	r := vc.reliability()
-	r.mu.Lock()
-	if int32(ack-r.acked) <= 0 {
-		r.mu.Unlock()
+	for {
+		old := r.peerAck.Load()
+		if int32(ack-old) <= 0 {
+			return
+		}
+		if r.peerAck.CompareAndSwap(old, ack) {
+			break
+		}
+	}
+	r.peerAckAt.Store(int64(p.clock().Sub(p.e.epoch)))
+	if vc.sq.p == p {
+		p.freeAcked(vc, r)
+		return
+	}
+	vc.ackRecv.Store(true)
+	vc.schedule()
+}
+
+// freeAcked frees the datagrams the peer acknowledged and, from the newest
+// one sent only once (Karn's rule), updates the round-trip estimate. Only
+// the owner of the send side calls it.
+func (p *poller) freeAcked(vc *VConn, r *rel) {
+	ack := r.peerAck.Load()
+	if ack == r.acked {
 		return
 	}
 	r.acked = ack
-	k := 0
+	at := p.e.epoch.Add(time.Duration(r.peerAckAt.Load()))
 	var sample time.Duration
-	for k < len(r.unacked) && int32(ack-r.unacked[k].seq) > 0 {
-		u := &r.unacked[k]
+	for r.head < len(r.unacked) && int32(ack-r.unacked[r.head].seq) > 0 {
+		u := &r.unacked[r.head]
 		if u.tries == 0 {
-			sample = now.Sub(u.sent)
+			sample = at.Sub(u.sent)
 		}
-		vc.e.pool.put(u.slot)
-		k++
+		p.e.pool.unref(u.slot)
+		*u = relMsg{}
+		r.head++
 	}
-	r.unacked = append(r.unacked[:0], r.unacked[k:]...)
+	switch {
+	case r.head == len(r.unacked):
+		r.unacked, r.head = r.unacked[:0], 0
+	case r.head > len(r.unacked)/2:
+		n := copy(r.unacked, r.unacked[r.head:])
+		clear(r.unacked[n:])
+		r.unacked, r.head = r.unacked[:n], 0
+	}
 	if sample > 0 {
 		r.observe(sample)
 	}
-	r.mu.Unlock()
 }
 
 // observe folds a round-trip sample into the estimate (RFC 6298 2.2-2.3).
@@ -138,13 +205,17 @@ func (r *rel) timeout(tries int) time.Duration {
 //
 // Acknowledgements are cumulative and delayed, as TCP's are: one goes out
 // when half a credit window has arrived unacknowledged (with the credit
-// grant, which carries it, when the application keeps up), when the
-// receiving poller runs out of completions to handle (the sender has
-// paused), or at once for a duplicate (the sender timed out).
+// grant, which carries it, when the application keeps up), relAckDelay
+// after the first unacknowledged message arrived, or at once for a
+// duplicate (the sender timed out). Acknowledging whenever the receiving
+// poller ran out of work instead cost a control message every few
+// messages whenever the receiver outpaced the sender, which is the usual
+// case.
 func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message) {
 	r := vc.reliability()
 	r.mu.Lock()
-	d := int32(seq - r.rxNext)
+	next := r.rxNext.Load()
+	d := int32(seq - next)
 	switch {
 	case d < 0:
 		// A retransmission of something delivered: it took no credit.
@@ -156,7 +227,7 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message) {
 		return
 	case d > 0:
 		i := int(d) - 1
-		if i >= 2*vc.e.cfg.Credits {
+		if i >= 2*vc.e.cfg.MaxCredits {
 			r.mu.Unlock()
 			m.credits = 0 // outside the window: the sender will resend it
 			m.Release()
@@ -172,78 +243,153 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message) {
 			return
 		}
 		r.early[i] = m
+		gap := r.reportGap(next)
 		r.mu.Unlock()
+		if gap && !vc.nackDue.Swap(true) {
+			vc.schedule()
+		}
 		return
 	}
 	// In sequence: accept it and whatever it releases.
-	r.inorder = append(r.inorder, m)
-	r.rxNext++
-	for len(r.early) > 0 && r.early[0].vc != nil {
-		r.inorder = append(r.inorder, r.early[0])
-		r.early = append(r.early[:0], r.early[1:]...)
-		r.rxNext++
-	}
+	next++
 	if len(r.early) > 0 {
-		r.early = append(r.early[:0], r.early[1:]...)
+		// m filled the gap: the run of early arrivals after it follows
+		// it, and early moves past that run and the next gap (whose
+		// sequence number is now rxNext).
+		k := 0
+		for k < len(r.early) && r.early[k].vc != nil {
+			k++
+		}
+		r.inorder = append(r.inorder, m)
+		r.inorder = append(r.inorder, r.early[:k]...)
+		next += uint32(k)
+		n := len(r.early)
+		rest := copy(r.early, r.early[min(k+1, n):])
+		clear(r.early[rest:n])
+		r.early = r.early[:rest]
+		m = Message{}
 	}
+	r.rxNext.Store(next)
+	gap := len(r.early) > 0 && r.reportGap(next)
 	// Hand over outside the lock (a handler may send on this vconn), one
 	// goroutine at a time so the order holds across pollers.
-	if !r.delivering {
+	if r.delivering {
+		if m.vc != nil {
+			r.inorder = append(r.inorder, m)
+		}
+	} else {
 		r.delivering = true
-		for len(r.inorder) > 0 {
-			next := r.inorder[0]
-			r.inorder[0] = Message{}
-			r.inorder = r.inorder[1:]
+		if m.vc != nil {
+			r.mu.Unlock()
+			vc.deliver(m)
+			r.mu.Lock()
+		}
+		for i := 0; i < len(r.inorder); i++ {
+			next := r.inorder[i]
+			r.inorder[i] = Message{}
 			r.mu.Unlock()
 			vc.deliver(next)
 			r.mu.Lock()
 		}
-		r.inorder = r.inorder[:0:cap(r.inorder)]
+		r.inorder = r.inorder[:0]
 		r.delivering = false
 	}
-	pending := r.rxNext - r.ackSent
 	r.mu.Unlock()
-	if pending >= uint32(max(1, vc.e.cfg.Credits/2)) {
-		if !vc.ackDue.Swap(true) {
-			vc.schedule()
-		}
-		return
+	if gap && !vc.nackDue.Swap(true) {
+		vc.schedule()
 	}
-	if !vc.ackWait.Swap(true) {
-		p.acks = append(p.acks, vc)
+	// The acknowledgement waits (see above); the credit grant that the
+	// application's release brings may carry it first.
+	if !vc.ackWait.Load() && !vc.ackWait.Swap(true) {
+		p.acks = append(p.acks, ackWaiter{vc, r.ackSent.Load()})
 	}
 }
 
-// flushAcks sends the delayed acknowledgements: the poller found nothing
-// more to receive, so the senders are waiting or paused.
+// reportGap records that next is missing while later messages wait, and
+// reports whether the sender should hear of it: once per gap. A datagram
+// lost (a receive queue overflowed on the way) would otherwise wait for
+// the retransmission timeout, at least relMinRTO, while the window drains
+// and the vconn stops; told, the sender resends what is missing at once,
+// as TCP's fast retransmit and RC's sequence-error NAK do. r.mu is held.
+func (r *rel) reportGap(next uint32) bool {
+	if r.gapped && r.nacked == next {
+		return false
+	}
+	for j, m := range r.early {
+		if m.vc != nil {
+			r.gapEnd.Store(next + 1 + uint32(j))
+			break
+		}
+	}
+	r.nacked, r.gapped = next, true
+	return true
+}
+
+// onGap has the owner of the send side resend at once the datagrams the
+// peer reports missing, from its acknowledgement up to gapEnd (see
+// retransmit).
+func (vc *VConn) onGap(gapEnd uint32) {
+	r := vc.reliability()
+	for {
+		old := r.resendTo.Load()
+		if old != 0 && int32(gapEnd-old) <= 0 {
+			break
+		}
+		if r.resendTo.CompareAndSwap(old, gapEnd) {
+			break
+		}
+	}
+	p := vc.sq.p
+	p.rtxSoon.Store(true)
+	p.kick()
+}
+
+// ackWaiter is a vconn whose acknowledgement is delayed, and the last one
+// sent when it began to wait.
+type ackWaiter struct {
+	vc   *VConn
+	sent uint32
+}
+
+// flushAcks sends the delayed acknowledgements that nothing sent meanwhile
+// carried. A vconn whose acknowledgement did go out (with a credit grant)
+// but that has received more since waits another relAckDelay: in a
+// stream, grants carry every acknowledgement and the timer sends none.
 func (p *poller) flushAcks() {
-	for i, vc := range p.acks {
-		p.acks[i] = nil
-		vc.ackWait.Store(false)
+	k := 0
+	for _, w := range p.acks {
+		vc := w.vc
 		r := vc.reliability()
-		r.mu.Lock()
-		pending := r.rxNext != r.ackSent
-		r.mu.Unlock()
-		if pending && !vc.ackDue.Swap(true) {
-			vc.schedule()
+		next, sent := r.rxNext.Load(), r.ackSent.Load()
+		switch {
+		case next == sent:
+			vc.ackWait.Store(false)
+		case sent != w.sent:
+			p.acks[k] = ackWaiter{vc, sent}
+			k++
+		default:
+			vc.ackWait.Store(false)
+			if !vc.ackDue.Swap(true) {
+				vc.schedule()
+			}
 		}
 	}
-	p.acks = p.acks[:0]
+	clear(p.acks[k:])
+	p.acks = p.acks[:k]
 }
 
-// releaseRel returns the buffers an Auto vconn holds.
+// releaseRel returns the early arrivals a released Auto vconn holds; its
+// poller frees its unacknowledged datagrams (dropUnacked) when it serves
+// it next.
 func (vc *VConn) releaseRel() {
 	r := vc.rel.Load()
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
-	unacked, early := r.unacked, r.early
-	r.unacked, r.early = nil, nil
+	early := r.early
+	r.early = nil
 	r.mu.Unlock()
-	for _, u := range unacked {
-		vc.e.pool.put(u.slot)
-	}
 	for _, m := range early {
 		if m.vc != nil {
 			m.credits = 0
@@ -252,25 +398,29 @@ func (vc *VConn) releaseRel() {
 	}
 }
 
-// sendReliable transmits a copy of an Auto datagram and keeps the original
-// until it is acknowledged. It reports false when no buffer is free now.
-func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, slot, n, seq uint32) bool {
-	e := p.e
-	tx, ok := e.pool.get(e.pool.class(int(n)))
-	if !ok {
-		return false
+// dropUnacked frees the datagrams of a vconn that will send no more.
+func (p *poller) dropUnacked(vc *VConn) {
+	r := vc.rel.Load()
+	if r == nil {
+		return
 	}
-	copy(e.pool.bytes(tx), e.pool.bytes(slot)[:n])
-	p.postUD(vc, remote, tx, n)
+	for i := r.head; i < len(r.unacked); i++ {
+		p.e.pool.unref(r.unacked[i].slot)
+	}
+	r.unacked, r.head = nil, 0
+}
+
+// sendReliable posts an Auto datagram and keeps it until it is
+// acknowledged.
+func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, slot, n, seq uint32) {
+	p.e.pool.share(slot, 2) // the unacknowledged list and the post
+	p.postShared(vc.dq, vc, remote, slot, n)
 	r := vc.reliability()
-	r.mu.Lock()
 	r.unacked = append(r.unacked, relMsg{seq: seq, slot: slot, n: n, sent: p.clock()})
-	r.mu.Unlock()
 	if !vc.rtxWatched {
 		vc.rtxWatched = true
 		p.rtx = append(p.rtx, vc)
 	}
-	return true
 }
 
 // retransmit resends the datagrams whose timeout passed, on the vconns the
@@ -281,33 +431,41 @@ func (p *poller) retransmit(now time.Time) bool {
 	for _, vc := range p.rtx {
 		r := vc.reliability()
 		live := vc.state.Load() == stateOpen || vc.state.Load() == stateClosing
+		if !live {
+			p.dropUnacked(vc)
+		}
+		p.freeAcked(vc, r)
 		remote := vqpn.ID(vc.remote.Load())
-		r.mu.Lock()
+		// A gap the peer reported is resent now, except what was resent
+		// less than a round trip ago: the report may have crossed it.
+		resendTo := r.resendTo.Swap(0)
 		var dead bool
-		for i := range r.unacked {
+		for i := r.head; i < len(r.unacked); i++ {
 			u := &r.unacked[i]
-			if !live || now.Sub(u.sent) < r.timeout(u.tries) {
+			age := now.Sub(u.sent)
+			gap := resendTo != 0 && int32(u.seq-resendTo) < 0 && (u.tries == 0 || age >= r.srtt)
+			if !gap && age < r.timeout(u.tries) {
 				continue
 			}
 			if u.tries >= relMaxTries {
 				dead = true
 				break
 			}
-			if p.ud.outstanding+len(p.ud.batch) >= e.cfg.SQDepth || p.budget <= 0 {
+			if q := vc.dq; q.outstanding+len(q.batch) >= e.cfg.SQDepth || p.budget <= 0 {
 				break
 			}
-			tx, ok := e.pool.get(e.pool.class(int(u.n)))
-			if !ok {
-				break
+			// The buffer goes again as it was, with the acknowledgement
+			// it first carried: rewriting it while an earlier post of it
+			// may not have been read would race with the device.
+			e.pool.ref(u.slot)
+			p.postShared(vc.dq, vc, remote, u.slot, u.n)
+			if age < r.timeout(u.tries) {
+				e.stats.gapResends.Add(1)
 			}
-			copy(e.pool.bytes(tx), e.pool.bytes(u.slot)[:u.n])
-			binary.BigEndian.PutUint32(e.pool.bytes(tx)[20:], r.rxNext) // fresh ACK
-			p.postUD(vc, remote, tx, u.n)
 			u.sent, u.tries = now, u.tries+1
 			e.stats.retransmits.Add(1)
 		}
-		waiting := len(r.unacked) > 0 && live
-		r.mu.Unlock()
+		waiting := r.head < len(r.unacked) && live
 		if dead {
 			vc.fail(fmt.Errorf("%w: no acknowledgement after %d retransmissions", ErrPeerGone, relMaxTries))
 			waiting = false

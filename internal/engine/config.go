@@ -22,9 +22,9 @@ const (
 	UC
 	// UD: datagrams of at most one MTU less the header, unreliable.
 	UD
-	// Auto: reliable and ordered like RC; small messages travel over UD
-	// with the engine's own sequencing, acknowledgements and
-	// retransmission, large ones over RC.
+	// Auto: reliable and ordered like RC; messages of up to a chunk
+	// travel as UC datagrams with the engine's own sequencing,
+	// acknowledgements and retransmission, longer ones over RC.
 	Auto
 )
 
@@ -77,14 +77,25 @@ type Config struct {
 	// (default 4096).
 	SendBuffers int
 	// Credits is how many receive buffers one vconn may hold at the peer
-	// before the peer's application reads (default 32).
+	// before the peer's application reads (default 32): its starting
+	// credit window.
 	Credits int
+	// MaxCredits bounds a vconn's credit window (default 256, or Credits
+	// when Credits is set: a window set by hand stays fixed). A window
+	// grows, doubling, while its sender uses all of it and the
+	// application reads everything, as TCP's receive window tunes itself:
+	// a window must cover the grants' round trip at the message rate, and
+	// that round trip is unknown in advance (a few µs on a NIC, tens where
+	// pollers share cores). The growth beyond Credits comes from a budget
+	// of half the receive buffers the vconn's messages land in, so one
+	// vconn may not take more than half of them, nor all vconns together.
+	MaxCredits int
 	// SQDepth is the send queue of each QP (default 512).
 	SQDepth int
 	// Transport is the policy of vconns that do not choose (default RC).
 	Transport Transport
-	// AutoThreshold is the largest message Auto sends over UD (default:
-	// measured; see DefaultAutoThreshold).
+	// AutoThreshold is the largest message Auto sends as a datagram
+	// (default: measured; see DefaultAutoThreshold).
 	AutoThreshold int
 	// DgramBuffers is the depth of the SRQ shared by the UD and UC QPs
 	// (default 512). Unreliable traffic has its own receive buffers so it
@@ -108,6 +119,7 @@ const (
 	defaultChunkSize   = 16 << 10
 	defaultSendBuffers = 4096
 	defaultCredits     = 32
+	defaultMaxCredits  = 256
 	defaultSQDepth     = 512
 	defaultSpinPolls   = 2000
 	cqDepth            = 1 << 16
@@ -130,7 +142,11 @@ func (c Config) withDefaults() (Config, error) {
 	set(&c.RecvBuffers, defaultRecvBuffers)
 	set(&c.ChunkSize, defaultChunkSize)
 	set(&c.SendBuffers, defaultSendBuffers)
+	if c.MaxCredits == 0 && c.Credits != 0 {
+		c.MaxCredits = c.Credits // a window set by hand stays as set
+	}
 	set(&c.Credits, defaultCredits)
+	set(&c.MaxCredits, max(c.Credits, min(defaultMaxCredits, c.RecvBuffers)))
 	set(&c.SQDepth, defaultSQDepth)
 	set(&c.SpinPolls, defaultSpinPolls)
 	set(&c.DgramBuffers, 512)
@@ -160,6 +176,7 @@ func (c Config) withDefaults() (Config, error) {
 	check(c.RecvBuffers >= 16 && c.RecvBuffers <= 1<<20, "RecvBuffers %d: want 16..%d", c.RecvBuffers, 1<<20)
 	check(c.SendBuffers >= 16 && c.SendBuffers <= 1<<22, "SendBuffers %d: want 16..%d", c.SendBuffers, 1<<22)
 	check(c.Credits >= 2 && c.Credits <= c.RecvBuffers, "Credits %d: want 2..RecvBuffers (%d)", c.Credits, c.RecvBuffers)
+	check(c.MaxCredits >= c.Credits && c.MaxCredits <= c.RecvBuffers, "MaxCredits %d: want Credits (%d)..RecvBuffers (%d)", c.MaxCredits, c.Credits, c.RecvBuffers)
 	check(c.DgramBuffers >= 16 && c.DgramBuffers <= 1<<20, "DgramBuffers %d: want 16..%d", c.DgramBuffers, 1<<20)
 	check(c.SQDepth >= 16 && c.SQDepth <= 1<<15, "SQDepth %d: want 16..32768", c.SQDepth)
 	check(c.MTU.Bytes() != 0, "MTU %v is not an IB MTU", c.MTU)

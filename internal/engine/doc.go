@@ -20,7 +20,17 @@
 // counted, never delivered to the new owner. A vconn queues its messages in
 // a single-producer ring the poller drains; receive credits bound how many
 // SRQ buffers one vconn may hold, so a slow reader cannot drain the SRQ
-// shared by all.
+// shared by all. A vconn's credit window starts at Config.Credits and
+// doubles, up to MaxCredits, while its sender uses all of it and its reader
+// keeps up: a window must cover the grants' round trip, which is a few µs
+// on a NIC and tens where pollers share cores. The growth comes from a
+// budget of half the receive buffers, so windows stay a bounded share.
+//
+// Transports (Transport): RC; UC and UD, unreliable; and Auto, reliable,
+// which sends what fits a chunk as UC datagrams under its own sequence
+// numbers, cumulative acknowledgements (delayed, usually riding on credit
+// grants), gap reports that resend a loss at once and a retransmission
+// timeout for the rest, and longer messages over RC (auto.go).
 //
 // Scheduling is built for many vconns with little traffic each (100,000
 // vconns round-robin: about one message per vconn per pass), where what a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -47,6 +48,14 @@ type Engine struct {
 	// peer: a message may only name vconns of the peer it came from.
 	ingress sync.Map
 
+	// windowBudget is the credit window growth vconns may still take,
+	// of the SRQ's receive buffers (0) and of the datagram SRQ's (1).
+	windowBudget [2]atomic.Int64
+
+	// epoch is when the engine started: times kept in atomics are
+	// durations since it, on the monotonic clock.
+	epoch time.Time
+
 	closed atomic.Bool
 	stats  counters
 }
@@ -64,7 +73,10 @@ func New(cfg Config) (_ *Engine, err error) {
 		dev:    cfg.Device,
 		vconns: vqpn.New[VConn](cfg.MaxVConns),
 		peers:  make(map[verbs.GID]*Peer),
+		epoch:  time.Now(),
 	}
+	e.windowBudget[0].Store(int64(cfg.RecvBuffers / 2))
+	e.windowBudget[1].Store(int64(cfg.DgramBuffers / 2))
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.release())
@@ -222,11 +234,12 @@ type Stats struct {
 	CreditStalls uint64 // times a vconn waited for credits
 	Sleeps       uint64 // times a poller blocked on its completion channel
 	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
+	GapResends   uint64 // of those, sent at once on the peer's gap report
 	BuffersInUse []int  // per pool class
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -242,6 +255,7 @@ func (e *Engine) Stats() Stats {
 		CreditStalls: e.stats.creditStalls.Load(),
 		Sleeps:       e.stats.sleeps.Load(),
 		Retransmits:  e.stats.retransmits.Load(),
+		GapResends:   e.stats.gapResends.Load(),
 		BuffersInUse: e.pool.inUse(),
 	}
 	e.peersMu.Lock()

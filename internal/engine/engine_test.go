@@ -292,9 +292,11 @@ func TestTransports(t *testing.T) {
 	}
 }
 
-// TestAutoReliableUnderLoss: an Auto vconn mixes datagrams (small
-// messages) and RC (large) and still delivers every message exactly once
-// and in order when the network loses, duplicates and reorders packets.
+// TestAutoReliableUnderLoss: an Auto vconn mixes datagrams (messages of
+// up to a chunk, over UC) and RC (longer ones) and still delivers every
+// message exactly once and in order when the network loses, duplicates
+// and reorders packets; losses followed by later arrivals are resent on
+// the receiver's gap report, not after a timeout.
 func TestAutoReliableUnderLoss(t *testing.T) {
 	a, b := testEngines(t, wire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -305,8 +307,11 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 	}
 	const n = 3000
 	size := func(i int) int {
-		if i%10 == 0 {
-			return 5000 + i // over the threshold: RC
+		switch i % 10 {
+		case 0:
+			return 17000 + i // longer than a chunk: RC
+		case 5:
+			return 5000 + i // a datagram of two packets
 		}
 		return 8 + i%500
 	}
@@ -331,9 +336,15 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 	}
 	s := a.Stats()
 	if s.Retransmits == 0 {
-		t.Fatal("no datagram was retransmitted under 5% loss: the UD path was not exercised")
+		t.Fatal("no datagram was retransmitted under 5% loss: the datagram path was not exercised")
 	}
-	t.Logf("sender: %d retransmissions", s.Retransmits)
+	if s.GapResends == 0 {
+		t.Error("no datagram was resent on a gap report: every loss waited for the timeout")
+	}
+	if s.UCQPs == 0 {
+		t.Error("the Auto vconn opened no UC QP for its datagrams")
+	}
+	t.Logf("sender: %d retransmissions, %d on gap reports", s.Retransmits, s.GapResends)
 	_ = va.Close()
 	_ = vb.Close()
 	waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
@@ -375,9 +386,9 @@ func TestAutoLongMessages(t *testing.T) {
 }
 
 // TestAutoDelayedAcks: a receiver acknowledges Auto datagrams cumulatively
-// (at most one control message per half credit window while it is busy,
-// not one per message), and a tail that fills no half window is still
-// acknowledged when the sender pauses: no retransmission, no buffer held.
+// (with its credit grants, or after relAckDelay, not once per message),
+// and a tail that brings no grant is still acknowledged: no
+// retransmission, no buffer held.
 func TestAutoDelayedAcks(t *testing.T) {
 	a, b := testEngines(t, wire.Faults{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -403,16 +414,15 @@ func TestAutoDelayedAcks(t *testing.T) {
 		}
 		m.Release()
 	}
-	r := va.reliability()
+	// Every buffer the sender used is back once all is acknowledged.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		r.mu.Lock()
-		left := len(r.unacked)
-		r.mu.Unlock()
+		in := a.Stats().BuffersInUse
+		left := in[0] + in[1] + in[2]
 		if left == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d datagrams never acknowledged", left)
+			t.Fatalf("%d send buffers still held: datagrams never acknowledged", left)
 		}
 	}
 	// The timeout follows the measured round trip: delayed
@@ -421,9 +431,8 @@ func TestAutoDelayedAcks(t *testing.T) {
 	if rtx := a.Stats().Retransmits; rtx != 0 && !raceEnabled {
 		t.Errorf("%d retransmissions on a lossless fabric", rtx)
 	}
-	// Per message acknowledgements would be n control messages; an idle
-	// receiver acknowledges what it has whenever it runs dry.
-	if ctl := b.Stats().WRsPosted - before; ctl > n/2 {
+	// Per message acknowledgements would be n control messages.
+	if ctl := b.Stats().WRsPosted - before; ctl > n/8 {
 		t.Errorf("the receiver posted %d control messages for %d datagrams", ctl, n)
 	}
 }

@@ -9,10 +9,11 @@ import (
 // headerLen is the engine header at the start of every SEND payload.
 //
 //	0      type
-//	1      flags (flagFirst, flagLast, flagImm)
+//	1      flags (flagFirst, flagLast, flagImm; flagGap on a credit grant)
 //	2..3   reserved, zero
 //	4..7   credit: receive credits the sender has granted, cumulative
-//	8..11  length: the whole message's length (data messages)
+//	8..11  length: the whole message's length (data messages); with
+//	       flagGap, the first sequence number past the gap
 //	12..15 seq: the message's sequence number on its vconn
 //	16..19 imm: the application's immediate (flagImm)
 //	20..23 arg: type-specific (export: region id)
@@ -34,6 +35,10 @@ const (
 	flagFirst = 1 << 0
 	flagLast  = 1 << 1
 	flagImm   = 1 << 2
+	// flagGap, on an Auto vconn's credit grant: the sequence numbers from
+	// its acknowledgement (arg) up to length are missing while later ones
+	// arrived.
+	flagGap = 1 << 3
 )
 
 type header struct {
@@ -75,11 +80,14 @@ func (h *header) parse(b []byte) error {
 	h.seq = binary.BigEndian.Uint32(b[12:])
 	h.imm = binary.BigEndian.Uint32(b[16:])
 	h.arg = binary.BigEndian.Uint32(b[20:])
-	if h.typ < msgData || h.typ > msgUnexported || h.flags&^(flagFirst|flagLast|flagImm) != 0 || b[2] != 0 || b[3] != 0 {
+	if h.typ < msgData || h.typ > msgUnexported || h.flags&^(flagFirst|flagLast|flagImm|flagGap) != 0 || b[2] != 0 || b[3] != 0 {
 		return errBadHeader
 	}
 	if h.typ != msgData && h.flags&(flagFirst|flagLast) != flagFirst|flagLast {
 		return errBadHeader // control messages are single chunks
+	}
+	if h.flags&flagGap != 0 && (h.typ != msgCredit || int32(h.length-h.arg) <= 0) {
+		return errBadHeader // a gap is reported on a grant, and ends past its start
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{typ: msgData, flags: flagFirst, credit: 1 << 31, length: 1 << 20, seq: ^uint32(0)},
 		{typ: msgData, flags: 0},
 		{typ: msgCredit, flags: flagFirst | flagLast, credit: 9, arg: 3},
+		{typ: msgCredit, flags: flagFirst | flagLast | flagGap, credit: 9, arg: 3, length: 7},
+		{typ: msgCredit, flags: flagFirst | flagLast | flagGap, arg: ^uint32(0), length: 2}, // across the wrap
 		{typ: msgExport, flags: flagFirst | flagLast, arg: 12},
 		{typ: msgUnexported, flags: flagFirst | flagLast, arg: 12},
 	} {
@@ -29,7 +31,15 @@ func TestHeaderRejects(t *testing.T) {
 		(&header{typ: msgFin, flags: flagFirst | flagLast}).put(b[:])
 		return b[:]
 	}
+	gap := func(b []byte) []byte {
+		(&header{typ: msgCredit, flags: flagFirst | flagLast | flagGap, arg: 10, length: 12}).put(b)
+		return b
+	}
 	for name, mutate := range map[string]func([]byte) []byte{
+		"gap on data":           func(b []byte) []byte { b = gap(b); b[0] = byte(msgData); return b },
+		"gap on a FIN":          func(b []byte) []byte { b = gap(b); b[0] = byte(msgFin); return b },
+		"empty gap":             func(b []byte) []byte { b = gap(b); b[11] = 10; return b },
+		"gap ending before":     func(b []byte) []byte { b = gap(b); b[11] = 3; return b },
 		"short":                 func(b []byte) []byte { return b[:headerLen-1] },
 		"type 0":                func(b []byte) []byte { b[0] = 0; return b },
 		"unknown type":          func(b []byte) []byte { b[0] = 99; return b },
@@ -51,6 +61,7 @@ func FuzzHeader(f *testing.F) {
 	for _, h := range []header{
 		{typ: msgData, flags: flagFirst | flagLast, length: 3},
 		{typ: msgCredit, flags: flagFirst | flagLast, credit: 5},
+		{typ: msgCredit, flags: flagFirst | flagLast | flagGap, arg: 4, length: 9},
 		{typ: msgReset, flags: flagFirst | flagLast},
 	} {
 		var b [headerLen]byte

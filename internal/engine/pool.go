@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -14,6 +15,9 @@ import (
 // Ownership: get hands a buffer to the caller; it stays the caller's (or
 // the device's, once posted) until put. Buffers are never touched after
 // put; a double put panics, as a refcount gone wrong must not corrupt data.
+// A buffer with several owners at once (an Auto datagram, held until
+// acknowledged and posted perhaps more than once) is shared: share sets
+// its owners, unref drops one and puts it after the last.
 type bufPool struct {
 	mr      verbs.MR
 	classes []bufClass
@@ -25,12 +29,13 @@ type bufClass struct {
 	n    uint32
 
 	mu      sync.Mutex
-	free    []uint32      // indexes; guarded by mu
-	inUse   []bool        // guarded by mu
-	lowest  int           // fewest free ever; guarded by mu
-	waiters int           // goroutines in wait; guarded by mu
-	wakeAt  int           // free buffers that wake the waiters
-	freed   chan struct{} // closed (and replaced) by a put while waiters wait; guarded by mu
+	free    []uint32       // indexes; guarded by mu
+	inUse   []bool         // guarded by mu
+	refs    []atomic.Int32 // owners of shared buffers (see share)
+	lowest  int            // fewest free ever; guarded by mu
+	waiters int            // goroutines in wait; guarded by mu
+	wakeAt  int            // free buffers that wake the waiters
+	freed   chan struct{}  // closed (and replaced) by a put while waiters wait; guarded by mu
 }
 
 // classSpec asks for n buffers of size bytes.
@@ -60,6 +65,7 @@ func newBufPool(pd verbs.PD, specs []classSpec) (*bufPool, error) {
 			c.free[j] = uint32(s.n - 1 - j)
 		}
 		c.inUse = make([]bool, s.n)
+		c.refs = make([]atomic.Int32, s.n)
 		c.lowest = s.n
 		// Many waiters wake once a batch of buffers is free, not on
 		// every put: under sustained pressure a wake per buffer would
@@ -113,6 +119,26 @@ func (p *bufPool) put(slot uint32) {
 		c.freed = make(chan struct{})
 	}
 	c.mu.Unlock()
+}
+
+// share gives a buffer the caller got n owners, the caller among them.
+func (p *bufPool) share(slot uint32, n int32) {
+	p.classes[slot>>24].refs[slot&(1<<24-1)].Store(n)
+}
+
+// ref adds an owner to a shared buffer.
+func (p *bufPool) ref(slot uint32) {
+	p.classes[slot>>24].refs[slot&(1<<24-1)].Add(1)
+}
+
+// unref drops an owner of a shared buffer, and puts it after the last.
+func (p *bufPool) unref(slot uint32) {
+	switch n := p.classes[slot>>24].refs[slot&(1<<24-1)].Add(-1); {
+	case n == 0:
+		p.put(slot)
+	case n < 0:
+		panic(fmt.Sprintf("engine: shared buffer %#x released once too often", slot))
+	}
 }
 
 // wait blocks until class ci may have a free buffer, or done is closed.

@@ -56,6 +56,7 @@ type VConn struct {
 	limit      atomic.Uint32 // credits the peer granted, cumulative
 	consumed   atomic.Uint32 // receive buffers released, cumulative
 	advertised atomic.Uint32 // last credit grant sent
+	window     atomic.Uint32 // credits granted beyond consumed: Credits, grown up to MaxCredits
 	txSeq      uint32        // guarded by sendMu
 	scheduled  atomic.Bool   // on the poller's run queue
 	ring       ring          // the producer is whoever holds sendMu; the consumer the QP's poller
@@ -66,7 +67,7 @@ type VConn struct {
 	// Line 1.
 	peer      *Peer
 	handler   Handler
-	dq        *sendQP                 // the UC QP of a UC vconn (UD vconns use their poller's UD QP)
+	dq        *sendQP                 // the UC QP of a UC or Auto vconn (UD vconns use their poller's UD QP)
 	regions   atomic.Pointer[regions] // one-sided state, created on first use
 	id        vqpn.ID
 	remote    atomic.Uint32 // the peer vconn's vqpn.ID
@@ -98,8 +99,10 @@ type VConn struct {
 	peerFin bool          // guarded by rxMu
 	err     error         // guarded by rxMu: why the vconn failed
 	ackWait atomic.Bool   // on a poller's delayed-acknowledgement list
+	nackDue atomic.Bool   // an Auto gap report should go out (see reportGap)
+	ackRecv atomic.Bool   // another poller received acknowledgements for the send side (see onAck)
 
-	_ [28]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
+	_ [20]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
 }
 
 // Message is one received message. Data is valid until Release.
@@ -131,6 +134,7 @@ func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VCo
 	vc := &VConn{e: e, peer: peer, handler: o.Handler, tr: tr}
 	vc.limit.Store(uint32(e.cfg.Credits))
 	vc.advertised.Store(uint32(e.cfg.Credits))
+	vc.window.Store(uint32(e.cfg.Credits))
 	id, err := e.vconns.Alloc(vc)
 	if err != nil {
 		return nil, fmt.Errorf("engine: new vconn to %v: %w", peer.gid, err)
@@ -144,10 +148,10 @@ func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VCo
 	}
 	vc.sq = q
 	switch tr {
-	case UC:
+	case UC, Auto:
 		vc.dq, err = peer.ucQP(ctx, int(id.VQPN())%e.cfg.QPsPerPeer)
-	case UD, Auto:
-		err = peer.ensureAH() // the poller's UD QP carries (small) data
+	case UD:
+		err = peer.ensureAH() // the poller's UD QP carries the data
 	}
 	if err != nil {
 		_ = e.vconns.Release(id)
@@ -489,11 +493,54 @@ func (vc *VConn) returnCredits(n uint32) {
 		return
 	}
 	c := vc.consumed.Add(n)
-	grant := uint32(vc.e.cfg.Credits) + c
-	if grant-vc.advertised.Load() >= uint32(vc.e.cfg.Credits)/2 && vc.state.Load() == stateOpen {
+	adv := vc.advertised.Load()
+	w := vc.window.Load()
+	if c == adv {
+		// The sender used every credit granted and the application read
+		// it all: the window, not the reader, limits the vconn.
+		w = vc.growWindow(w)
+	}
+	if c+w-adv >= w/2 && vc.state.Load() == stateOpen {
 		if !vc.creditDue.Swap(true) {
 			vc.schedule()
 		}
+	}
+}
+
+// windowBudget is the budget a vconn's window grows from: that of the
+// receive buffers its messages use, the datagram SRQ's for Auto (whose
+// small messages land there), the SRQ's for the rest.
+func (vc *VConn) windowBudget() *atomic.Int64 {
+	if vc.tr == Auto {
+		return &vc.e.windowBudget[1]
+	}
+	return &vc.e.windowBudget[0]
+}
+
+// growWindow doubles the credit window w if MaxCredits and the engine's
+// budget allow; it returns the window now. Only returnCredits grows it,
+// and a grant made from it is never taken back: windows shrink only when
+// their vconns end (see shrinkWindow).
+func (vc *VConn) growWindow(w uint32) uint32 {
+	if 2*w > uint32(vc.e.cfg.MaxCredits) || vc.state.Load() != stateOpen {
+		return w
+	}
+	b := vc.windowBudget()
+	if b.Add(-int64(w)) < 0 {
+		b.Add(int64(w))
+		return w
+	}
+	if !vc.window.CompareAndSwap(w, 2*w) {
+		b.Add(int64(w)) // another release grew it first
+		return vc.window.Load()
+	}
+	return 2 * w
+}
+
+// shrinkWindow gives a released vconn's window growth back to the budget.
+func (vc *VConn) shrinkWindow() {
+	if w := vc.window.Swap(uint32(vc.e.cfg.Credits)); w > uint32(vc.e.cfg.Credits) {
+		vc.windowBudget().Add(int64(w) - int64(vc.e.cfg.Credits))
 	}
 }
 
@@ -601,6 +648,7 @@ func (vc *VConn) release() {
 	vc.peer.unlink(vc)
 	vc.releaseRegions()
 	vc.releaseRel()
+	vc.shrinkWindow()
 	_ = vc.e.vconns.Release(vc.id)
 	vc.abandonOp(fmt.Errorf("engine: vconn %v: %w", vc.id, ErrClosed))
 	// The poller returns whatever is still queued to the pool.
@@ -646,7 +694,7 @@ func (vc *VConn) Err() error {
 // on an Auto vconn's data and grants the acknowledgement too; no separate
 // grant is due after it.
 func (vc *VConn) stampCredit(b []byte) {
-	g := uint32(vc.e.cfg.Credits) + vc.consumed.Load()
+	g := vc.consumed.Load() + vc.window.Load()
 	binary.BigEndian.PutUint32(b[4:], g)
 	// Stores only on change: an atomic store is a full barrier, which
 	// waits for every store before it, cache misses included.
@@ -658,6 +706,8 @@ func (vc *VConn) stampCredit(b []byte) {
 	}
 	if vc.tr == Auto && (msgType(b[0]) == msgData || msgType(b[0]) == msgCredit) {
 		binary.BigEndian.PutUint32(b[20:], vc.ackValue())
-		vc.ackDue.Store(false)
+		if vc.ackDue.Load() {
+			vc.ackDue.Store(false)
+		}
 	}
 }

@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+)
+
+// stream sends n small messages on each of vcs, concurrently.
+func stream(t *testing.T, ctx context.Context, n int, vcs ...*VConn) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, vc := range vcs {
+		wg.Go(func() {
+			for i := 0; i < n; i++ {
+				if err := vc.Send(ctx, []byte("credit window")); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestCreditWindowGrows: a vconn whose sender uses every credit while its
+// reader keeps up gets a larger window, never past MaxCredits; the growth
+// comes from the engine's budget and goes back to it when the vconn ends.
+// A window set by hand stays as set.
+func TestCreditWindowGrows(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cfg      Config
+		tr       Transport
+		min, max uint32
+	}{
+		{"rc", Config{}, RC, defaultCredits + 1, defaultMaxCredits},
+		{"auto", Config{}, Auto, defaultCredits + 1, defaultMaxCredits},
+		{"fixed", Config{Credits: 8}, RC, 8, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := testEngines(t, wire.Faults{}, tc.cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var got sync.WaitGroup
+			const n = 20000
+			got.Add(n)
+			release := func(_ *VConn, m Message) { m.Release(); got.Done() }
+			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tc.tr}, VConnOptions{Transport: tc.tr, Handler: release})
+			if err != nil {
+				t.Fatal(err)
+			}
+			budget := vb.windowBudget()
+			start := budget.Load()
+			stream(t, ctx, n, va)
+			got.Wait()
+			w := vb.window.Load()
+			if w < tc.min || w > tc.max {
+				t.Fatalf("window %d after %d messages read at once: want %d..%d", w, n, tc.min, tc.max)
+			}
+			if lent := start - budget.Load(); lent != int64(w)-int64(b.cfg.Credits) {
+				t.Errorf("budget lent %d for a window of %d over %d credits", lent, w, b.cfg.Credits)
+			}
+			_ = va.Close()
+			_ = vb.Close()
+			waitFor(t, func() bool { return budget.Load() == start }, "window growth returned to the budget")
+		})
+	}
+}
+
+// TestCreditWindowBudget: however many vconns stream at once, their
+// windows together grow by no more than the budget, half the receive
+// buffers their messages use.
+func TestCreditWindowBudget(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{RecvBuffers: 256})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	release := func(_ *VConn, m Message) { m.Release() }
+	var senders, receivers []*VConn
+	for range 6 {
+		va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{Handler: release})
+		if err != nil {
+			t.Fatal(err)
+		}
+		senders, receivers = append(senders, va), append(receivers, vb)
+	}
+	stream(t, ctx, 5000, senders...)
+	extra, grown := 0, 0
+	for _, vc := range receivers {
+		if w := int(vc.window.Load()); w > b.cfg.Credits {
+			extra += w - b.cfg.Credits
+			grown++
+		}
+	}
+	if left := b.windowBudget[0].Load(); left < 0 || int(left)+extra != 256/2 {
+		t.Errorf("budget left %d with %d lent: want them to add up to %d", left, extra, 256/2)
+	}
+	if grown == 0 {
+		t.Error("no window grew")
+	}
+	t.Log(fmt.Sprintf("%d of %d windows grew, by %d credits", grown, len(receivers), extra))
+}
