@@ -174,14 +174,18 @@ func (a *Agent) engineConfig() (engine.Config, error) {
 	const chunk = 16 << 10
 	clamp := func(v, lo, hi int64) int { return int(max(lo, min(hi, v))) }
 	ec := engine.Config{
-		Device:      a.dev,
-		Log:         a.log.WithName("engine"),
-		QPsPerPeer:  a.cfg.QPsPerPeer,
-		MaxMessage:  int(a.cfg.MaxMessageBytes),
-		Transport:   tr,
-		ChunkSize:   chunk,
-		RecvBuffers: clamp(a.cfg.BufferPoolBytes/2/chunk, 64, 1<<15),
-		SendBuffers: clamp(a.cfg.BufferPoolBytes/2/(256+1024+chunk/4), 64, 1<<15),
+		Device:     a.dev,
+		Log:        a.log.WithName("engine"),
+		QPsPerPeer: a.cfg.QPsPerPeer,
+		MaxMessage: int(a.cfg.MaxMessageBytes),
+		Transport:  tr,
+		ChunkSize:  chunk,
+		// The pool: half for send buffers (one of each small class per
+		// chunk-sized one), three eighths for the SRQ, an eighth for the
+		// datagram SRQ (UC and UD, Auto's datagrams).
+		RecvBuffers:  clamp(a.cfg.BufferPoolBytes*3/8/chunk, 64, 1<<15),
+		DgramBuffers: clamp(a.cfg.BufferPoolBytes/8/chunk, 32, 1<<15),
+		SendBuffers:  clamp(a.cfg.BufferPoolBytes/2/(256+1024+chunk/4), 64, 1<<15),
 	}
 	if a.opts.TuneEngine != nil {
 		a.opts.TuneEngine(&ec)

@@ -80,7 +80,7 @@ type Config struct {
 	// before the peer's application reads (default 32): its starting
 	// credit window.
 	Credits int
-	// MaxCredits bounds a vconn's credit window (default 256, or Credits
+	// MaxCredits bounds a vconn's credit window (default 512, or Credits
 	// when Credits is set: a window set by hand stays fixed). A window
 	// grows, doubling, while its sender uses all of it and the
 	// application reads everything, as TCP's receive window tunes itself:
@@ -98,7 +98,7 @@ type Config struct {
 	// (default: measured; see DefaultAutoThreshold).
 	AutoThreshold int
 	// DgramBuffers is the depth of the SRQ shared by the UD and UC QPs
-	// (default 512). Unreliable traffic has its own receive buffers so it
+	// (default 1024). Unreliable traffic has its own receive buffers so it
 	// can never take the reliable vconns' away.
 	DgramBuffers int
 	// QKey is the Q_Key of the engines' UD QPs (default 0x52444d56).
@@ -112,17 +112,18 @@ type Config struct {
 }
 
 const (
-	defaultQPsPerPeer  = 4
-	defaultMaxVConns   = 1 << 20
-	defaultMaxMessage  = 4 << 20
-	defaultRecvBuffers = 4096
-	defaultChunkSize   = 16 << 10
-	defaultSendBuffers = 4096
-	defaultCredits     = 32
-	defaultMaxCredits  = 256
-	defaultSQDepth     = 512
-	defaultSpinPolls   = 2000
-	cqDepth            = 1 << 16
+	defaultQPsPerPeer   = 4
+	defaultMaxVConns    = 1 << 20
+	defaultMaxMessage   = 4 << 20
+	defaultRecvBuffers  = 4096
+	defaultChunkSize    = 16 << 10
+	defaultSendBuffers  = 4096
+	defaultCredits      = 32
+	defaultMaxCredits   = 512
+	defaultDgramBuffers = 1024
+	defaultSQDepth      = 512
+	defaultSpinPolls    = 2000
+	cqDepth             = 1 << 16
 )
 
 // withDefaults fills zero fields and validates the rest.
@@ -149,7 +150,7 @@ func (c Config) withDefaults() (Config, error) {
 	set(&c.MaxCredits, max(c.Credits, min(defaultMaxCredits, c.RecvBuffers)))
 	set(&c.SQDepth, defaultSQDepth)
 	set(&c.SpinPolls, defaultSpinPolls)
-	set(&c.DgramBuffers, 512)
+	set(&c.DgramBuffers, defaultDgramBuffers)
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 10 * time.Second
 	}

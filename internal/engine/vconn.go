@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -324,9 +325,16 @@ func (vc *VConn) getBuffer(ctx context.Context, n int, block bool) (uint32, erro
 
 // waitRing waits for room in the ring.
 func (vc *VConn) waitRing(ctx context.Context, block bool) error {
-	for vc.ring.free() == 0 {
+	for spin := 0; vc.ring.free() == 0; spin++ {
 		if !block {
 			return fmt.Errorf("engine: vconn %v queue full", vc.id)
+		}
+		if spin < ringSpins {
+			// The poller is draining the ring, or about to: yielding a
+			// few times costs less than parking and being woken.
+			vc.schedule()
+			runtime.Gosched()
+			continue
 		}
 		if vc.txWake == nil {
 			vc.txWake = make(chan struct{}, 1)
