@@ -70,12 +70,14 @@ type rel struct {
 	gapped bool // nacked is valid
 }
 
+// relMsg is a datagram awaiting acknowledgement: one message, or a
+// bundle of the messages seq..last.
 type relMsg struct {
-	seq   uint32
-	slot  uint32
-	n     uint32
-	sent  time.Time
-	tries int
+	seq, last uint32
+	slot      uint32
+	n         uint32
+	tries     int32
+	sent      time.Time
 }
 
 // The retransmission timeout is for the tail of a burst only: a loss with
@@ -153,7 +155,7 @@ func (p *poller) freeAcked(vc *VConn, r *rel) {
 	r.acked = ack
 	at := p.e.epoch.Add(time.Duration(r.peerAckAt.Load()))
 	var sample time.Duration
-	for r.head < len(r.unacked) && int32(ack-r.unacked[r.head].seq) > 0 {
+	for r.head < len(r.unacked) && int32(ack-r.unacked[r.head].last) > 0 {
 		u := &r.unacked[r.head]
 		if u.tries == 0 {
 			sample = at.Sub(u.sent)
@@ -191,7 +193,7 @@ func (r *rel) observe(sample time.Duration) {
 }
 
 // timeout is the retransmission timeout of a datagram sent tries+1 times.
-func (r *rel) timeout(tries int) time.Duration {
+func (r *rel) timeout(tries int32) time.Duration {
 	rto := r.rto
 	if rto == 0 {
 		rto = relInitRTO
@@ -412,11 +414,11 @@ func (p *poller) dropUnacked(vc *VConn) {
 
 // sendReliable posts an Auto datagram and keeps it until it is
 // acknowledged.
-func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, slot, n, seq uint32) {
+func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, slot, n, seq, last uint32) {
 	p.e.pool.share(slot, 2) // the unacknowledged list and the post
 	p.postShared(vc.dq, vc, remote, slot, n)
 	r := vc.reliability()
-	r.unacked = append(r.unacked, relMsg{seq: seq, slot: slot, n: n, sent: p.clock()})
+	r.unacked = append(r.unacked, relMsg{seq: seq, last: last, slot: slot, n: n, sent: p.clock()})
 	if !vc.rtxWatched {
 		vc.rtxWatched = true
 		p.rtx = append(p.rtx, vc)

@@ -235,11 +235,12 @@ type Stats struct {
 	Sleeps       uint64 // times a poller blocked on its completion channel
 	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
 	GapResends   uint64 // of those, sent at once on the peer's gap report
+	Bundled      uint64 // messages sent in bundles (bundle.go)
 	BuffersInUse []int  // per pool class
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, bundled atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -256,6 +257,7 @@ func (e *Engine) Stats() Stats {
 		Sleeps:       e.stats.sleeps.Load(),
 		Retransmits:  e.stats.retransmits.Load(),
 		GapResends:   e.stats.gapResends.Load(),
+		Bundled:      e.stats.bundled.Load(),
 		BuffersInUse: e.pool.inUse(),
 	}
 	e.peersMu.Lock()

@@ -15,7 +15,7 @@ import (
 //	8..11  length: the whole message's length (data messages); with
 //	       flagGap, the first sequence number past the gap
 //	12..15 seq: the message's sequence number on its vconn
-//	16..19 imm: the application's immediate (flagImm)
+//	16..19 imm: the application's immediate (flagImm); a bundle's count
 //	20..23 arg: type-specific (export: region id)
 const headerLen = 24
 
@@ -29,6 +29,7 @@ const (
 	msgUnexport   msgType = 5 // the region with id arg is no longer exported
 	msgReset      msgType = 6 // the sender aborted the vconn
 	msgUnexported msgType = 7 // the sender stopped using region arg (answers msgUnexport)
+	msgBundle     msgType = 8 // whole data messages, imm of them, each with its header (bundle.go)
 )
 
 const (
@@ -80,7 +81,7 @@ func (h *header) parse(b []byte) error {
 	h.seq = binary.BigEndian.Uint32(b[12:])
 	h.imm = binary.BigEndian.Uint32(b[16:])
 	h.arg = binary.BigEndian.Uint32(b[20:])
-	if h.typ < msgData || h.typ > msgUnexported || h.flags&^(flagFirst|flagLast|flagImm|flagGap) != 0 || b[2] != 0 || b[3] != 0 {
+	if h.typ < msgData || h.typ > msgBundle || h.flags&^(flagFirst|flagLast|flagImm|flagGap) != 0 || b[2] != 0 || b[3] != 0 {
 		return errBadHeader
 	}
 	if h.typ != msgData && h.flags&(flagFirst|flagLast) != flagFirst|flagLast {
@@ -88,6 +89,9 @@ func (h *header) parse(b []byte) error {
 	}
 	if h.flags&flagGap != 0 && (h.typ != msgCredit || int32(h.length-h.arg) <= 0) {
 		return errBadHeader // a gap is reported on a grant, and ends past its start
+	}
+	if h.typ == msgBundle && h.flags&flagImm != 0 {
+		return errBadHeader // a bundle's messages carry their own immediates
 	}
 	return nil
 }

@@ -505,9 +505,16 @@ func (p *poller) serve(vc *VConn) {
 			vc.scheduled.Store(true)
 			break
 		}
+		if credited && vc.ring.len() > 1 {
+			if k := p.bundle(vc, dq, remote, auto); k > 0 {
+				vc.sent += uint32(k)
+				continue
+			}
+		}
 		vc.stampCredit(b)
 		if auto {
-			p.sendReliable(vc, remote, slot, n, binary.BigEndian.Uint32(b[12:]))
+			seq := binary.BigEndian.Uint32(b[12:])
+			p.sendReliable(vc, remote, slot, n, seq, seq)
 		} else if dq == p.ud {
 			p.postUD(vc, remote, slot, n)
 		} else {
@@ -586,7 +593,7 @@ func (p *poller) controlArg(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, arg
 func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot, n uint32) verbs.SendWR {
 	tag := slot
 	switch b := p.e.pool.bytes(slot); msgType(b[0]) {
-	case msgData:
+	case msgData, msgBundle:
 		if b[1]&flagLast != 0 {
 			tag |= wrSent
 		}
@@ -895,7 +902,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		return
 	}
 	vc.grant(h.credit)
-	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit) {
+	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit || h.typ == msgBundle) {
 		p.onAck(vc, h.arg)
 		if h.flags&flagGap != 0 {
 			vc.onGap(h.length)
@@ -904,6 +911,8 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	switch h.typ {
 	case msgData:
 		p.onData(vc, &h, slot, b[headerLen:])
+	case msgBundle:
+		p.onBundle(vc, &h, slot, b[headerLen:])
 	case msgFin:
 		p.reposts = append(p.reposts, slot)
 		vc.onPeerFin()

@@ -133,12 +133,20 @@ func (p *bufPool) ref(slot uint32) {
 
 // unref drops an owner of a shared buffer, and puts it after the last.
 func (p *bufPool) unref(slot uint32) {
-	switch n := p.classes[slot>>24].refs[slot&(1<<24-1)].Add(-1); {
-	case n == 0:
+	if p.unshare(slot) {
 		p.put(slot)
-	case n < 0:
+	}
+}
+
+// unshare drops an owner of a shared buffer and reports whether it was the
+// last, for buffers that go elsewhere than back to the pool (a receive
+// buffer is reposted).
+func (p *bufPool) unshare(slot uint32) bool {
+	n := p.classes[slot>>24].refs[slot&(1<<24-1)].Add(-1)
+	if n < 0 {
 		panic(fmt.Sprintf("engine: shared buffer %#x released once too often", slot))
 	}
+	return n == 0
 }
 
 // wait blocks until class ci may have a free buffer, or done is closed.

@@ -42,6 +42,15 @@ func (r *ring) peek(e *ringEntries) (uint64, bool) {
 	return e[h%ringSize], true
 }
 
+// at returns the entry i places behind the oldest, if there is one.
+func (r *ring) at(e *ringEntries, i int) (uint64, bool) {
+	h := r.head.Load()
+	if int(r.tail.Load()-h) <= i {
+		return 0, false
+	}
+	return e[(h+uint32(i))%ringSize], true
+}
+
 func (r *ring) pop() { r.head.Add(1) }
 
 // len is the number of entries queued.

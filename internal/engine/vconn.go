@@ -111,6 +111,7 @@ type Message struct {
 	Data    []byte
 	Imm     uint32
 	HasImm  bool
+	shared  bool // slot holds other messages too (a bundle's)
 	vc      *VConn
 	slot    uint32 // receive buffer holding Data, or noSlot
 	credits uint32 // credits Release gives back
@@ -490,7 +491,7 @@ func (m Message) Release() {
 		return
 	}
 	e := vc.e
-	if m.slot != noSlot {
+	if m.slot != noSlot && (!m.shared || e.pool.unshare(m.slot)) {
 		e.pollers[0].repostRecv(m.slot)
 	}
 	vc.returnCredits(m.credits)
@@ -712,7 +713,7 @@ func (vc *VConn) stampCredit(b []byte) {
 	if vc.creditDue.Load() {
 		vc.creditDue.Store(false) // the grant goes out with b
 	}
-	if vc.tr == Auto && (msgType(b[0]) == msgData || msgType(b[0]) == msgCredit) {
+	if t := msgType(b[0]); vc.tr == Auto && (t == msgData || t == msgCredit || t == msgBundle) {
 		binary.BigEndian.PutUint32(b[20:], vc.ackValue())
 		if vc.ackDue.Load() {
 			vc.ackDue.Store(false)

@@ -1,0 +1,135 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
+)
+
+// Bundles: when a reliable vconn (RC, or Auto's datagrams) has several
+// whole messages queued, the poller packs as many as fit a chunk into one
+// SEND, as SCTP bundles chunks and TCP coalesces writes: one work request,
+// one completion, a packet or a few, one receive buffer, where each
+// message alone costs all of those. Only what is already queued is
+// bundled; nothing waits for company, so a lone message goes as it came.
+//
+// A bundle is a msgBundle header (length: the bytes after it; seq: its
+// first message's; imm: how many messages) followed by the messages, each
+// with its own msgData header, as the sender queued them. It takes a
+// credit per message, and its receive buffer is shared by the messages
+// (bufPool.share) and reposted when the last is released. Unreliable
+// vconns never bundle: a lost datagram would lose all of its messages.
+
+// maxBundle is the most messages one bundle carries: a ring's worth.
+const maxBundle = ringSize
+
+// bundle packs the whole messages at the head of vc's ring, as many as fit
+// a chunk and the credits allow, into one SEND on q (auto: an Auto
+// datagram on vc's UC QP); it reports how many it took, 0 when fewer than
+// two fit or no buffer is free.
+func (p *poller) bundle(vc *VConn, q *sendQP, remote vqpn.ID, auto bool) int {
+	e := p.e
+	credits := int(vc.limit.Load() - vc.sent)
+	room := e.cfg.ChunkSize - headerLen
+	k, total := 0, 0
+	for k < min(credits, maxBundle) {
+		ent, ok := vc.ring.at(&vc.ents, k)
+		if !ok {
+			break
+		}
+		slot, n := uint32(ent>>32), uint32(ent)
+		if slot == opMarker || total+int(n) > room {
+			break
+		}
+		b := e.pool.bytes(slot)
+		if msgType(b[0]) != msgData || b[1]&(flagFirst|flagLast) != flagFirst|flagLast || auto && !vc.autoDgram(n) {
+			break
+		}
+		total += int(n)
+		k++
+	}
+	if k < 2 {
+		return 0
+	}
+	out, ok := e.pool.get(e.pool.class(headerLen + total))
+	if !ok {
+		return 0
+	}
+	b := e.pool.bytes(out)
+	off := headerLen
+	for i := 0; i < k; i++ {
+		ent, _ := vc.ring.peek(&vc.ents)
+		slot, n := uint32(ent>>32), uint32(ent)
+		off += copy(b[off:], e.pool.bytes(slot)[:n])
+		e.pool.put(slot)
+		vc.ring.pop()
+		p.took(vc)
+	}
+	seq := binary.BigEndian.Uint32(b[headerLen+12:]) // the first message's
+	h := header{typ: msgBundle, flags: flagFirst | flagLast, length: uint32(total), seq: seq, imm: uint32(k)}
+	h.put(b)
+	vc.stampCredit(b)
+	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
+	e.stats.bundled.Add(uint64(k))
+	if auto {
+		p.sendReliable(vc, remote, out, uint32(off), seq, seq+uint32(k-1))
+	} else {
+		p.post(q, vc, remote, out, uint32(off))
+	}
+	return k
+}
+
+// onBundle delivers the messages of a bundle. The bundle is checked whole
+// first: a malformed one fails the vconn and delivers nothing.
+func (p *poller) onBundle(vc *VConn, h *header, slot uint32, payload []byte) {
+	dgram := int(slot>>24) == p.e.dgramClass
+	if dgram && vc.tr != Auto || !dgram && vc.asm != nil || checkBundle(h, payload) != nil {
+		p.malformed(vc, slot)
+		return
+	}
+	p.e.pool.share(slot, int32(h.imm))
+	eachBundled(payload, func(rh *header, data []byte) {
+		m := Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: 1}
+		if vc.tr == Auto {
+			vc.deliverSeq(p, rh.seq, m)
+		} else {
+			vc.deliver(m)
+		}
+	})
+}
+
+var errBadBundle = errors.New("engine: malformed bundle")
+
+// checkBundle checks the messages of a bundle with header h: whole data
+// messages, h.imm of them (two or more), numbered on from h.seq, filling
+// the payload exactly.
+func checkBundle(h *header, payload []byte) error {
+	if uint32(len(payload)) != h.length || h.imm < 2 || h.imm > maxBundle {
+		return errBadBundle
+	}
+	var rh header
+	k := uint32(0)
+	for off := 0; off < len(payload); k++ {
+		if k == h.imm || rh.parse(payload[off:]) != nil || rh.typ != msgData || rh.flags&(flagFirst|flagLast) != flagFirst|flagLast ||
+			rh.seq != h.seq+k || int(rh.length) > len(payload)-off-headerLen {
+			return errBadBundle
+		}
+		off += headerLen + int(rh.length)
+	}
+	if k != h.imm {
+		return errBadBundle
+	}
+	return nil
+}
+
+// eachBundled hands each message of a checked bundle to visit.
+func eachBundled(payload []byte, visit func(rh *header, data []byte)) {
+	var rh header
+	for off := 0; off < len(payload); {
+		_ = rh.parse(payload[off:])
+		off += headerLen
+		visit(&rh, payload[off:off+int(rh.length):off+int(rh.length)])
+		off += int(rh.length)
+	}
+}

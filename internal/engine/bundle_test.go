@@ -1,0 +1,157 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+)
+
+// TestBundles: messages a sender queues faster than they go out travel in
+// bundles on the reliable transports, and each arrives whole, once, in
+// order, with its immediate; the unreliable ones never bundle.
+func TestBundles(t *testing.T) {
+	for _, tr := range []Transport{RC, Auto, UC} {
+		t.Run(tr.String(), func(t *testing.T) {
+			a, b := testEngines(t, wire.Faults{}, Config{})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 5000
+			size := func(i int) int { return 1 + i%700 }
+			go func() {
+				for i := 0; i < n; i++ {
+					if err := va.SendImm(ctx, bytes.Repeat([]byte{byte(i)}, size(i)), uint32(i)); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+			if tr == UC {
+				// Datagrams may be lost: count what comes, in order.
+				last := -1
+				for {
+					rctx, rcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+					m, err := vb.Recv(rctx)
+					rcancel()
+					if err != nil {
+						break
+					}
+					i := int(m.Imm)
+					if i <= last || len(m.Data) != size(i) || m.Data[0] != byte(i) {
+						t.Fatalf("after message %d came %d with %d bytes", last, i, len(m.Data))
+					}
+					last = i
+					m.Release()
+				}
+				if s := a.Stats(); s.Bundled != 0 {
+					t.Errorf("a UC vconn bundled %d messages", s.Bundled)
+				}
+				return
+			}
+			for i := 0; i < n; i++ {
+				m, err := vb.Recv(ctx)
+				if err != nil {
+					t.Fatalf("message %d: %v", i, err)
+				}
+				if m.Imm != uint32(i) || !m.HasImm || len(m.Data) != size(i) || m.Data[0] != byte(i) || m.Data[len(m.Data)-1] != byte(i) {
+					t.Fatalf("message %d arrived as imm %d with %d bytes", i, m.Imm, len(m.Data))
+				}
+				m.Release()
+			}
+			s := a.Stats()
+			if s.Bundled == 0 {
+				t.Fatal("no message went in a bundle")
+			}
+			t.Logf("%d of %d messages bundled", s.Bundled, n)
+			waitFor(t, func() bool { return a.Stats().MsgsSent == n }, "every message counted sent once")
+			// No receive buffer is still held by a bundle's messages.
+			for _, ci := range []int{b.recvClass, b.dgramClass} {
+				for i := range b.pool.classes[ci].refs {
+					if r := b.pool.classes[ci].refs[i].Load(); r != 0 {
+						t.Fatalf("receive buffer %d of class %d still has %d owners", i, ci, r)
+					}
+				}
+			}
+			_ = va.Close()
+			_ = vb.Close()
+			waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
+		})
+	}
+}
+
+// bundleBytes builds a bundle of the given payloads, numbered from seq.
+func bundleBytes(seq uint32, payloads ...[]byte) (header, []byte) {
+	var body []byte
+	for i, p := range payloads {
+		var rh [headerLen]byte
+		(&header{typ: msgData, flags: flagFirst | flagLast, length: uint32(len(p)), seq: seq + uint32(i)}).put(rh[:])
+		body = append(append(body, rh[:]...), p...)
+	}
+	return header{typ: msgBundle, flags: flagFirst | flagLast, length: uint32(len(body)), seq: seq, imm: uint32(len(payloads))}, body
+}
+
+func TestCheckBundleRejects(t *testing.T) {
+	good := func() (header, []byte) { return bundleBytes(7, []byte("one"), []byte("two!"), nil) }
+	h, b := good()
+	if err := checkBundle(&h, b); err != nil {
+		t.Fatalf("a good bundle: %v", err)
+	}
+	var got []string
+	eachBundled(b, func(rh *header, d []byte) { got = append(got, string(d)) })
+	if len(got) != 3 || got[1] != "two!" || got[2] != "" {
+		t.Fatalf("a good bundle's messages: %q", got)
+	}
+	for name, mutate := range map[string]func(h *header, b []byte) []byte{
+		"one message":       func(h *header, b []byte) []byte { h.imm = 1; return b },
+		"count too high":    func(h *header, b []byte) []byte { h.imm = 4; return b },
+		"count too low":     func(h *header, b []byte) []byte { h.imm = 2; return b },
+		"over the ring":     func(h *header, b []byte) []byte { h.imm = maxBundle + 1; return b },
+		"length off":        func(h *header, b []byte) []byte { h.length++; return b },
+		"truncated":         func(h *header, b []byte) []byte { h.length--; return b[:len(b)-1] },
+		"seq gap":           func(h *header, b []byte) []byte { binary.BigEndian.PutUint32(b[headerLen+3+12:], 99); return b },
+		"chunk inside":      func(h *header, b []byte) []byte { b[1] = flagFirst; return b },
+		"control inside":    func(h *header, b []byte) []byte { b[0] = byte(msgCredit); return b },
+		"record past end":   func(h *header, b []byte) []byte { binary.BigEndian.PutUint32(b[8:], 1000); return b },
+		"trailing garbage":  func(h *header, b []byte) []byte { h.length += 3; return append(b, 1, 2, 3) },
+		"bad record header": func(h *header, b []byte) []byte { b[2] = 1; return b },
+	} {
+		h, b := good()
+		b = mutate(&h, b)
+		if err := checkBundle(&h, b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// FuzzBundle: checkBundle never panics, and what it accepts are messages
+// that fill the payload.
+func FuzzBundle(f *testing.F) {
+	h, b := bundleBytes(3, []byte("a"), []byte("bc"))
+	f.Add(h.seq, h.imm, b)
+	h, b = bundleBytes(^uint32(0), make([]byte, 100), nil, []byte{1})
+	f.Add(h.seq, h.imm, b)
+	f.Fuzz(func(t *testing.T, seq, count uint32, b []byte) {
+		h := header{typ: msgBundle, flags: flagFirst | flagLast, length: uint32(len(b)), seq: seq, imm: count}
+		if checkBundle(&h, b) != nil {
+			return
+		}
+		total, k := 0, uint32(0)
+		eachBundled(b, func(rh *header, d []byte) {
+			if rh.seq != seq+k || int(rh.length) != len(d) {
+				t.Fatalf("message %d: seq %d, %d bytes for length %d", k, rh.seq, len(d), rh.length)
+			}
+			total += headerLen + len(d)
+			k++
+		})
+		if k != count || total != len(b) {
+			t.Fatalf("accepted %d of %d messages over %d of %d bytes", k, count, total, len(b))
+		}
+	})
+}
