@@ -77,6 +77,7 @@ type relMsg struct {
 	slot      uint32
 	n         uint32
 	tries     int32
+	gather    bool // slot is a gathered bundle's header buffer (bundle.go)
 	sent      time.Time
 }
 
@@ -160,7 +161,9 @@ func (p *poller) freeAcked(vc *VConn, r *rel) {
 		if u.tries == 0 {
 			sample = at.Sub(u.sent)
 		}
-		p.e.pool.unref(u.slot)
+		if p.e.pool.unshare(u.slot) {
+			p.free(u.slot, u.gather)
+		}
 		*u = relMsg{}
 		r.head++
 	}
@@ -407,18 +410,23 @@ func (p *poller) dropUnacked(vc *VConn) {
 		return
 	}
 	for i := r.head; i < len(r.unacked); i++ {
-		p.e.pool.unref(r.unacked[i].slot)
+		if u := &r.unacked[i]; p.e.pool.unshare(u.slot) {
+			p.free(u.slot, u.gather)
+		}
 	}
 	r.unacked, r.head = nil, 0
 }
 
 // sendReliable posts an Auto datagram and keeps it until it is
 // acknowledged.
-func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, slot, n, seq, last uint32) {
-	p.e.pool.share(slot, 2) // the unacknowledged list and the post
-	p.postShared(vc.dq, vc, remote, slot, n)
+func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u relMsg) {
+	p.e.pool.share(u.slot, 2) // the unacknowledged list and the post
+	wr := p.bundleWR(vc, remote, &u)
+	wr.WRID |= wrShared
+	p.postWR(vc.dq, wr)
 	r := vc.reliability()
-	r.unacked = append(r.unacked, relMsg{seq: seq, last: last, slot: slot, n: n, sent: p.clock()})
+	u.sent = p.clock()
+	r.unacked = append(r.unacked, u)
 	if !vc.rtxWatched {
 		vc.rtxWatched = true
 		p.rtx = append(p.rtx, vc)
@@ -460,7 +468,9 @@ func (p *poller) retransmit(now time.Time) bool {
 			// it first carried: rewriting it while an earlier post of it
 			// may not have been read would race with the device.
 			e.pool.ref(u.slot)
-			p.postShared(vc.dq, vc, remote, u.slot, u.n)
+			wr := p.bundleWR(vc, remote, u)
+			wr.WRID |= wrShared
+			p.postWR(vc.dq, wr)
 			if age < r.timeout(u.tries) {
 				e.stats.gapResends.Add(1)
 			}

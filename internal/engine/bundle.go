@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -16,7 +17,9 @@ import (
 //
 // A bundle is a msgBundle header (length: the bytes after it; seq: its
 // first message's; imm: how many messages) followed by the messages, each
-// with its own msgData header, as the sender queued them. It takes a
+// with its own msgData header, as the sender queued them: copied after the
+// header, or, for longer messages, gathered from their own buffers by the
+// work request (gatherMin). It takes a
 // credit per message, and its receive buffer is shared by the messages
 // (bufPool.share) and reposted when the last is released. Unreliable
 // vconns never bundle: a lost datagram would lose all of its messages.
@@ -24,16 +27,30 @@ import (
 // maxBundle is the most messages one bundle carries: a ring's worth.
 const maxBundle = ringSize
 
+// gatherMin is the length (header included) from which queued messages
+// are bundled by gathering rather than copied: the bundle's work request
+// lists their buffers after its header (up to verbs.MaxSGE-1 of them), and
+// the device reads them as it sends, as a NIC does by DMA. Shorter ones
+// are copied, a ring's worth at most: copying a few hundred bytes costs
+// less than the work request it saves, and a bundle of them would need
+// more scatter/gather entries than a QP has.
+const gatherMin = 1024
+
 // bundle packs the whole messages at the head of vc's ring, as many as fit
 // a chunk and the credits allow, into one SEND on q (auto: an Auto
 // datagram on vc's UC QP); it reports how many it took, 0 when fewer than
 // two fit or no buffer is free.
 func (p *poller) bundle(vc *VConn, q *sendQP, remote vqpn.ID, auto bool) int {
 	e := p.e
-	credits := int(vc.limit.Load() - vc.sent)
+	head, _ := vc.ring.at(&vc.ents, 0)
+	gather := uint32(head) >= gatherMin
+	limit := min(int(vc.limit.Load()-vc.sent), maxBundle)
+	if gather {
+		limit = min(limit, verbs.MaxSGE-1)
+	}
 	room := e.cfg.ChunkSize - headerLen
 	k, total := 0, 0
-	for k < min(credits, maxBundle) {
+	for k < limit {
 		ent, ok := vc.ring.at(&vc.ents, k)
 		if !ok {
 			break
@@ -52,32 +69,72 @@ func (p *poller) bundle(vc *VConn, q *sendQP, remote vqpn.ID, auto bool) int {
 	if k < 2 {
 		return 0
 	}
-	out, ok := e.pool.get(e.pool.class(headerLen + total))
+	size := headerLen + total
+	if gather {
+		size = headerLen + 8*k // the header, then each message's slot and length
+	}
+	out, ok := e.pool.get(e.pool.class(size))
 	if !ok {
 		return 0
 	}
 	b := e.pool.bytes(out)
 	off := headerLen
+	var seq uint32
 	for i := 0; i < k; i++ {
 		ent, _ := vc.ring.peek(&vc.ents)
 		slot, n := uint32(ent>>32), uint32(ent)
-		off += copy(b[off:], e.pool.bytes(slot)[:n])
-		e.pool.put(slot)
+		if i == 0 {
+			seq = binary.BigEndian.Uint32(e.pool.bytes(slot)[12:])
+		}
+		if gather {
+			binary.BigEndian.PutUint32(b[off:], slot)
+			binary.BigEndian.PutUint32(b[off+4:], n)
+			off += 8
+		} else {
+			off += copy(b[off:], e.pool.bytes(slot)[:n])
+			e.pool.put(slot)
+		}
 		vc.ring.pop()
 		p.took(vc)
 	}
-	seq := binary.BigEndian.Uint32(b[headerLen+12:]) // the first message's
 	h := header{typ: msgBundle, flags: flagFirst | flagLast, length: uint32(total), seq: seq, imm: uint32(k)}
 	h.put(b)
 	vc.stampCredit(b)
 	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
 	e.stats.bundled.Add(uint64(k))
+	if gather {
+		e.stats.gathered.Add(uint64(k))
+	}
+	u := relMsg{seq: seq, last: seq + uint32(k-1), slot: out, n: uint32(size), gather: gather}
 	if auto {
-		p.sendReliable(vc, remote, out, uint32(off), seq, seq+uint32(k-1))
+		p.sendReliable(vc, remote, u)
 	} else {
-		p.post(q, vc, remote, out, uint32(off))
+		p.postWR(q, p.bundleWR(vc, remote, &u))
 	}
 	return k
+}
+
+// bundleWR is the work request of a bundle (or of one message: see relMsg).
+func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *relMsg) verbs.SendWR {
+	if !u.gather {
+		return p.sendWR(vc, remote, u.slot, u.n)
+	}
+	e := p.e
+	b := e.pool.bytes(u.slot)
+	k := int(binary.BigEndian.Uint32(b[16:]))
+	wr := verbs.SendWR{
+		WRID:    vqpn.WRID(vc.id, u.slot|wrSent|wrGather),
+		Opcode:  verbs.WRSendWithImm,
+		Flags:   verbs.SendSignaled,
+		ImmData: vqpn.Imm(remote),
+		NumSGE:  uint8(k + 1),
+	}
+	wr.SG[0] = e.pool.sge(u.slot, headerLen)
+	for i := range k {
+		off := headerLen + 8*i
+		wr.SG[i+1] = e.pool.sge(binary.BigEndian.Uint32(b[off:]), binary.BigEndian.Uint32(b[off+4:]))
+	}
+	return wr
 }
 
 // onBundle delivers the messages of a bundle. The bundle is checked whole

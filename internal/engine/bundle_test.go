@@ -11,8 +11,9 @@ import (
 )
 
 // TestBundles: messages a sender queues faster than they go out travel in
-// bundles on the reliable transports, and each arrives whole, once, in
-// order, with its immediate; the unreliable ones never bundle.
+// bundles on the reliable transports, copied or gathered, and each arrives
+// whole, once, in order, with its immediate; no buffer is left behind. The
+// unreliable transports never bundle.
 func TestBundles(t *testing.T) {
 	for _, tr := range []Transport{RC, Auto, UC} {
 		t.Run(tr.String(), func(t *testing.T) {
@@ -24,7 +25,12 @@ func TestBundles(t *testing.T) {
 				t.Fatal(err)
 			}
 			const n = 5000
-			size := func(i int) int { return 1 + i%700 }
+			size := func(i int) int {
+				if i%3 == 0 {
+					return gatherMin + i%3000 // gathered, not copied
+				}
+				return 1 + i%700
+			}
 			go func() {
 				for i := 0; i < n; i++ {
 					if err := va.SendImm(ctx, bytes.Repeat([]byte{byte(i)}, size(i)), uint32(i)); err != nil {
@@ -66,10 +72,10 @@ func TestBundles(t *testing.T) {
 				m.Release()
 			}
 			s := a.Stats()
-			if s.Bundled == 0 {
-				t.Fatal("no message went in a bundle")
+			if s.Bundled == 0 || s.Gathered == 0 || s.Gathered == s.Bundled {
+				t.Fatalf("%d messages bundled, %d of them gathered: want both kinds of bundle", s.Bundled, s.Gathered)
 			}
-			t.Logf("%d of %d messages bundled", s.Bundled, n)
+			t.Logf("%d of %d messages bundled, %d gathered", s.Bundled, n, s.Gathered)
 			waitFor(t, func() bool { return a.Stats().MsgsSent == n }, "every message counted sent once")
 			// No receive buffer is still held by a bundle's messages.
 			for _, ci := range []int{b.recvClass, b.dgramClass} {
@@ -82,6 +88,10 @@ func TestBundles(t *testing.T) {
 			_ = va.Close()
 			_ = vb.Close()
 			waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
+			waitFor(t, func() bool {
+				in := a.Stats().BuffersInUse
+				return in[0]+in[1]+in[2] == 0
+			}, "send buffers returned")
 		})
 	}
 }

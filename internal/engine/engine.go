@@ -236,11 +236,12 @@ type Stats struct {
 	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
 	GapResends   uint64 // of those, sent at once on the peer's gap report
 	Bundled      uint64 // messages sent in bundles (bundle.go)
+	Gathered     uint64 // of those, sent from their own buffers, not copied
 	BuffersInUse []int  // per pool class
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, bundled atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, bundled, gathered atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -258,6 +259,7 @@ func (e *Engine) Stats() Stats {
 		Retransmits:  e.stats.retransmits.Load(),
 		GapResends:   e.stats.gapResends.Load(),
 		Bundled:      e.stats.bundled.Load(),
+		Gathered:     e.stats.gathered.Load(),
 		BuffersInUse: e.pool.inUse(),
 	}
 	e.peersMu.Lock()

@@ -136,7 +136,7 @@ func (e *Engine) newQP(t verbs.QPType, cq verbs.CQ) (verbs.QP, error) {
 	}
 	return e.pd.CreateQP(&verbs.QPInitAttr{
 		Type: t, SendCQ: cq, RecvCQ: cq, SRQ: srq,
-		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: 1, MaxRecvSGE: 1},
+		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: verbs.MaxSGE, MaxRecvSGE: 1}, // a gathered bundle
 	})
 }
 

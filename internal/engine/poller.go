@@ -80,7 +80,8 @@ const (
 	wrSent   = 1 << 31 // the last chunk of a data message: count it sent
 	wrFin    = 1 << 30 // a FIN
 	wrShared = 1 << 29 // a shared buffer (bufPool.share): unref, not put
-	slotMask = 1<<29 - 1
+	wrGather = 1 << 28 // a gathered bundle's header buffer: free its messages' too
+	slotMask = 1<<28 - 1
 )
 
 func newPoller(e *Engine, idx int) (*poller, error) {
@@ -514,7 +515,7 @@ func (p *poller) serve(vc *VConn) {
 		vc.stampCredit(b)
 		if auto {
 			seq := binary.BigEndian.Uint32(b[12:])
-			p.sendReliable(vc, remote, slot, n, seq, seq)
+			p.sendReliable(vc, remote, relMsg{seq: seq, last: seq, slot: slot, n: n})
 		} else if dq == p.ud {
 			p.postUD(vc, remote, slot, n)
 		} else {
@@ -612,14 +613,6 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot, n uint32) verbs.SendWR 
 
 func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot, n uint32) {
 	p.postWR(q, p.sendWR(vc, remote, slot, n))
-}
-
-// postShared posts a shared buffer (see bufPool.share), one of whose
-// owners the post is.
-func (p *poller) postShared(q *sendQP, vc *VConn, remote vqpn.ID, slot, n uint32) {
-	wr := p.sendWR(vc, remote, slot, n)
-	wr.WRID |= wrShared
-	p.postWR(q, wr)
 }
 
 // postUD posts a datagram to the peer's UD QP that pairs with this poller.
@@ -776,11 +769,23 @@ func (p *poller) completeAll(n int) {
 
 // sent gives back the buffer of a SEND whose wr_id carried tag.
 func (p *poller) sent(tag uint32) {
-	if tag&wrShared != 0 {
-		p.e.pool.unref(tag & slotMask)
-		return
+	slot := tag & slotMask
+	if tag&wrShared == 0 || p.e.pool.unshare(slot) {
+		p.free(slot, tag&wrGather != 0)
 	}
-	p.e.pool.put(tag & slotMask)
+}
+
+// free puts a send buffer back; for a gathered bundle's header buffer
+// (gather), the buffers of its messages too.
+func (p *poller) free(slot uint32, gather bool) {
+	e := p.e
+	if gather {
+		b := e.pool.bytes(slot)
+		for i := range int(binary.BigEndian.Uint32(b[16:])) {
+			e.pool.put(binary.BigEndian.Uint32(b[headerLen+8*i:]))
+		}
+	}
+	e.pool.put(slot)
 }
 
 func (p *poller) onSend(wc *verbs.WC) {
