@@ -7,6 +7,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -18,33 +19,47 @@ import (
 // TestHotPathAllocatesNothing: a message's way through the engine — queue
 // on the vconn, post by the poller, deliver through the soft device, poll,
 // demultiplex by imm_data, hand to the handler, release and repost — does
-// not allocate.
+// not allocate: on RC and Auto (datagrams, acknowledgements), one at a time
+// and in bursts that go as bundles.
 func TestHotPathAllocatesNothing(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{SpinPolls: 1 << 30})
-	var got atomic.Uint64
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	va, _, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{Handler: func(_ *VConn, m Message) {
-		m.Release()
-		got.Add(1)
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := make([]byte, 64)
-	round := func() {
-		want := got.Load() + 1
-		if err := va.Send(ctx, msg); err != nil {
-			t.Fatal(err)
-		}
-		for got.Load() < want {
-			runtime.Gosched()
-		}
-	}
-	for range 2000 {
-		round() // warm up pools and slices
-	}
-	if n := testing.AllocsPerRun(2000, round); n != 0 {
-		t.Fatalf("%.2f allocations per message; want 0", n)
+	for _, tc := range []struct {
+		tr    Transport
+		burst int
+		size  int
+	}{{RC, 1, 64}, {RC, 8, 64}, {RC, 3, 2000}, {Auto, 1, 64}, {Auto, 8, 64}, {Auto, 3, 2000}} {
+		t.Run(fmt.Sprintf("%v/burst=%d/size=%d", tc.tr, tc.burst, tc.size), func(t *testing.T) {
+			a, b := testEngines(t, wire.Faults{}, Config{SpinPolls: 1 << 30})
+			var got atomic.Uint64
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			va, _, err := Pair(ctx, a, b, VConnOptions{Transport: tc.tr}, VConnOptions{Transport: tc.tr, Handler: func(_ *VConn, m Message) {
+				m.Release()
+				got.Add(1)
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg := make([]byte, tc.size)
+			round := func() {
+				want := got.Load() + uint64(tc.burst)
+				for range tc.burst {
+					if err := va.Send(ctx, msg); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for got.Load() < want {
+					runtime.Gosched()
+				}
+			}
+			for range 2000 {
+				round() // warm up pools and slices
+			}
+			if n := testing.AllocsPerRun(2000, round); n != 0 {
+				t.Fatalf("%.2f allocations per round of %d messages; want 0", n, tc.burst)
+			}
+			if tc.burst > 1 && a.Stats().Bundled == 0 {
+				t.Errorf("bursts of %d went unbundled", tc.burst)
+			}
+		})
 	}
 }

@@ -146,7 +146,7 @@ func (p *poller) onBundle(vc *VConn, h *header, slot uint32, payload []byte) {
 		return
 	}
 	p.e.pool.share(slot, int32(h.imm))
-	eachBundled(payload, func(rh *header, data []byte) {
+	eachBundled(payload, func(rh header, data []byte) {
 		m := Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: 1}
 		if vc.tr == Auto {
 			vc.deliverSeq(p, rh.seq, m)
@@ -181,12 +181,12 @@ func checkBundle(h *header, payload []byte) error {
 }
 
 // eachBundled hands each message of a checked bundle to visit.
-func eachBundled(payload []byte, visit func(rh *header, data []byte)) {
-	var rh header
+func eachBundled(payload []byte, visit func(rh header, data []byte)) {
 	for off := 0; off < len(payload); {
+		var rh header
 		_ = rh.parse(payload[off:])
 		off += headerLen
-		visit(&rh, payload[off:off+int(rh.length):off+int(rh.length)])
+		visit(rh, payload[off:off+int(rh.length):off+int(rh.length)])
 		off += int(rh.length)
 	}
 }

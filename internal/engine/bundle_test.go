@@ -114,7 +114,7 @@ func TestCheckBundleRejects(t *testing.T) {
 		t.Fatalf("a good bundle: %v", err)
 	}
 	var got []string
-	eachBundled(b, func(rh *header, d []byte) { got = append(got, string(d)) })
+	eachBundled(b, func(rh header, d []byte) { got = append(got, string(d)) })
 	if len(got) != 3 || got[1] != "two!" || got[2] != "" {
 		t.Fatalf("a good bundle's messages: %q", got)
 	}
@@ -153,7 +153,7 @@ func FuzzBundle(f *testing.F) {
 			return
 		}
 		total, k := 0, uint32(0)
-		eachBundled(b, func(rh *header, d []byte) {
+		eachBundled(b, func(rh header, d []byte) {
 			if rh.seq != seq+k || int(rh.length) != len(d) {
 				t.Fatalf("message %d: seq %d, %d bytes for length %d", k, rh.seq, len(d), rh.length)
 			}

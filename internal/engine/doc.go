@@ -54,5 +54,7 @@
 // message type, the sender's credit grant, the message length and sequence,
 // and the application's own immediate (imm_data itself is the vQPN). A
 // message longer than a receive buffer travels as several chunks on the same
-// QP, in order, and is reassembled by the receiver.
+// QP, in order, and is reassembled by the receiver. Whole messages a
+// reliable vconn has queued travel together as a bundle, one SEND for many
+// (bundle.go).
 package engine
