@@ -8,21 +8,26 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// Bundles: when a reliable vconn (RC, or Auto's datagrams) has several
-// whole messages queued, the poller packs as many as fit a chunk into one
-// SEND, as SCTP bundles chunks and TCP coalesces writes: one work request,
-// one completion, a packet or a few, one receive buffer, where each
-// message alone costs all of those. Only what is already queued is
-// bundled; nothing waits for company, so a lone message goes as it came.
+// Bundles: when an Auto vconn has several whole datagram-sized messages
+// queued, the poller packs as many as fit a chunk into one datagram, as
+// SCTP bundles chunks and TCP coalesces writes: one work request, one
+// completion, a packet or a few, one receive buffer, where each message
+// alone costs all of those. Only what is already queued is bundled;
+// nothing waits for company, so a lone message goes as it came.
+//
+// Bundling is Auto's, as choosing the transport by size is: the engine
+// decides how an Auto vconn's messages travel. The fixed transports post
+// what they are given, a work request per message (per chunk), so that
+// what an application asks for is what the device sees.
 //
 // A bundle is a msgBundle header (length: the bytes after it; seq: its
 // first message's; imm: how many messages) followed by the messages, each
 // with its own msgData header, as the sender queued them: copied after the
 // header, or, for longer messages, gathered from their own buffers by the
 // work request (gatherMin). It takes a
-// credit per message, and its receive buffer is shared by the messages
-// (bufPool.share) and reposted when the last is released. Unreliable
-// vconns never bundle: a lost datagram would lose all of its messages.
+// credit per message, is acknowledged and resent whole, and its receive
+// buffer is shared by the messages (bufPool.share) and reposted when the
+// last is released.
 
 // maxBundle is the most messages one bundle carries: a ring's worth.
 const maxBundle = ringSize
@@ -36,11 +41,11 @@ const maxBundle = ringSize
 // more scatter/gather entries than a QP has.
 const gatherMin = 1024
 
-// bundle packs the whole messages at the head of vc's ring, as many as fit
-// a chunk and the credits allow, into one SEND on q (auto: an Auto
-// datagram on vc's UC QP); it reports how many it took, 0 when fewer than
-// two fit or no buffer is free.
-func (p *poller) bundle(vc *VConn, q *sendQP, remote vqpn.ID, auto bool) int {
+// bundle packs the datagram-sized messages at the head of Auto vconn vc's
+// ring, as many as fit a chunk and the credits allow, into one datagram on
+// its UC QP; it reports how many it took, 0 when fewer than two fit or no
+// buffer is free.
+func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	e := p.e
 	head, _ := vc.ring.at(&vc.ents, 0)
 	gather := uint32(head) >= gatherMin
@@ -60,7 +65,7 @@ func (p *poller) bundle(vc *VConn, q *sendQP, remote vqpn.ID, auto bool) int {
 			break
 		}
 		b := e.pool.bytes(slot)
-		if msgType(b[0]) != msgData || b[1]&(flagFirst|flagLast) != flagFirst|flagLast || auto && !vc.autoDgram(n) {
+		if msgType(b[0]) != msgData || b[1]&(flagFirst|flagLast) != flagFirst|flagLast || !vc.autoDgram(n) {
 			break
 		}
 		total += int(n)
@@ -105,12 +110,7 @@ func (p *poller) bundle(vc *VConn, q *sendQP, remote vqpn.ID, auto bool) int {
 	if gather {
 		e.stats.gathered.Add(uint64(k))
 	}
-	u := relMsg{seq: seq, last: seq + uint32(k-1), slot: out, n: uint32(size), gather: gather}
-	if auto {
-		p.sendReliable(vc, remote, u)
-	} else {
-		p.postWR(q, p.bundleWR(vc, remote, &u))
-	}
+	p.sendReliable(vc, remote, relMsg{seq: seq, last: seq + uint32(k-1), slot: out, n: uint32(size), gather: gather})
 	return k
 }
 
@@ -140,19 +140,13 @@ func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *relMsg) verbs.SendWR {
 // onBundle delivers the messages of a bundle. The bundle is checked whole
 // first: a malformed one fails the vconn and delivers nothing.
 func (p *poller) onBundle(vc *VConn, h *header, slot uint32, payload []byte) {
-	dgram := int(slot>>24) == p.e.dgramClass
-	if dgram && vc.tr != Auto || !dgram && vc.asm != nil || checkBundle(h, payload) != nil {
+	if vc.tr != Auto || int(slot>>24) != p.e.dgramClass || checkBundle(h, payload) != nil {
 		p.malformed(vc, slot)
 		return
 	}
 	p.e.pool.share(slot, int32(h.imm))
 	eachBundled(payload, func(rh header, data []byte) {
-		m := Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: 1}
-		if vc.tr == Auto {
-			vc.deliverSeq(p, rh.seq, m)
-		} else {
-			vc.deliver(m)
-		}
+		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: 1})
 	})
 }
 

@@ -27,8 +27,8 @@
 // budget of half the receive buffers, so windows stay a bounded share.
 //
 // Transports (Transport): RC; UC and UD, unreliable; and Auto, reliable,
-// which sends what fits a chunk as UC datagrams under its own sequence
-// numbers, cumulative acknowledgements (delayed, usually riding on credit
+// which sends what fits a chunk as UC datagrams (bundled when several are
+// queued) under its own sequence numbers, cumulative acknowledgements (delayed, usually riding on credit
 // grants), gap reports that resend a loss at once and a retransmission
 // timeout for the rest, and longer messages over RC (auto.go).
 //
@@ -54,7 +54,7 @@
 // message type, the sender's credit grant, the message length and sequence,
 // and the application's own immediate (imm_data itself is the vQPN). A
 // message longer than a receive buffer travels as several chunks on the same
-// QP, in order, and is reassembled by the receiver. Whole messages a
-// reliable vconn has queued travel together as a bundle, one SEND for many
+// QP, in order, and is reassembled by the receiver. The small messages an
+// Auto vconn has queued travel together as a bundle, one datagram for many
 // (bundle.go).
 package engine

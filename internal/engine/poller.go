@@ -506,8 +506,8 @@ func (p *poller) serve(vc *VConn) {
 			vc.scheduled.Store(true)
 			break
 		}
-		if credited && vc.ring.len() > 1 {
-			if k := p.bundle(vc, dq, remote, auto); k > 0 {
+		if auto && vc.ring.len() > 1 {
+			if k := p.bundle(vc, remote); k > 0 {
 				vc.sent += uint32(k)
 				continue
 			}
