@@ -445,7 +445,8 @@ func (p *poller) serve(vc *VConn) {
 	if !remote.Valid() {
 		return // not connected yet; Connect's sends reschedule
 	}
-	if vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
+	// (Auto's own fields are off the hot lines: other vconns never read them.)
+	if vc.tr == Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
 		p.freeAcked(vc, vc.reliability()) // another poller received them
 	}
 	limit := e.cfg.SQDepth
@@ -531,7 +532,7 @@ func (p *poller) serve(vc *VConn) {
 	if !vc.ring.empty() {
 		return
 	}
-	if (vc.creditDue.Load() || vc.ackDue.Load() || vc.nackDue.Load()) && vc.state.Load() == stateOpen {
+	if (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && vc.state.Load() == stateOpen {
 		p.control(q, vc, remote, msgCredit)
 	}
 	for _, id := range vc.takeUnexportAcks() {
