@@ -208,14 +208,13 @@ func (r *rel) timeout(tries int32) time.Duration {
 // the gap to fill, duplicates are dropped. p is the poller that received
 // it.
 //
-// Acknowledgements are cumulative and delayed, as TCP's are: one goes out
-// when half a credit window has arrived unacknowledged (with the credit
-// grant, which carries it, when the application keeps up), relAckDelay
-// after the first unacknowledged message arrived, or at once for a
-// duplicate (the sender timed out). Acknowledging whenever the receiving
-// poller ran out of work instead cost a control message every few
-// messages whenever the receiver outpaced the sender, which is the usual
-// case.
+// Acknowledgements are cumulative and delayed, as TCP's are: they ride on
+// the credit grants the application's releases bring (one per half
+// window), or go relAckDelay after a message that no grant acknowledged
+// (flushAcks), or at once for a duplicate (the sender timed out).
+// Acknowledging whenever the receiving poller ran out of work instead cost
+// a control message every few messages whenever the receiver outpaced the
+// sender, which is the usual case.
 func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message) {
 	r := vc.reliability()
 	r.mu.Lock()

@@ -77,11 +77,11 @@ const clockRounds = 8
 // The wr_id of a SEND carries, above the buffer's slot, what its
 // completion must do, so the completion need not read the buffer back.
 const (
-	wrSent   = 1 << 31 // the last chunk of a data message: count it sent
-	wrFin    = 1 << 30 // a FIN
-	wrShared = 1 << 29 // a shared buffer (bufPool.share): unref, not put
-	wrGather = 1 << 28 // a gathered bundle's header buffer: free its messages' too
-	slotMask = 1<<28 - 1
+	wrSent   = 1 << 31   // the last chunk of a data message: count it sent
+	wrFin    = 1 << 30   // a FIN
+	wrShared = 1 << 29   // a shared buffer (bufPool.share): unref, not put
+	wrGather = 1 << 28   // a gathered bundle's header buffer: free its messages' too
+	slotMask = 1<<28 - 1 // a slot is class<<24 | index, and there are five classes
 )
 
 func newPoller(e *Engine, idx int) (*poller, error) {
