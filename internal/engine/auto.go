@@ -127,14 +127,8 @@ func (vc *VConn) ackValue() uint32 {
 // when it next serves the vconn.
 func (p *poller) onAck(vc *VConn, ack uint32) {
 	r := vc.reliability()
-	for {
-		old := r.peerAck.Load()
-		if int32(ack-old) <= 0 {
-			return
-		}
-		if r.peerAck.CompareAndSwap(old, ack) {
-			break
-		}
+	if !advance(&r.peerAck, ack) {
+		return
 	}
 	r.peerAckAt.Store(int64(p.clock().Sub(p.e.epoch)))
 	if vc.sq.p == p {
@@ -468,7 +462,7 @@ func (p *poller) retransmit(now time.Time) bool {
 			// may not have been read would race with the device.
 			e.pool.ref(u.slot)
 			wr := p.bundleWR(vc, remote, u)
-			wr.WRID |= wrShared
+			wr.WRID = wr.WRID&^wrSent | wrShared // counted sent the first time
 			p.postWR(vc.dq, wr)
 			if age < r.timeout(u.tries) {
 				e.stats.gapResends.Add(1)

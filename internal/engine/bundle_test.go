@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"testing"
@@ -31,14 +30,7 @@ func TestBundles(t *testing.T) {
 				}
 				return 1 + i%700
 			}
-			go func() {
-				for i := 0; i < n; i++ {
-					if err := va.SendImm(ctx, bytes.Repeat([]byte{byte(i)}, size(i)), uint32(i)); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
+			go sendNumbered(ctx, t, va, n, size)
 			if tr != Auto {
 				defer func() {
 					if s := a.Stats(); s.Bundled != 0 {
@@ -65,16 +57,7 @@ func TestBundles(t *testing.T) {
 				}
 				return
 			}
-			for i := 0; i < n; i++ {
-				m, err := vb.Recv(ctx)
-				if err != nil {
-					t.Fatalf("message %d: %v", i, err)
-				}
-				if m.Imm != uint32(i) || !m.HasImm || len(m.Data) != size(i) || m.Data[0] != byte(i) || m.Data[len(m.Data)-1] != byte(i) {
-					t.Fatalf("message %d arrived as imm %d with %d bytes", i, m.Imm, len(m.Data))
-				}
-				m.Release()
-			}
+			recvNumbered(ctx, t, vb, n, size)
 			s := a.Stats()
 			if tr == Auto && (s.Bundled == 0 || s.Gathered == 0 || s.Gathered == s.Bundled) {
 				t.Fatalf("%d messages bundled, %d of them gathered: want both kinds of bundle", s.Bundled, s.Gathered)

@@ -225,7 +225,7 @@ type Stats struct {
 	QPs          int    // RC QPs this engine created, to all peers
 	UCQPs        int    // UC QPs this engine created, to all peers
 	IngressQPs   int    // RC QPs peers created toward this engine
-	MsgsSent     uint64 // messages handed to the device
+	MsgsSent     uint64 // messages handed to the device (once each: not their retransmissions)
 	MsgsReceived uint64 // messages delivered to vconns
 	Posts        uint64 // PostSend calls (doorbells)
 	WRsPosted    uint64 // send WRs posted; WRsPosted/Posts is the batch size

@@ -315,25 +315,8 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 		}
 		return 8 + i%500
 	}
-	go func() {
-		for i := 0; i < n; i++ {
-			msg := bytes.Repeat([]byte{byte(i)}, size(i))
-			if err := va.SendImm(ctx, msg, uint32(i)); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	for i := 0; i < n; i++ {
-		m, err := vb.Recv(ctx)
-		if err != nil {
-			t.Fatalf("message %d: %v", i, err)
-		}
-		if m.Imm != uint32(i) || len(m.Data) != size(i) || m.Data[0] != byte(i) {
-			t.Fatalf("message %d arrived as imm %d with %d bytes", i, m.Imm, len(m.Data))
-		}
-		m.Release()
-	}
+	go sendNumbered(ctx, t, va, n, size)
+	recvNumbered(ctx, t, vb, n, size)
 	s := a.Stats()
 	if s.Retransmits == 0 {
 		t.Fatal("no datagram was retransmitted under 5% loss: the datagram path was not exercised")
@@ -434,5 +417,33 @@ func TestAutoDelayedAcks(t *testing.T) {
 	// Per message acknowledgements would be n control messages.
 	if ctl := b.Stats().WRsPosted - before; ctl > n/8 {
 		t.Errorf("the receiver posted %d control messages for %d datagrams", ctl, n)
+	}
+}
+
+// sendNumbered sends n messages on vc: message i has size(i) bytes, all i,
+// and immediate i. It reports errors with t.Error, so it may run in its
+// own goroutine.
+func sendNumbered(ctx context.Context, t *testing.T, vc *VConn, n int, size func(int) int) {
+	for i := 0; i < n; i++ {
+		if err := vc.SendImm(ctx, bytes.Repeat([]byte{byte(i)}, size(i)), uint32(i)); err != nil {
+			t.Error(err)
+			return
+		}
+	}
+}
+
+// recvNumbered receives what sendNumbered sent: each message once, whole,
+// in order.
+func recvNumbered(ctx context.Context, t *testing.T, vc *VConn, n int, size func(int) int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		m, err := vc.Recv(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if m.Imm != uint32(i) || !m.HasImm || len(m.Data) != size(i) || m.Data[0] != byte(i) || m.Data[len(m.Data)-1] != byte(i) {
+			t.Fatalf("message %d arrived as imm %d with %d bytes", i, m.Imm, len(m.Data))
+		}
+		m.Release()
 	}
 }

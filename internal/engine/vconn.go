@@ -388,17 +388,25 @@ func (vc *VConn) schedule() {
 // grant records a credit grant from the peer, and reschedules a vconn that
 // waited for it.
 func (vc *VConn) grant(credit uint32) {
-	for {
-		old := vc.limit.Load()
-		if int32(credit-old) <= 0 {
-			return
-		}
-		if vc.limit.CompareAndSwap(old, credit) {
-			break
-		}
+	if !advance(&vc.limit, credit) {
+		return
 	}
 	if !vc.ring.empty() {
 		vc.schedule()
+	}
+}
+
+// advance sets a to v if v is later in serial-number order (RFC 1982, as
+// grants and acknowledgements wrap), and reports whether it did.
+func advance(a *atomic.Uint32, v uint32) bool {
+	for {
+		old := a.Load()
+		if int32(v-old) <= 0 {
+			return false
+		}
+		if a.CompareAndSwap(old, v) {
+			return true
+		}
 	}
 }
 

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -102,5 +101,5 @@ func TestCreditWindowBudget(t *testing.T) {
 	if grown == 0 {
 		t.Error("no window grew")
 	}
-	t.Log(fmt.Sprintf("%d of %d windows grew, by %d credits", grown, len(receivers), extra))
+	t.Logf("%d of %d windows grew, by %d credits", grown, len(receivers), extra)
 }
