@@ -24,10 +24,9 @@ import (
 // first message's; imm: how many messages) followed by the messages, each
 // with its own msgData header, as the sender queued them: copied after the
 // header, or, for longer messages, gathered from their own buffers by the
-// work request (gatherMin). It takes a
-// credit per message, is acknowledged and resent whole, and its receive
-// buffer is shared by the messages (bufPool.share) and reposted when the
-// last is released.
+// work request (gatherMin). It takes a credit per message, is acknowledged
+// and resent whole, and its receive buffer is shared by the messages
+// (bufPool.share) and reposted when the last is released.
 
 // maxBundle is the most messages one bundle carries: a ring's worth.
 const maxBundle = ringSize
