@@ -16,13 +16,7 @@ import (
 func TestBundles(t *testing.T) {
 	for _, tr := range []Transport{RC, Auto, UC} {
 		t.Run(tr.String(), func(t *testing.T) {
-			a, b := testEngines(t, wire.Faults{}, Config{})
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
-			if err != nil {
-				t.Fatal(err)
-			}
+			ctx, a, b, va, vb := testPair(t, wire.Faults{}, tr, 30*time.Second)
 			const n = 5000
 			size := func(i int) int {
 				if i%3 == 0 {
@@ -72,13 +66,7 @@ func TestBundles(t *testing.T) {
 					}
 				}
 			}
-			_ = va.Close()
-			_ = vb.Close()
-			waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
-			waitFor(t, func() bool {
-				in := a.Stats().BuffersInUse
-				return in[0]+in[1]+in[2] == 0
-			}, "send buffers returned")
+			closeAll(t, a, b, va, vb)
 		})
 	}
 }

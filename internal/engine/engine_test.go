@@ -26,6 +26,20 @@ func testEngines(t testing.TB, f wire.Faults, cfg Config) (*Engine, *Engine) {
 	return testEnginesOn(t, fb, cfg)
 }
 
+// testPair opens two engines on a fabric with faults f and a vconn pair of
+// transport tr between them, and a context that ends after timeout.
+func testPair(t *testing.T, f wire.Faults, tr Transport, timeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn) {
+	t.Helper()
+	a, b := testEngines(t, f, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, a, b, va, vb
+}
+
 func testEnginesOn(t testing.TB, fb *wire.Fabric, cfg Config) (*Engine, *Engine) {
 	t.Helper()
 	open := func(ip string) *Engine {
@@ -253,13 +267,7 @@ func TestOneSided(t *testing.T) {
 func TestTransports(t *testing.T) {
 	for _, tr := range []Transport{RC, UC, UD, Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
-			a, b := testEngines(t, wire.Faults{}, Config{})
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
-			if err != nil {
-				t.Fatal(err)
-			}
+			ctx, a, b, va, vb := testPair(t, wire.Faults{}, tr, 10*time.Second)
 			max := va.MaxMessage()
 			for i, n := range []int{0, 1, 200, min(max, 3000), max} {
 				msg := bytes.Repeat([]byte{byte(i + 1)}, n)
@@ -298,13 +306,7 @@ func TestTransports(t *testing.T) {
 // and reorders packets; losses followed by later arrivals are resent on
 // the receiver's gap report, not after a timeout.
 func TestAutoReliableUnderLoss(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, a, b, va, vb := testPair(t, wire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, Auto, 60*time.Second)
 	const n = 3000
 	size := func(i int) int {
 		switch i % 10 {
@@ -328,44 +330,17 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 		t.Error("the Auto vconn opened no UC QP for its datagrams")
 	}
 	t.Logf("sender: %d retransmissions, %d on gap reports", s.Retransmits, s.GapResends)
-	_ = va.Close()
-	_ = vb.Close()
-	waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
-	waitFor(t, func() bool {
-		in := a.Stats().BuffersInUse
-		return in[0]+in[1]+in[2] == 0
-	}, "send buffers returned")
+	closeAll(t, a, b, va, vb)
 }
 
 // TestAutoLongMessages: an Auto vconn's long messages (several chunks)
 // travel on RC whole, interleaved in order with datagram-sized ones.
 func TestAutoLongMessages(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, _, va, vb := testPair(t, wire.Faults{}, Auto, 20*time.Second)
 	sizes := []int{16 << 10, 16<<10 - headerLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
-	go func() {
-		for i, n := range sizes {
-			if err := va.SendImm(ctx, bytes.Repeat([]byte{byte(i + 1)}, n), uint32(i)); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	for i, n := range sizes {
-		m, err := vb.Recv(ctx)
-		if err != nil {
-			t.Fatalf("message %d: %v", i, err)
-		}
-		if m.Imm != uint32(i) || len(m.Data) != n || m.Data[n-1] != byte(i+1) {
-			t.Fatalf("message %d arrived as imm %d, %d bytes", i, m.Imm, len(m.Data))
-		}
-		m.Release()
-	}
+	size := func(i int) int { return sizes[i] }
+	go sendNumbered(ctx, t, va, len(sizes), size)
+	recvNumbered(ctx, t, vb, len(sizes), size)
 }
 
 // TestAutoDelayedAcks: a receiver acknowledges Auto datagrams cumulatively
@@ -373,13 +348,7 @@ func TestAutoLongMessages(t *testing.T) {
 // and a tail that brings no grant is still acknowledged: no
 // retransmission, no buffer held.
 func TestAutoDelayedAcks(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, a, b, va, vb := testPair(t, wire.Faults{}, Auto, 20*time.Second)
 	before := b.Stats().WRsPosted
 	const n = 1603 // not a multiple of the half window: a tail is left
 	go func() {
@@ -418,6 +387,19 @@ func TestAutoDelayedAcks(t *testing.T) {
 	if ctl := b.Stats().WRsPosted - before; ctl > n/8 {
 		t.Errorf("the receiver posted %d control messages for %d datagrams", ctl, n)
 	}
+}
+
+// closeAll closes a vconn pair and waits until both engines released it
+// and a, the sender, has every send buffer back.
+func closeAll(t *testing.T, a, b *Engine, va, vb *VConn) {
+	t.Helper()
+	_ = va.Close()
+	_ = vb.Close()
+	waitFor(t, func() bool { return a.Stats().VConns == 0 && b.Stats().VConns == 0 }, "vconns released")
+	waitFor(t, func() bool {
+		in := a.Stats().BuffersInUse
+		return in[0]+in[1]+in[2] == 0
+	}, "send buffers returned")
 }
 
 // sendNumbered sends n messages on vc: message i has size(i) bytes, all i,
