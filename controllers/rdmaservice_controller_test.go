@@ -195,9 +195,12 @@ func TestConflict(t *testing.T) {
 	if !strings.Contains(c.Message, "RDMAService conflict-first") || !strings.Contains(c.Message, "node conf-2") {
 		t.Errorf("conflict message %q should name the other service and the node", c.Message)
 	}
-	if got := excludedNodes(t, "conflict-second"); !slices.Equal(got, []string{"conf-2"}) {
-		t.Errorf("conflict-second excludes %v, want [conf-2]", got)
-	}
+	eventually(t, "conflict-second excludes conf-2", func() error {
+		if got, err := excludedNodes(t, "conflict-second"); err != nil || !slices.Equal(got, []string{"conf-2"}) {
+			return fmt.Errorf("excludes %v (err %v), want [conf-2]", got, err)
+		}
+		return nil
+	})
 	waitCondition(t, "conflict-second", v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNoNodes)
 	waitCondition(t, "conflict-first", v1alpha1.ConditionConflict, metav1.ConditionFalse, ReasonNoConflict)
 
@@ -219,8 +222,8 @@ func TestConflict(t *testing.T) {
 	deleteService(t, "conflict-first")
 	waitCondition(t, "conflict-second", v1alpha1.ConditionConflict, metav1.ConditionFalse, ReasonNoConflict)
 	eventually(t, "conflict-second deploys to conf-2", func() error {
-		if got := excludedNodes(t, "conflict-second"); len(got) > 0 {
-			return fmt.Errorf("still excludes %v", got)
+		if got, err := excludedNodes(t, "conflict-second"); err != nil || len(got) > 0 {
+			return fmt.Errorf("still excludes %v (err %v)", got, err)
 		}
 		return nil
 	})
@@ -229,19 +232,25 @@ func TestConflict(t *testing.T) {
 		t.Errorf("conflict message %q", c.Message)
 	}
 	eventually(t, "conflict-third deploys to conf-1 only", func() error {
-		if got := excludedNodes(t, "conflict-third"); !slices.Equal(got, []string{"conf-2"}) {
-			return fmt.Errorf("excludes %v", got)
+		// The DaemonSet is created after the status that reports the
+		// conflict, so it may not exist yet.
+		if got, err := excludedNodes(t, "conflict-third"); err != nil || !slices.Equal(got, []string{"conf-2"}) {
+			return fmt.Errorf("excludes %v (err %v)", got, err)
 		}
 		return nil
 	})
 }
 
 // excludedNodes returns the nodes a service's DaemonSet keeps away from.
-func excludedNodes(t *testing.T, service string) []string {
+func excludedNodes(t *testing.T, service string) ([]string, error) {
 	t.Helper()
-	aff := getDaemonSet(t, service).Spec.Template.Spec.Affinity
+	ds := &appsv1.DaemonSet{}
+	if err := k8s.Get(testCtx(t), client.ObjectKey{Namespace: testNamespace, Name: "rdmavisor-agent-" + service}, ds); err != nil {
+		return nil, fmt.Errorf("getting DaemonSet of %s: %w", service, err)
+	}
+	aff := ds.Spec.Template.Spec.Affinity
 	if aff == nil || aff.NodeAffinity == nil || aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
-		return nil
+		return nil, nil
 	}
 	var out []string
 	for _, term := range aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
@@ -251,7 +260,7 @@ func excludedNodes(t *testing.T, service string) []string {
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 func TestStatus(t *testing.T) {
