@@ -22,6 +22,9 @@ type Target struct {
 	AtMost bool
 	// Missing says why the target could not be evaluated.
 	Missing string
+	// PerRepeat are the ratios of the runs measured back to back, one
+	// per repeat, when both sides have them; Value is their median.
+	PerRepeat []float64
 }
 
 // Met reports whether the target was evaluated and reached.
@@ -102,7 +105,12 @@ func metric(r *Record, what string, v func(*Record) *float64) (float64, string) 
 func msgsPerSec(r *Record) *float64    { return r.MsgsPerSec }
 func bytesPerVConn(r *Record) *float64 { return r.BytesPerVConn }
 
-// ratio is a/b as a Target.
+// ratio is a/b as a Target. When both records have the rates of the same
+// repeats (Record.Samples: a run of a and a run of b back to back in each),
+// Value is the median of the repeats' ratios, not the ratio of the medians:
+// this machine's speed changes by 2x for tens of seconds at a time, and a
+// ratio of two runs seconds apart is a ratio at one speed, where medians
+// taken apart may come from different speeds.
 func ratio(suite, name string, goal float64, a, b *Record, what string, v func(*Record) *float64, whatA, whatB string) Target {
 	t := Target{Suite: suite, Name: name, Goal: goal}
 	x, missA := metric(a, whatA, v)
@@ -116,8 +124,33 @@ func ratio(suite, name string, goal float64, a, b *Record, what string, v func(*
 		t.Missing = whatB + ": zero " + what
 	default:
 		t.Value = x / y
+		if rs := perRepeat(a.Samples, b.Samples); rs != nil {
+			t.PerRepeat, t.Value = rs, median(rs)
+		}
 	}
 	return t
+}
+
+// perRepeat returns a[i]/b[i] for each repeat, or nil unless both have the
+// same two or more.
+func perRepeat(a, b []float64) []float64 {
+	if len(a) < 2 || len(a) != len(b) || slices.Contains(b, 0) {
+		return nil
+	}
+	rs := make([]float64, len(a))
+	for i := range a {
+		rs[i] = a[i] / b[i]
+	}
+	return rs
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // Evaluate computes the targets of DESIGN.md §6 as the issue states them.
@@ -179,11 +212,13 @@ func Evaluate(recs []Record) []Target {
 	for _, size := range e5Sizes(recs) {
 		auto := rs.find("e5", func(r *Record) bool { return r.Transport == "auto" && r.MsgBytes == size })
 		var best *Record
+		var fixed []*Record
 		for _, tr := range []string{"rc", "uc", "ud"} {
 			r := rs.find("e5", func(r *Record) bool { return r.Transport == tr && r.MsgBytes == size })
 			if r == nil || r.Error != "" || r.MsgsPerSec == nil {
 				continue
 			}
+			fixed = append(fixed, r)
 			if best == nil || *r.MsgsPerSec > *best.MsgsPerSec {
 				best = r
 			}
@@ -191,10 +226,36 @@ func Evaluate(recs []Record) []Target {
 		name := fmt.Sprintf("auto / best fixed at %s", sizeName(size))
 		if best != nil {
 			name += " (" + best.Transport + ")"
+			// Per repeat, auto is compared with the best fixed transport
+			// of that repeat.
+			b := *best
+			b.Samples = bestPerRepeat(fixed)
+			best = &b
 		}
 		ts = append(ts, ratio("e5", name, 0.95, auto, best, "msgs/s", msgsPerSec, "auto", "best fixed transport"))
 	}
 	return ts
+}
+
+// bestPerRepeat is the highest rate of each repeat among rs, or nil unless
+// they all have the same repeats.
+func bestPerRepeat(rs []*Record) []float64 {
+	var out []float64
+	for _, r := range rs {
+		switch {
+		case len(r.Samples) == 0:
+			return nil
+		case out == nil:
+			out = slices.Clone(r.Samples)
+		case len(r.Samples) != len(out):
+			return nil
+		default:
+			for i, x := range r.Samples {
+				out[i] = max(out[i], x)
+			}
+		}
+	}
+	return out
 }
 
 func e5Sizes(recs []Record) []int {
@@ -247,7 +308,15 @@ func Summarize(r io.Reader, w io.Writer) error {
 				fmt.Fprintf(&b, "- %s (target %s %s): **not measured**: %s\n", t.Name, goal, num(t.Goal), t.Missing)
 				continue
 			}
-			fmt.Fprintf(&b, "- %s: %s (target %s %s): **%s**\n", t.Name, num(t.Value), goal, num(t.Goal), t.Status())
+			per := ""
+			if len(t.PerRepeat) > 0 {
+				xs := make([]string, len(t.PerRepeat))
+				for i, x := range t.PerRepeat {
+					xs[i] = num(x)
+				}
+				per = " (median of the repeats' ratios: " + strings.Join(xs, ", ") + ")"
+			}
+			fmt.Fprintf(&b, "- %s: %s%s (target %s %s): **%s**\n", t.Name, num(t.Value), per, goal, num(t.Goal), t.Status())
 		}
 	}
 	section("e1", "E1: messages/s vs vconns (64-byte messages)", func(b *strings.Builder) {

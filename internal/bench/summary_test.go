@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"math"
 	"strings"
 	"testing"
 )
@@ -61,6 +62,65 @@ func TestEvaluate(t *testing.T) {
 		if g.Name != w.name || g.Status() != w.status || g.Missing != "" || g.Value < w.value-1e-9 || g.Value > w.value+1e-9 {
 			t.Errorf("target %d: got %q = %v (%s, missing %q), want %q = %v (%s)", i, g.Name, g.Value, g.Status(), g.Missing, w.name, w.value, w.status)
 		}
+	}
+}
+
+// TestEvaluatePerRepeat: with the rates of each repeat, a ratio is the
+// median of the repeats' ratios (auto against the best fixed transport of
+// each repeat), so a repeat in which the machine slowed down between the
+// two runs does not decide it; without them, the ratio of the medians.
+func TestEvaluatePerRepeat(t *testing.T) {
+	recs, err := ReadRecords(strings.NewReader(`{"suite":"e1","design":"engine","vconns":100,"msgs_per_sec":200,"samples":[400,200,100]}
+{"suite":"e1","design":"engine","vconns":100000,"msgs_per_sec":180,"samples":[360,90,180]}
+{"suite":"e5","transport":"rc","msg_bytes":16,"msgs_per_sec":100,"samples":[100,100,50]}
+{"suite":"e5","transport":"uc","msg_bytes":16,"msgs_per_sec":200,"samples":[300,200,100]}
+{"suite":"e5","transport":"ud","msg_bytes":16,"error":"down"}
+{"suite":"e5","transport":"auto","msg_bytes":16,"msgs_per_sec":180,"samples":[360,180,120]}
+{"suite":"e5","transport":"rc","msg_bytes":64,"msgs_per_sec":100,"samples":[100,100]}
+{"suite":"e5","transport":"uc","msg_bytes":64,"msgs_per_sec":100}
+{"suite":"e5","transport":"auto","msg_bytes":64,"msgs_per_sec":90,"samples":[80,100]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		value float64
+		per   []float64
+	}{
+		// 0.9, 0.45, 1.8: the medians' ratio is 0.9 too, by chance.
+		"engine at 100,000 vconns / engine at 100": {0.9, []float64{0.9, 0.45, 1.8}},
+		// Best fixed per repeat: 300, 200, 100 (uc, uc, uc/rc).
+		"auto / best fixed at 16 B (uc)": {1.2, []float64{1.2, 0.9, 1.2}},
+		// uc has one rate only: the medians' ratio.
+		"auto / best fixed at 64 B (rc)": {0.9, nil},
+	}
+	for _, g := range Evaluate(recs) {
+		w, ok := want[g.Name]
+		if !ok {
+			continue
+		}
+		delete(want, g.Name)
+		if g.Missing != "" || math.Abs(g.Value-w.value) > 1e-9 || len(g.PerRepeat) != len(w.per) {
+			t.Errorf("%s: got %v per repeat %v (missing %q), want %v per repeat %v", g.Name, g.Value, g.PerRepeat, g.Missing, w.value, w.per)
+			continue
+		}
+		for i := range w.per {
+			if math.Abs(g.PerRepeat[i]-w.per[i]) > 1e-9 {
+				t.Errorf("%s: per repeat %v, want %v", g.Name, g.PerRepeat, w.per)
+			}
+		}
+	}
+	for name := range want {
+		t.Errorf("no target %q", name)
+	}
+	var out bytes.Buffer
+	if err := Summarize(strings.NewReader(`{"suite":"e3","mode":"mutex","producers":16,"msgs_per_sec":100,"samples":[100,50,100]}
+{"suite":"e3","mode":"engine","producers":16,"msgs_per_sec":250,"samples":[250,200,300]}
+`), &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "- engine / mutex at 16 producers: 3.00 (median of the repeats' ratios: 2.50, 4.00, 3.00) (target ≥ 2.00): **met**"; !strings.Contains(out.String(), want) {
+		t.Errorf("summary lacks %q:\n%s", want, out.String())
 	}
 }
 
