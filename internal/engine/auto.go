@@ -218,27 +218,21 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message) {
 	case d < 0:
 		// A retransmission of something delivered: it took no credit.
 		r.mu.Unlock()
-		m.credits = 0
+		m.dropCredit()
 		m.Release()
 		vc.ackDue.Store(true)
 		vc.schedule()
 		return
 	case d > 0:
 		i := int(d) - 1
-		if i >= 2*vc.e.cfg.MaxCredits {
+		if !r.accepts(d, vc.e.cfg.MaxCredits) {
 			r.mu.Unlock()
-			m.credits = 0 // outside the window: the sender will resend it
+			m.dropCredit() // a duplicate, or outside the window: the sender will resend it
 			m.Release()
 			return
 		}
 		for len(r.early) <= i {
 			r.early = append(r.early, Message{})
-		}
-		if r.early[i].vc != nil {
-			r.mu.Unlock()
-			m.credits = 0
-			m.Release()
-			return
 		}
 		r.early[i] = m
 		gap := r.reportGap(next)
@@ -301,6 +295,30 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message) {
 	if !vc.ackWait.Load() && !vc.ackWait.Swap(true) {
 		p.acks = append(p.acks, ackWaiter{vc, r.ackSent.Load()})
 	}
+}
+
+// accepts reports whether a message d sequence numbers after rxNext is
+// new and within the window of early arrivals. r.mu is held.
+func (r *rel) accepts(d int32, maxCredits int) bool {
+	if d <= 0 {
+		return d == 0
+	}
+	i := int(d) - 1
+	return i < earlyWindow(maxCredits) && (i >= len(r.early) || r.early[i].vc == nil)
+}
+
+// earlyWindow is how far past a gap messages are kept: twice what a full
+// window of credits may have in flight, a bundle of messages per credit.
+// What arrives beyond it is dropped, and resent.
+func earlyWindow(maxCredits int) int { return 2 * maxBundle * maxCredits }
+
+// firstCopy reports whether the datagram whose first message is seq is the
+// first copy of it to arrive: a retransmission of one that arrived took no
+// credit.
+func (r *rel) firstCopy(seq uint32, maxCredits int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.accepts(int32(seq-r.rxNext.Load()), maxCredits)
 }
 
 // reportGap records that next is missing while later messages wait, and
@@ -390,7 +408,7 @@ func (vc *VConn) releaseRel() {
 	r.mu.Unlock()
 	for _, m := range early {
 		if m.vc != nil {
-			m.credits = 0
+			m.dropCredit()
 			m.Release()
 		}
 	}

@@ -24,9 +24,13 @@ import (
 // first message's; imm: how many messages) followed by the messages, each
 // with its own msgData header, as the sender queued them: copied after the
 // header, or, for longer messages, gathered from their own buffers by the
-// work request (gatherMin). It takes a credit per message, is acknowledged
-// and resent whole, and its receive buffer is shared by the messages
-// (bufPool.share) and reposted when the last is released.
+// work request (gatherMin). It is acknowledged and resent whole, and its
+// receive buffer is shared by the messages (bufPool.share) and reposted
+// when the last is released. It takes one receive credit, not one per
+// message: a credit stands for a receive buffer, as eRPC's stand for
+// packets, so a reader behind by a window of credits holds a window of
+// buffers whatever they carry, and a sender that runs out of credits
+// queues, and so bundles, more messages per credit.
 
 // maxBundle is the most messages one bundle carries: a ring's worth.
 const maxBundle = ringSize
@@ -44,14 +48,14 @@ const maxBundle = ringSize
 const gatherMin = 2048
 
 // bundle packs the datagram-sized messages at the head of Auto vconn vc's
-// ring, as many as fit a chunk and the credits allow, into one datagram on
+// ring, as many as fit a chunk, into one datagram on
 // its UC QP; it reports how many it took, 0 when fewer than two fit or no
 // buffer is free.
 func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	e := p.e
 	head, _ := vc.ring.at(&vc.ents, 0)
 	gather := uint32(head) >= gatherMin
-	limit := min(int(vc.limit.Load()-vc.sent), maxBundle)
+	limit := maxBundle
 	if gather {
 		limit = min(limit, verbs.MaxSGE-1)
 	}
@@ -146,9 +150,15 @@ func (p *poller) onBundle(vc *VConn, h *header, slot uint32, payload []byte) {
 		p.malformed(vc, slot)
 		return
 	}
+	// The bundle took one credit, as it takes one receive buffer: it comes
+	// back with the buffer, after the last of its messages is released.
+	credits := uint32(0)
+	if vc.reliability().firstCopy(h.seq, p.e.cfg.MaxCredits) {
+		credits = 1
+	}
 	p.e.pool.share(slot, int32(h.imm))
 	eachBundled(payload, func(rh header, data []byte) {
-		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: 1})
+		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: credits})
 	})
 }
 

@@ -20,7 +20,8 @@
 // counted, never delivered to the new owner. A vconn queues its messages in
 // a single-producer ring the poller drains; receive credits bound how many
 // SRQ buffers one vconn may hold, so a slow reader cannot drain the SRQ
-// shared by all. A vconn's credit window starts at Config.Credits and
+// shared by all. A credit is a buffer, not a message: an Auto bundle of
+// several messages takes one. A vconn's credit window starts at Config.Credits and
 // doubles, up to MaxCredits, while its sender uses all of it and its reader
 // keeps up: a window must cover the grants' round trip, which is a few µs
 // on a NIC and tens where pollers share cores. The growth comes from a

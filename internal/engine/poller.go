@@ -508,8 +508,8 @@ func (p *poller) serve(vc *VConn) {
 			break
 		}
 		if auto && vc.ring.len() > 1 {
-			if k := p.bundle(vc, remote); k > 0 {
-				vc.sent += uint32(k)
+			if p.bundle(vc, remote) > 0 {
+				vc.sent++ // a credit per receive buffer (bundle.go)
 				continue
 			}
 		}

@@ -114,7 +114,7 @@ type Message struct {
 	shared  bool // slot holds other messages too (a bundle's)
 	vc      *VConn
 	slot    uint32 // receive buffer holding Data, or noSlot
-	credits uint32 // credits Release gives back
+	credits uint32 // credits Release gives back (a bundle's: see dropCredit)
 }
 
 const noSlot = ^uint32(0)
@@ -499,10 +499,23 @@ func (m Message) Release() {
 		return
 	}
 	e := vc.e
-	if m.slot != noSlot && (!m.shared || e.pool.unshare(m.slot)) {
-		e.pollers[0].repostRecv(m.slot)
+	if m.slot == noSlot || !m.shared || e.pool.unshare(m.slot) {
+		if m.slot != noSlot {
+			e.pollers[0].repostRecv(m.slot)
+		}
+		// A bundle's credit comes back with its buffer, after the last
+		// of its messages (see bundle.go).
+		vc.returnCredits(m.credits)
 	}
-	vc.returnCredits(m.credits)
+}
+
+// dropCredit marks a message that took no receive credit (a duplicate).
+// A bundle's messages keep theirs: the bundle's one credit goes with its
+// buffer whichever of them is released last, and onBundle decided it.
+func (m *Message) dropCredit() {
+	if !m.shared {
+		m.credits = 0
+	}
 }
 
 func (vc *VConn) returnCredits(n uint32) {
