@@ -158,7 +158,7 @@ func (p *poller) onBundle(vc *VConn, h *header, slot uint32, payload []byte) {
 	}
 	p.e.pool.share(slot, int32(h.imm))
 	eachBundled(payload, func(rh header, data []byte) {
-		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: credits})
+		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: credits}, true)
 	})
 }
 

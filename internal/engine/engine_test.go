@@ -343,6 +343,23 @@ func TestAutoLongMessages(t *testing.T) {
 	recvNumbered(ctx, t, vb, len(sizes), size)
 }
 
+// TestAutoAcksOnlyDatagrams: messages an Auto vconn sends over RC (longer
+// than a chunk) need no acknowledgement of the engine's own: RC delivered
+// them, and the sender keeps nothing. A few of them, fewer than take half
+// the credit window, make the receiver send nothing at all.
+func TestAutoAcksOnlyDatagrams(t *testing.T) {
+	ctx, _, b, va, vb := testPair(t, wire.Faults{}, Auto, 20*time.Second)
+	before := b.Stats().WRsPosted
+	const n = 5 // 2 chunks, so 2 credits, each: under half of defaultCredits
+	size := func(int) int { return 20000 }
+	go sendNumbered(ctx, t, va, n, size)
+	recvNumbered(ctx, t, vb, n, size)
+	time.Sleep(20 * relAckDelay)
+	if sent := b.Stats().WRsPosted - before; sent != 0 {
+		t.Errorf("the receiver of %d long messages posted %d work requests: want none (no grant due, no datagram to acknowledge)", n, sent)
+	}
+}
+
 // TestAutoDelayedAcks: a receiver acknowledges Auto datagrams cumulatively
 // (with its credit grants, or after relAckDelay, not once per message),
 // and a tail that brings no grant is still acknowledged: no

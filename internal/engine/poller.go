@@ -967,7 +967,7 @@ func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
 		m.Data, m.slot, m.credits = payload, slot, 0
 		if vc.tr == Auto {
 			m.credits = 1
-			vc.deliverSeq(p, h.seq, m)
+			vc.deliverSeq(p, h.seq, m, true)
 			return
 		}
 		vc.deliver(m)
@@ -1014,7 +1014,7 @@ func (p *poller) onData(vc *VConn, h *header, slot uint32, payload []byte) {
 
 func (p *poller) deliver(vc *VConn, h *header, m Message) {
 	if vc.tr == Auto {
-		vc.deliverSeq(p, h.seq, m)
+		vc.deliverSeq(p, h.seq, m, false)
 		return
 	}
 	vc.deliver(m)
