@@ -180,3 +180,38 @@ func TestCloseTimeout(t *testing.T) {
 		t.Fatalf("the peer that has not closed holds %d vconns, want 1", b.Stats().VConns)
 	}
 }
+
+// TestPollerSleepsWaitingForRoom: a poller whose QP's send queue is full
+// and whose completions do not come (the network went dark) sleeps on its
+// CQ rather than yield to the scheduler forever: a goroutine that only
+// yields keeps its P from checking the runtime's network poller, where a
+// UDP device's receive loop waits, so the completions it waited for came
+// late (a 10 ms tick), and 64 producers sharing a QP ran at a tenth of
+// their rate. The QP has not failed yet: that takes 7 retries of 268 ms.
+func TestPollerSleepsWaitingForRoom(t *testing.T) {
+	fb := wire.NewFabric(wire.Faults{})
+	t.Cleanup(func() { _ = fb.Close() })
+	a, b := testEnginesOn(t, fb, Config{SQDepth: 16})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	va, _, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb.SetFaults(wire.Faults{Loss: 1})
+	go func() {
+		for i := 0; i < 30; i++ { // more than the send queue holds
+			if va.Send(ctx, []byte("waiting for room")) != nil {
+				return
+			}
+		}
+	}()
+	waitFor(t, func() bool { return a.Stats().WRsPosted >= 16 }, "the send queue to fill")
+	before := a.Stats().Sleeps
+	waitFor(t, func() bool { return a.Stats().Sleeps > before }, "the poller to sleep")
+	// A poller that only yields sleeps once the QP failed and its vconns
+	// with it, which is too late.
+	if err := va.Err(); err != nil {
+		t.Fatalf("the poller slept only after the vconn failed (%v): it yielded while it waited for room", err)
+	}
+}
