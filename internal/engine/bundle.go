@@ -48,9 +48,9 @@ const maxBundle = ringSize
 const gatherMin = 2048
 
 // bundle packs the datagram-sized messages at the head of Auto vconn vc's
-// ring, as many as fit a chunk, into one datagram on
-// its UC QP; it reports how many it took, 0 when fewer than two fit or no
-// buffer is free.
+// ring, as many as fit a chunk, into one datagram on its UC QP (which takes
+// one credit); it reports how many it took, 0 when fewer than two fit or
+// no buffer is free.
 func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	e := p.e
 	head, _ := vc.ring.at(&vc.ents, 0)

@@ -21,11 +21,12 @@
 // a single-producer ring the poller drains; receive credits bound how many
 // SRQ buffers one vconn may hold, so a slow reader cannot drain the SRQ
 // shared by all. A credit is a buffer, not a message: an Auto bundle of
-// several messages takes one. A vconn's credit window starts at Config.Credits and
-// doubles, up to MaxCredits, while its sender uses all of it and its reader
-// keeps up: a window must cover the grants' round trip, which is a few µs
-// on a NIC and tens where pollers share cores. The growth comes from a
-// budget of half the receive buffers, so windows stay a bounded share.
+// several messages takes one. A vconn's credit window starts at
+// Config.Credits and doubles, up to MaxCredits, while its sender uses all
+// of it and its reader keeps up: a window must cover the grants' round
+// trip, which is a few µs on a NIC and tens where pollers share cores. The
+// growth comes from a budget of half the receive buffers, so windows stay
+// a bounded share.
 //
 // Transports (Transport): RC; UC and UD, unreliable; and Auto, reliable,
 // which sends what fits a chunk as UC datagrams (bundled when several are
