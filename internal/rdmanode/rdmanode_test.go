@@ -150,9 +150,11 @@ func TestReporterAndDiscovery(t *testing.T) {
 // service's agent is left alone, with a clear error.
 func TestReporterRefusesAnotherServicesNode(t *testing.T) {
 	ctx := context.Background()
-	if err := k8s.Create(ctx, &v1alpha1.RDMANode{ObjectMeta: metav1.ObjectMeta{Name: "node-x"}, Spec: v1alpha1.RDMANodeSpec{ServiceName: "first"}}); err != nil {
+	rn := &v1alpha1.RDMANode{ObjectMeta: metav1.ObjectMeta{Name: "node-x"}, Spec: v1alpha1.RDMANodeSpec{ServiceName: "first"}}
+	if err := k8s.Create(ctx, rn); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), rn) })
 	r := &Reporter{Client: k8s, Node: "node-x", Service: "second", Provider: v1alpha1.ProviderSoft}
 	err := r.Write(ctx, r.status(agent.Status{Ready: true, Capacity: 1}, metav1.Now()))
 	if err == nil || get(t, "node-x").Spec.ServiceName != "first" {
