@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -39,8 +40,10 @@ type Options struct {
 	// KubeletDir is the kubelet's device-plugin directory, holding
 	// kubelet.sock and the plugin's socket.
 	KubeletDir string
-	// SocketName is the plugin's socket in KubeletDir (default: the
-	// resource name with '/' replaced by '_', and ".sock").
+	// SocketName is the plugin's socket in KubeletDir. The default is
+	// the resource name with '/' replaced by '_', then a suffix of this
+	// process's own, and ".sock"; a plugin with the default name removes
+	// the sockets earlier ones left when it starts (see stalePrefix).
 	SocketName string
 	// PodResourcesSocket is the kubelet pod-resources API, used when
 	// PodResources is nil.
@@ -76,6 +79,10 @@ type Plugin struct {
 	metrics *metrics
 	restart chan struct{} // Restart requests; buffered 1
 	kick    chan struct{} // garbage collection requests; buffered 1
+	// stalePrefix names the sockets earlier plugins for the resource
+	// left (prefix".sock" or prefix"-*.sock"); empty when SocketName
+	// was given.
+	stalePrefix string
 
 	mu      sync.Mutex
 	created map[string]time.Time // allocation id -> when this process last allocated it; guarded by mu
@@ -93,8 +100,16 @@ func New(o Options) (*Plugin, error) {
 	if o.KubeletDir == "" {
 		o.KubeletDir = DefaultKubeletDir
 	}
+	// A socket name of its own per process: a recent kubelet (v1.37
+	// here) refuses a plugin that registers at the socket of one it
+	// still counts as connected, which it may for a while after that one
+	// died; a restarted agent pod's plugin was refused for minutes, with
+	// "device plugin already connected". Unique names are what the
+	// kubelet's plugin watcher asks of plugins, too.
+	stale := ""
 	if o.SocketName == "" {
-		o.SocketName = strings.ReplaceAll(o.Config.ResourceName, "/", "_") + ".sock"
+		stale = strings.ReplaceAll(o.Config.ResourceName, "/", "_")
+		o.SocketName = fmt.Sprintf("%s-%d-%s.sock", stale, os.Getpid(), strconv.FormatInt(time.Now().UnixNano(), 36))
 	}
 	if o.PodResourcesSocket == "" {
 		o.PodResourcesSocket = DefaultPodResourcesSocket
@@ -121,7 +136,7 @@ func New(o Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m,
+	p := &Plugin{opts: o, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, stalePrefix: stale,
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))
 	return p, nil
@@ -149,6 +164,12 @@ func (p *Plugin) Run(ctx context.Context) error {
 	p.running = true
 	p.mu.Unlock()
 
+	p.removeStaleSockets()
+	defer func() {
+		if err := os.Remove(p.socketPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			p.log.Error(err, "Removing the plugin socket")
+		}
+	}()
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("device plugin: %w", err)
@@ -208,6 +229,31 @@ func (s *pluginServer) stop() {
 }
 
 func (p *Plugin) socketPath() string { return filepath.Join(p.opts.KubeletDir, p.opts.SocketName) }
+
+// removeStaleSockets removes the sockets earlier plugins for the resource
+// left in KubeletDir (a killed process removes nothing), as the kubelet's
+// plugin watcher asks: the kubelet then drops their endpoints sooner.
+func (p *Plugin) removeStaleSockets() {
+	if p.stalePrefix == "" {
+		return
+	}
+	ents, err := os.ReadDir(p.opts.KubeletDir)
+	if err != nil {
+		return // Run reports an unreadable directory when it watches it
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if name == p.opts.SocketName || e.Type()&os.ModeSocket == 0 ||
+			name != p.stalePrefix+".sock" && !(strings.HasPrefix(name, p.stalePrefix+"-") && strings.HasSuffix(name, ".sock")) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(p.opts.KubeletDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			p.log.Error(err, "Removing an earlier plugin's socket", "socket", name)
+			continue
+		}
+		p.log.Info("Removed an earlier plugin's socket", "socket", name)
+	}
+}
 
 func (p *Plugin) kubeletSocket() string { return filepath.Join(p.opts.KubeletDir, "kubelet.sock") }
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,7 +179,8 @@ func (e *env) allocations(t *testing.T) map[string]agent.Allocation {
 func TestRegistrationAndHealth(t *testing.T) {
 	e := setup(t, deviceplugin.Options{}, nil)
 	r := e.reg0
-	if r.Version != pluginapi.Version || r.ResourceName != "rdmavisor.io/vconn" || r.Endpoint != "rdmavisor.io_vconn.sock" ||
+	if r.Version != pluginapi.Version || r.ResourceName != "rdmavisor.io/vconn" ||
+		!strings.HasPrefix(r.Endpoint, "rdmavisor.io_vconn-") || !strings.HasSuffix(r.Endpoint, ".sock") ||
 		!r.Options.GetGetPreferredAllocationAvailable() || r.Options.GetPreStartRequired() {
 		t.Errorf("registration %v", r)
 	}
@@ -320,6 +323,45 @@ func TestAllocateBadInput(t *testing.T) {
 				t.Errorf("allocations after a bad Allocate: %v", als)
 			}
 		})
+	}
+}
+
+// TestStaleSockets: a plugin serves a socket of its own and removes those
+// earlier plugins for its resource left (a killed one removes nothing),
+// and nothing else.
+func TestStaleSockets(t *testing.T) {
+	stale := []string{"rdmavisor.io_vconn.sock", "rdmavisor.io_vconn-1-old.sock"}
+	keep := []string{"other.io_dev.sock", "rdmavisor.io_vconn-notes.txt"}
+	e := setup(t, deviceplugin.Options{}, func(e *env) {
+		for _, name := range stale {
+			ln, err := net.Listen("unix", filepath.Join(e.dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln.(*net.UnixListener).SetUnlinkOnClose(false) // as a killed process leaves it
+			_ = ln.Close()
+		}
+		ln, err := net.Listen("unix", filepath.Join(e.dir, keep[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		if err := os.WriteFile(filepath.Join(e.dir, keep[1]), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if slices.Contains(stale, e.reg0.Endpoint) {
+		t.Fatalf("the plugin registered at an earlier plugin's socket %s", e.reg0.Endpoint)
+	}
+	for _, name := range stale {
+		if _, err := os.Stat(filepath.Join(e.dir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("earlier plugin's socket %s left (stat: %v)", name, err)
+		}
+	}
+	for _, name := range append(keep, e.reg0.Endpoint) {
+		if _, err := os.Stat(filepath.Join(e.dir, name)); err != nil {
+			t.Errorf("%s removed: %v", name, err)
+		}
 	}
 }
 
