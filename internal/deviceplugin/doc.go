@@ -38,10 +38,11 @@
 //
 // The plugin serves its socket in the kubelet's device-plugin directory,
 // dials it to prove it serves, and only then registers with the kubelet.
-// The socket's name is the process's own (resource name, pid, start time):
-// a kubelet refuses a plugin at the socket path of one it still counts as
-// connected, as it may a killed one's for a while. At start the plugin
-// removes the sockets earlier ones left, and at exit its own.
+// Each registration serves a socket of its own (resource name, pid, start
+// time, count): a kubelet keys plugins by resource and socket, and two
+// registrations at one socket close together confused it for good. At
+// start the plugin removes the sockets earlier ones left, and at each new
+// registration and at exit its last.
 // It watches the directory (fsnotify): when kubelet.sock is created again
 // (the kubelet restarted) or the plugin's own socket is removed, it stops
 // its server and starts over; a failed registration is retried every

@@ -40,10 +40,10 @@ type Options struct {
 	// KubeletDir is the kubelet's device-plugin directory, holding
 	// kubelet.sock and the plugin's socket.
 	KubeletDir string
-	// SocketName is the plugin's socket in KubeletDir. The default is
-	// the resource name with '/' replaced by '_', then a suffix of this
-	// process's own, and ".sock"; a plugin with the default name removes
-	// the sockets earlier ones left when it starts (see stalePrefix).
+	// SocketName is the plugin's socket in KubeletDir. By default each
+	// registration gets a socket of its own: the resource name with '/'
+	// replaced by '_', a suffix unique to the process and the
+	// registration, and ".sock" (see Plugin.sockBase).
 	SocketName string
 	// PodResourcesSocket is the kubelet pod-resources API, used when
 	// PodResources is nil.
@@ -79,10 +79,20 @@ type Plugin struct {
 	metrics *metrics
 	restart chan struct{} // Restart requests; buffered 1
 	kick    chan struct{} // garbage collection requests; buffered 1
-	// stalePrefix names the sockets earlier plugins for the resource
-	// left (prefix".sock" or prefix"-*.sock"); empty when SocketName
-	// was given.
-	stalePrefix string
+	// sockBase names the sockets of the default scheme: sockBase"-*.sock"
+	// (and sockBase".sock", as earlier versions named theirs); empty
+	// when Options.SocketName was given. Each registration serves a new
+	// socket: a kubelet (v1.37 here) keys a plugin by resource and
+	// socket, and two registrations at one socket in a few milliseconds
+	// (a kubelet restart makes them) confused it: it dropped both
+	// clients, and then either refused the socket for minutes ("device
+	// plugin already connected") or kept a dead plugin's devices
+	// allocatable for good. At a new socket a registration is a new
+	// plugin, and the old one goes when its stream ends.
+	sockBase string
+	sock     string // the socket served now; Run's
+	starts   int    // servers started; Run's
+	born     string // when New ran, base 36: tells this process's sockets from an earlier one's with its pid
 
 	mu      sync.Mutex
 	created map[string]time.Time // allocation id -> when this process last allocated it; guarded by mu
@@ -100,16 +110,9 @@ func New(o Options) (*Plugin, error) {
 	if o.KubeletDir == "" {
 		o.KubeletDir = DefaultKubeletDir
 	}
-	// A socket name of its own per process: a recent kubelet (v1.37
-	// here) refuses a plugin that registers at the socket of one it
-	// still counts as connected, which it may for a while after that one
-	// died; a restarted agent pod's plugin was refused for minutes, with
-	// "device plugin already connected". Unique names are what the
-	// kubelet's plugin watcher asks of plugins, too.
-	stale := ""
+	base := ""
 	if o.SocketName == "" {
-		stale = strings.ReplaceAll(o.Config.ResourceName, "/", "_")
-		o.SocketName = fmt.Sprintf("%s-%d-%s.sock", stale, os.Getpid(), strconv.FormatInt(time.Now().UnixNano(), 36))
+		base = strings.ReplaceAll(o.Config.ResourceName, "/", "_")
 	}
 	if o.PodResourcesSocket == "" {
 		o.PodResourcesSocket = DefaultPodResourcesSocket
@@ -136,7 +139,8 @@ func New(o Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, stalePrefix: stale,
+	p := &Plugin{opts: o, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, sockBase: base, sock: o.SocketName,
+		born:    strconv.FormatInt(time.Now().UnixNano(), 36),
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))
 	return p, nil
@@ -165,11 +169,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	p.mu.Unlock()
 
 	p.removeStaleSockets()
-	defer func() {
-		if err := os.Remove(p.socketPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
-			p.log.Error(err, "Removing the plugin socket")
-		}
-	}()
+	defer p.removeSocket()
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("device plugin: %w", err)
@@ -206,7 +206,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		}
 		p.metrics.registrations.WithLabelValues("ok").Inc()
 		p.log.Info("Registered with the kubelet", "resource", p.opts.Config.ResourceName, "devices", p.n,
-			"endpoint", filepath.Join(p.opts.KubeletDir, p.opts.SocketName))
+			"endpoint", p.socketPath())
 		reason := p.watch(ctx, w, srv)
 		srv.stop()
 		if ctx.Err() == nil {
@@ -228,13 +228,34 @@ func (s *pluginServer) stop() {
 	<-s.served
 }
 
-func (p *Plugin) socketPath() string { return filepath.Join(p.opts.KubeletDir, p.opts.SocketName) }
+func (p *Plugin) socketPath() string { return filepath.Join(p.opts.KubeletDir, p.sock) }
+
+// nextSocket picks the socket of the next server: a new one in the default
+// scheme (see sockBase), after removing the last.
+func (p *Plugin) nextSocket() {
+	if p.sockBase == "" {
+		return
+	}
+	p.removeSocket()
+	p.starts++
+	p.sock = fmt.Sprintf("%s-%d-%s-%d.sock", p.sockBase, os.Getpid(), p.born, p.starts)
+}
+
+// removeSocket removes the socket served last, if any.
+func (p *Plugin) removeSocket() {
+	if p.sock == "" || p.sockBase == "" {
+		return
+	}
+	if err := os.Remove(p.socketPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		p.log.Error(err, "Removing the plugin socket", "socket", p.sock)
+	}
+}
 
 // removeStaleSockets removes the sockets earlier plugins for the resource
 // left in KubeletDir (a killed process removes nothing), as the kubelet's
-// plugin watcher asks: the kubelet then drops their endpoints sooner.
+// plugin watcher asks plugins to.
 func (p *Plugin) removeStaleSockets() {
-	if p.stalePrefix == "" {
+	if p.sockBase == "" {
 		return
 	}
 	ents, err := os.ReadDir(p.opts.KubeletDir)
@@ -243,8 +264,8 @@ func (p *Plugin) removeStaleSockets() {
 	}
 	for _, e := range ents {
 		name := e.Name()
-		if name == p.opts.SocketName || e.Type()&os.ModeSocket == 0 ||
-			name != p.stalePrefix+".sock" && !(strings.HasPrefix(name, p.stalePrefix+"-") && strings.HasSuffix(name, ".sock")) {
+		if e.Type()&os.ModeSocket == 0 ||
+			name != p.sockBase+".sock" && !(strings.HasPrefix(name, p.sockBase+"-") && strings.HasSuffix(name, ".sock")) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(p.opts.KubeletDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -259,6 +280,7 @@ func (p *Plugin) kubeletSocket() string { return filepath.Join(p.opts.KubeletDir
 
 // start serves the plugin's socket, checks it answers, and registers.
 func (p *Plugin) start(ctx context.Context) (_ *pluginServer, err error) {
+	p.nextSocket()
 	path := p.socketPath()
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing the old socket: %w", err)
@@ -286,7 +308,7 @@ func (p *Plugin) start(ctx context.Context) (_ *pluginServer, err error) {
 	}); err != nil {
 		return nil, fmt.Errorf("the plugin's own socket does not answer: %w", err)
 	}
-	req := &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: p.opts.SocketName,
+	req := &pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: p.sock,
 		ResourceName: p.opts.Config.ResourceName, Options: p.pluginOptions()}
 	// A kubelet socket that exists may not accept yet (it is created
 	// at bind, before listen): wait for it, within RequestTimeout.

@@ -365,6 +365,9 @@ func TestStaleSockets(t *testing.T) {
 	}
 }
 
+// TestReregister: the plugin registers again when the kubelet restarts or
+// its socket goes, each time at a socket of its own (the kubelet keys a
+// plugin by resource and socket), and the last one is removed.
 func TestReregister(t *testing.T) {
 	e := setup(t, deviceplugin.Options{}, nil)
 	ctx := testCtx(t)
@@ -375,23 +378,27 @@ func TestReregister(t *testing.T) {
 		t.Fatal(err)
 	}
 	k2 := startKubelet(t, e.dir)
-	if r := k2.registration(t); r.ResourceName != e.reg0.ResourceName || r.Endpoint != e.reg0.Endpoint {
-		t.Errorf("registration after the kubelet restarted: %v", r)
+	r := k2.registration(t)
+	if r.ResourceName != e.reg0.ResourceName || r.Endpoint == e.reg0.Endpoint {
+		t.Errorf("registration after the kubelet restarted: %v, want a new socket (the first was %s)", r, e.reg0.Endpoint)
 	}
-	if _, err := e.client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
+	if _, err := os.Stat(filepath.Join(e.dir, e.reg0.Endpoint)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the first socket is still there (stat: %v)", err)
+	}
+	c := pluginClient(t, e.dir, r.Endpoint)
+	if _, err := c.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
 		t.Errorf("the plugin does not answer after re-registering: %v", err)
 	}
 
 	// Someone removes the plugin's socket (a kubelet starting does).
-	sock := filepath.Join(e.dir, e.reg0.Endpoint)
-	if err := os.Remove(sock); err != nil {
+	if err := os.Remove(filepath.Join(e.dir, r.Endpoint)); err != nil {
 		t.Fatal(err)
 	}
-	k2.registration(t)
-	if _, err := os.Stat(sock); err != nil {
-		t.Errorf("the plugin socket is not back: %v", err)
+	r3 := k2.registration(t)
+	if r3.Endpoint == r.Endpoint {
+		t.Errorf("registered again at the socket that was removed: %s", r3.Endpoint)
 	}
-	w := watch(t, e.client)
+	w := watch(t, pluginClient(t, e.dir, r3.Endpoint))
 	w.waitAll(t, devices, pluginapi.Healthy)
 	eventually(t, "the registrations metric counts 3", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_registrations_total") >= 3
