@@ -155,9 +155,7 @@ func (p *poller) freeAcked(vc *VConn, r *rel) {
 		if u.tries == 0 {
 			sample = at.Sub(u.sent)
 		}
-		if p.e.pool.unshare(u.slot) {
-			p.free(u.slot, u.gather)
-		}
+		p.unref(u.slot, u.gather)
 		*u = relMsg{}
 		r.head++
 	}
@@ -426,9 +424,7 @@ func (p *poller) dropUnacked(vc *VConn) {
 		return
 	}
 	for i := r.head; i < len(r.unacked); i++ {
-		if u := &r.unacked[i]; p.e.pool.unshare(u.slot) {
-			p.free(u.slot, u.gather)
-		}
+		p.unref(r.unacked[i].slot, r.unacked[i].gather)
 	}
 	r.unacked, r.head = nil, 0
 }

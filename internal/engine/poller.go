@@ -779,9 +779,19 @@ func (p *poller) completeAll(n int) {
 
 // sent gives back the buffer of a SEND whose wr_id carried tag.
 func (p *poller) sent(tag uint32) {
-	slot := tag & slotMask
-	if tag&wrShared == 0 || p.e.pool.unshare(slot) {
-		p.free(slot, tag&wrGather != 0)
+	slot, gather := tag&slotMask, tag&wrGather != 0
+	if tag&wrShared == 0 {
+		p.free(slot, gather)
+		return
+	}
+	p.unref(slot, gather)
+}
+
+// unref drops an owner of a shared send buffer (bufPool.share) and frees it
+// after the last.
+func (p *poller) unref(slot uint32, gather bool) {
+	if p.e.pool.unshare(slot) {
+		p.free(slot, gather)
 	}
 }
 

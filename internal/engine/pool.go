@@ -17,7 +17,7 @@ import (
 // put; a double put panics, as a refcount gone wrong must not corrupt data.
 // A buffer with several owners at once (an Auto datagram, held until
 // acknowledged and posted perhaps more than once) is shared: share sets
-// its owners, unref drops one and puts it after the last.
+// its owners, unshare drops one and says whether it was the last.
 type bufPool struct {
 	mr      verbs.MR
 	classes []bufClass
@@ -129,13 +129,6 @@ func (p *bufPool) share(slot uint32, n int32) {
 // ref adds an owner to a shared buffer.
 func (p *bufPool) ref(slot uint32) {
 	p.classes[slot>>24].refs[slot&(1<<24-1)].Add(1)
-}
-
-// unref drops an owner of a shared buffer, and puts it after the last.
-func (p *bufPool) unref(slot uint32) {
-	if p.unshare(slot) {
-		p.put(slot)
-	}
 }
 
 // unshare drops an owner of a shared buffer and reports whether it was the
