@@ -524,11 +524,27 @@ func TestFabricConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	time.Sleep(5 * time.Millisecond)
+	// Every packet and copy reaches its fate once the timer goroutine has
+	// released the delayed and held ones; on a loaded machine that can take
+	// far longer than the delays, and closing first would count the rest as
+	// DropUnknown (their destinations detached) and deliver none.
+	sent := uint64(len(ws) * perSender)
+	var s Stats
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+		s = fb.Stats()
+		if s.TxPackets+s.DropLoss+s.DropUnknown+s.DropQueueFull == sent+s.Duplicated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("packets still in flight after 20 s: %+v", s)
+		}
+	}
+	if s.DropUnknown != 0 || s.TxPackets == 0 {
+		t.Errorf("stats %+v", s)
+	}
 	fb.Close()
 	rwg.Wait()
-	s := fb.Stats()
-	if s.TxPackets == 0 || s.TxPackets < s.RxPackets {
+	if s := fb.Stats(); s.TxPackets < s.RxPackets {
 		t.Errorf("stats %+v", s)
 	}
 }
