@@ -171,6 +171,9 @@ func TestManyVConnsUnderLoss(t *testing.T) {
 		t.Fatalf("delivered %d of %d", total, nvc*msgs)
 	}
 	for i, g := range got {
+		if len(g) != msgs {
+			t.Fatalf("vconn %d got %d messages, want %d", i, len(g), msgs)
+		}
 		for j, imm := range g {
 			if imm != uint32(j) {
 				t.Fatalf("vconn %d: message %d arrived as %d-th", i, imm, j)
