@@ -487,6 +487,7 @@ func TestFabricCloseHeld(t *testing.T) {
 
 func TestFabricConcurrent(t *testing.T) {
 	fb := NewFabric(Faults{Seed: 3, Loss: 0.01, Duplicate: 0.01, Reorder: 0.05, Delay: 50 * time.Microsecond, Jitter: 50 * time.Microsecond})
+	defer fb.Close() // on failure; Close is idempotent
 	ws := attach(t, fb, gidA, gidB, gidC)
 	const perSender = 2000
 	var wg sync.WaitGroup
