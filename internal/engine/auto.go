@@ -15,7 +15,7 @@ import (
 // supplies what RC would: every message carries its sequence number
 // (header.seq); the receiver delivers in sequence order, holding early
 // arrivals and dropping duplicates, and acknowledges cumulatively in
-// header.arg of whatever it sends back (data or a credit grant), late
+// the acknowledgement field (header.ack) of whatever it sends back (data or a credit grant), late
 // rather than per message (see deliverSeq); the sender keeps each datagram
 // until it is acknowledged and retransmits it after a timeout that follows
 // the measured round trip. Larger messages go over RC, chunked, in the
@@ -74,7 +74,7 @@ type rel struct {
 // bundle of the messages seq..last.
 type relMsg struct {
 	seq, last uint32
-	slot      uint32
+	slot      bufSlot
 	n         uint32
 	tries     int32
 	gather    bool // slot is a gathered bundle's header buffer (bundle.go)
@@ -434,7 +434,7 @@ func (p *poller) dropUnacked(vc *VConn) {
 func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u relMsg) {
 	p.e.pool.share(u.slot, 2) // the unacknowledged list and the post
 	wr := p.bundleWR(vc, remote, &u)
-	wr.WRID |= wrShared
+	wr.WRID = retag(wr.WRID, tagShared, 0)
 	p.postWR(vc.dq, wr)
 	r := vc.reliability()
 	u.sent = p.clock()
@@ -481,7 +481,7 @@ func (p *poller) retransmit(now time.Time) bool {
 			// may not have been read would race with the device.
 			e.pool.ref(u.slot)
 			wr := p.bundleWR(vc, remote, u)
-			wr.WRID = wr.WRID&^wrSent | wrShared // counted sent the first time
+			wr.WRID = retag(wr.WRID, tagShared, tagSent) // counted sent the first time
 			p.postWR(vc.dq, wr)
 			if age < r.timeout(u.tries) {
 				e.stats.gapResends.Add(1)

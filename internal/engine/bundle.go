@@ -54,7 +54,7 @@ const gatherMin = 2048
 func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	e := p.e
 	head, _ := vc.ring.at(&vc.ents, 0)
-	gather := uint32(head) >= gatherMin
+	gather := head.len() >= gatherMin
 	limit := maxBundle
 	if gather {
 		limit = min(limit, verbs.MaxSGE-1)
@@ -66,12 +66,12 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 		if !ok {
 			break
 		}
-		slot, n := uint32(ent>>32), uint32(ent)
+		slot, n := ent.slot(), ent.len()
 		if slot == opMarker || total+int(n) > room {
 			break
 		}
-		b := e.pool.bytes(slot)
-		if msgType(b[0]) != msgData || b[1]&(flagFirst|flagLast) != flagFirst|flagLast || !vc.autoDgram(n) {
+		b := rawHeader(e.pool.bytes(slot))
+		if b.typ() != msgData || !b.whole() || !vc.autoDgram(n) {
 			break
 		}
 		total += int(n)
@@ -82,7 +82,7 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	}
 	size := headerLen + total
 	if gather {
-		size = headerLen + 8*k // the header, then each message's slot and length
+		size = headerLen + gatherLen*k
 	}
 	out, ok := e.pool.get(e.pool.class(size))
 	if !ok {
@@ -93,14 +93,12 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	var seq uint32
 	for i := 0; i < k; i++ {
 		ent, _ := vc.ring.peek(&vc.ents)
-		slot, n := uint32(ent>>32), uint32(ent)
+		slot, n := ent.slot(), ent.len()
 		if i == 0 {
-			seq = binary.BigEndian.Uint32(e.pool.bytes(slot)[12:])
+			seq = rawHeader(e.pool.bytes(slot)).seq()
 		}
 		if gather {
-			binary.BigEndian.PutUint32(b[off:], slot)
-			binary.BigEndian.PutUint32(b[off+4:], n)
-			off += 8
+			putGathered(b, i, slot, n)
 		} else {
 			off += copy(b[off:], e.pool.bytes(slot)[:n])
 			e.pool.put(slot)
@@ -108,7 +106,7 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 		vc.ring.pop()
 		p.took(vc)
 	}
-	h := header{typ: msgBundle, flags: flagFirst | flagLast, length: uint32(total), seq: seq, imm: uint32(k)}
+	h := bundleHeader(seq, uint32(k), uint32(total))
 	h.put(b)
 	vc.stampCredit(b)
 	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
@@ -127,9 +125,9 @@ func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *relMsg) verbs.SendWR {
 	}
 	e := p.e
 	b := e.pool.bytes(u.slot)
-	k := int(binary.BigEndian.Uint32(b[16:]))
+	k := int(rawHeader(b).count())
 	wr := verbs.SendWR{
-		WRID:    vqpn.WRID(vc.id, u.slot|wrSent|wrGather),
+		WRID:    (tagOf(u.slot) | tagSent | tagGather).wrID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
 		ImmData: vqpn.Imm(remote),
@@ -137,16 +135,30 @@ func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *relMsg) verbs.SendWR {
 	}
 	wr.SG[0] = e.pool.sge(u.slot, headerLen)
 	for i := range k {
-		off := headerLen + 8*i
-		wr.SG[i+1] = e.pool.sge(binary.BigEndian.Uint32(b[off:]), binary.BigEndian.Uint32(b[off+4:]))
+		wr.SG[i+1] = e.pool.sge(gathered(b, i))
 	}
 	return wr
 }
 
+// A gathered bundle's header buffer lists, after its header, the slot and
+// length of each of its messages' buffers, gatherLen bytes each.
+const gatherLen = 8
+
+func putGathered(b []byte, i int, s bufSlot, n uint32) {
+	off := headerLen + gatherLen*i
+	binary.BigEndian.PutUint32(b[off:], uint32(s))
+	binary.BigEndian.PutUint32(b[off+4:], n)
+}
+
+func gathered(b []byte, i int) (bufSlot, uint32) {
+	off := headerLen + gatherLen*i
+	return bufSlot(binary.BigEndian.Uint32(b[off:])), binary.BigEndian.Uint32(b[off+4:])
+}
+
 // onBundle delivers the messages of a bundle. The bundle is checked whole
 // first: a malformed one fails the vconn and delivers nothing.
-func (p *poller) onBundle(vc *VConn, h *header, slot uint32, payload []byte) {
-	if vc.tr != Auto || int(slot>>24) != p.e.dgramClass || checkBundle(h, payload) != nil {
+func (p *poller) onBundle(vc *VConn, h *header, slot bufSlot, payload []byte) {
+	if vc.tr != Auto || slot.class() != p.e.dgramClass || checkBundle(h, payload) != nil {
 		p.malformed(vc, slot)
 		return
 	}
@@ -156,31 +168,32 @@ func (p *poller) onBundle(vc *VConn, h *header, slot uint32, payload []byte) {
 	if vc.reliability().firstCopy(h.seq, p.e.cfg.MaxCredits) {
 		credits = 1
 	}
-	p.e.pool.share(slot, int32(h.imm))
+	p.e.pool.share(slot, int32(h.count()))
 	eachBundled(payload, func(rh header, data []byte) {
-		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: rh.imm, HasImm: rh.flags&flagImm != 0, slot: slot, shared: true, credits: credits}, true)
+		imm, hasImm := rh.appImm()
+		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: imm, HasImm: hasImm, slot: slot, shared: true, credits: credits}, true)
 	})
 }
 
 var errBadBundle = errors.New("engine: malformed bundle")
 
 // checkBundle checks the messages of a bundle with header h: whole data
-// messages, h.imm of them (two or more), numbered on from h.seq, filling
+// messages, h.count() of them (two or more), numbered on from h.seq, filling
 // the payload exactly.
 func checkBundle(h *header, payload []byte) error {
-	if uint32(len(payload)) != h.length || h.imm < 2 || h.imm > maxBundle {
+	if uint32(len(payload)) != h.length || h.count() < 2 || h.count() > maxBundle {
 		return errBadBundle
 	}
 	var rh header
 	k := uint32(0)
 	for off := 0; off < len(payload); k++ {
-		if k == h.imm || rh.parse(payload[off:]) != nil || rh.typ != msgData || rh.flags&(flagFirst|flagLast) != flagFirst|flagLast ||
+		if k == h.count() || rh.parse(payload[off:]) != nil || rh.typ != msgData || !rh.whole() ||
 			rh.seq != h.seq+k || int(rh.length) > len(payload)-off-headerLen {
 			return errBadBundle
 		}
 		off += headerLen + int(rh.length)
 	}
-	if k != h.imm {
+	if k != h.count() {
 		return errBadBundle
 	}
 	return nil

@@ -142,8 +142,8 @@ func New(cfg Config) (_ *Engine, err error) {
 	return e, nil
 }
 
-func (e *Engine) recvWR(slot uint32) verbs.RecvWR {
-	return verbs.RecvWR{WRID: uint64(slot), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
+func (e *Engine) recvWR(slot bufSlot) verbs.RecvWR {
+	return verbs.RecvWR{WRID: recvWRID(slot), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
 }
 
 // UDQPNs lists the engine's UD QPs, one per poller, for peers.

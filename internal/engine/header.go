@@ -16,8 +16,23 @@ import (
 //	       flagGap, the first sequence number past the gap
 //	12..15 seq: the message's sequence number on its vconn
 //	16..19 imm: the application's immediate (flagImm); a bundle's count
-//	20..23 arg: type-specific (export: region id)
+//	20..23 arg: the region's id (export, unexport, unexported); the
+//	       acknowledgement (an Auto vconn's data, bundles and grants)
+//
+// Fields that mean different things by type are read and written through
+// the accessors named for each meaning, below; only put and parse know
+// the offsets.
 const headerLen = 24
+
+const (
+	offType   = 0
+	offFlags  = 1
+	offCredit = 4
+	offLength = 8
+	offSeq    = 12
+	offImm    = 16
+	offArg    = 20
+)
 
 type msgType uint8
 
@@ -52,6 +67,79 @@ type header struct {
 	arg    uint32
 }
 
+// Headers by meaning.
+
+// dataHeader starts the header of a data message of length bytes.
+func dataHeader(length, seq, imm uint32, hasImm bool) header {
+	h := header{typ: msgData, length: length, seq: seq, imm: imm}
+	if hasImm {
+		h.flags |= flagImm
+	}
+	return h
+}
+
+// controlHeader is the header of a control message; regionOf a region's
+// messages (export, unexport, unexported).
+func controlHeader(t msgType) header { return header{typ: t, flags: flagFirst | flagLast} }
+
+func regionHeader(t msgType, id uint32) header {
+	h := controlHeader(t)
+	h.arg = id
+	return h
+}
+
+// bundleHeader heads a bundle of count messages, numbered from seq, in
+// length bytes.
+func bundleHeader(seq, count, length uint32) header {
+	h := controlHeader(msgBundle)
+	h.seq, h.imm, h.length = seq, count, length
+	return h
+}
+
+func (h *header) whole() bool { return h.flags&(flagFirst|flagLast) == flagFirst|flagLast }
+
+// appImm is a data message's application immediate.
+func (h *header) appImm() (uint32, bool) { return h.imm, h.flags&flagImm != 0 }
+
+// ack is the acknowledgement an Auto vconn's data, bundle or grant carries.
+func (h *header) ack() uint32 { return h.arg }
+
+// region is the id of the region an export, unexport or unexported names.
+func (h *header) region() uint32 { return h.arg }
+
+// gap reports the end of a gap a grant reports (flagGap): the first
+// sequence number past it.
+func (h *header) gap() (end uint32, ok bool) { return h.length, h.flags&flagGap != 0 }
+
+// count is how many messages a bundle carries.
+func (h *header) count() uint32 { return h.imm }
+
+// rawHeader reads and writes single fields of an encoded header in place:
+// the poller classifies and stamps queued buffers without decoding them.
+type rawHeader []byte
+
+func (b rawHeader) typ() msgType { return msgType(b[offType]) }
+
+func (b rawHeader) whole() bool { return b[offFlags]&(flagFirst|flagLast) == flagFirst|flagLast }
+
+func (b rawHeader) last() bool { return b[offFlags]&flagLast != 0 }
+
+func (b rawHeader) seq() uint32 { return binary.BigEndian.Uint32(b[offSeq:]) }
+
+func (b rawHeader) count() uint32 { return binary.BigEndian.Uint32(b[offImm:]) }
+
+func (b rawHeader) ack() uint32 { return binary.BigEndian.Uint32(b[offArg:]) }
+
+func (b rawHeader) setCredit(c uint32) { binary.BigEndian.PutUint32(b[offCredit:], c) }
+
+func (b rawHeader) setAck(a uint32) { binary.BigEndian.PutUint32(b[offArg:], a) }
+
+// setGap marks a grant as reporting a gap that ends at end.
+func (b rawHeader) setGap(end uint32) {
+	b[offFlags] |= flagGap
+	binary.BigEndian.PutUint32(b[offLength:], end)
+}
+
 var (
 	errShortHeader = errors.New("engine: message shorter than its header")
 	errBadHeader   = errors.New("engine: malformed message header")
@@ -59,14 +147,14 @@ var (
 
 func (h *header) put(b []byte) {
 	_ = b[headerLen-1]
-	b[0] = byte(h.typ)
-	b[1] = h.flags
+	b[offType] = byte(h.typ)
+	b[offFlags] = h.flags
 	b[2], b[3] = 0, 0
-	binary.BigEndian.PutUint32(b[4:], h.credit)
-	binary.BigEndian.PutUint32(b[8:], h.length)
-	binary.BigEndian.PutUint32(b[12:], h.seq)
-	binary.BigEndian.PutUint32(b[16:], h.imm)
-	binary.BigEndian.PutUint32(b[20:], h.arg)
+	binary.BigEndian.PutUint32(b[offCredit:], h.credit)
+	binary.BigEndian.PutUint32(b[offLength:], h.length)
+	binary.BigEndian.PutUint32(b[offSeq:], h.seq)
+	binary.BigEndian.PutUint32(b[offImm:], h.imm)
+	binary.BigEndian.PutUint32(b[offArg:], h.arg)
 }
 
 // parse decodes and validates a header: a peer's bytes are not trusted.
@@ -74,13 +162,13 @@ func (h *header) parse(b []byte) error {
 	if len(b) < headerLen {
 		return errShortHeader
 	}
-	h.typ = msgType(b[0])
-	h.flags = b[1]
-	h.credit = binary.BigEndian.Uint32(b[4:])
-	h.length = binary.BigEndian.Uint32(b[8:])
-	h.seq = binary.BigEndian.Uint32(b[12:])
-	h.imm = binary.BigEndian.Uint32(b[16:])
-	h.arg = binary.BigEndian.Uint32(b[20:])
+	h.typ = msgType(b[offType])
+	h.flags = b[offFlags]
+	h.credit = binary.BigEndian.Uint32(b[offCredit:])
+	h.length = binary.BigEndian.Uint32(b[offLength:])
+	h.seq = binary.BigEndian.Uint32(b[offSeq:])
+	h.imm = binary.BigEndian.Uint32(b[offImm:])
+	h.arg = binary.BigEndian.Uint32(b[offArg:])
 	if h.typ < msgData || h.typ > msgBundle || h.flags&^(flagFirst|flagLast|flagImm|flagGap) != 0 || b[2] != 0 || b[3] != 0 {
 		return errBadHeader
 	}

@@ -80,3 +80,47 @@ func FuzzHeader(f *testing.F) {
 		}
 	})
 }
+
+// The in-place accessors read and write the fields parse and put do.
+func TestRawHeader(t *testing.T) {
+	var b [headerLen]byte
+	h := dataHeader(5, 77, 9, true)
+	h.flags |= flagFirst | flagLast
+	h.arg = 41
+	h.put(b[:])
+	r := rawHeader(b[:])
+	if r.typ() != msgData || !r.whole() || !r.last() || r.seq() != 77 || r.ack() != 41 {
+		t.Fatalf("raw %v: type %d whole %v last %v seq %d ack %d", &h, r.typ(), r.whole(), r.last(), r.seq(), r.ack())
+	}
+	r.setCredit(1000)
+	r.setAck(42)
+	var got header
+	if err := got.parse(b[:]); err != nil || got.credit != 1000 || got.ack() != 42 {
+		t.Fatalf("after setCredit/setAck: %v, %v (ack %d)", &got, err, got.ack())
+	}
+	if imm, ok := got.appImm(); !ok || imm != 9 {
+		t.Fatalf("immediate %d, %v", imm, ok)
+	}
+
+	g := controlHeader(msgCredit)
+	g.arg = 10
+	g.put(b[:])
+	rawHeader(b[:]).setGap(12)
+	if err := got.parse(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	if end, ok := got.gap(); !ok || end != 12 || got.ack() != 10 {
+		t.Fatalf("gap: end %d, %v, ack %d", end, ok, got.ack())
+	}
+
+	bh := bundleHeader(3, 4, 100)
+	bh.put(b[:])
+	if err := got.parse(b[:]); err != nil || got.count() != 4 || rawHeader(b[:]).count() != 4 || got.seq != 3 || got.length != 100 {
+		t.Fatalf("bundle: %v, %v", &got, err)
+	}
+	eh := regionHeader(msgExport, 12)
+	eh.put(b[:])
+	if err := got.parse(b[:]); err != nil || got.region() != 12 {
+		t.Fatalf("export: %v, %v", &got, err)
+	}
+}

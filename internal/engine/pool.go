@@ -9,8 +9,8 @@ import (
 )
 
 // bufPool is the engine's registered memory: one MR carved into size
-// classes. A buffer is named by a slot, class<<24 | index, which is what a
-// work request's wr_id carries to free it on completion.
+// classes. A buffer is named by its bufSlot, which is what a work request's
+// wr_id carries to free it on completion.
 //
 // Ownership: get hands a buffer to the caller; it stays the caller's (or
 // the device's, once posted) until put. Buffers are never touched after
@@ -38,15 +38,34 @@ type bufClass struct {
 	freed   chan struct{}  // closed (and replaced) by a put while waiters wait; guarded by mu
 }
 
+// bufSlot names a buffer of the pool: its class in the top byte, its index
+// in the class below. It fits the 28 bits a send's wr_id tag leaves it
+// (sendTag) with up to 16 classes.
+type bufSlot uint32
+
+// noSlot is no buffer.
+const noSlot = ^bufSlot(0)
+
+const slotIndexBits = 24
+
+func makeSlot(class int, index uint32) bufSlot { return bufSlot(class)<<slotIndexBits | bufSlot(index) }
+
+func (s bufSlot) class() int { return int(s >> slotIndexBits) }
+
+func (s bufSlot) index() uint32 { return uint32(s) & (1<<slotIndexBits - 1) }
+
 // classSpec asks for n buffers of size bytes.
 type classSpec struct {
 	size, n int
 }
 
 func newBufPool(pd verbs.PD, specs []classSpec) (*bufPool, error) {
+	if len(specs) > tagSlotMask>>slotIndexBits+1 {
+		return nil, fmt.Errorf("engine: %d buffer classes, more than a send tag holds: %w", len(specs), verbs.ErrInvalid)
+	}
 	total := 0
 	for _, s := range specs {
-		if s.size <= 0 || s.n <= 0 || s.n >= 1<<24 {
+		if s.size <= 0 || s.n <= 0 || s.n >= 1<<slotIndexBits {
 			return nil, fmt.Errorf("engine: buffer class %+v: %w", s, verbs.ErrInvalid)
 		}
 		total += s.size * s.n
@@ -88,7 +107,7 @@ func (p *bufPool) class(n int) int {
 }
 
 // get takes a buffer of class ci; ok is false when the class is empty.
-func (p *bufPool) get(ci int) (slot uint32, ok bool) {
+func (p *bufPool) get(ci int) (slot bufSlot, ok bool) {
 	c := &p.classes[ci]
 	c.mu.Lock()
 	k := len(c.free)
@@ -101,12 +120,12 @@ func (p *bufPool) get(ci int) (slot uint32, ok bool) {
 	c.inUse[idx] = true
 	c.lowest = min(c.lowest, k-1)
 	c.mu.Unlock()
-	return uint32(ci)<<24 | idx, true
+	return makeSlot(ci, idx), true
 }
 
-func (p *bufPool) put(slot uint32) {
-	c := &p.classes[slot>>24]
-	idx := slot & (1<<24 - 1)
+func (p *bufPool) put(slot bufSlot) {
+	c := &p.classes[slot.class()]
+	idx := slot.index()
 	c.mu.Lock()
 	if !c.inUse[idx] {
 		c.mu.Unlock()
@@ -122,20 +141,20 @@ func (p *bufPool) put(slot uint32) {
 }
 
 // share gives a buffer the caller got n owners, the caller among them.
-func (p *bufPool) share(slot uint32, n int32) {
-	p.classes[slot>>24].refs[slot&(1<<24-1)].Store(n)
+func (p *bufPool) share(slot bufSlot, n int32) {
+	p.classes[slot.class()].refs[slot.index()].Store(n)
 }
 
 // ref adds an owner to a shared buffer.
-func (p *bufPool) ref(slot uint32) {
-	p.classes[slot>>24].refs[slot&(1<<24-1)].Add(1)
+func (p *bufPool) ref(slot bufSlot) {
+	p.classes[slot.class()].refs[slot.index()].Add(1)
 }
 
 // unshare drops an owner of a shared buffer and reports whether it was the
 // last, for buffers that go elsewhere than back to the pool (a receive
 // buffer is reposted).
-func (p *bufPool) unshare(slot uint32) bool {
-	n := p.classes[slot>>24].refs[slot&(1<<24-1)].Add(-1)
+func (p *bufPool) unshare(slot bufSlot) bool {
+	n := p.classes[slot.class()].refs[slot.index()].Add(-1)
 	if n < 0 {
 		panic(fmt.Sprintf("engine: shared buffer %#x released once too often", slot))
 	}
@@ -166,26 +185,26 @@ func (p *bufPool) wait(ci int, done <-chan struct{}) {
 }
 
 // valid reports whether slot names a buffer of this pool.
-func (p *bufPool) valid(slot uint32) bool {
-	ci := int(slot >> 24)
-	return ci < len(p.classes) && slot&(1<<24-1) < p.classes[ci].n
+func (p *bufPool) valid(slot bufSlot) bool {
+	ci := slot.class()
+	return ci < len(p.classes) && slot.index() < p.classes[ci].n
 }
 
-func (p *bufPool) size(slot uint32) uint32 { return p.classes[slot>>24].size }
+func (p *bufPool) size(slot bufSlot) uint32 { return p.classes[slot.class()].size }
 
-func (p *bufPool) offset(slot uint32) uint64 {
-	c := &p.classes[slot>>24]
-	return c.base + uint64(slot&(1<<24-1))*uint64(c.size)
+func (p *bufPool) offset(slot bufSlot) uint64 {
+	c := &p.classes[slot.class()]
+	return c.base + uint64(slot.index())*uint64(c.size)
 }
 
 // bytes is the buffer's memory.
-func (p *bufPool) bytes(slot uint32) []byte {
+func (p *bufPool) bytes(slot bufSlot) []byte {
 	off := p.offset(slot)
 	return p.mr.Bytes()[off : off+uint64(p.size(slot)) : off+uint64(p.size(slot))]
 }
 
 // sge describes n bytes of the buffer.
-func (p *bufPool) sge(slot uint32, n uint32) verbs.SGE {
+func (p *bufPool) sge(slot bufSlot, n uint32) verbs.SGE {
 	return verbs.SGE{Addr: p.mr.Addr() + p.offset(slot), Length: n, LKey: p.mr.LKey()}
 }
 

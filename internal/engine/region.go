@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
 // Access says what a peer may do to an exported region.
@@ -86,7 +85,7 @@ type oneSided struct {
 
 // opMarker in a vconn's ring says "post the pending one-sided WRs here",
 // which keeps one-sided operations in order with the vconn's messages.
-const opMarker = ^uint32(0)
+const opMarker = ^bufSlot(0)
 
 // Export registers size bytes and exports them to the peer vconn with the
 // given access. The export reaches the peer before any message sent after
@@ -175,14 +174,14 @@ func (vc *VConn) sendControl(ctx context.Context, t msgType, arg uint32, payload
 		return err
 	}
 	b := e.pool.bytes(slot)
-	h := header{typ: t, flags: flagFirst | flagLast, arg: arg}
+	h := regionHeader(t, arg)
 	h.put(b)
 	copy(b[headerLen:], payload)
 	if err := vc.waitRing(ctx, true); err != nil {
 		e.pool.put(slot)
 		return err
 	}
-	vc.push(uint64(slot)<<32 | uint64(headerLen+len(payload)))
+	vc.push(newEntry(slot, uint32(headerLen+len(payload))))
 	vc.schedule()
 	return nil
 }
@@ -206,7 +205,7 @@ func (vc *VConn) onExport(h *header, payload []byte) error {
 	if rg.remote == nil {
 		rg.remote = make(map[uint32]remoteRegion)
 	}
-	rg.remote[h.arg] = r
+	rg.remote[h.region()] = r
 	rg.mu.Unlock()
 	return nil
 }
@@ -216,10 +215,10 @@ func (vc *VConn) onExport(h *header, payload []byte) error {
 func (vc *VConn) onUnexport(h *header) {
 	rg := vc.rg()
 	rg.mu.Lock()
-	_, had := rg.remote[h.arg]
-	delete(rg.remote, h.arg)
+	_, had := rg.remote[h.region()]
+	delete(rg.remote, h.region())
 	if had {
-		rg.unexportAcks = append(rg.unexportAcks, h.arg)
+		rg.unexportAcks = append(rg.unexportAcks, h.region())
 	}
 	rg.mu.Unlock()
 	if had {
@@ -296,7 +295,7 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 	o.wrs, o.reads, o.err, o.dst = o.wrs[:0], o.reads[:0], nil, buf
 	o.done = make(chan struct{})
 	o.cmu.Unlock()
-	var slots []uint32
+	var slots []bufSlot
 	for pos := 0; pos < len(buf) || pos == 0 && len(buf) == 0; pos += per {
 		n := min(per, len(buf)-pos)
 		slot, err := vc.getBuffer(ctx, max(n, 1), true)
@@ -315,7 +314,7 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 			o.cmu.Unlock()
 		}
 		o.wrs = append(o.wrs, verbs.SendWR{
-			WRID: vqpn.WRID(vc.id, slot), Opcode: op, Flags: verbs.SendSignaled,
+			WRID: tagOf(slot).wrID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
 			NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(n))},
 			RemoteAddr: r.addr + off + uint64(pos), RKey: r.rkey,
 		})
@@ -330,7 +329,7 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 	vc.sendMu.Lock()
 	err := vc.waitRing(ctx, true)
 	if err == nil {
-		vc.push(uint64(opMarker) << 32)
+		vc.push(newEntry(opMarker, 0))
 		vc.schedule()
 	}
 	vc.sendMu.Unlock()
@@ -376,7 +375,7 @@ func (vc *VConn) abandonOp(err error) {
 }
 
 // opCompleted is called by the poller for each one-sided WR's completion.
-func (vc *VConn) opCompleted(wc *verbs.WC, slot uint32) {
+func (vc *VConn) opCompleted(wc *verbs.WC, slot bufSlot) {
 	rg := vc.regions.Load()
 	if rg == nil {
 		return

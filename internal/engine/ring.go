@@ -14,7 +14,7 @@ const ringSpins = 4
 
 // ring is a single-producer, single-consumer queue of send buffers: the
 // producer is the vconn's sender (serialised by VConn.sendMu), the consumer
-// its QP's poller. An entry is slot<<32 | length. The indexes live with the
+// its QP's poller. The indexes live with the
 // vconn's hot fields and the entries (ringEntries) apart, after them: a
 // message touches one entry, but every path reads the indexes.
 type ring struct {
@@ -22,19 +22,29 @@ type ring struct {
 	tail atomic.Uint32 // next to fill; written by the producer
 }
 
-type ringEntries [ringSize]uint64
+type ringEntries [ringSize]ringEntry
+
+// ringEntry is a queued send: a buffer's slot and the length of what it
+// holds, or opMarker (region.go).
+type ringEntry uint64
+
+func newEntry(s bufSlot, n uint32) ringEntry { return ringEntry(s)<<32 | ringEntry(n) }
+
+func (e ringEntry) slot() bufSlot { return bufSlot(e >> 32) }
+
+func (e ringEntry) len() uint32 { return uint32(e) }
 
 func (r *ring) free() int { return ringSize - int(r.tail.Load()-r.head.Load()) }
 
 // push appends; the caller checked free.
-func (r *ring) push(e *ringEntries, v uint64) {
+func (r *ring) push(e *ringEntries, v ringEntry) {
 	t := r.tail.Load()
 	e[t%ringSize] = v
 	r.tail.Store(t + 1)
 }
 
 // peek returns the oldest entry without consuming it.
-func (r *ring) peek(e *ringEntries) (uint64, bool) {
+func (r *ring) peek(e *ringEntries) (ringEntry, bool) {
 	h := r.head.Load()
 	if h == r.tail.Load() {
 		return 0, false
@@ -43,7 +53,7 @@ func (r *ring) peek(e *ringEntries) (uint64, bool) {
 }
 
 // at returns the entry i places behind the oldest, if there is one.
-func (r *ring) at(e *ringEntries, i int) (uint64, bool) {
+func (r *ring) at(e *ringEntries, i int) (ringEntry, bool) {
 	h := r.head.Load()
 	if int(r.tail.Load()-h) <= i {
 		return 0, false

@@ -1,0 +1,109 @@
+package engine
+
+import (
+	"sync/atomic"
+)
+
+// grant records a credit grant from the peer, and reschedules a vconn that
+// waited for it.
+func (vc *VConn) grant(credit uint32) {
+	if !advance(&vc.limit, credit) {
+		return
+	}
+	if !vc.ring.empty() {
+		vc.schedule()
+	}
+}
+
+// advance sets a to v if v is later in serial-number order (RFC 1982, as
+// grants and acknowledgements wrap), and reports whether it did.
+func advance(a *atomic.Uint32, v uint32) bool {
+	for {
+		old := a.Load()
+		if int32(v-old) <= 0 {
+			return false
+		}
+		if a.CompareAndSwap(old, v) {
+			return true
+		}
+	}
+}
+
+func (vc *VConn) returnCredits(n uint32) {
+	if n == 0 {
+		return
+	}
+	c := vc.consumed.Add(n)
+	adv := vc.advertised.Load()
+	w := vc.window.Load()
+	if c == adv {
+		// The sender used every credit granted and the application read
+		// it all: the window, not the reader, limits the vconn.
+		w = vc.growWindow(w)
+	}
+	if c+w-adv >= w/2 && vc.state.Load() == stateOpen {
+		if !vc.creditDue.Swap(true) {
+			vc.schedule()
+		}
+	}
+}
+
+// windowBudget is the budget a vconn's window grows from: that of the
+// receive buffers its messages use, the datagram SRQ's for Auto (whose
+// small messages land there), the SRQ's for the rest.
+func (vc *VConn) windowBudget() *atomic.Int64 {
+	if vc.tr == Auto {
+		return &vc.e.windowBudget[1]
+	}
+	return &vc.e.windowBudget[0]
+}
+
+// growWindow doubles the credit window w if MaxCredits and the engine's
+// budget allow; it returns the window now. Only returnCredits grows it,
+// and a grant made from it is never taken back: windows shrink only when
+// their vconns end (see shrinkWindow).
+func (vc *VConn) growWindow(w uint32) uint32 {
+	if 2*w > uint32(vc.e.cfg.MaxCredits) || vc.state.Load() != stateOpen {
+		return w
+	}
+	b := vc.windowBudget()
+	if b.Add(-int64(w)) < 0 {
+		b.Add(int64(w))
+		return w
+	}
+	if !vc.window.CompareAndSwap(w, 2*w) {
+		b.Add(int64(w)) // another release grew it first
+		return vc.window.Load()
+	}
+	return 2 * w
+}
+
+// shrinkWindow gives a released vconn's window growth back to the budget.
+func (vc *VConn) shrinkWindow() {
+	if w := vc.window.Swap(uint32(vc.e.cfg.Credits)); w > uint32(vc.e.cfg.Credits) {
+		vc.windowBudget().Add(int64(w) - int64(vc.e.cfg.Credits))
+	}
+}
+
+// stampCredit writes the current grant into a queued buffer's header, and
+// on an Auto vconn's data and grants the acknowledgement too; no separate
+// grant is due after it.
+func (vc *VConn) stampCredit(b []byte) {
+	g := vc.consumed.Load() + vc.window.Load()
+	h := rawHeader(b)
+	h.setCredit(g)
+	// Stores only on change: an atomic store is a full barrier, which
+	// waits for every store before it, cache misses included.
+	if vc.advertised.Load() != g {
+		vc.advertised.Store(g)
+	}
+	if vc.creditDue.Load() {
+		vc.creditDue.Store(false) // the grant goes out with b
+	}
+	if t := h.typ(); vc.tr == Auto && (t == msgData || t == msgCredit || t == msgBundle) {
+		h.setAck(vc.ackValue())
+		if vc.ackDue.Load() {
+			vc.ackDue.Store(false)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package engine
+
+import (
+	"errors"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+// onRecv handles a receive; vc is the vconn its imm_data named, looked up
+// by completeAll (nil: none, or a stale generation).
+func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
+	e := p.e
+	slot := recvSlot(wc.WRID)
+	if !e.pool.valid(slot) {
+		return
+	}
+	if wc.Status != verbs.WCSuccess || wc.Flags&verbs.WCWithImm == 0 {
+		if wc.Status != verbs.WCWRFlushErr {
+			e.stats.malformed.Add(1)
+		}
+		p.reposts = append(p.reposts, slot)
+		return
+	}
+	ok := vc != nil
+	b := e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
+	from := p.peerOf(wc.QPN)
+	if wc.Flags&verbs.WCWithGRH != 0 {
+		// A datagram: the sender's GID is in the GRH space.
+		if len(b) < verbs.GRHSize {
+			ok = false
+		} else {
+			copy(from[:], b[8:24])
+			b = b[verbs.GRHSize:]
+		}
+	}
+	if !ok || vc.peer.gid != from {
+		// Closed (stale generation), or a peer naming a vconn that is not
+		// its own: dropped.
+		p.reposts = append(p.reposts, slot)
+		return
+	}
+	var h header
+	if err := h.parse(b); err != nil {
+		e.stats.malformed.Add(1)
+		p.reposts = append(p.reposts, slot)
+		return
+	}
+	vc.grant(h.credit)
+	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit || h.typ == msgBundle) {
+		p.onAck(vc, h.ack())
+		if end, ok := h.gap(); ok {
+			vc.onGap(end)
+		}
+	}
+	switch h.typ {
+	case msgData:
+		p.onData(vc, &h, slot, b[headerLen:])
+	case msgBundle:
+		p.onBundle(vc, &h, slot, b[headerLen:])
+	case msgFin:
+		p.reposts = append(p.reposts, slot)
+		vc.onPeerFin()
+	case msgReset:
+		p.reposts = append(p.reposts, slot)
+		vc.fail(ErrReset)
+	case msgExport:
+		err := vc.onExport(&h, b[headerLen:])
+		p.reposts = append(p.reposts, slot)
+		if err != nil {
+			e.stats.malformed.Add(1)
+			vc.fail(err)
+		}
+	case msgUnexport:
+		p.reposts = append(p.reposts, slot)
+		vc.onUnexport(&h)
+	case msgUnexported:
+		p.reposts = append(p.reposts, slot)
+		vc.onUnexported(h.region())
+	default:
+		p.reposts = append(p.reposts, slot)
+	}
+}
+
+// peerOf returns the GID of the peer whose QP qpn received a message.
+func (p *poller) peerOf(qpn uint32) (g verbs.GID) {
+	if v, ok := p.e.ingress.Load(qpn); ok {
+		return v.(*Peer).gid
+	}
+	return g
+}
+
+// onData delivers a whole message or adds a chunk to the one being
+// reassembled.
+func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
+	e := p.e
+	first, last := h.flags&flagFirst != 0, h.flags&flagLast != 0
+	imm, hasImm := h.appImm()
+	m := Message{vc: vc, Imm: imm, HasImm: hasImm, slot: noSlot, credits: 1}
+	if slot.class() == e.dgramClass {
+		// Unreliable transports: whole messages only, no credits.
+		if !first || !last || uint32(len(payload)) != h.length {
+			e.stats.malformed.Add(1)
+			p.reposts = append(p.reposts, slot)
+			return
+		}
+		m.Data, m.slot, m.credits = payload, slot, 0
+		if vc.tr == Auto {
+			m.credits = 1
+			vc.deliverSeq(p, h.seq, m, true)
+			return
+		}
+		vc.deliver(m)
+		return
+	}
+	if first && last {
+		if uint32(len(payload)) != h.length {
+			p.malformed(vc, slot)
+			return
+		}
+		m.Data, m.slot = payload, slot
+		p.deliver(vc, h, m)
+		return
+	}
+	if first {
+		if vc.asm != nil || h.length > uint32(e.cfg.MaxMessage) {
+			p.malformed(vc, slot)
+			return
+		}
+		// Reassembly copies into a buffer of its own so the chunks'
+		// receive buffers (and credits) come back at once.
+		vc.asm, vc.asmOff = make([]byte, h.length), 0
+	}
+	if vc.asm == nil || vc.asmOff+uint32(len(payload)) > uint32(len(vc.asm)) {
+		p.malformed(vc, slot)
+		return
+	}
+	copy(vc.asm[vc.asmOff:], payload)
+	vc.asmOff += uint32(len(payload))
+	p.reposts = append(p.reposts, slot)
+	if !last {
+		vc.returnCredits(1) // the chunk is copied out: its buffer is free
+		return
+	}
+	if vc.asmOff != uint32(len(vc.asm)) {
+		vc.asm = nil
+		p.malformed(vc, noSlot)
+		return
+	}
+	m.Data = vc.asm
+	vc.asm = nil
+	p.deliver(vc, h, m)
+}
+
+func (p *poller) deliver(vc *VConn, h *header, m Message) {
+	if vc.tr == Auto {
+		vc.deliverSeq(p, h.seq, m, false)
+		return
+	}
+	vc.deliver(m)
+}
+
+// malformed drops a message that breaks the framing: the peer engine is
+// broken, so the vconn fails rather than deliver garbage.
+func (p *poller) malformed(vc *VConn, slot bufSlot) {
+	p.e.stats.malformed.Add(1)
+	if slot != noSlot {
+		p.reposts = append(p.reposts, slot)
+	}
+	vc.returnCredits(1)
+	vc.fail(errors.New("engine: malformed message from peer"))
+}
