@@ -54,9 +54,12 @@ type Record struct {
 	// MsgsPerSec (and MBPerSec) are the median of Samples, the rates of
 	// Plan.Repeats runs, which alternate with the runs of the lines they
 	// are compared with so that a change in the machine's load hits both.
-	MsgsPerSec *float64  `json:"msgs_per_sec,omitempty"`
-	MBPerSec   *float64  `json:"mb_per_sec,omitempty"`
-	Samples    []float64 `json:"samples,omitempty"`
+	MsgsPerSec *float64 `json:"msgs_per_sec,omitempty"`
+	// CPUNsPerMsg is the CPU time the whole process (both ends) spent per
+	// message in the run MsgsPerSec comes from (getrusage).
+	CPUNsPerMsg *float64  `json:"cpu_ns_per_msg,omitempty"`
+	MBPerSec    *float64  `json:"mb_per_sec,omitempty"`
+	Samples     []float64 `json:"samples,omitempty"`
 	// E2, per vconn end: growth of both ends divided by 2×VConns.
 	// BytesPerVConn is HeapBytes + MappedBytes: live Go heap plus memory
 	// mapped outside it (registered regions, which hardware pins);
@@ -267,6 +270,9 @@ func (s *series) record(withMB bool) Record {
 	slices.SortFunc(sorted, func(a, b rate) int { return cmp.Compare(a.msgsPerSec, b.msgsPerSec) })
 	med := sorted[len(sorted)/2]
 	r.MsgsPerSec = ptr(round(med.msgsPerSec, 0))
+	if med.cpuNsPerMsg > 0 {
+		r.CPUNsPerMsg = ptr(round(med.cpuNsPerMsg, 0))
+	}
 	if withMB {
 		r.MBPerSec = ptr(round(med.bytesPerSec/1e6, 1))
 	}

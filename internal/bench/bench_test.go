@@ -27,7 +27,7 @@ func tinyPlan() Plan {
 
 // required are the fields every line of a suite has, on success.
 var required = map[string][]string{
-	"e1": {"design", "vconns", "qps", "msgs_per_sec", "msg_bytes"},
+	"e1": {"design", "vconns", "qps", "msgs_per_sec", "cpu_ns_per_msg", "msg_bytes"},
 	"e2": {"design", "vconns", "bytes_per_vconn"},
 	"e3": {"mode", "producers", "msgs_per_sec"},
 	"e5": {"transport", "msg_bytes", "msgs_per_sec"},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/naive"
+	"golang.org/x/sys/unix"
 )
 
 // Designs compared by E1 and E2.
@@ -155,6 +156,10 @@ func openPairs(ctx context.Context, d design, n int) ([]sender, error) {
 type rate struct {
 	msgsPerSec, bytesPerSec float64
 	seconds                 float64
+	// cpuNsPerMsg is the process's CPU time (user and system, every
+	// thread: both ends, the devices, the producers) per message
+	// delivered in the window, from getrusage.
+	cpuNsPerMsg float64
 }
 
 // drive sends msg on every sender, round-robin, from producers goroutines
@@ -198,11 +203,11 @@ func drive(parent context.Context, senders []sender, producers int, msg []byte, 
 	if !sleep(ctx, warmup) {
 		return rate{}, stop()
 	}
-	m0, b0, t0 := rx.msgs.Load(), rx.bytes.Load(), time.Now()
+	m0, b0, t0, c0 := rx.msgs.Load(), rx.bytes.Load(), time.Now(), cpuTime()
 	if !sleep(ctx, measure) {
 		return rate{}, stop()
 	}
-	m1, b1, t1 := rx.msgs.Load(), rx.bytes.Load(), time.Now()
+	m1, b1, t1, c1 := rx.msgs.Load(), rx.bytes.Load(), time.Now(), cpuTime()
 	if err := stop(); err != nil {
 		return rate{}, err
 	}
@@ -210,7 +215,20 @@ func drive(parent context.Context, senders []sender, producers int, msg []byte, 
 	if m1 == m0 {
 		return rate{}, fmt.Errorf("no message delivered in %.1f s", secs)
 	}
-	return rate{msgsPerSec: float64(m1-m0) / secs, bytesPerSec: float64(b1-b0) / secs, seconds: secs}, nil
+	return rate{
+		msgsPerSec: float64(m1-m0) / secs, bytesPerSec: float64(b1-b0) / secs, seconds: secs,
+		cpuNsPerMsg: float64(c1-c0) / float64(m1-m0),
+	}, nil
+}
+
+// cpuTime is the CPU time the process has used, user and system, in ns;
+// 0 if getrusage fails (it does not on Linux).
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // sleep waits d; false if ctx ended first.

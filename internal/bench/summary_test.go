@@ -11,10 +11,10 @@ import (
 // the E2 amount missed and its ratio met, E5 met at one size and missed at
 // the other, and some error lines.
 const sampleRun = `{"suite":"e1","design":"engine","vconns":100,"qps":8,"msg_bytes":64,"msgs_per_sec":400000,"wire":"fabric"}
-{"suite":"e1","design":"engine","vconns":10000,"qps":8,"msg_bytes":64,"msgs_per_sec":360000,"wire":"fabric"}
+{"suite":"e1","design":"engine","vconns":10000,"qps":8,"msg_bytes":64,"msgs_per_sec":360000,"cpu_ns_per_msg":2100,"wire":"fabric"}
 {"suite":"e1","design":"engine","vconns":100000,"qps":8,"msg_bytes":64,"msgs_per_sec":340000,"wire":"fabric"}
 {"suite":"e1","design":"naive","vconns":100,"qps":100,"msg_bytes":64,"msgs_per_sec":500000,"wire":"fabric"}
-{"suite":"e1","design":"naive","vconns":10000,"qps":10000,"msg_bytes":64,"msgs_per_sec":100000,"wire":"fabric"}
+{"suite":"e1","design":"naive","vconns":10000,"qps":10000,"msg_bytes":64,"msgs_per_sec":100000,"cpu_ns_per_msg":15400,"wire":"fabric"}
 {"suite":"e1","design":"naive","vconns":100000,"msg_bytes":64,"wire":"fabric","error":"not run: over budget"}
 
 {"suite":"e2","design":"engine","vconns":1000,"bytes_per_vconn":900,"wire":"fabric"}
@@ -153,8 +153,8 @@ func TestSummarize(t *testing.T) {
 	s := out.String()
 	for _, want := range []string{
 		"### E1: messages/s vs vconns",
-		"| 10,000 | 360,000 | 8 | 100,000 | 10,000 |",
-		"| 100,000 | 340,000 | 8 | not run |  |",
+		"| 10,000 | 360,000 | 8 | 2,100 | 100,000 | 10,000 | 15,400 |",
+		"| 100,000 | 340,000 | 8 |  | not run |  | not run |",
 		"- engine at 100,000 vconns / engine at 100: 0.85 (target ≥ 0.80): **met**",
 		"- engine / naive at 10,000 vconns: 3.60 (target ≥ 3.00): **met**",
 		"- engine bytes per vconn at 100,000 vconns: 520 (target ≤ 512): **missed**",
