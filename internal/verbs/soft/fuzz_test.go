@@ -130,15 +130,15 @@ func fuzzSeeds(f *testing.F) {
 	dst := roce.Endpoint{GID: verbs.GIDFromAddr(mustAddr("10.0.0.2")), Port: roce.DefaultPort}
 	payload := make([]byte, 1024)
 	for _, h := range []roce.Header{
-		{Opcode: baseRC | opSendOnly, DestQPN: firstQPN, AckReq: true},
-		{Opcode: baseRC | opSendFirst, DestQPN: firstQPN},
-		{Opcode: baseRC | opWriteOnlyImm, DestQPN: firstQPN, RKey: 0x101, DMALen: 16, Imm: 9},
-		{Opcode: baseRC | opReadRequest, DestQPN: firstQPN, RKey: 0x101, DMALen: 4096},
-		{Opcode: baseRC | opAck, DestQPN: firstQPN, Syndrome: synNAK | nakRemoteAccess},
-		{Opcode: baseRC | opReadRespOnly, DestQPN: firstQPN},
-		{Opcode: baseUC | opSendOnlyImm, DestQPN: firstQPN + 1},
-		{Opcode: baseUC | opWriteFirst, DestQPN: firstQPN + 1, DMALen: 3000},
-		{Opcode: baseUD | opUDSendOnly, DestQPN: firstQPN + 2, QKey: 0x1111, SrcQPN: 5},
+		{Opcode: roce.RCSendOnly, DestQPN: firstQPN, AckReq: true},
+		{Opcode: roce.RCSendFirst, DestQPN: firstQPN},
+		{Opcode: roce.RCWriteOnlyImm, DestQPN: firstQPN, RKey: 0x101, DMALen: 16, Imm: 9},
+		{Opcode: roce.RCReadRequest, DestQPN: firstQPN, RKey: 0x101, DMALen: 4096},
+		{Opcode: roce.RCAck, DestQPN: firstQPN, Syndrome: roce.NakSyndrome(roce.NakRemoteAccess)},
+		{Opcode: roce.RCReadResponseOnly, DestQPN: firstQPN},
+		{Opcode: roce.UCSendOnlyImm, DestQPN: firstQPN + 1},
+		{Opcode: roce.UCWriteFirst, DestQPN: firstQPN + 1, DMALen: 3000},
+		{Opcode: roce.UDSendOnly, DestQPN: firstQPN + 2, QKey: 0x1111, SrcQPN: 5},
 	} {
 		b := make([]byte, roce.MaxPacketLen(1024))
 		pl := payload

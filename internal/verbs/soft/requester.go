@@ -105,43 +105,10 @@ func (q *qp) sendSegment(tx *txq, w *swqe) bool {
 	plen := min(q.mtu, w.length-r.off)
 	first, last := r.off == 0, r.off+plen >= w.length
 	psn := psnAdd(w.firstPSN, r.off/q.mtu)
-	write := w.wr.Opcode == verbs.WRRDMAWrite || w.wr.Opcode == verbs.WRRDMAWriteWithImm
-	imm := w.wr.Opcode == verbs.WRSendWithImm || w.wr.Opcode == verbs.WRRDMAWriteWithImm
-	var op uint8
-	switch {
-	case first && last:
-		op = opSendOnly
-		if write {
-			op = opWriteOnly
-		}
-		if imm {
-			op++
-		}
-	case first:
-		op = opSendFirst
-		if write {
-			op = opWriteFirst
-		}
-	case last:
-		op = opSendLast
-		if write {
-			op = opWriteLast
-		}
-		if imm {
-			op++
-		}
-	default:
-		op = opSendMiddle
-		if write {
-			op = opWriteMiddle
-		}
-	}
-	base := uint8(baseRC)
-	if q.typ == verbs.QPTypeUC {
-		base = baseUC
-	}
+	// PostSend admits only work requests the QP's transport has opcodes for.
+	op, _ := roce.RequestOpcode(q.typ, w.wr.Opcode, first, last)
 	h := roce.Header{
-		Opcode:  roce.Opcode(base | op),
+		Opcode:  op,
 		SE:      last && w.wr.Flags&verbs.SendSolicited != 0,
 		PKey:    0xffff,
 		DestQPN: q.attr.DestQPN,
@@ -154,10 +121,10 @@ func (q *qp) sendSegment(tx *txq, w *swqe) bool {
 			r.ackReqCnt = 0
 		}
 	}
-	if write && first {
+	if h.Opcode.HasRETH() {
 		h.VA, h.RKey, h.DMALen = w.wr.RemoteAddr, w.wr.RKey, w.length
 	}
-	if imm && last {
+	if h.Opcode.HasImm() {
 		h.Imm = w.wr.ImmData
 	}
 	if !q.emit(tx, &h, w, r.off, plen, q.attr.AH.DGID) {
@@ -256,7 +223,7 @@ func scatter(q *qp, sgl []verbs.SGE, off uint32, src []byte) bool {
 func (q *qp) sendReadRequest(tx *txq, w *swqe) bool {
 	done := w.readDone
 	h := roce.Header{
-		Opcode:  roce.Opcode(baseRC | opReadRequest),
+		Opcode:  roce.RCReadRequest,
 		PKey:    0xffff,
 		DestQPN: q.attr.DestQPN,
 		PSN:     psnAdd(w.firstPSN, done/q.mtu),
@@ -275,12 +242,9 @@ func (q *qp) sendUD(tx *txq, w *swqe) bool {
 		q.toErrAt(q.req.cur, verbs.WCLocQPOpErr)
 		return false
 	}
-	op := uint8(opUDSendOnly)
-	if w.wr.Opcode == verbs.WRSendWithImm {
-		op = opUDSendOnlyImm
-	}
+	op, _ := roce.RequestOpcode(verbs.QPTypeUD, w.wr.Opcode, true, true) // a SEND: PostSend checked
 	h := roce.Header{
-		Opcode:  roce.Opcode(baseUD | op),
+		Opcode:  op,
 		SE:      w.wr.Flags&verbs.SendSolicited != 0,
 		PKey:    0xffff,
 		DestQPN: w.wr.RemoteQPN & psnMask,
@@ -296,10 +260,11 @@ func (q *qp) sendUD(tx *txq, w *swqe) bool {
 // onAck handles an ACK or NAK (RC). Called from the receive loop with q.mu.
 func (q *qp) onAck(tx *txq, h *roce.Header) {
 	r := &q.req
-	switch h.Syndrome & synKindMask {
-	case synACK:
+	kind, value := h.AckKind()
+	switch kind {
+	case roce.KindAck:
 		q.ackUpTo(h.PSN)
-	case synRNR:
+	case roce.KindRNRNak:
 		if psnDiff(h.PSN, r.unacked) < 0 || psnDiff(h.PSN, r.psn) >= 0 || r.rnrWait {
 			return // stale
 		}
@@ -316,8 +281,8 @@ func (q *qp) onAck(tx *txq, h *roce.Header) {
 		}
 		r.rnrWait = true
 		r.rnrPSN = h.PSN
-		q.armTimer(time.Duration(rnrTimerTable[h.Syndrome&synValueMask]) * time.Microsecond)
-	default: // NAK
+		q.armTimer(time.Duration(rnrTimerTable[value]) * time.Microsecond)
+	default: // NAK, or the reserved kind, taken as one
 		if psnDiff(h.PSN, r.unacked) < 0 || psnDiff(h.PSN, r.psn) >= 0 {
 			return // stale or bogus
 		}
@@ -325,17 +290,17 @@ func (q *qp) onAck(tx *txq, h *roce.Header) {
 		if q.state != verbs.QPStateRTS {
 			return
 		}
-		switch h.Syndrome & synValueMask {
-		case nakPSNSeqErr:
+		switch roce.NakCode(value) {
+		case roce.NakPSNSequence:
 			if r.rnrWait || (r.nakValid && r.nakPSN == h.PSN) {
 				return
 			}
 			r.nakValid, r.nakPSN = true, h.PSN
 			q.goBack(h.PSN)
-		case nakInvalidReq:
+		case roce.NakInvalidRequest:
 			q.toErr(verbs.WCRemInvReqErr)
 			return
-		case nakRemoteAccess:
+		case roce.NakRemoteAccess:
 			q.toErr(verbs.WCRemAccessErr)
 			return
 		default:
@@ -424,8 +389,7 @@ func (q *qp) onReadResponse(tx *txq, h *roce.Header, payload []byte) {
 	// from the resume point) while responses to the first request may still
 	// arrive, so the opcode is checked only for where the message ends; the
 	// length must be exactly what is left there.
-	_, code := split(h.Opcode)
-	lastPkt := code == opReadRespLast || code == opReadRespOnly
+	lastPkt := h.Opcode.EndsMessage()
 	n := uint32(len(payload))
 	left := w.length - w.readDone
 	if lastPkt && n != left || !lastPkt && (n != q.mtu || n >= left) {

@@ -31,18 +31,18 @@ type responder struct {
 func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 	r := &q.resp
 	d := psnDiff(h.PSN, r.epsn)
-	_, code := split(h.Opcode)
+	op := h.Opcode
 	if d > 0 {
 		q.dev.stats.rxOutOfSequence.Add(1)
 		if !r.nakSent {
 			r.nakSent = true
-			q.sendAck(rx.tx, synNAK|nakPSNSeqErr, r.epsn)
+			q.sendAck(rx.tx, roce.NakSyndrome(roce.NakPSNSequence), r.epsn)
 		}
 		return
 	}
 	if d < 0 {
 		q.dev.stats.rxDuplicate.Add(1)
-		if code == opReadRequest {
+		if op.IsReadRequest() {
 			// A read may be asked again when its response was lost: it is
 			// executed again (IBA 9.9.2.1), with the PSNs it had.
 			if m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead); ok {
@@ -58,21 +58,20 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 
 	// In sequence: the opcode must continue the message in progress, or
 	// start one (a read request is a message of its own).
-	ok := r.continues(code) || code == opReadRequest && !r.inSend && !r.inWrite
-	if !ok {
-		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
+	if !r.continues(op) {
+		q.responderError(rx, roce.NakInvalidRequest, h.PSN, verbs.WCWRFlushErr)
 		return
 	}
 	mtu := q.mtu
-	last := endsMessage(code)
-	if !last && code != opReadRequest && uint32(len(payload)) != mtu {
+	last := op.EndsMessage()
+	if !last && uint32(len(payload)) != mtu {
 		// Only the last packet of a message may be short.
-		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
+		q.responderError(rx, roce.NakInvalidRequest, h.PSN, verbs.WCWRFlushErr)
 		return
 	}
 
-	switch code {
-	case opSendFirst, opSendMiddle, opSendLast, opSendLastImm, opSendOnly, opSendOnlyImm:
+	switch {
+	case op.IsSend():
 		if !r.hasRecv {
 			if !q.takeRecv(&r.recv) {
 				q.rnrNak(rx, h.PSN)
@@ -86,60 +85,69 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 			if uint64(r.recvOff)+uint64(len(payload)) <= r.recv.Len() {
 				status = verbs.WCLocProtErr
 			}
-			q.responderError(rx, nakInvalidReq, h.PSN, status)
+			q.responderError(rx, roce.NakInvalidRequest, h.PSN, status)
 			return
 		}
 		r.recvOff += uint32(len(payload))
 		r.inSend = !last
 		if last {
-			q.completeRecv(code == opSendLastImm || code == opSendOnlyImm, h, verbs.WCRecv, r.recvOff)
+			q.completeRecv(op.HasImm(), h, verbs.WCRecv, r.recvOff)
 		}
-	case opWriteFirst, opWriteOnly, opWriteOnlyImm:
-		m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite)
-		if !ok {
-			q.responderError(rx, nakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+	case op.IsWrite():
+		// The first packet's RETH is checked before a receive is taken for
+		// the immediate, and takes effect only once one is held.
+		var m *mr
+		if op.HasRETH() {
+			var ok bool
+			if m, ok = q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite); !ok {
+				q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+				return
+			}
+		}
+		if op.HasImm() && !r.hasRecv && !q.peekRecv(rx, h.PSN) {
 			return
 		}
-		if code == opWriteOnlyImm && !r.hasRecv && !q.peekRecv(rx, h.PSN) {
-			return
+		if op.HasRETH() {
+			r.wmr, r.wva, r.wleft, r.wlen = m, h.VA, h.DMALen, h.DMALen
 		}
-		r.wmr, r.wva, r.wleft, r.wlen = m, h.VA, h.DMALen, h.DMALen
 		if !q.writePayload(rx, h, payload, last) {
 			return
 		}
 		r.inWrite = !last
-		if code == opWriteOnlyImm {
+		if op.HasImm() {
 			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
 		}
-	case opWriteMiddle, opWriteLast, opWriteLastImm:
-		if code == opWriteLastImm && !r.hasRecv && !q.peekRecv(rx, h.PSN) {
-			return
-		}
-		if !q.writePayload(rx, h, payload, last) {
-			return
-		}
-		r.inWrite = !last
-		if code == opWriteLastImm {
-			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
-		}
-	case opReadRequest:
+	case op.IsReadRequest():
 		m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead)
 		if !ok {
-			q.responderError(rx, nakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
 			return
 		}
 		q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN)
 		r.epsn = psnAdd(r.epsn, q.npackets(h.DMALen)-1)
 		r.msn = psnAdd(r.msn, 1)
 	}
-	if last && code != opReadRequest {
+	if last && !op.IsReadRequest() {
 		r.msn = psnAdd(r.msn, 1)
 	}
 	r.epsn = psnAdd(r.epsn, 1)
 	r.nakSent = false
-	if h.AckReq && code != opReadRequest {
+	if h.AckReq && !op.IsReadRequest() {
 		rx.owe(q)
 	}
+}
+
+// continues reports whether op may come next at the responder: the next
+// packet of the SEND or WRITE in progress, or, between messages, the start
+// of one (a READ request is a whole message).
+func (r *responder) continues(op roce.Opcode) bool {
+	switch {
+	case r.inSend:
+		return op.IsSend() && !op.StartsMessage()
+	case r.inWrite:
+		return op.IsWrite() && !op.StartsMessage()
+	}
+	return op.StartsMessage()
 }
 
 // peekRecv makes sure a receive WR is held for a write with immediate,
@@ -159,7 +167,7 @@ func (q *qp) writePayload(rx *rxState, h *roce.Header, payload []byte, last bool
 	n := uint32(len(payload))
 	if n > r.wleft || last && n != r.wleft {
 		// More or less data than the RETH announced.
-		q.responderError(rx, nakInvalidReq, h.PSN, verbs.WCWRFlushErr)
+		q.responderError(rx, roce.NakInvalidRequest, h.PSN, verbs.WCWRFlushErr)
 		return false
 	}
 	if n == 0 {
@@ -168,7 +176,7 @@ func (q *qp) writePayload(rx *rxState, h *roce.Header, payload []byte, last bool
 	// The region may have been deregistered since the write's first packet.
 	dst, ok := r.wmr.span(r.wva, uint64(n))
 	if !ok || q.dev.lookupKey(r.wmr.key) != r.wmr {
-		q.responderError(rx, nakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+		q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
 		return false
 	}
 	copy(dst, payload)
@@ -212,16 +220,16 @@ func (q *qp) completeRecv(withImm bool, h *roce.Header, op verbs.WCOpcode, byteL
 func (q *qp) rnrNak(rx *rxState, psn uint32) {
 	q.dev.stats.rnrNaksSent.Add(1)
 	q.resp.nakSent = true // later packets of the message are not NAKed again
-	q.sendAck(rx.tx, synRNR|q.attr.MinRNRTimer&synValueMask, psn)
+	q.sendAck(rx.tx, roce.RNRNakSyndrome(q.attr.MinRNRTimer), psn)
 }
 
 // responderError handles a request the responder cannot execute: it NAKs,
 // completes the held receive with status, and the QP goes to ERR (IBA
 // class B/C/D responder errors; hardware raises a QP access or request
 // error event). Outstanding sends of this QP are flushed as well.
-func (q *qp) responderError(rx *rxState, nakCode uint8, psn uint32, recvStatus verbs.WCStatus) {
+func (q *qp) responderError(rx *rxState, nakCode roce.NakCode, psn uint32, recvStatus verbs.WCStatus) {
 	q.dev.stats.naksSent.Add(1)
-	q.sendAck(rx.tx, synNAK|nakCode, psn)
+	q.sendAck(rx.tx, roce.NakSyndrome(nakCode), psn)
 	if q.resp.hasRecv {
 		wc := verbs.WC{WRID: q.resp.recv.WRID, Status: recvStatus, Opcode: verbs.WCRecv, QPN: q.qpn}
 		q.resp.hasRecv = false
@@ -233,14 +241,14 @@ func (q *qp) responderError(rx *rxState, nakCode uint8, psn uint32, recvStatus v
 // sendAck queues an ACK or NAK with the given AETH syndrome.
 func (q *qp) sendAck(tx *txq, syndrome uint8, psn uint32) {
 	h := roce.Header{
-		Opcode:   roce.Opcode(baseRC | opAck),
+		Opcode:   roce.RCAck,
 		PKey:     0xffff,
 		DestQPN:  q.attr.DestQPN,
 		PSN:      psn,
 		Syndrome: syndrome,
 		MSN:      q.resp.msn,
 	}
-	if syndrome&synKindMask == synACK {
+	if kind, _ := roce.ParseSyndrome(syndrome); kind == roce.KindAck {
 		q.dev.stats.acksSent.Add(1)
 	}
 	p := tx.next()
@@ -259,23 +267,23 @@ func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) 
 	for i := uint32(0); i < count; i++ {
 		off := i * mtu
 		plen := min(mtu, n-off)
-		var code uint8
+		var op roce.Opcode
 		switch {
 		case count == 1:
-			code = opReadRespOnly
+			op = roce.RCReadResponseOnly
 		case i == 0:
-			code = opReadRespFirst
+			op = roce.RCReadResponseFirst
 		case i == count-1:
-			code = opReadRespLast
+			op = roce.RCReadResponseLast
 		default:
-			code = opReadRespMiddle
+			op = roce.RCReadResponseMiddle
 		}
 		h := roce.Header{
-			Opcode:   roce.Opcode(baseRC | code),
+			Opcode:   op,
 			PKey:     0xffff,
 			DestQPN:  q.attr.DestQPN,
 			PSN:      psnAdd(psn, i),
-			Syndrome: synACK | synAckNoCredit,
+			Syndrome: roce.AckSyndrome(roce.CreditsInvalid),
 			MSN:      q.resp.msn,
 		}
 		var src []byte
@@ -299,8 +307,8 @@ func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) 
 // receive drops the whole message, never part of it.
 func (q *qp) respondUC(h *roce.Header, payload []byte) {
 	r := &q.resp
-	_, code := split(h.Opcode)
-	starts := startsMessage(code)
+	op := h.Opcode
+	starts := op.StartsMessage()
 	if h.PSN != r.epsn || r.ucDrop {
 		if !starts {
 			if h.PSN != r.epsn {
@@ -316,14 +324,14 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 		r.inSend, r.inWrite, r.ucDrop = false, false, false
 	}
 	r.epsn = psnAdd(h.PSN, 1)
-	last := endsMessage(code)
-	if !r.continues(code) || (!last && uint32(len(payload)) != q.mtu) {
+	last := op.EndsMessage()
+	if !r.continues(op) || (!last && uint32(len(payload)) != q.mtu) {
 		q.dev.stats.rxWrongSource.Add(1)
 		r.ucDrop, r.inSend, r.inWrite = true, false, false
 		return
 	}
-	switch code {
-	case opSendFirst, opSendMiddle, opSendLast, opSendLastImm, opSendOnly, opSendOnlyImm:
+	switch {
+	case op.IsSend():
 		if starts {
 			if !r.hasRecv && !q.takeRecv(&r.recv) {
 				q.dev.stats.rxNoRecvDrop.Add(1)
@@ -345,7 +353,7 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 		r.recvOff += uint32(len(payload))
 		r.inSend = !last
 		if last {
-			q.completeRecv(code == opSendLastImm || code == opSendOnlyImm, h, verbs.WCRecv, r.recvOff)
+			q.completeRecv(op.HasImm(), h, verbs.WCRecv, r.recvOff)
 		}
 	default:
 		if starts {
@@ -358,7 +366,7 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 			}
 			r.wmr, r.wva, r.wleft, r.wlen = m, h.VA, h.DMALen, h.DMALen
 		}
-		imm := code == opWriteLastImm || code == opWriteOnlyImm
+		imm := op.HasImm()
 		if imm && !r.hasRecv {
 			if !q.takeRecv(&r.recv) {
 				q.dev.stats.rxNoRecvDrop.Add(1)
@@ -402,7 +410,7 @@ func (q *qp) respondUD(h *roce.Header, payload []byte, src verbs.GID) {
 	}
 	total := uint32(verbs.GRHSize + len(payload))
 	wc := verbs.WC{WRID: wr.WRID, Opcode: verbs.WCRecv, QPN: q.qpn, SrcQP: h.SrcQPN, Flags: verbs.WCWithGRH, ByteLen: total}
-	if _, code := split(h.Opcode); code == opUDSendOnlyImm {
+	if h.Opcode.HasImm() {
 		wc.Flags |= verbs.WCWithImm
 		wc.ImmData = h.Imm
 	}

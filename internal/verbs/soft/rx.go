@@ -30,7 +30,6 @@ func (rx *rxState) handle(b []byte, src verbs.GID) {
 		d.stats.rxUnknownQP.Add(1)
 		return
 	}
-	base, code := split(h.Opcode)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -39,7 +38,7 @@ func (rx *rxState) handle(b []byte, src verbs.GID) {
 	}
 	switch q.typ {
 	case verbs.QPTypeUD:
-		if base != baseUD || (code != opUDSendOnly && code != opUDSendOnlyImm) {
+		if h.Opcode.Transport() != verbs.QPTypeUD {
 			d.stats.rxWrongSource.Add(1)
 			return
 		}
@@ -49,7 +48,7 @@ func (rx *rxState) handle(b []byte, src verbs.GID) {
 		}
 		q.respondUD(h, payload, src)
 	case verbs.QPTypeUC:
-		if base != baseUC || code > opWriteOnlyImm || src != q.attr.AH.DGID {
+		if h.Opcode.Transport() != verbs.QPTypeUC || src != q.attr.AH.DGID {
 			d.stats.rxWrongSource.Add(1)
 			return
 		}
@@ -59,14 +58,14 @@ func (rx *rxState) handle(b []byte, src verbs.GID) {
 		}
 		q.respondUC(h, payload)
 	case verbs.QPTypeRC:
-		if base != baseRC || code > opAck || src != q.attr.AH.DGID {
+		if h.Opcode.Transport() != verbs.QPTypeRC || src != q.attr.AH.DGID {
 			d.stats.rxWrongSource.Add(1)
 			return
 		}
-		response := code == opAck || code >= opReadRespFirst
+		response := h.Opcode.IsResponse()
 		switch {
 		case response && q.state == verbs.QPStateRTS:
-			if code == opAck {
+			if h.Opcode.IsAck() {
 				q.onAck(rx.reqTx, h)
 			} else {
 				q.onReadResponse(rx.reqTx, h, payload)
@@ -98,7 +97,7 @@ func (rx *rxState) endBatch() {
 		q.ackNext, q.ackOwed = nil, false
 		q.mu.Lock()
 		if !q.closed && (q.state == verbs.QPStateRTR || q.state == verbs.QPStateRTS) {
-			q.sendAck(rx.tx, synACK|synAckNoCredit, psnAdd(q.resp.epsn, psnMask))
+			q.sendAck(rx.tx, roce.AckSyndrome(roce.CreditsInvalid), psnAdd(q.resp.epsn, psnMask))
 		}
 		q.mu.Unlock()
 		q = next

@@ -229,3 +229,54 @@ func (o Opcode) Transport() verbs.QPType {
 		return verbs.QPTypeUD
 	}
 }
+
+// RequestOpcode returns the opcode of one packet of a work request of kind
+// wr on transport t; first and last say where the packet sits in its
+// message (both, for a message of one packet). Only the last packet of a
+// message with immediate data carries it. ok is false where IBA has no such
+// packet: an RDMA READ request that is not whole or not on RC, anything on
+// UD but a whole SEND, an unknown kind or transport. (0 is RC_SEND_FIRST,
+// so it cannot say "none".)
+func RequestOpcode(t verbs.QPType, wr verbs.WROpcode, first, last bool) (op Opcode, ok bool) {
+	if wr == verbs.WRRDMARead {
+		return RCReadRequest, t == verbs.QPTypeRC && first && last
+	}
+	// The arithmetic follows IBA table 38's layout: the RDMA WRITE opcodes
+	// follow the SEND ones in the same order, each *_WITH_IMMEDIATE follows
+	// its plain opcode, and the transports differ by bits 7-5 alone.
+	// TestRequestOpcode holds it to the IBA opcode list.
+	var o Opcode
+	switch {
+	case first && last:
+		o = RCSendOnly
+	case first:
+		o = RCSendFirst
+	case last:
+		o = RCSendLast
+	default:
+		o = RCSendMiddle
+	}
+	switch wr {
+	case verbs.WRSend, verbs.WRSendWithImm:
+	case verbs.WRRDMAWrite, verbs.WRRDMAWriteWithImm:
+		o += RCWriteFirst - RCSendFirst
+	default:
+		return 0, false
+	}
+	if last && (wr == verbs.WRSendWithImm || wr == verbs.WRRDMAWriteWithImm) {
+		o++
+	}
+	switch t {
+	case verbs.QPTypeRC:
+	case verbs.QPTypeUC:
+		o += UCSendFirst - RCSendFirst
+	case verbs.QPTypeUD:
+		if o != RCSendOnly && o != RCSendOnlyImm {
+			return 0, false
+		}
+		o += UDSendOnly - RCSendOnly
+	default:
+		return 0, false
+	}
+	return o, true
+}
