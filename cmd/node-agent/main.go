@@ -39,7 +39,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "node-agent:", err)
 		os.Exit(2)
 	}
-	opts := agent.Options{Config: cfg, Log: log}
+	opts := agent.Options{Config: cfg, Log: log, OpenDevice: openDevice}
 	var reporter *rdmanode.Reporter
 	if cfg.PeerDiscovery.Mode == config.DiscoveryKubernetes {
 		if opts.Discovery, reporter, err = rdmanode.New(cfg, log); err != nil {

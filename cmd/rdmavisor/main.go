@@ -19,7 +19,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/bench"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/demo"
@@ -77,7 +77,7 @@ func runAgent(ctx context.Context, args []string) error {
 	_ = fs.Parse(args[1:])
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := agent.DialAdmin(ctx, *sock)
+	c, err := admin.Dial(ctx, *sock)
 	if err != nil {
 		return err
 	}

@@ -16,20 +16,25 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/discovery"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
-// Options configure an Agent. Only Config is required.
+// Options configure an Agent. Config and OpenDevice are required.
 type Options struct {
 	Config *config.AgentConfig
 	Log    logr.Logger
+	// OpenDevice opens the node's RDMA device for Config (the wiring in
+	// cmd/node-agent chooses the provider). New calls it once; the agent
+	// owns the device from then on and closes it on Close, or when New
+	// fails.
+	OpenDevice func(*config.AgentConfig) (verbs.Device, error)
 	// Discovery finds peer agents (default: the config's static peers).
-	Discovery Discovery
+	Discovery discovery.Source
 	// ControlListener serves the gRPC control plane (default: a TCP
 	// listener on the bind address and Config.ControlPort).
 	ControlListener net.Listener
@@ -48,7 +53,7 @@ type Agent struct {
 	cfg         *config.AgentConfig
 	opts        Options
 	log         logr.Logger
-	disc        Discovery
+	disc        discovery.Source
 	dev         verbs.Device
 	eng         *engine.Engine
 	incarnation uint64
@@ -71,7 +76,7 @@ type Agent struct {
 	mu        sync.Mutex
 	closed    bool                   // guarded by mu
 	allocs    map[string]*allocation // guarded by mu
-	pods      map[string]Pod         // by UID; guarded by mu
+	pods      map[string]admin.Pod   // by UID; guarded by mu
 	listeners map[uint32]*listener   // by port; guarded by mu
 	remotes   map[string]*remote     // by control address; guarded by mu
 }
@@ -95,11 +100,11 @@ func New(opts Options) (_ *Agent, err error) {
 	a := &Agent{
 		cfg: cfg, opts: opts, log: opts.Log.WithValues("node", cfg.NodeName),
 		disc: opts.Discovery, incarnation: rand.Uint64(),
-		allocs: make(map[string]*allocation), pods: make(map[string]Pod),
+		allocs: make(map[string]*allocation), pods: make(map[string]admin.Pod),
 		listeners: make(map[uint32]*listener), remotes: make(map[string]*remote),
 	}
 	if a.disc == nil {
-		a.disc = StaticFromConfig(cfg)
+		a.disc = discovery.StaticFromConfig(cfg)
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer func() {
@@ -144,21 +149,12 @@ func (a *Agent) bindAddr() (netip.Addr, error) {
 }
 
 func (a *Agent) openDevice() error {
-	if a.cfg.Device.Provider != config.ProviderSoft {
-		return fmt.Errorf("agent: device provider %q is not built in: use provider soft (ibverbs needs the ibverbs build tag)", a.cfg.Device.Provider)
+	if a.opts.OpenDevice == nil {
+		return errors.New("agent: no device: Options.OpenDevice is required")
 	}
-	addr, err := a.bindAddr()
+	dev, err := a.opts.OpenDevice(a.cfg)
 	if err != nil {
-		return err
-	}
-	w, err := wire.ListenUDP(wire.UDPConfig{Addr: addr, Port: uint16(a.cfg.Soft.UDPPort)})
-	if err != nil {
-		return fmt.Errorf("agent: open soft device: %w", err)
-	}
-	dev, err := soft.Open(soft.Config{Name: "soft-" + addr.String(), Wire: w})
-	if err != nil {
-		_ = w.Close()
-		return fmt.Errorf("agent: open soft device: %w", err)
+		return fmt.Errorf("agent: open %s device: %w", a.cfg.Device.Provider, err)
 	}
 	a.dev = dev
 	return nil

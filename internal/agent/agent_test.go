@@ -12,15 +12,17 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
-func startCluster(t testing.TB) *agenttest.Cluster {
+// startCluster starts two agents for one test.
+func startCluster(t testing.TB, o agenttest.Options) *agenttest.Cluster {
 	t.Helper()
-	o := agenttest.Options{VConnsPerNode: 100}
 	if testing.Verbose() {
 		o.Log = testr.NewWithInterface(t, testr.Options{})
 	}
@@ -36,6 +38,18 @@ func startCluster(t testing.TB) *agenttest.Cluster {
 	return c
 }
 
+// appClient connects an application (package vconn), as a pod's would, to
+// a new allocation of k vconns on n.
+func appClient(t testing.TB, n *agenttest.Node, id string, k int) *vconn.Client {
+	t.Helper()
+	c, err := n.Client(ctxT(t), id, k)
+	if err != nil {
+		t.Fatalf("client of allocation %s: %v", id, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -43,7 +57,7 @@ func ctxT(t testing.TB) context.Context {
 }
 
 func TestAdmin(t *testing.T) {
-	cl := startCluster(t)
+	cl := startCluster(t, agenttest.Options{VConnsPerNode: 100})
 	n := cl.Nodes[0]
 	ctx := ctxT(t)
 	fi, err := os.Stat(n.Config.AdminSocket)
@@ -53,7 +67,7 @@ func TestAdmin(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Fatalf("admin socket mode %v, want 0600", fi.Mode().Perm())
 	}
-	ac, err := agent.DialAdmin(ctx, n.Config.AdminSocket)
+	ac, err := admin.Dial(ctx, n.Config.AdminSocket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,8 +88,8 @@ func TestAdmin(t *testing.T) {
 		k    int
 		want error
 	}{
-		{"pod-1", 1, agent.ErrExists},
-		{"pod-2", 41, agent.ErrQuota}, // 60 + 41 > 100
+		{"pod-1", 1, admin.ErrExists},
+		{"pod-2", 41, admin.ErrQuota}, // 60 + 41 > 100
 	} {
 		if _, err := ac.CreateAllocation(ctx, tc.id, tc.k); !errors.Is(err, tc.want) {
 			t.Errorf("create %s/%d: %v, want %v", tc.id, tc.k, err, tc.want)
@@ -85,7 +99,7 @@ func TestAdmin(t *testing.T) {
 		id string
 		k  int
 	}{{"../x", 1}, {"", 1}, {"UPPER", 1}, {"ok", 0}, {"ok", -1}} {
-		var ae *agent.AdminError
+		var ae *admin.Error
 		if _, err := ac.CreateAllocation(ctx, bad.id, bad.k); !errors.As(err, &ae) || ae.Code != "invalid" {
 			t.Errorf("create %q/%d: %v, want an invalid error", bad.id, bad.k, err)
 		}
@@ -103,14 +117,14 @@ func TestAdmin(t *testing.T) {
 	if _, err := os.Stat(al.Socket); !os.IsNotExist(err) {
 		t.Fatalf("socket of a deleted allocation: %v", err)
 	}
-	if err := ac.DeleteAllocation(ctx, "pod-1"); !errors.Is(err, agent.ErrNotFound) {
+	if err := ac.DeleteAllocation(ctx, "pod-1"); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("delete twice: %v", err)
 	}
-	pod := agent.Pod{UID: "uid-1", Namespace: "ns", Name: "p", IPs: []string{"10.0.0.5"}, Netns: "/var/run/netns/x", ContainerID: "c1"}
+	pod := admin.Pod{UID: "uid-1", Namespace: "ns", Name: "p", IPs: []string{"10.0.0.5"}, Netns: "/var/run/netns/x", ContainerID: "c1"}
 	if err := ac.RegisterPod(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	if err := ac.RegisterPod(ctx, agent.Pod{UID: "uid-2", Namespace: "ns", Name: "q", IPs: []string{"nope"}}); err == nil {
+	if err := ac.RegisterPod(ctx, admin.Pod{UID: "uid-2", Namespace: "ns", Name: "q", IPs: []string{"nope"}}); err == nil {
 		t.Fatal("registered a pod with a bad IP")
 	}
 	pods, err := ac.ListPods(ctx)
@@ -145,7 +159,7 @@ func TestHealth(t *testing.T) {
 	cfg.SocketDir = dir
 	cfg.AdminSocket = dir + "/admin.sock"
 	cfg.PeerDiscovery.Mode = config.DiscoveryStatic
-	a, err := agent.New(agent.Options{Config: cfg, ControlListener: ctl, MetricsListener: ml})
+	a, err := agent.New(agent.Options{Config: cfg, OpenDevice: agenttest.OpenSoft, ControlListener: ctl, MetricsListener: ml})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +176,7 @@ func TestHealth(t *testing.T) {
 // application socket with good clients: the bad ones get an error reply or
 // a closed connection, the good ones are served throughout.
 func TestBadFrames(t *testing.T) {
-	cl := startCluster(t)
+	cl := startCluster(t, agenttest.Options{VConnsPerNode: 100})
 	ctx := ctxT(t)
 	sock, err := cl.Nodes[0].Allocate(ctx, "a", 50)
 	if err != nil {
@@ -273,7 +287,7 @@ func readFrame(c net.Conn) (frame.Frame, error) {
 // TestBadAdmin: malformed admin requests get an error reply; the admin
 // socket keeps serving.
 func TestBadAdmin(t *testing.T) {
-	cl := startCluster(t)
+	cl := startCluster(t, agenttest.Options{VConnsPerNode: 100})
 	ctx := ctxT(t)
 	path := cl.Nodes[0].Config.AdminSocket
 	for _, req := range []string{"", "{", "[]", `{"version":1,"op":"status"} {}`, `{"version":1,"op":"status","bogus":1}`,
@@ -297,7 +311,7 @@ func TestBadAdmin(t *testing.T) {
 			t.Errorf("request %q: reply %q, %v", req, buf[:n], err)
 		}
 		c.Close()
-		ac, err := agent.DialAdmin(ctx, path)
+		ac, err := admin.Dial(ctx, path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,14 +364,4 @@ func TestLoadConfig(t *testing.T) {
 	if _, err := agent.LoadConfig(t.TempDir()+"/missing.yaml", agent.Overrides{}); err == nil {
 		t.Error("missing file: no error")
 	}
-}
-
-func FuzzDecodeAdminRequest(f *testing.F) {
-	for _, s := range []string{`{"version":1,"op":"status"}`, `{"version":1,"op":"createAllocation","allocation":{"id":"a","vconns":3}}`,
-		`{"version":1,"op":"registerPod","pod":{"uid":"u","namespace":"n","name":"p","ips":["10.0.0.1"]}}`, `{`, ``} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = agent.DecodeAdminRequest(b)
-	})
 }

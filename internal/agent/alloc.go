@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
 // allocation is a share of the node's vconns handed to one pod: a quota
@@ -27,56 +29,46 @@ type allocation struct {
 	closed   bool                  // guarded by mu
 }
 
-// SocketName is the allocation socket's name in its directory.
-const SocketName = "vconn.sock"
-
 var allocID = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
-// ErrExists and ErrNotFound classify admin failures.
-var (
-	ErrExists   = errors.New("agent: already exists")
-	ErrNotFound = errors.New("agent: not found")
-	ErrQuota    = errors.New("agent: not enough vconns left on the node")
-)
-
 // CreateAllocation creates an allocation of k vconns and its socket.
-func (a *Agent) CreateAllocation(id string, k int) (Allocation, error) {
+func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
 	if !allocID.MatchString(id) {
-		return Allocation{}, fmt.Errorf("agent: allocation id %q: want lower-case letters, digits and '-', at most 63", id)
+		return admin.Allocation{}, fmt.Errorf("agent: allocation id %q: want lower-case letters, digits and '-', at most 63", id)
 	}
 	if k < 1 || k > a.cfg.VConnsPerNode {
-		return Allocation{}, fmt.Errorf("agent: allocation %s: %d vconns: want 1..%d", id, k, a.cfg.VConnsPerNode)
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %d vconns: want 1..%d", id, k, a.cfg.VConnsPerNode)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
-		return Allocation{}, errors.New("agent: shutting down")
+		return admin.Allocation{}, errors.New("agent: shutting down")
 	}
 	if a.allocs[id] != nil {
-		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, ErrExists)
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, admin.ErrExists)
 	}
 	total := k
 	for _, al := range a.allocs {
 		total += al.quota
 	}
 	if total > a.cfg.VConnsPerNode {
-		return Allocation{}, fmt.Errorf("agent: allocation %s of %d vconns: %w (%d of %d allocated)", id, k, ErrQuota, total-k, a.cfg.VConnsPerNode)
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s of %d vconns: %w (%d of %d allocated)", id, k, admin.ErrQuota, total-k, a.cfg.VConnsPerNode)
 	}
 	dir := filepath.Join(a.cfg.SocketDir, "alloc", id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
-	path := filepath.Join(dir, SocketName)
+	path := filepath.Join(dir, admin.SocketName)
 	_ = os.Remove(path)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
-		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
 	// The pod's containers may run as any user: the directory mounted
 	// into the pod is the boundary, not the socket's mode.
 	if err := os.Chmod(path, 0o666); err != nil {
 		_ = ln.Close()
-		return Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
 	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}), sessions: make(map[*session]struct{})}
 	a.allocs[id] = al
@@ -92,7 +84,7 @@ func (a *Agent) DeleteAllocation(id string) error {
 	delete(a.allocs, id)
 	a.mu.Unlock()
 	if al == nil {
-		return fmt.Errorf("agent: allocation %s: %w", id, ErrNotFound)
+		return fmt.Errorf("agent: allocation %s: %w", id, admin.ErrNotFound)
 	}
 	al.shutdown(false)
 	a.log.Info("Deleted allocation", "allocation", id)
@@ -100,23 +92,24 @@ func (a *Agent) DeleteAllocation(id string) error {
 }
 
 // Allocations lists the allocations.
-func (a *Agent) Allocations() []Allocation {
+func (a *Agent) Allocations() []admin.Allocation {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]Allocation, 0, len(a.allocs))
+	out := make([]admin.Allocation, 0, len(a.allocs))
 	for _, al := range a.allocs {
 		out = append(out, al.info())
 	}
 	return out
 }
 
-func (al *allocation) info() Allocation {
+func (al *allocation) info() admin.Allocation {
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	return Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used}
+	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used}
 }
 
-// take claims a vconn of the quota.
+// take claims a vconn of the quota, for a dial or an accept alike
+// (TestQuota and TestAcceptQuota in quota_test.go).
 func (al *allocation) take() bool {
 	al.mu.Lock()
 	defer al.mu.Unlock()
@@ -172,7 +165,7 @@ func (al *allocation) shutdown(keepDir bool) {
 		s.close()
 	}
 	if keepDir {
-		_ = os.Remove(filepath.Join(al.dir, SocketName))
+		_ = os.Remove(filepath.Join(al.dir, admin.SocketName))
 		return
 	}
 	_ = os.RemoveAll(al.dir)

@@ -14,10 +14,54 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/discovery"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
+
+// Failure classes of the control plane, from the peer agent's gRPC status
+// (statusError); codeOf maps them to the application protocol's codes.
+var (
+	errRefused     = errors.New("refused by the peer agent")   // NotFound: nothing listens
+	errPeerQuota   = errors.New("peer allocation full")        // ResourceExhausted
+	errUnreachable = errors.New("peer agent unreachable")      // Unavailable, DeadlineExceeded
+	errPeerInvalid = errors.New("peer agent: invalid request") // InvalidArgument
+)
+
+// classified is a control-plane error with its failure class. Its
+// message is the error's own: the class only answers errors.Is.
+type classified struct {
+	class, err error
+}
+
+func (e *classified) Error() string   { return e.err.Error() }
+func (e *classified) Unwrap() []error { return []error{e.class, e.err} }
+
+// statusError attaches the failure class of a gRPC status in err's chain;
+// other errors pass unchanged. Every control-plane call whose error can
+// reach an application goes through it: the client side of ConnectQP
+// (link) and dialPeer.
+func statusError(err error) error {
+	st, ok := status.FromError(err)
+	if err == nil || !ok {
+		return err
+	}
+	var class error
+	switch st.Code() {
+	case codes.NotFound:
+		class = errRefused
+	case codes.ResourceExhausted:
+		class = errPeerQuota
+	case codes.Unavailable, codes.DeadlineExceeded:
+		class = errUnreachable
+	case codes.InvalidArgument:
+		class = errPeerInvalid
+	default:
+		return err
+	}
+	return &classified{class: class, err: err}
+}
 
 // controlServer is the agent's side of the agent-to-agent gRPC service.
 type controlServer struct {
@@ -80,7 +124,7 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 	if !l.sess.al.take() {
 		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: allocation %s has all its %d vconns in use", req.Port, l.sess.al.id, l.sess.al.quota)
 	}
-	r, err := a.remote(c.ControlAddress)
+	r, err := a.remoteAt(c.ControlAddress)
 	if err != nil {
 		l.sess.al.give()
 		return nil, status.Error(codes.Unavailable, err.Error())
@@ -138,9 +182,9 @@ type remote struct {
 	incarnation uint64       // last seen; guarded by mu
 }
 
-// remote returns the peer agent at a control address, connecting to it
+// remoteAt returns the peer agent at a control address, connecting to it
 // and starting its heartbeat on first use.
-func (a *Agent) remote(addr string) (*remote, error) {
+func (a *Agent) remoteAt(addr string) (*remote, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -297,9 +341,9 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 }
 
 // peersChanged connects to discovered peers so heartbeats watch them.
-func (a *Agent) peersChanged(peers []PeerInfo) {
+func (a *Agent) peersChanged(peers []discovery.Peer) {
 	for _, p := range peers {
-		if _, err := a.remote(p.Address); err != nil {
+		if _, err := a.remoteAt(p.Address); err != nil {
 			a.log.Error(err, "Cannot reach peer agent", "peer", p.NodeName)
 		}
 	}
@@ -312,14 +356,20 @@ func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPRep
 	rep, err := l.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
 		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs})
 	if err != nil {
-		return engine.QPReply{}, err
+		return engine.QPReply{}, statusError(err)
 	}
 	return engine.QPReply{QPN: rep.Qpn, PSN: rep.Psn, UDQPNs: rep.UdQpns}, nil
 }
 
-// dialPeer connects a new vconn to a listener on another node.
-func (a *Agent) dialPeer(ctx context.Context, p PeerInfo, port uint32) (*engine.VConn, error) {
-	r, err := a.remote(p.Address)
+// dialPeer connects a new vconn to a listener on another node. Its
+// errors carry their control-plane failure class (statusError).
+func (a *Agent) dialPeer(ctx context.Context, p discovery.Peer, port uint32) (*engine.VConn, error) {
+	vc, err := a.dialRemote(ctx, p, port)
+	return vc, statusError(err)
+}
+
+func (a *Agent) dialRemote(ctx context.Context, p discovery.Peer, port uint32) (*engine.VConn, error) {
+	r, err := a.remoteAt(p.Address)
 	if err != nil {
 		return nil, err
 	}

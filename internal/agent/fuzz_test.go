@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // FuzzSession writes arbitrary datagrams, after a good hello, to a live

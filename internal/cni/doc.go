@@ -15,7 +15,7 @@
 // ADD takes the pod's identity from CNI_ARGS (K8S_POD_UID,
 // K8S_POD_NAMESPACE, K8S_POD_NAME), its IPs from prevResult (those on
 // interfaces in the sandbox), CNI_NETNS and CNI_CONTAINERID, registers the
-// pod with the agent over its admin socket (agent.AdminClient.RegisterPod)
+// pod with the agent over its admin socket (admin.Client.RegisterPod)
 // and prints prevResult unchanged. Without prevResult it fails with
 // ErrInvalidNetworkConfig: it only runs chained. When the agent cannot be
 // reached, fail-open logs a warning on stderr and lets the pod start
@@ -25,7 +25,7 @@
 // An agent that answers with an error fails ADD under either policy (code
 // ErrAgentRejected).
 //
-// DEL unregisters the pod (agent.AdminClient.UnregisterPod) and succeeds
+// DEL unregisters the pod (admin.Client.UnregisterPod) and succeeds
 // whenever its configuration parses: the agent being down, or not knowing
 // the pod, is logged, not an error (an agent that
 // restarts has forgotten its pods). A late DEL of a replaced sandbox (the

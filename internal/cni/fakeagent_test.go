@@ -11,7 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
 // fakeAgent serves the admin protocol with handle, which returns the reply
@@ -20,12 +20,12 @@ import (
 type fakeAgent struct {
 	sock   string
 	mu     sync.Mutex
-	reqs   []agent.AdminRequest
-	handle func(agent.AdminRequest) *agent.AdminReply
+	reqs   []admin.Request
+	handle func(admin.Request) *admin.Reply
 	hang   bool
 }
 
-func startFakeAgent(t *testing.T, hang bool, handle func(agent.AdminRequest) *agent.AdminReply) *fakeAgent {
+func startFakeAgent(t *testing.T, hang bool, handle func(admin.Request) *admin.Reply) *fakeAgent {
 	t.Helper()
 	f := &fakeAgent{sock: filepath.Join(t.TempDir(), "admin.sock"), handle: handle, hang: hang}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: f.sock, Net: "unixpacket"})
@@ -60,7 +60,7 @@ func startFakeAgent(t *testing.T, hang bool, handle func(agent.AdminRequest) *ag
 					if err != nil || n == 0 {
 						return
 					}
-					req, err := agent.DecodeAdminRequest(buf[:n])
+					req, err := admin.DecodeRequest(buf[:n])
 					if err != nil {
 						return
 					}
@@ -74,7 +74,7 @@ func startFakeAgent(t *testing.T, hang bool, handle func(agent.AdminRequest) *ag
 					if rep == nil {
 						return
 					}
-					rep.Version = agent.AdminVersion
+					rep.Version = admin.Version
 					b, _ := json.Marshal(rep)
 					if _, err := c.Write(b); err != nil {
 						return
@@ -100,11 +100,11 @@ func (f *fakeAgent) ops() []string {
 // pods fails (the connection is closed), on a fresh connection.
 func TestDelWhenListFails(t *testing.T) {
 	bin := buildPlugin(t)
-	f := startFakeAgent(t, false, func(req agent.AdminRequest) *agent.AdminReply {
-		if req.Op == agent.AdminListPods {
+	f := startFakeAgent(t, false, func(req admin.Request) *admin.Reply {
+		if req.Op == admin.OpListPods {
 			return nil // as the agent does when a reply cannot be sent
 		}
-		return &agent.AdminReply{}
+		return &admin.Reply{}
 	})
 	conf := netConf("1.0.0", f.sock, "fail-open", "")
 	if r := execPlugin(bin, "DEL", conf, podEnv("ctr-1", "uid-1")...); r.err != nil {

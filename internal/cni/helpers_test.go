@@ -14,7 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 )
 
@@ -109,7 +109,7 @@ func startAgent(t *testing.T) *agenttest.Node {
 }
 
 // pods returns the pods the node's agent knows, or none if it is stopped.
-func pods(n *agenttest.Node) []agent.Pod {
+func pods(n *agenttest.Node) []admin.Pod {
 	if n.Agent == nil {
 		return nil
 	}

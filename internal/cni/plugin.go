@@ -14,7 +14,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/go-logr/logr"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
 // Plugin-specific CNI error codes (the spec leaves 100 and up to plugins).
@@ -44,7 +44,7 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 // opposed to an answer: a refused or missing socket, a timeout, a
 // connection closed mid-request.
 func agentDown(err error) bool {
-	var ae *agent.AdminError
+	var ae *admin.Error
 	return !errors.As(err, &ae)
 }
 
@@ -56,10 +56,10 @@ func timedOut(err error) bool {
 }
 
 // withAgent connects to the agent and runs f within the configured timeout.
-func withAgent(conf *Config, f func(context.Context, *agent.AdminClient) error) error {
+func withAgent(conf *Config, f func(context.Context, *admin.Client) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), conf.Timeout)
 	defer cancel()
-	c, err := agent.DialAdmin(ctx, conf.AdminSocket)
+	c, err := admin.Dial(ctx, conf.AdminSocket)
 	if err != nil {
 		return err
 	}
@@ -131,8 +131,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		log.Info("Passing the pod through unregistered: CNI_ARGS lacks K8S_POD_UID, K8S_POD_NAMESPACE or K8S_POD_NAME", "args", args.Args)
 		return pass()
 	}
-	pod := agent.Pod{UID: ref.UID, Namespace: ref.Namespace, Name: ref.Name, IPs: PodIPs(res), Netns: args.Netns, ContainerID: args.ContainerID}
-	err = withAgent(conf, func(ctx context.Context, c *agent.AdminClient) error { return c.RegisterPod(ctx, pod) })
+	pod := admin.Pod{UID: ref.UID, Namespace: ref.Namespace, Name: ref.Name, IPs: PodIPs(res), Netns: args.Netns, ContainerID: args.ContainerID}
+	err = withAgent(conf, func(ctx context.Context, c *admin.Client) error { return c.RegisterPod(ctx, pod) })
 	switch {
 	case err == nil:
 	case !agentDown(err):
@@ -160,8 +160,8 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	ref := ParseArgs(args.Args)
 	log := p.Log.WithValues("containerID", args.ContainerID, "pod", ref.String())
-	var pods []agent.Pod
-	listErr := withAgent(conf, func(ctx context.Context, c *agent.AdminClient) (err error) {
+	var pods []admin.Pod
+	listErr := withAgent(conf, func(ctx context.Context, c *admin.Client) (err error) {
 		pods, err = c.ListPods(ctx)
 		return err
 	})
@@ -174,7 +174,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	case listErr != nil:
 		err = listErr
 	case ref.UID != "":
-		i := slices.IndexFunc(pods, func(pod agent.Pod) bool { return pod.UID == ref.UID })
+		i := slices.IndexFunc(pods, func(pod admin.Pod) bool { return pod.UID == ref.UID })
 		if i >= 0 && pods[i].ContainerID != "" && args.ContainerID != "" && pods[i].ContainerID != args.ContainerID {
 			log.Info("Leaving the pod registered: it belongs to another container (a stale DEL)", "registeredContainerID", pods[i].ContainerID)
 			return nil
@@ -189,7 +189,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	if len(uids) > 0 {
 		// A fresh connection: the agent closes one whose request failed.
-		err = withAgent(conf, func(ctx context.Context, c *agent.AdminClient) error {
+		err = withAgent(conf, func(ctx context.Context, c *admin.Client) error {
 			var errs []error
 			for _, uid := range uids {
 				errs = append(errs, c.UnregisterPod(ctx, uid))
@@ -218,8 +218,8 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		}
 		return nil // ADD passed it through unregistered
 	}
-	var pods []agent.Pod
-	err = withAgent(conf, func(ctx context.Context, c *agent.AdminClient) (err error) {
+	var pods []admin.Pod
+	err = withAgent(conf, func(ctx context.Context, c *admin.Client) (err error) {
 		pods, err = c.ListPods(ctx)
 		return err
 	})
@@ -230,11 +230,11 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		}
 		return types.NewError(types.ErrTryAgainLater, "rdmavisor-cni: cannot list the RDMAvisor agent's pods", err.Error())
 	}
-	i := slices.IndexFunc(pods, func(pod agent.Pod) bool { return pod.UID == ref.UID })
+	i := slices.IndexFunc(pods, func(pod admin.Pod) bool { return pod.UID == ref.UID })
 	if i < 0 {
 		return types.NewError(ErrNotRegistered, "rdmavisor-cni: pod "+ref.String()+" is not registered with the agent", "")
 	}
-	want := agent.Pod{UID: ref.UID, Namespace: ref.Namespace, Name: ref.Name, IPs: PodIPs(res), Netns: args.Netns, ContainerID: args.ContainerID}
+	want := admin.Pod{UID: ref.UID, Namespace: ref.Namespace, Name: ref.Name, IPs: PodIPs(res), Netns: args.Netns, ContainerID: args.ContainerID}
 	if diff := podDiff(pods[i], want); diff != "" {
 		return types.NewError(ErrNotRegistered, "rdmavisor-cni: pod "+ref.String()+" is registered differently", diff)
 	}
@@ -242,7 +242,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 }
 
 // podDiff describes how the registration got differs from want.
-func podDiff(got, want agent.Pod) string {
+func podDiff(got, want admin.Pod) string {
 	var d []string
 	field := func(name, g, w string) {
 		if g != w {
@@ -271,8 +271,8 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	var st agent.Status
-	err = withAgent(conf, func(ctx context.Context, c *agent.AdminClient) (err error) {
+	var st admin.Status
+	err = withAgent(conf, func(ctx context.Context, c *admin.Client) (err error) {
 		st, err = c.Status(ctx)
 		return err
 	})
@@ -301,7 +301,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	for _, a := range conf.ValidAttachments {
 		valid[a.ContainerID] = true
 	}
-	err = withAgent(conf, func(ctx context.Context, c *agent.AdminClient) error {
+	err = withAgent(conf, func(ctx context.Context, c *admin.Client) error {
 		pods, err := c.ListPods(ctx)
 		if err != nil {
 			return err

@@ -17,7 +17,9 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
@@ -160,13 +162,13 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Options{Config: cfg, Log: logr.Discard(), MetricsListener: ml})
+	a, err := agent.New(agent.Options{Config: cfg, Log: logr.Discard(), OpenDevice: agenttest.OpenSoft, MetricsListener: ml})
 	if err != nil {
 		_ = ml.Close()
 		return fmt.Errorf("demo: %s: %w", o.Name, err)
 	}
 	defer func() { err = errors.Join(err, a.Close()) }()
-	ac, err := agent.DialAdmin(ctx, cfg.AdminSocket)
+	ac, err := admin.Dial(ctx, cfg.AdminSocket)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 )
 
@@ -24,44 +24,44 @@ type fakeAgent struct {
 	capacity int
 	down     bool
 	ready    bool
-	allocs   map[string]agent.Allocation
+	allocs   map[string]admin.Allocation
 }
 
 var errDown = errors.New("fake agent: connection refused")
 
 func newFakeAgent(dir string, capacity int) *fakeAgent {
-	return &fakeAgent{dir: dir, capacity: capacity, ready: true, allocs: make(map[string]agent.Allocation)}
+	return &fakeAgent{dir: dir, capacity: capacity, ready: true, allocs: make(map[string]admin.Allocation)}
 }
 
-func (f *fakeAgent) Status(context.Context) (agent.Status, error) {
+func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
-		return agent.Status{}, errDown
+		return admin.Status{}, errDown
 	}
-	return agent.Status{Ready: f.ready, Capacity: f.capacity}, nil
+	return admin.Status{Ready: f.ready, Capacity: f.capacity}, nil
 }
 
-func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (agent.Allocation, error) {
+func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
-		return agent.Allocation{}, errDown
+		return admin.Allocation{}, errDown
 	}
 	if _, ok := f.allocs[id]; ok {
-		return agent.Allocation{}, &agent.AdminError{Code: "exists", Message: id}
+		return admin.Allocation{}, &admin.Error{Code: "exists", Message: id}
 	}
 	used := k
 	for _, al := range f.allocs {
 		used += al.VConns
 	}
 	if k > 3 {
-		return agent.Allocation{}, &agent.AdminError{Code: "invalid", Message: "at most 3 vconns"}
+		return admin.Allocation{}, &admin.Error{Code: "invalid", Message: "at most 3 vconns"}
 	}
 	if used > f.capacity {
-		return agent.Allocation{}, &agent.AdminError{Code: "quota", Message: id}
+		return admin.Allocation{}, &admin.Error{Code: "quota", Message: id}
 	}
-	al := agent.Allocation{ID: id, VConns: k, Socket: filepath.Join(f.dir, "alloc", id, agent.SocketName)}
+	al := admin.Allocation{ID: id, VConns: k, Socket: filepath.Join(f.dir, "alloc", id, admin.SocketName)}
 	f.allocs[id] = al
 	return al, nil
 }
@@ -73,13 +73,13 @@ func (f *fakeAgent) DeleteAllocation(_ context.Context, id string) error {
 		return errDown
 	}
 	if _, ok := f.allocs[id]; !ok {
-		return &agent.AdminError{Code: "notFound", Message: id}
+		return &admin.Error{Code: "notFound", Message: id}
 	}
 	delete(f.allocs, id)
 	return nil
 }
 
-func (f *fakeAgent) ListAllocations(context.Context) ([]agent.Allocation, error) {
+func (f *fakeAgent) ListAllocations(context.Context) ([]admin.Allocation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
 // collect deletes the device plugin's allocations that no container
@@ -48,7 +48,7 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 			allocated += al.VConns
 			continue
 		}
-		if err := p.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, agent.ErrNotFound) {
+		if err := p.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, admin.ErrNotFound) {
 			errs = append(errs, err)
 			allocated += al.VConns
 			continue
@@ -74,7 +74,7 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 			p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k)
 			p.metrics.recreated.Inc()
 			allocated += k
-		case errors.Is(err, agent.ErrExists): // Allocate made it since the listing
+		case errors.Is(err, admin.ErrExists): // Allocate made it since the listing
 		default:
 			errs = append(errs, err)
 		}

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
 type fakePods struct {
@@ -43,7 +43,7 @@ func TestCollect(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fa := newFakeAgent("/run/rv", 8)
 			for _, id := range tc.before {
-				fa.allocs[id] = agent.Allocation{ID: id, VConns: 1}
+				fa.allocs[id] = admin.Allocation{ID: id, VConns: 1}
 			}
 			p := testPlugin(t, fa, false)
 			p.opts.PodResources = tc.pods

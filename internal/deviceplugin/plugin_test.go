@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
@@ -157,10 +157,10 @@ func (e *env) metric(t *testing.T, name string) float64 {
 }
 
 // allocations lists node-a's allocations, by id.
-func (e *env) allocations(t *testing.T) map[string]agent.Allocation {
+func (e *env) allocations(t *testing.T) map[string]admin.Allocation {
 	t.Helper()
 	ctx := testCtx(t)
-	c, err := agent.DialAdmin(ctx, e.cl.Nodes[0].Config.AdminSocket)
+	c, err := admin.Dial(ctx, e.cl.Nodes[0].Config.AdminSocket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func (e *env) allocations(t *testing.T) map[string]agent.Allocation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make(map[string]agent.Allocation, len(als))
+	out := make(map[string]admin.Allocation, len(als))
 	for _, al := range als {
 		out[al.ID] = al
 	}
@@ -250,7 +250,7 @@ func TestAllocateWorks(t *testing.T) {
 			if m.HostPath != filepath.Join(e.cl.Nodes[0].Config.SocketDir, "alloc", id) || m.ContainerPath != deviceplugin.ContainerSocketDir {
 				t.Errorf("mount %v", m)
 			}
-			if cr.Envs[vconn.EnvVConns] != fmt.Sprint(k) || cr.Envs[vconn.EnvSocket] != m.ContainerPath+"/"+agent.SocketName {
+			if cr.Envs[vconn.EnvVConns] != fmt.Sprint(k) || cr.Envs[vconn.EnvSocket] != m.ContainerPath+"/"+admin.SocketName {
 				t.Errorf("env %v", cr.Envs)
 			}
 			if al := e.allocations(t)[id]; al.VConns != k {
@@ -489,7 +489,7 @@ func TestAgentRestartRecreatesAllocations(t *testing.T) {
 		return e.allocations(t)[id].VConns == len(devs)
 	})
 	m := rep.ContainerResponses[0].Mounts[0]
-	a, err := vconn.NewClient(ctx, vconn.Options{Socket: filepath.Join(m.HostPath, agent.SocketName)})
+	a, err := vconn.NewClient(ctx, vconn.Options{Socket: filepath.Join(m.HostPath, admin.SocketName)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -505,14 +505,14 @@ func TestAgentRestartRecreatesAllocations(t *testing.T) {
 // readyAgent is an agent that is always ready and holds nothing.
 type readyAgent struct{}
 
-func (readyAgent) Status(context.Context) (agent.Status, error) {
-	return agent.Status{Ready: true}, nil
+func (readyAgent) Status(context.Context) (admin.Status, error) {
+	return admin.Status{Ready: true}, nil
 }
-func (readyAgent) CreateAllocation(_ context.Context, id string, k int) (agent.Allocation, error) {
-	return agent.Allocation{ID: id, VConns: k}, nil
+func (readyAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {
+	return admin.Allocation{ID: id, VConns: k}, nil
 }
 func (readyAgent) DeleteAllocation(context.Context, string) error              { return nil }
-func (readyAgent) ListAllocations(context.Context) ([]agent.Allocation, error) { return nil, nil }
+func (readyAgent) ListAllocations(context.Context) ([]admin.Allocation, error) { return nil, nil }
 
 // The kubelet comes up after the plugin: registration is retried and
 // succeeds at once when kubelet.sock appears; stopping the plugin leaves

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -142,7 +142,7 @@ func (p *Plugin) ensureAllocation(ctx context.Context, id string, k int) (isNew 
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.Is(err, agent.ErrExists):
+	case errors.Is(err, admin.ErrExists):
 		als, lerr := p.opts.Agent.ListAllocations(ctx)
 		if lerr != nil {
 			return false, status.Errorf(codes.Unavailable, "allocate %s: %v", id, lerr)
@@ -153,10 +153,10 @@ func (p *Plugin) ensureAllocation(ctx context.Context, id string, k int) (isNew 
 			}
 		}
 		return false, status.Errorf(codes.Internal, "allocate %s: exists with another quota", id)
-	case errors.Is(err, agent.ErrQuota):
+	case errors.Is(err, admin.ErrQuota):
 		return false, status.Errorf(codes.ResourceExhausted, "allocate %s: %v", id, err)
 	}
-	if ae := (*agent.AdminError)(nil); errors.As(err, &ae) {
+	if ae := (*admin.Error)(nil); errors.As(err, &ae) {
 		// The agent answered and refused: retrying will not help.
 		return false, status.Errorf(codes.FailedPrecondition, "allocate %s: %v", id, err)
 	}
@@ -169,7 +169,7 @@ func (p *Plugin) rollback(ids []string) error {
 	defer cancel()
 	var errs []error
 	for _, id := range ids {
-		if err := p.opts.Agent.DeleteAllocation(ctx, id); err != nil && !errors.Is(err, agent.ErrNotFound) {
+		if err := p.opts.Agent.DeleteAllocation(ctx, id); err != nil && !errors.Is(err, admin.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("rolling back allocation %s: %w", id, err))
 		}
 	}
@@ -179,7 +179,7 @@ func (p *Plugin) rollback(ids []string) error {
 func (p *Plugin) containerResponse(id string, k int) *pluginapi.ContainerAllocateResponse {
 	r := &pluginapi.ContainerAllocateResponse{
 		Envs: map[string]string{
-			vconn.EnvSocket: ContainerSocketDir + "/" + agent.SocketName,
+			vconn.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
 			vconn.EnvVConns: strconv.Itoa(k),
 		},
 		// Read-only is enough to connect to a unix socket; the pod cannot

@@ -17,14 +17,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/discovery"
 )
 
 // fieldServiceName is the RDMANode CRD's selectable field: the API server
 // filters by service, so an agent never reads other services' nodes.
 const fieldServiceName = "spec.serviceName"
 
-// Discovery is agent.Discovery over the RDMANodes of one RDMAService: a
+// Discovery is discovery.Source over the RDMANodes of one RDMAService: a
 // peer is another node whose agent reports Ready and an address.
 type Discovery struct {
 	Client  client.WithWatch
@@ -34,13 +34,13 @@ type Discovery struct {
 	Log  logr.Logger
 
 	mu    sync.Mutex
-	peers []agent.PeerInfo // sorted by node name; guarded by mu
+	peers []discovery.Peer // sorted by node name; guarded by mu
 }
 
-var _ agent.Discovery = (*Discovery)(nil)
+var _ discovery.Source = (*Discovery)(nil)
 
 // Peers returns the peers known now.
-func (d *Discovery) Peers() []agent.PeerInfo {
+func (d *Discovery) Peers() []discovery.Peer {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return slices.Clone(d.peers)
@@ -49,7 +49,7 @@ func (d *Discovery) Peers() []agent.PeerInfo {
 // Watch lists and watches the service's RDMANodes until ctx ends, calling
 // fn whenever the peer list changes. A failed list or a closed watch is
 // retried after a second, from a fresh list.
-func (d *Discovery) Watch(ctx context.Context, fn func([]agent.PeerInfo)) {
+func (d *Discovery) Watch(ctx context.Context, fn func([]discovery.Peer)) {
 	for ctx.Err() == nil {
 		if err := d.run(ctx, fn); err != nil && ctx.Err() == nil {
 			d.Log.Error(err, "Watching RDMANodes; retrying", "service", d.Service)
@@ -61,7 +61,7 @@ func (d *Discovery) Watch(ctx context.Context, fn func([]agent.PeerInfo)) {
 	}
 }
 
-func (d *Discovery) run(ctx context.Context, fn func([]agent.PeerInfo)) error {
+func (d *Discovery) run(ctx context.Context, fn func([]discovery.Peer)) error {
 	sel := client.MatchingFields{fieldServiceName: d.Service}
 	var list v1alpha1.RDMANodeList
 	if err := d.Client.List(ctx, &list, sel); err != nil {
@@ -103,14 +103,14 @@ func (d *Discovery) run(ctx context.Context, fn func([]agent.PeerInfo)) error {
 }
 
 // update recomputes the peers and calls fn if they changed.
-func (d *Discovery) update(nodes map[string]*v1alpha1.RDMANode, fn func([]agent.PeerInfo)) {
-	var peers []agent.PeerInfo
+func (d *Discovery) update(nodes map[string]*v1alpha1.RDMANode, fn func([]discovery.Peer)) {
+	var peers []discovery.Peer
 	for name, rn := range nodes {
 		if p, ok := peerOf(rn); ok && name != d.Self {
 			peers = append(peers, p)
 		}
 	}
-	slices.SortFunc(peers, func(a, b agent.PeerInfo) int { return strings.Compare(a.NodeName, b.NodeName) })
+	slices.SortFunc(peers, func(a, b discovery.Peer) int { return strings.Compare(a.NodeName, b.NodeName) })
 	d.mu.Lock()
 	changed := !slices.Equal(peers, d.peers)
 	d.peers = peers
@@ -122,11 +122,11 @@ func (d *Discovery) update(nodes map[string]*v1alpha1.RDMANode, fn func([]agent.
 }
 
 // peerOf: an RDMANode names a peer when its agent is ready and has an address.
-func peerOf(rn *v1alpha1.RDMANode) (agent.PeerInfo, bool) {
+func peerOf(rn *v1alpha1.RDMANode) (discovery.Peer, bool) {
 	a := rn.Status.Address
 	if a == nil || a.IP == "" || a.ControlPort == 0 ||
 		!meta.IsStatusConditionTrue(rn.Status.Conditions, v1alpha1.ConditionNodeReady) {
-		return agent.PeerInfo{}, false
+		return discovery.Peer{}, false
 	}
-	return agent.PeerInfo{NodeName: rn.Name, Address: net.JoinHostPort(a.IP, strconv.Itoa(int(a.ControlPort)))}, true
+	return discovery.Peer{NodeName: rn.Name, Address: net.JoinHostPort(a.IP, strconv.Itoa(int(a.ControlPort)))}, true
 }

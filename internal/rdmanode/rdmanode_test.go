@@ -16,7 +16,8 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/discovery"
 )
 
 var k8s client.WithWatch
@@ -36,18 +37,18 @@ func TestMain(m *testing.M) {
 }
 
 // fakeAgent is a Source whose state the test sets.
-type fakeAgent struct{ st chan agent.Status }
+type fakeAgent struct{ st chan admin.Status }
 
-func (f *fakeAgent) Status() agent.Status {
+func (f *fakeAgent) Status() admin.Status {
 	s := <-f.st
 	f.st <- s
 	return s
 }
 
-func (f *fakeAgent) set(s agent.Status) { <-f.st; f.st <- s }
+func (f *fakeAgent) set(s admin.Status) { <-f.st; f.st <- s }
 
-func newFake(s agent.Status) *fakeAgent {
-	f := &fakeAgent{st: make(chan agent.Status, 1)}
+func newFake(s admin.Status) *fakeAgent {
+	f := &fakeAgent{st: make(chan admin.Status, 1)}
 	f.st <- s
 	return f
 }
@@ -80,9 +81,9 @@ func TestReporterAndDiscovery(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := testr.New(t)
-	a := newFake(agent.Status{Ready: true, Node: "node-a", Capacity: 64, VConns: 3, QPs: 4, Device: "soft-10.0.0.1", GID: "10.0.0.1", Control: "10.0.0.1:7471"})
-	b := newFake(agent.Status{Ready: true, Node: "node-b", Capacity: 64, Device: "soft-10.0.0.2", GID: "10.0.0.2", Control: "10.0.0.2:7471"})
-	other := newFake(agent.Status{Ready: true, Node: "node-c", Capacity: 8, Device: "soft-10.0.0.3", GID: "10.0.0.3", Control: "10.0.0.3:7471"})
+	a := newFake(admin.Status{Ready: true, Node: "node-a", Capacity: 64, VConns: 3, QPs: 4, Device: "soft-10.0.0.1", GID: "10.0.0.1", Control: "10.0.0.1:7471"})
+	b := newFake(admin.Status{Ready: true, Node: "node-b", Capacity: 64, Device: "soft-10.0.0.2", GID: "10.0.0.2", Control: "10.0.0.2:7471"})
+	other := newFake(admin.Status{Ready: true, Node: "node-c", Capacity: 8, Device: "soft-10.0.0.3", GID: "10.0.0.3", Control: "10.0.0.3:7471"})
 
 	run := func(ctx context.Context, node, svc string, src Source) chan struct{} {
 		r := &Reporter{Client: k8s, Node: node, Service: svc, Provider: v1alpha1.ProviderSoft, Log: log, Poll: 20 * time.Millisecond}
@@ -107,14 +108,14 @@ func TestReporterAndDiscovery(t *testing.T) {
 		t.Fatalf("node-a's RDMANode: %+v", rn)
 	}
 	// A change is reported within a poll, not a heartbeat.
-	a.set(agent.Status{Ready: true, Node: "node-a", Capacity: 64, VConns: 9, QPs: 6, Device: "soft-10.0.0.1", GID: "10.0.0.1", Control: "10.0.0.1:7471"})
+	a.set(admin.Status{Ready: true, Node: "node-a", Capacity: 64, VConns: 9, QPs: 6, Device: "soft-10.0.0.1", GID: "10.0.0.1", Control: "10.0.0.1:7471"})
 	eventually(t, "node-a's new load", func() bool { rn := get(t, "node-a"); return rn.Status.VConnsOpen == 9 && rn.Status.QPsInUse == 6 })
 
-	changes := make(chan []agent.PeerInfo, 16)
+	changes := make(chan []discovery.Peer, 16)
 	d := &Discovery{Client: k8s, Service: "svc", Self: "node-a", Log: log}
-	go d.Watch(ctx, func(p []agent.PeerInfo) { changes <- p })
-	want := []agent.PeerInfo{{NodeName: "node-b", Address: "10.0.0.2:7471"}}
-	waitPeers := func(want []agent.PeerInfo) {
+	go d.Watch(ctx, func(p []discovery.Peer) { changes <- p })
+	want := []discovery.Peer{{NodeName: "node-b", Address: "10.0.0.2:7471"}}
+	waitPeers := func(want []discovery.Peer) {
 		t.Helper()
 		for {
 			select {
@@ -156,7 +157,7 @@ func TestReporterRefusesAnotherServicesNode(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), rn) })
 	r := &Reporter{Client: k8s, Node: "node-x", Service: "second", Provider: v1alpha1.ProviderSoft}
-	err := r.Write(ctx, r.status(agent.Status{Ready: true, Capacity: 1}, metav1.Now()))
+	err := r.Write(ctx, r.status(admin.Status{Ready: true, Capacity: 1}, metav1.Now()))
 	if err == nil || get(t, "node-x").Spec.ServiceName != "first" {
 		t.Fatalf("write over another service's RDMANode: %v", err)
 	}
@@ -169,7 +170,7 @@ func TestStoppingReporterDoesNotRecreate(t *testing.T) {
 	r := &Reporter{Client: k8s, Node: "node-gone", Service: "svc", Provider: v1alpha1.ProviderSoft, Log: testr.New(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // stopped before its first write: only the final one runs
-	r.Run(ctx, newFake(agent.Status{Ready: true, Capacity: 1, Control: "10.0.0.9:7471"}))
+	r.Run(ctx, newFake(admin.Status{Ready: true, Capacity: 1, Control: "10.0.0.9:7471"}))
 	if rn := get(t, "node-gone"); rn != nil {
 		t.Fatalf("a stopping agent created %+v", rn)
 	}

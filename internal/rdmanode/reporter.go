@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
 // Condition reasons the reporter writes.
@@ -36,7 +36,7 @@ const (
 
 // Source is what the reporter reports: the agent.
 type Source interface {
-	Status() agent.Status
+	Status() admin.Status
 }
 
 // Reporter keeps the RDMANode of one node up to date.
@@ -100,7 +100,7 @@ func (r *Reporter) Run(ctx context.Context, src Source) {
 }
 
 // status renders an agent's state.
-func (r *Reporter) status(s agent.Status, now metav1.Time) v1alpha1.RDMANodeStatus {
+func (r *Reporter) status(s admin.Status, now metav1.Time) v1alpha1.RDMANodeStatus {
 	st := v1alpha1.RDMANodeStatus{
 		QPsInUse:      int32(s.QPs),
 		VConnsOpen:    int32(min(s.VConns, s.Capacity)),

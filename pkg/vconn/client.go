@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // Environment variables the device plugin sets in a pod.

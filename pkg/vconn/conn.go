@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // recvWindow is how many messages of one vconn the agent may push ahead of

@@ -3,7 +3,7 @@ package vconn
 import (
 	"fmt"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // Code classifies an Error.

@@ -95,7 +95,7 @@ func TestLocalAgentRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go serveDiscard(ln)
+	go agenttest.ServeDiscard(ln)
 	c, err := a.Dial(ctx, "node-b:9")
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +195,7 @@ func TestOpenCloseLeaks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go serveDiscard(ln)
+	go agenttest.ServeDiscard(ln)
 	// One cycle first, so the QPs exist in the baseline.
 	warm, err := a.Dial(ctx, "node-b:9")
 	if err != nil {

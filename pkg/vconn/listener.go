@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // Listener accepts vconns dialled to its port.

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // Access says what the peer may do to an exported region.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,9 +16,12 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -30,7 +34,10 @@ type Options struct {
 	VConnsPerNode int
 	// TuneEngine adjusts the engines' configuration.
 	TuneEngine func(*engine.Config)
-	// HeartbeatTimeout declares a silent peer gone (default 1s).
+	// HeartbeatTimeout declares a silent peer gone (default 4s: on a
+	// loaded 2-core machine under -race, gRPC beats were seen to stall
+	// past 1s, failing tests that have nothing to do with heartbeats).
+	// Beats go every quarter of it, at most every 250ms.
 	HeartbeatTimeout time.Duration
 }
 
@@ -61,7 +68,7 @@ func Start(o Options) (_ *Cluster, err error) {
 		o.VConnsPerNode = config.MaxVConnsPerNode
 	}
 	if o.HeartbeatTimeout == 0 {
-		o.HeartbeatTimeout = time.Second
+		o.HeartbeatTimeout = 4 * time.Second
 	}
 	if o.Log.GetSink() == nil {
 		o.Log = logr.Discard()
@@ -138,8 +145,9 @@ func (n *Node) start(ctl net.Listener) error {
 		_ = ctl.Close()
 		return err
 	}
-	n.Agent, err = agent.New(agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), ControlListener: ctl, MetricsListener: ml,
-		TuneEngine: o.TuneEngine, HeartbeatInterval: o.HeartbeatTimeout / 4, HeartbeatTimeout: o.HeartbeatTimeout})
+	n.Agent, err = agent.New(agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), OpenDevice: OpenSoft,
+		ControlListener: ctl, MetricsListener: ml,
+		TuneEngine: o.TuneEngine, HeartbeatInterval: min(o.HeartbeatTimeout/4, 250*time.Millisecond), HeartbeatTimeout: o.HeartbeatTimeout})
 	if err != nil {
 		_ = ctl.Close()
 		_ = ml.Close()
@@ -147,10 +155,17 @@ func (n *Node) start(ctl net.Listener) error {
 	return err
 }
 
+// OpenSoft opens the software device the configuration describes (UDP on
+// soft.bindAddress and soft.udpPort): Options.OpenDevice for agents that
+// run in tests and demos.
+func OpenSoft(cfg *config.AgentConfig) (verbs.Device, error) {
+	return soft.OpenUDP(cfg.Soft.BindAddress, cfg.Soft.UDPPort)
+}
+
 // Allocate creates an allocation of k vconns on the node through its admin
 // socket and returns the allocation's socket path.
 func (n *Node) Allocate(ctx context.Context, id string, k int) (string, error) {
-	ac, err := agent.DialAdmin(ctx, n.Config.AdminSocket)
+	ac, err := admin.Dial(ctx, n.Config.AdminSocket)
 	if err != nil {
 		return "", err
 	}
@@ -170,6 +185,22 @@ func (n *Node) Client(ctx context.Context, id string, k int) (*vconn.Client, err
 		return nil, err
 	}
 	return vconn.NewClient(ctx, vconn.Options{Socket: sock})
+}
+
+// ServeDiscard accepts vconns on ln until it closes, reading each to EOF
+// and discarding what it reads, then closing it: a peer for tests that only
+// need their dials answered.
+func ServeDiscard(ln *vconn.Listener) {
+	for {
+		c, err := ln.AcceptVConn()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(io.Discard, c)
+		}()
+	}
 }
 
 // Stop stops the node's agent (a crash, as far as peers can tell).

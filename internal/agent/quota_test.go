@@ -1,4 +1,4 @@
-package vconn_test
+package agent_test
 
 import (
 	"context"
@@ -8,37 +8,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
-	"github.com/rdmavisor/rdmavisor/internal/agent/frame"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
-// serveDiscard accepts vconns and reads each until EOF, then closes it.
-func serveDiscard(ln *vconn.Listener) {
-	for {
-		c, err := ln.AcceptVConn()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			_, _ = io.Copy(io.Discard, c)
-		}()
-	}
-}
-
+// TestQuota: an allocation of k vconns holds at most k open at once, and
+// closing one frees its slot (allocation.take and give, session.dial).
 func TestQuota(t *testing.T) {
-	cl := cluster(t, agenttest.Options{})
-	a := client(t, cl.Nodes[0], "a", 3)
-	b := client(t, cl.Nodes[1], "b", 100)
-	ctx := testCtx(t)
+	cl := startCluster(t, agenttest.Options{})
+	a := appClient(t, cl.Nodes[0], "a", 3)
+	b := appClient(t, cl.Nodes[1], "b", 100)
+	ctx := ctxT(t)
 	ln, err := b.Listen(ctx, ":9")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go serveDiscard(ln)
+	go agenttest.ServeDiscard(ln)
 	if q, err := a.Quota(ctx); err != nil || q != 3 {
 		t.Fatalf("Quota: %d, %v", q, err)
 	}
@@ -73,10 +61,10 @@ func TestQuota(t *testing.T) {
 
 // TestAcceptQuota: a listener's allocation pays for the vconns it accepts.
 func TestAcceptQuota(t *testing.T) {
-	cl := cluster(t, agenttest.Options{})
-	a := client(t, cl.Nodes[0], "a", 10)
-	b := client(t, cl.Nodes[1], "b", 2)
-	ctx := testCtx(t)
+	cl := startCluster(t, agenttest.Options{})
+	a := appClient(t, cl.Nodes[0], "a", 10)
+	b := appClient(t, cl.Nodes[1], "b", 2)
+	ctx := ctxT(t)
 	ln, err := b.Listen(ctx, ":9")
 	if err != nil {
 		t.Fatal(err)
@@ -139,16 +127,16 @@ func (r *rawConn) recv() (frame.Frame, error) {
 // TestIsolation: another allocation's socket cannot touch this one's
 // vconns; handles are per connection.
 func TestIsolation(t *testing.T) {
-	cl := cluster(t, agenttest.Options{})
-	a := client(t, cl.Nodes[0], "a", 3)
-	b := client(t, cl.Nodes[1], "b", 3)
-	ctx := testCtx(t)
+	cl := startCluster(t, agenttest.Options{})
+	a := appClient(t, cl.Nodes[0], "a", 3)
+	b := appClient(t, cl.Nodes[1], "b", 3)
+	ctx := ctxT(t)
 	ln, err := b.Listen(ctx, ":9")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go serveDiscard(ln)
+	go agenttest.ServeDiscard(ln)
 	c, err := a.Dial(ctx, "node-b:9")
 	if err != nil {
 		t.Fatal(err)
@@ -188,10 +176,10 @@ func TestIsolation(t *testing.T) {
 // TestDeleteAllocation: deleting an allocation closes its vconns; the
 // peer reads EOF and the node's vconns are freed.
 func TestDeleteAllocation(t *testing.T) {
-	cl := cluster(t, agenttest.Options{})
-	a := client(t, cl.Nodes[0], "a", 3)
-	b := client(t, cl.Nodes[1], "b", 3)
-	ctx := testCtx(t)
+	cl := startCluster(t, agenttest.Options{})
+	a := appClient(t, cl.Nodes[0], "a", 3)
+	b := appClient(t, cl.Nodes[1], "b", 3)
+	ctx := ctxT(t)
 	ln, err := b.Listen(ctx, ":9")
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +194,7 @@ func TestDeleteAllocation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	ac, err := agent.DialAdmin(ctx, cl.Nodes[0].Config.AdminSocket)
+	ac, err := admin.Dial(ctx, cl.Nodes[0].Config.AdminSocket)
 	if err != nil {
 		t.Fatal(err)
 	}

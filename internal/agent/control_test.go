@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -9,9 +10,13 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // silentPeer accepts heartbeat streams and never answers: a hung agent.
@@ -51,5 +56,43 @@ func TestHeartbeatTimeout(t *testing.T) {
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("declared gone after %v", d)
+	}
+}
+
+// TestCodeOfControlErrors: a peer agent's gRPC status reaches the
+// application as the protocol's code through statusError and codeOf, also
+// wrapped, with its message unchanged; engine classes still come first.
+func TestCodeOfControlErrors(t *testing.T) {
+	for _, tc := range []struct {
+		code codes.Code
+		want frame.Code
+	}{
+		{codes.NotFound, frame.CodeRefused},
+		{codes.ResourceExhausted, frame.CodeQuota},
+		{codes.Unavailable, frame.CodeUnreachable},
+		{codes.DeadlineExceeded, frame.CodeUnreachable},
+		{codes.InvalidArgument, frame.CodeBadRequest},
+		{codes.FailedPrecondition, frame.CodeInternal},
+		{codes.Internal, frame.CodeInternal},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			err := status.Error(tc.code, "peer says no")
+			got := statusError(err)
+			if got.Error() != err.Error() {
+				t.Errorf("message %q, want %q", got.Error(), err.Error())
+			}
+			if c := codeOf(got); c != tc.want {
+				t.Errorf("codeOf: %v, want %v", c, tc.want)
+			}
+			if c := codeOf(fmt.Errorf("dial: %w", got)); c != tc.want {
+				t.Errorf("codeOf wrapped: %v, want %v", c, tc.want)
+			}
+			if c := codeOf(fmt.Errorf("%w: %w", engine.ErrPeerGone, got)); c != frame.CodePeerGone {
+				t.Errorf("codeOf with ErrPeerGone: %v, want %v", c, frame.CodePeerGone)
+			}
+		})
+	}
+	if err := statusError(nil); err != nil {
+		t.Errorf("statusError(nil) = %v", err)
 	}
 }

@@ -1,11 +1,11 @@
-package vconn_test
+package agent_test
 
 import (
 	"errors"
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
@@ -15,10 +15,10 @@ import (
 // and with them the pod's vconns; the peer sees them end. (The test's
 // "pod" is this process's own namespace.)
 func TestUnregisterPodClosesItsVConns(t *testing.T) {
-	cl := cluster(t, agenttest.Options{})
-	a := client(t, cl.Nodes[0], "a", 4)
-	b := client(t, cl.Nodes[1], "b", 4)
-	ctx := testCtx(t)
+	cl := startCluster(t, agenttest.Options{})
+	a := appClient(t, cl.Nodes[0], "a", 4)
+	b := appClient(t, cl.Nodes[1], "b", 4)
+	ctx := ctxT(t)
 	ln, err := b.Listen(ctx, ":9")
 	if err != nil {
 		t.Fatal(err)
@@ -36,12 +36,12 @@ func TestUnregisterPodClosesItsVConns(t *testing.T) {
 		t.Fatal(err)
 	}
 	peer := <-accepted
-	ac, err := agent.DialAdmin(ctx, cl.Nodes[0].Config.AdminSocket)
+	ac, err := admin.Dial(ctx, cl.Nodes[0].Config.AdminSocket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ac.Close()
-	pod := agent.Pod{UID: "0b8c2d1e-pod", Namespace: "default", Name: "client", Netns: "/proc/self/ns/net"}
+	pod := admin.Pod{UID: "0b8c2d1e-pod", Namespace: "default", Name: "client", Netns: "/proc/self/ns/net"}
 	if err := ac.RegisterPod(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestUnregisterPodClosesItsVConns(t *testing.T) {
 		}
 	}
 	// Unregistering again, or an unknown pod, is not an error.
-	if err := ac.UnregisterPod(ctx, pod.UID); err != nil && !errors.Is(err, agent.ErrNotFound) {
+	if err := ac.UnregisterPod(ctx, pod.UID); err != nil && !errors.Is(err, admin.ErrNotFound) {
 		t.Fatal(err)
 	}
 }

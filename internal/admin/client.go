@@ -1,4 +1,4 @@
-package agent
+package admin
 
 import (
 	"context"
@@ -10,50 +10,50 @@ import (
 	"time"
 )
 
-// AdminError is a failed admin request.
-type AdminError struct {
-	Code    string // "invalid", "exists", "notFound", "quota", "version", "malformed"
+// Error is a failed admin request.
+type Error struct {
+	Code    string // CodeInvalid, CodeExists, CodeNotFound, CodeQuota, CodeVersion, CodeMalformed
 	Message string
 }
 
-func (e *AdminError) Error() string { return "agent admin: " + e.Code + ": " + e.Message }
+func (e *Error) Error() string { return "agent admin: " + e.Code + ": " + e.Message }
 
 // Is matches ErrExists, ErrNotFound and ErrQuota by code.
-func (e *AdminError) Is(target error) bool {
+func (e *Error) Is(target error) bool {
 	switch target {
 	case ErrExists:
-		return e.Code == "exists"
+		return e.Code == CodeExists
 	case ErrNotFound:
-		return e.Code == "notFound"
+		return e.Code == CodeNotFound
 	case ErrQuota:
-		return e.Code == "quota"
+		return e.Code == CodeQuota
 	}
 	return false
 }
 
-// AdminClient talks to an agent's admin socket; the device plugin and the
-// CNI plugin use it. It is safe for concurrent use (one request at a time).
-type AdminClient struct {
+// Client talks to an agent's admin socket; the device plugin and the CNI
+// plugin use it. It is safe for concurrent use (one request at a time).
+type Client struct {
 	mu   sync.Mutex
 	conn *net.UnixConn
 	buf  []byte
 }
 
-// DialAdmin connects to the admin socket at path.
-func DialAdmin(ctx context.Context, path string) (*AdminClient, error) {
+// Dial connects to the admin socket at path.
+func Dial(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", path)
 	if err != nil {
 		return nil, fmt.Errorf("agent admin: %w", err)
 	}
-	return &AdminClient{conn: c.(*net.UnixConn), buf: make([]byte, maxAdminMessage+1)}, nil
+	return &Client{conn: c.(*net.UnixConn), buf: make([]byte, MaxMessage+1)}, nil
 }
 
 // Close closes the connection.
-func (c *AdminClient) Close() error { return c.conn.Close() }
+func (c *Client) Close() error { return c.conn.Close() }
 
-func (c *AdminClient) do(ctx context.Context, req AdminRequest) (*AdminReply, error) {
-	req.Version = AdminVersion
+func (c *Client) do(ctx context.Context, req Request) (*Reply, error) {
+	req.Version = Version
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -75,20 +75,20 @@ func (c *AdminClient) do(ctx context.Context, req AdminRequest) (*AdminReply, er
 	if n == 0 {
 		return nil, fmt.Errorf("agent admin: %s: connection closed", req.Op)
 	}
-	var rep AdminReply
+	var rep Reply
 	if err := json.Unmarshal(c.buf[:n], &rep); err != nil {
 		return nil, fmt.Errorf("agent admin: %s: bad reply: %w", req.Op, err)
 	}
 	if rep.Code != "" || rep.Error != "" {
-		return nil, &AdminError{Code: rep.Code, Message: rep.Error}
+		return nil, &Error{Code: rep.Code, Message: rep.Error}
 	}
 	return &rep, nil
 }
 
 // CreateAllocation creates an allocation of k vconns; the reply names its
 // socket.
-func (c *AdminClient) CreateAllocation(ctx context.Context, id string, k int) (Allocation, error) {
-	rep, err := c.do(ctx, AdminRequest{Op: AdminCreateAllocation, Allocation: &Allocation{ID: id, VConns: k}})
+func (c *Client) CreateAllocation(ctx context.Context, id string, k int) (Allocation, error) {
+	rep, err := c.do(ctx, Request{Op: OpCreateAllocation, Allocation: &Allocation{ID: id, VConns: k}})
 	if err != nil {
 		return Allocation{}, err
 	}
@@ -99,14 +99,14 @@ func (c *AdminClient) CreateAllocation(ctx context.Context, id string, k int) (A
 }
 
 // DeleteAllocation deletes an allocation, closing its vconns.
-func (c *AdminClient) DeleteAllocation(ctx context.Context, id string) error {
-	_, err := c.do(ctx, AdminRequest{Op: AdminDeleteAllocation, ID: id})
+func (c *Client) DeleteAllocation(ctx context.Context, id string) error {
+	_, err := c.do(ctx, Request{Op: OpDeleteAllocation, ID: id})
 	return err
 }
 
 // ListAllocations lists the allocations.
-func (c *AdminClient) ListAllocations(ctx context.Context) ([]Allocation, error) {
-	rep, err := c.do(ctx, AdminRequest{Op: AdminListAllocations})
+func (c *Client) ListAllocations(ctx context.Context) ([]Allocation, error) {
+	rep, err := c.do(ctx, Request{Op: OpListAllocations})
 	if err != nil {
 		return nil, err
 	}
@@ -114,20 +114,20 @@ func (c *AdminClient) ListAllocations(ctx context.Context) ([]Allocation, error)
 }
 
 // RegisterPod records a pod.
-func (c *AdminClient) RegisterPod(ctx context.Context, p Pod) error {
-	_, err := c.do(ctx, AdminRequest{Op: AdminRegisterPod, Pod: &p})
+func (c *Client) RegisterPod(ctx context.Context, p Pod) error {
+	_, err := c.do(ctx, Request{Op: OpRegisterPod, Pod: &p})
 	return err
 }
 
 // UnregisterPod forgets a pod; unknown pods are not an error.
-func (c *AdminClient) UnregisterPod(ctx context.Context, uid string) error {
-	_, err := c.do(ctx, AdminRequest{Op: AdminUnregisterPod, ID: uid})
+func (c *Client) UnregisterPod(ctx context.Context, uid string) error {
+	_, err := c.do(ctx, Request{Op: OpUnregisterPod, ID: uid})
 	return err
 }
 
 // ListPods lists the registered pods.
-func (c *AdminClient) ListPods(ctx context.Context) ([]Pod, error) {
-	rep, err := c.do(ctx, AdminRequest{Op: AdminListPods})
+func (c *Client) ListPods(ctx context.Context) ([]Pod, error) {
+	rep, err := c.do(ctx, Request{Op: OpListPods})
 	if err != nil {
 		return nil, err
 	}
@@ -135,8 +135,8 @@ func (c *AdminClient) ListPods(ctx context.Context) ([]Pod, error) {
 }
 
 // Status reports the agent's state.
-func (c *AdminClient) Status(ctx context.Context) (Status, error) {
-	rep, err := c.do(ctx, AdminRequest{Op: AdminStatus})
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	rep, err := c.do(ctx, Request{Op: OpStatus})
 	if err != nil {
 		return Status{}, err
 	}

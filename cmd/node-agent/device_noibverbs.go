@@ -1,0 +1,16 @@
+//go:build !ibverbs
+
+package main
+
+import (
+	"errors"
+
+	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+// openIBVerbs refuses: without the ibverbs build tag the binary has no cgo
+// libibverbs backend (device_ibverbs.go).
+func openIBVerbs(config.DeviceConfig) (verbs.Device, error) {
+	return nil, errors.New("device provider ibverbs is not built in: build with -tags ibverbs, or use provider soft")
+}

@@ -1,0 +1,120 @@
+package admin
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is the admin protocol version.
+const Version = 1
+
+// MaxMessage bounds an admin request or reply.
+const MaxMessage = 64 << 10
+
+// Operations.
+const (
+	OpStatus           = "status"
+	OpCreateAllocation = "createAllocation"
+	OpDeleteAllocation = "deleteAllocation"
+	OpListAllocations  = "listAllocations"
+	OpRegisterPod      = "registerPod"
+	OpUnregisterPod    = "unregisterPod"
+	OpListPods         = "listPods"
+)
+
+// Codes of a failed request (Reply.Code, Error.Code).
+const (
+	CodeInvalid   = "invalid"
+	CodeExists    = "exists"
+	CodeNotFound  = "notFound"
+	CodeQuota     = "quota"
+	CodeVersion   = "version"
+	CodeMalformed = "malformed" // the agent closes the connection after the reply
+)
+
+// ErrExists, ErrNotFound and ErrQuota classify failures: the agent's own
+// errors wrap them, and an *Error with the matching code is one of them.
+var (
+	ErrExists   = errors.New("agent: already exists")
+	ErrNotFound = errors.New("agent: not found")
+	ErrQuota    = errors.New("agent: not enough vconns left on the node")
+)
+
+// SocketName is the allocation socket's name in its directory,
+// <socketDir>/alloc/<id>/: the device plugin mounts the directory into the
+// pod.
+const SocketName = "vconn.sock"
+
+// Request is one admin request: one JSON document per datagram.
+type Request struct {
+	Version    int         `json:"version"`
+	Op         string      `json:"op"`
+	Allocation *Allocation `json:"allocation,omitempty"` // create
+	ID         string      `json:"id,omitempty"`         // delete allocation, unregister pod (UID)
+	Pod        *Pod        `json:"pod,omitempty"`        // register
+}
+
+// Reply answers a Request.
+type Reply struct {
+	Version     int          `json:"version"`
+	Error       string       `json:"error,omitempty"`
+	Code        string       `json:"code,omitempty"` // "invalid", "exists", "notFound", "quota", "internal"
+	Allocation  *Allocation  `json:"allocation,omitempty"`
+	Allocations []Allocation `json:"allocations,omitempty"`
+	Pods        []Pod        `json:"pods,omitempty"`
+	Status      *Status      `json:"status,omitempty"`
+}
+
+// Allocation is a share of the node's vconns with its own socket.
+type Allocation struct {
+	ID     string `json:"id"`
+	VConns int    `json:"vconns"`
+	Socket string `json:"socket,omitempty"` // set by the agent
+	InUse  int    `json:"inUse,omitempty"`  // set by the agent
+}
+
+// Pod is a pod the CNI plugin registered.
+type Pod struct {
+	UID         string   `json:"uid"`
+	Namespace   string   `json:"namespace"`
+	Name        string   `json:"name"`
+	IPs         []string `json:"ips,omitempty"`
+	Netns       string   `json:"netns,omitempty"`
+	ContainerID string   `json:"containerID,omitempty"`
+}
+
+// Status is the agent's state.
+type Status struct {
+	Ready     bool   `json:"ready"`
+	Node      string `json:"node"`
+	Capacity  int    `json:"capacity"`  // vconns per node
+	Allocated int    `json:"allocated"` // sum of the allocations' quotas
+	VConns    int    `json:"vconns"`    // open in the engine
+	QPs       int    `json:"qps"`
+	Peers     int    `json:"peers"`
+	// Device, GID and Control say where peers reach this agent.
+	Device  string `json:"device,omitempty"`
+	GID     string `json:"gid,omitempty"`
+	Control string `json:"control,omitempty"`
+}
+
+// DecodeRequest parses one admin request strictly: unknown fields and
+// trailing data are errors.
+func DecodeRequest(b []byte) (Request, error) {
+	var req Request
+	if len(b) > MaxMessage {
+		return req, errors.New("request larger than 64 KiB")
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&req); err != nil {
+		return req, fmt.Errorf("decoding request: %w", err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return req, errors.New("trailing data after the request")
+	}
+	return req, nil
+}

@@ -1,0 +1,116 @@
+package agent
+
+import (
+	"fmt"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+// work runs the vconn's operations in order and answers each.
+func (h *vconnHandle) work() {
+	defer h.s.wg.Done()
+	defer h.dropRegions()
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case o := <-h.ops:
+			if err := h.do(o.f); err != nil {
+				if h.ctx.Err() != nil {
+					return
+				}
+				_ = h.s.replyErr(o.f.Req, h.id, err)
+			}
+		}
+	}
+}
+
+func (h *vconnHandle) do(f frame.Frame) error {
+	s, vc := h.s, h.vc
+	switch f.Op {
+	case frame.OpSend:
+		if uint32(len(f.Payload)) > s.maxMessage() {
+			return fmt.Errorf("send %d bytes: %w (%d)", len(f.Payload), engine.ErrTooLarge, s.maxMessage())
+		}
+		var err error
+		if f.Flags&frame.FlagImm != 0 {
+			err = vc.SendImm(h.ctx, f.Payload, f.Arg)
+		} else {
+			err = vc.Send(h.ctx, f.Payload)
+		}
+		if err != nil {
+			return err
+		}
+		return s.ok(f.Req, h.id)
+	case frame.OpExport:
+		if f.Arg2 == 0 || f.Arg2 > uint64(s.al.a.cfg.MaxMessageBytes) {
+			return fmt.Errorf("export %d bytes: %w: want 1..%d", f.Arg2, verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
+		}
+		r, err := vc.Export(h.ctx, int(f.Arg2), engine.Access(f.Arg))
+		if err != nil {
+			return err
+		}
+		if h.regions == nil {
+			h.regions = make(map[uint32]*engine.Region)
+		}
+		h.regions[r.ID()] = r
+		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Arg: r.ID()})
+	case frame.OpUnexport:
+		r := h.regions[f.Arg]
+		if r == nil {
+			return fmt.Errorf("unexport region %d: %w", f.Arg, engine.ErrNoRegion)
+		}
+		delete(h.regions, f.Arg)
+		if err := r.Close(); err != nil {
+			return err
+		}
+		return s.ok(f.Req, h.id)
+	case frame.OpLocalRead, frame.OpLocalWrite:
+		r := h.regions[f.Arg]
+		if r == nil {
+			return fmt.Errorf("%v region %d: %w", f.Op, f.Arg, engine.ErrNoRegion)
+		}
+		b := r.Bytes()
+		n := uint64(len(f.Payload))
+		if f.Op == frame.OpLocalRead {
+			l, err := frame.DecodeLength(f.Payload)
+			if err != nil {
+				return fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
+			}
+			n = uint64(l)
+		}
+		if f.Arg2 > uint64(len(b)) || n > uint64(len(b))-f.Arg2 {
+			return fmt.Errorf("%v: %d bytes at %d outside region %d of %d: %w", f.Op, n, f.Arg2, f.Arg, len(b), engine.ErrRegionAccess)
+		}
+		if f.Op == frame.OpLocalWrite {
+			copy(b[f.Arg2:], f.Payload)
+			return s.ok(f.Req, h.id)
+		}
+		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: b[f.Arg2 : f.Arg2+n]})
+	case frame.OpWrite:
+		if err := vc.Write(h.ctx, f.Arg, f.Arg2, f.Payload); err != nil {
+			return err
+		}
+		return s.ok(f.Req, h.id)
+	case frame.OpRead:
+		l, err := frame.DecodeLength(f.Payload)
+		if err != nil {
+			return fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
+		}
+		buf := make([]byte, l)
+		if err := vc.Read(h.ctx, f.Arg, f.Arg2, buf); err != nil {
+			return err
+		}
+		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: buf})
+	}
+	return fmt.Errorf("%v: %w", f.Op, verbs.ErrInvalid)
+}
+
+func (h *vconnHandle) dropRegions() {
+	for id, r := range h.regions {
+		_ = r.Close()
+		delete(h.regions, id)
+	}
+}

@@ -1,0 +1,63 @@
+package agent
+
+import (
+	"errors"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+func (s *session) write(f *frame.Frame) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var err error
+	if s.wbuf, err = frame.Append(s.wbuf[:0], f); err != nil {
+		return err
+	}
+	_, err = s.conn.Write(s.wbuf)
+	return err
+}
+
+func (s *session) ok(req, h uint32) error {
+	return s.write(&frame.Frame{Op: frame.OpOK, Req: req, Handle: h})
+}
+
+func (s *session) reply(req, h uint32, c frame.Code, msg string) error {
+	return s.write(&frame.Frame{Op: frame.OpError, Req: req, Handle: h, Arg: uint32(c), Payload: []byte(msg)})
+}
+
+func (s *session) replyErr(req, h uint32, err error) error {
+	return s.reply(req, h, codeOf(err), err.Error())
+}
+
+// codeOf classifies an error for the application: the one place where
+// the engine's, the devices' and the control plane's failure classes
+// (statusError) become the application protocol's codes.
+func codeOf(err error) frame.Code {
+	switch {
+	case errors.Is(err, engine.ErrPeerGone), errors.Is(err, engine.ErrQPFailed):
+		return frame.CodePeerGone
+	case errors.Is(err, engine.ErrReset):
+		return frame.CodeReset
+	case errors.Is(err, engine.ErrClosed), errors.Is(err, engine.ErrNotOpen):
+		return frame.CodeClosed
+	case errors.Is(err, engine.ErrEngineClosed):
+		return frame.CodeShuttingDown
+	case errors.Is(err, engine.ErrTooLarge):
+		return frame.CodeTooLarge
+	case errors.Is(err, engine.ErrNoRegion), errors.Is(err, engine.ErrRegionAccess), errors.Is(err, verbs.ErrRemoteAccess):
+		return frame.CodeRegion
+	case errors.Is(err, verbs.ErrInvalid):
+		return frame.CodeBadRequest
+	case errors.Is(err, errRefused):
+		return frame.CodeRefused
+	case errors.Is(err, errPeerQuota):
+		return frame.CodeQuota
+	case errors.Is(err, errUnreachable):
+		return frame.CodeUnreachable
+	case errors.Is(err, errPeerInvalid):
+		return frame.CodeBadRequest
+	}
+	return frame.CodeInternal
+}
