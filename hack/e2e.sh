@@ -8,6 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 began=$SECONDS
+# The Debian packages the cluster and the suite need (containerd, runc, CNI
+# plugins, iptables, ...): installed as root, else a message what to install.
+hack/deps.sh e2e
 export STATE=${STATE:-/var/tmp/rdmavisor-cluster}
 # A fresh cluster: objects left by an earlier run would confuse the suite.
 hack/local-cluster/down.sh >/dev/null 2>&1 || true
