@@ -32,6 +32,10 @@ lint: ## go vet and gofmt.
 e2e: ## As root: a local single-node cluster, then the end-to-end suite (hack/e2e.sh).
 	hack/e2e.sh
 
+.PHONY: test-rxe
+test-rxe: ## As root: the ibverbs backend's tests and verbstest in qemu VMs on the kernel's rxe (hack/rxe-vm/test.sh).
+	hack/rxe-vm/test.sh
+
 .PHONY: cluster-up
 cluster-up: ## As root: start the local single-node cluster (hack/local-cluster/up.sh).
 	hack/local-cluster/up.sh

@@ -4,6 +4,7 @@
 #   hack/deps.sh test     what `make test` needs (hack/test.sh calls it)
 #   hack/deps.sh e2e      what `make e2e` needs (hack/e2e.sh calls it)
 #   hack/deps.sh verify   what `make verify` needs (protoc)
+#   hack/deps.sh rxe      what `make test-rxe` needs (qemu, mmdebstrap, libibverbs)
 #   hack/deps.sh          all of them (.ci/run)
 #
 # It checks first, by the commands and files the tests use: when everything
@@ -46,25 +47,35 @@ e2e_deps=(
   "cmd:openssl|openssl|hack/local-cluster makes the cluster's certificates"
   "cmd:curl|curl|hack/local-cluster checks etcd's health"
 )
+rxe_deps=(
+  "cmd:gcc|gcc|the ibverbs backend is cgo"
+  "file:/usr/include/infiniband/verbs.h|libibverbs-dev|the ibverbs backend builds against libibverbs"
+  "cmd:qemu-system-x86_64|qemu-system-x86|hack/rxe-vm boots the kernel with rdma_rxe under qemu"
+  "cmd:mmdebstrap|mmdebstrap|hack/rxe-vm/build.sh makes the guest's root file system"
+  "cmd:depmod|kmod|hack/rxe-vm/build.sh indexes the guest's kernel modules"
+  "cmd:cpio|cpio|hack/rxe-vm/build.sh packs the guest's initramfs"
+  "cmd:ip|iproute2|hack/rxe-vm bridges the guests in a network namespace"
+)
 verify_deps=(
   "cmd:git|git|hack/verify.sh diffs the regenerated tree with git"
   "cmd:protoc|protobuf-compiler|hack/protoc.sh regenerates the gRPC code"
 )
 
 usage() {
-  echo "usage: $0 [test|e2e|verify|all]...   (no argument: all)" >&2
+  echo "usage: $0 [test|e2e|verify|rxe|all]...   (no argument: all)" >&2
   exit 2
 }
 
 groups=("$@")
-[ ${#groups[@]} -gt 0 ] || groups=(test e2e verify)
+[ ${#groups[@]} -gt 0 ] || groups=(test e2e verify rxe)
 wanted=()
 for g in "${groups[@]}"; do
   case $g in
     test) wanted+=("${test_deps[@]}") ;;
     e2e) wanted+=("${e2e_deps[@]}") ;;
     verify) wanted+=("${verify_deps[@]}") ;;
-    all) wanted+=("${test_deps[@]}" "${e2e_deps[@]}" "${verify_deps[@]}") ;;
+    rxe) wanted+=("${rxe_deps[@]}") ;;
+    all) wanted+=("${test_deps[@]}" "${e2e_deps[@]}" "${verify_deps[@]}" "${rxe_deps[@]}") ;;
     *) usage ;;
   esac
 done

@@ -1,0 +1,15 @@
+//go:build ibverbs
+
+package main
+
+import (
+	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/ibv"
+)
+
+// openIBVerbs opens the first RDMA device the selector accepts, addressed
+// by a RoCE v2 GID when it has one (ibv.Open says how).
+func openIBVerbs(d config.DeviceConfig) (verbs.Device, error) {
+	return ibv.Open(ibv.Config{Names: d.Names, Vendors: d.Vendors})
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# make test-rxe: the libibverbs backend against the Linux kernel's rxe.
+# Builds internal/verbs/ibv's tests (tag ibverbs; the conformance suite
+# among them) and runs them in one rxe guest, then checks guest-to-guest
+# RoCEv2 across the bridge with ibv_rc_pingpong in two guests. Run as root.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+GO=${GO:-go}
+log() { echo "[rxe-vm $(date +%T)] $*" >&2; }
+[ "$(id -u)" -eq 0 ] || { echo "rxe-vm: test.sh must run as root" >&2; exit 1; }
+hack/deps.sh rxe
+OUT=$(mktemp -d /tmp/rxe-test.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
+start=$SECONDS
+# On the host, which has no RDMA device: selection and its errors there.
+CGO_ENABLED=1 "$GO" test -count=1 -tags ibverbs -run 'TestConfig|TestOpenWithoutDevices' ./internal/verbs/ibv
+CGO_ENABLED=1 "$GO" build -tags ibverbs -o "$OUT/node-agent" ./cmd/node-agent
+CGO_ENABLED=1 "$GO" test -c -tags ibverbs -o "$OUT/ibv.test" ./internal/verbs/ibv
+rc=0
+hack/rxe-vm/run.sh -t 600 -f "$OUT/ibv.test" -- \
+	env RDMAVISOR_RXE_VM=1 ./ibv.test -test.v -test.timeout 540s -test.skip TestOpenWithoutDevices || rc=$?
+log "ibv tests: exit $rc"
+prc=0
+hack/rxe-vm/run.sh -g 2 -t 300 -f hack/rxe-vm/pingpong.sh -- sh pingpong.sh || prc=$?
+log "two guests, ibv_rc_pingpong: exit $prc"
+log "test-rxe took $((SECONDS - start)) s"
+[ "$rc" -eq 0 ] && [ "$prc" -eq 0 ]

@@ -1,0 +1,21 @@
+// Package ibv is the libibverbs backend of package verbs: RDMA hardware (and
+// the kernel's soft-RoCE, rdma_rxe) driven through cgo. It is built only
+// with the build tag ibverbs (and on Linux); without it the package is
+// empty, so a build needs no RDMA headers or libraries.
+//
+// Open selects a device by name, node GUID or vendor and one of its GIDs.
+// The verbs.Device it returns shows the port's GID table with the selected
+// entry at index 0 (it and the entry at the selected index trade places),
+// because the layers above address a device by GID index 0; AHAttr.SGIDIndex
+// and Query translate the same way.
+//
+// Work requests and completions cross cgo once per PostSend, PostRecv and
+// Poll: a C helper builds the ibv_send_wr/ibv_recv_wr chain from the flat Go
+// structs, or converts a batch of ibv_wc, on the C stack. Every WR is
+// checked before it reaches the provider (SGE count, opcode for the QP type,
+// inline length, UD payload against the active MTU, QP state), so a refused
+// WR is reported as bad_wr the same way whatever the provider does later.
+//
+// Memory of an MR is mmap'd outside the Go heap (verbs.AllocMemory) and then
+// registered with ibv_reg_mr.
+package ibv

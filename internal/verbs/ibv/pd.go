@@ -1,0 +1,187 @@
+//go:build ibverbs && linux
+
+package ibv
+
+// #include <string.h>
+// #include "shim.h"
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+type pd struct {
+	life
+	dev *device
+	pd  *C.struct_ibv_pd
+	// ahs maps AH handles (index+1) to address handles for UD posts; ahMu
+	// guards the slice, read-locked while a post uses it.
+	ahMu   sync.RWMutex
+	ahs    []*C.struct_ibv_ah
+	ahFree []uint32
+}
+
+var _ verbs.PD = (*pd)(nil)
+
+func (d *device) AllocPD() (verbs.PD, error) {
+	if err := d.hold("alloc PD on " + d.name); err != nil {
+		return nil, err
+	}
+	p, cerr := C.ibv_alloc_pd(d.ctx)
+	if p == nil {
+		d.release()
+		return nil, wrap("alloc PD on "+d.name, errnoOf(0, cerr), false)
+	}
+	return &pd{dev: d, pd: p}, nil
+}
+
+func (p *pd) Close() error {
+	return p.life.close("PD", func() error {
+		if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
+			return wrap("dealloc PD", errnoOf(int(rc), nil), false)
+		}
+		p.dev.release()
+		return nil
+	})
+}
+
+type mr struct {
+	life
+	pd  *pd
+	mr  *C.struct_ibv_mr
+	mem []byte
+}
+
+var _ verbs.MR = (*mr)(nil)
+
+func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
+	what := fmt.Sprintf("register MR of %d bytes (access %#x)", length, uint32(access))
+	if length <= 0 {
+		return nil, fmt.Errorf("ibv: %s: %w: length must be positive", what, verbs.ErrInvalid)
+	}
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("ibv: %s: %w: remote write and atomic need local write", what, verbs.ErrInvalid)
+	}
+	if err := p.hold(what); err != nil {
+		return nil, err
+	}
+	mem, err := verbs.AllocMemory(length)
+	if err != nil {
+		p.release()
+		return nil, fmt.Errorf("ibv: %s: %w", what, err)
+	}
+	m, cerr := C.ibv_reg_mr(p.pd, unsafe.Pointer(&mem[0]), C.size_t(length), C.int(access))
+	if m == nil {
+		_ = verbs.FreeMemory(mem)
+		p.release()
+		return nil, wrap(what, errnoOf(0, cerr), false)
+	}
+	return &mr{pd: p, mr: m, mem: mem}, nil
+}
+
+func (m *mr) Bytes() []byte { return m.mem }
+func (m *mr) Addr() uint64  { return verbs.AddrOf(m.mem) }
+func (m *mr) LKey() uint32  { return uint32(m.mr.lkey) }
+func (m *mr) RKey() uint32  { return uint32(m.mr.rkey) }
+
+func (m *mr) Close() error {
+	return m.life.close("MR", func() error {
+		if rc := C.ibv_dereg_mr(m.mr); rc != 0 {
+			return wrap("deregister MR", errnoOf(int(rc), nil), false)
+		}
+		err := verbs.FreeMemory(m.mem)
+		m.pd.release()
+		return err
+	})
+}
+
+type ah struct {
+	life
+	pd     *pd
+	ah     *C.struct_ibv_ah
+	handle uint32
+}
+
+var _ verbs.AH = (*ah)(nil)
+
+// fillAH writes a RoCE address vector: always global (GRH), the source GID
+// index translated to the hardware table.
+func (d *device) fillAH(dst *C.struct_ibv_ah_attr, a *verbs.AHAttr) error {
+	if int(a.SGIDIndex) >= d.gidLen {
+		return fmt.Errorf("ibv: source GID index %d out of range: the table has %d entries: %w", a.SGIDIndex, d.gidLen, verbs.ErrInvalid)
+	}
+	C.memset(unsafe.Pointer(dst), 0, C.sizeof_struct_ibv_ah_attr)
+	dst.is_global = 1
+	C.memcpy(unsafe.Pointer(&dst.grh.dgid), unsafe.Pointer(&a.DGID[0]), 16)
+	dst.grh.sgid_index = C.uint8_t(d.hw(int(a.SGIDIndex)))
+	dst.grh.hop_limit = C.uint8_t(a.HopLimit)
+	dst.grh.traffic_class = C.uint8_t(a.TrafficClass)
+	dst.grh.flow_label = C.uint32_t(a.FlowLabel)
+	dst.sl = C.uint8_t(a.SL)
+	dst.port_num = C.uint8_t(a.PortNum)
+	if a.PortNum == 0 {
+		dst.port_num = d.port
+	}
+	return nil
+}
+
+func (d *device) readAH(src *C.struct_ibv_ah_attr) verbs.AHAttr {
+	var a verbs.AHAttr
+	C.memcpy(unsafe.Pointer(&a.DGID[0]), unsafe.Pointer(&src.grh.dgid), 16)
+	a.SGIDIndex = uint8(d.hw(int(src.grh.sgid_index)))
+	a.HopLimit = uint8(src.grh.hop_limit)
+	a.TrafficClass = uint8(src.grh.traffic_class)
+	a.FlowLabel = uint32(src.grh.flow_label)
+	a.SL = uint8(src.sl)
+	a.PortNum = uint8(src.port_num)
+	return a
+}
+
+func (p *pd) CreateAH(attr *verbs.AHAttr) (verbs.AH, error) {
+	what := fmt.Sprintf("create AH to %v", attr.DGID)
+	var ca C.struct_ibv_ah_attr
+	if err := p.dev.fillAH(&ca, attr); err != nil {
+		return nil, fmt.Errorf("ibv: %s: %w", what, err)
+	}
+	if err := p.hold(what); err != nil {
+		return nil, err
+	}
+	h, cerr := C.ibv_create_ah(p.pd, &ca)
+	if h == nil {
+		p.release()
+		return nil, wrap(what, errnoOf(0, cerr), false)
+	}
+	p.ahMu.Lock()
+	var handle uint32
+	if n := len(p.ahFree); n > 0 {
+		handle = p.ahFree[n-1]
+		p.ahFree = p.ahFree[:n-1]
+		p.ahs[handle-1] = h
+	} else {
+		p.ahs = append(p.ahs, h)
+		handle = uint32(len(p.ahs))
+	}
+	p.ahMu.Unlock()
+	return &ah{pd: p, ah: h, handle: handle}, nil
+}
+
+func (a *ah) Handle() uint32 { return a.handle }
+
+func (a *ah) Close() error {
+	return a.life.close("AH", func() error {
+		// Unpublish first, so no post picks it up while it is destroyed.
+		a.pd.ahMu.Lock()
+		a.pd.ahs[a.handle-1] = nil
+		a.pd.ahFree = append(a.pd.ahFree, a.handle)
+		a.pd.ahMu.Unlock()
+		if rc := C.ibv_destroy_ah(a.ah); rc != 0 {
+			return wrap("destroy AH", errnoOf(int(rc), nil), false)
+		}
+		a.pd.release()
+		return nil
+	})
+}

@@ -1,0 +1,217 @@
+//go:build ibverbs && linux
+
+#include <errno.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include "shim.h"
+
+enum {
+	RV_SIZE_SGE, RV_SIZE_SEND, RV_SIZE_RECV, RV_SIZE_WC,
+	RV_OFF_SEND_NUMSGE, RV_OFF_SEND_FLAGS, RV_OFF_SEND_IMM, RV_OFF_SEND_RADDR, RV_OFF_SEND_QKEY,
+	RV_OFF_RECV_NUMSGE, RV_OFF_WC_VENDOR, RV_OFF_WC_SRCQP, RV_OFF_WC_PKEY,
+};
+
+size_t rv_layout(int what)
+{
+	switch (what) {
+	case RV_SIZE_SGE: return sizeof(struct rv_sge);
+	case RV_SIZE_SEND: return sizeof(struct rv_send_wr);
+	case RV_SIZE_RECV: return sizeof(struct rv_recv_wr);
+	case RV_SIZE_WC: return sizeof(struct rv_wc);
+	case RV_OFF_SEND_NUMSGE: return offsetof(struct rv_send_wr, num_sge);
+	case RV_OFF_SEND_FLAGS: return offsetof(struct rv_send_wr, flags);
+	case RV_OFF_SEND_IMM: return offsetof(struct rv_send_wr, imm_data);
+	case RV_OFF_SEND_RADDR: return offsetof(struct rv_send_wr, remote_addr);
+	case RV_OFF_SEND_QKEY: return offsetof(struct rv_send_wr, remote_qkey);
+	case RV_OFF_RECV_NUMSGE: return offsetof(struct rv_recv_wr, num_sge);
+	case RV_OFF_WC_VENDOR: return offsetof(struct rv_wc, vendor_err);
+	case RV_OFF_WC_SRCQP: return offsetof(struct rv_wc, src_qp);
+	case RV_OFF_WC_PKEY: return offsetof(struct rv_wc, pkey_index);
+	}
+	return 0;
+}
+
+int rv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+{
+	return ibv_query_port(ctx, port, attr);
+}
+
+// The chain is built on the C stack in chunks: no allocation, and no state
+// shared between threads posting to the same QP (libibverbs allows that).
+#define RV_CHUNK 64
+
+static int check_send(const struct rv_qp_limits *lim, const struct rv_send_wr *w, struct ibv_ah **ahs, uint32_t nah)
+{
+	if (w->num_sge > RV_MAX_SGE || w->num_sge > lim->max_send_sge)
+		return EINVAL;
+	uint64_t len = 0;
+	for (int i = 0; i < w->num_sge; i++)
+		len += w->sg[i].length;
+	switch (w->opcode) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+		break;
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		if (lim->type == IBV_QPT_UD)
+			return EINVAL;
+		break;
+	case IBV_WR_RDMA_READ:
+		if (lim->type != IBV_QPT_RC)
+			return EINVAL;
+		if (w->flags & IBV_SEND_INLINE)
+			return EINVAL;
+		break;
+	default:
+		return EINVAL;
+	}
+	if ((w->flags & IBV_SEND_INLINE) && len > lim->max_inline)
+		return EINVAL;
+	if (lim->type == IBV_QPT_UD) {
+		if (len > lim->mtu)
+			return EINVAL;
+		if (w->ah == 0 || w->ah > nah || ahs[w->ah - 1] == NULL)
+			return EINVAL;
+	}
+	return 0;
+}
+
+#define RV_RESULT(posted, err) (((int64_t)(err) << 32) | (int64_t)(uint32_t)(posted))
+
+int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct ibv_ah **ahs, uint32_t nah,
+		     const struct rv_send_wr *wrs, int n)
+{
+	struct ibv_send_wr chain[RV_CHUNK];
+	struct ibv_sge sges[RV_CHUNK * RV_MAX_SGE];
+	for (int base = 0; base < n; base += RV_CHUNK) {
+		int m = n - base < RV_CHUNK ? n - base : RV_CHUNK;
+		int err = 0, k;
+		for (k = 0; k < m; k++) {
+			const struct rv_send_wr *w = &wrs[base + k];
+			if ((err = check_send(lim, w, ahs, nah)) != 0)
+				break;
+			struct ibv_send_wr *c = &chain[k];
+			memset(c, 0, sizeof(*c));
+			c->wr_id = w->wr_id;
+			c->next = &chain[k + 1];
+			c->sg_list = &sges[k * RV_MAX_SGE];
+			c->num_sge = w->num_sge;
+			for (int i = 0; i < w->num_sge; i++) {
+				c->sg_list[i].addr = w->sg[i].addr;
+				c->sg_list[i].length = w->sg[i].length;
+				c->sg_list[i].lkey = w->sg[i].lkey;
+			}
+			c->opcode = (enum ibv_wr_opcode)w->opcode;
+			c->send_flags = w->flags;
+			c->imm_data = htonl(w->imm_data);
+			if (lim->type == IBV_QPT_UD) {
+				c->wr.ud.ah = ahs[w->ah - 1];
+				c->wr.ud.remote_qpn = w->remote_qpn;
+				c->wr.ud.remote_qkey = w->remote_qkey;
+			} else {
+				c->wr.rdma.remote_addr = w->remote_addr;
+				c->wr.rdma.rkey = w->rkey;
+			}
+		}
+		if (k > 0) {
+			struct ibv_send_wr *badwr = NULL;
+			chain[k - 1].next = NULL;
+			int rc = ibv_post_send(qp, chain, &badwr);
+			if (rc != 0)
+				return RV_RESULT(base + (badwr ? (int)(badwr - chain) : 0), rc);
+		}
+		if (err != 0)
+			return RV_RESULT(base + k, err);
+	}
+	return RV_RESULT(n, 0);
+}
+
+int64_t rv_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, uint32_t max_sge, const struct rv_recv_wr *wrs, int n)
+{
+	struct ibv_recv_wr chain[RV_CHUNK];
+	struct ibv_sge sges[RV_CHUNK * RV_MAX_SGE];
+	for (int base = 0; base < n; base += RV_CHUNK) {
+		int m = n - base < RV_CHUNK ? n - base : RV_CHUNK;
+		int err = 0, k;
+		for (k = 0; k < m; k++) {
+			const struct rv_recv_wr *w = &wrs[base + k];
+			if (w->num_sge > RV_MAX_SGE || w->num_sge > max_sge) {
+				err = EINVAL;
+				break;
+			}
+			struct ibv_recv_wr *c = &chain[k];
+			c->wr_id = w->wr_id;
+			c->next = &chain[k + 1];
+			c->sg_list = &sges[k * RV_MAX_SGE];
+			c->num_sge = w->num_sge;
+			for (int i = 0; i < w->num_sge; i++) {
+				c->sg_list[i].addr = w->sg[i].addr;
+				c->sg_list[i].length = w->sg[i].length;
+				c->sg_list[i].lkey = w->sg[i].lkey;
+			}
+		}
+		if (k > 0) {
+			struct ibv_recv_wr *badwr = NULL;
+			chain[k - 1].next = NULL;
+			int rc = srq ? ibv_post_srq_recv(srq, chain, &badwr) : ibv_post_recv(qp, chain, &badwr);
+			if (rc != 0)
+				return RV_RESULT(base + (badwr ? (int)(badwr - chain) : 0), rc);
+		}
+		if (err != 0)
+			return RV_RESULT(base + k, err);
+	}
+	return RV_RESULT(n, 0);
+}
+
+int rv_reenter_err(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_ERR;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+int rv_poll(struct ibv_cq *cq, struct rv_wc *out, int n)
+{
+	struct ibv_wc wc[RV_CHUNK];
+	int got = 0;
+	while (got < n) {
+		int want = n - got < RV_CHUNK ? n - got : RV_CHUNK;
+		int k = ibv_poll_cq(cq, want, wc);
+		if (k < 0)
+			return got > 0 ? got : -1;
+		for (int i = 0; i < k; i++) {
+			struct rv_wc *o = &out[got + i];
+			o->wr_id = wc[i].wr_id;
+			o->status = (uint8_t)wc[i].status;
+			o->opcode = (uint8_t)wc[i].opcode;
+			// wc_flags and imm_data are defined for receive completions
+			// only; rxe flags a requester's SEND/WRITE_WITH_IMM completion
+			// WITH_IMM too, other providers do not.
+			int recv = (wc[i].opcode & IBV_WC_RECV) != 0;
+			o->flags = recv ? (uint8_t)(wc[i].wc_flags & (IBV_WC_GRH | IBV_WC_WITH_IMM)) : 0;
+			o->vendor_err = wc[i].vendor_err;
+			o->byte_len = wc[i].byte_len;
+			o->imm_data = recv && (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
+			o->qp_num = wc[i].qp_num;
+			o->src_qp = wc[i].src_qp;
+			o->pkey_index = wc[i].pkey_index;
+		}
+		got += k;
+		if (k < want)
+			break;
+	}
+	return got;
+}
+
+int rv_ack_events(struct ibv_comp_channel *ch, struct ibv_cq *cq)
+{
+	int n = 0;
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	while (ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0)
+		n++;
+	if (n > 0)
+		ibv_ack_cq_events(cq, (unsigned int)n);
+	return n;
+}

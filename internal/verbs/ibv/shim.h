@@ -1,0 +1,83 @@
+// C side of package ibv: mirrors of the flat verbs structs and the helpers
+// that turn one Go batch into one libibverbs call.
+#ifndef RDMAVISOR_IBV_SHIM_H
+#define RDMAVISOR_IBV_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <infiniband/verbs.h>
+
+#define RV_MAX_SGE 4
+
+// Layouts of verbs.SGE, verbs.SendWR, verbs.RecvWR and verbs.WC; checked
+// against the Go structs when the package starts (layout.go).
+struct rv_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+
+struct rv_send_wr {
+	uint64_t wr_id;
+	struct rv_sge sg[RV_MAX_SGE];
+	uint8_t num_sge;
+	uint8_t opcode;
+	uint32_t flags;
+	uint32_t imm_data; // host order
+	uint64_t remote_addr;
+	uint32_t rkey;
+	uint32_t ah;
+	uint32_t remote_qpn;
+	uint32_t remote_qkey;
+};
+
+struct rv_recv_wr {
+	uint64_t wr_id;
+	struct rv_sge sg[RV_MAX_SGE];
+	uint8_t num_sge;
+};
+
+struct rv_wc {
+	uint64_t wr_id;
+	uint8_t status;
+	uint8_t opcode;
+	uint8_t flags;
+	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t imm_data; // host order
+	uint32_t qp_num;
+	uint32_t src_qp;
+	uint16_t pkey_index;
+};
+
+// What the post helpers check before a WR reaches the provider, so that a
+// refused WR is refused the same way on every provider (some providers
+// queue a WR first and fail only at the doorbell).
+struct rv_qp_limits {
+	uint32_t type;
+	uint32_t max_send_sge;
+	uint32_t max_recv_sge;
+	uint32_t max_inline;
+	uint32_t mtu; // bytes: the longest UD payload
+};
+
+size_t rv_layout(int what);
+// rv_query_port calls ibv_query_port, a macro cgo cannot call.
+int rv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
+
+// rv_post_send posts n WRs. It returns how many were posted in the low 32
+// bits and the errno that stopped it (0: none) in the high 32 bits, so Go
+// passes no pointer to a result (which would escape and allocate).
+int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct ibv_ah **ahs, uint32_t nah,
+		     const struct rv_send_wr *wrs, int n);
+// rv_post_recv posts n receives to qp, or to srq when it is not NULL; the
+// result is rv_post_send's.
+int64_t rv_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, uint32_t max_sge, const struct rv_recv_wr *wrs, int n);
+// rv_reenter_err moves a QP in ERR to ERR again (see qp.PostRecv).
+int rv_reenter_err(struct ibv_qp *qp);
+// rv_poll moves up to n completions into out; returns how many, or -1.
+int rv_poll(struct ibv_cq *cq, struct rv_wc *out, int n);
+// rv_ack_events consumes the events pending on a non-blocking channel.
+int rv_ack_events(struct ibv_comp_channel *ch, struct ibv_cq *cq);
+
+#endif
