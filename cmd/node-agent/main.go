@@ -15,6 +15,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
 )
 
@@ -39,7 +40,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "node-agent:", err)
 		os.Exit(2)
 	}
-	opts := agent.Options{Config: cfg, Log: log, OpenDevice: openDevice}
+	opts := agent.Options{Config: cfg, Log: log, OpenDevice: device.Open}
 	var reporter *rdmanode.Reporter
 	if cfg.PeerDiscovery.Mode == config.DiscoveryKubernetes {
 		if opts.Discovery, reporter, err = rdmanode.New(cfg, log); err != nil {

@@ -122,13 +122,15 @@ func runDemo(ctx context.Context, args []string) error {
 	ip := fs.String("ip", "", "internal: node address")
 	peerName := fs.String("peer-name", "", "internal: peer node name")
 	peerIP := fs.String("peer-ip", "", "internal: peer node address")
+	transport := fs.String("transport", "", "internal: the agents' transport, rc, uc, ud or auto (default: the agent's)")
+	provider := fs.String("provider", "soft", "internal: the node's device provider, soft or ibverbs (a binary built with -tags ibverbs)")
 	_ = fs.Parse(args)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	o := demo.AgentsOptions{VConns: *vconns, Messages: *rounds, Size: *size}
 	switch {
 	case *node:
-		return demo.RunNode(ctx, os.Stdout, demo.NodeOptions{Server: *server, Name: *name, IP: *ip, PeerName: *peerName, PeerIP: *peerIP, AgentsOptions: o})
+		return demo.RunNode(ctx, os.Stdout, demo.NodeOptions{Server: *server, Name: *name, IP: *ip, PeerName: *peerName, PeerIP: *peerIP, Provider: config.Provider(*provider), Transport: config.Transport(*transport), AgentsOptions: o})
 	case !*verbsOnly && !*loopback && demo.CanUseNetns():
 		self, err := os.Executable()
 		if err != nil {

@@ -32,8 +32,9 @@ fi
 [ -n "$KPKG" ] || { echo "rxe-vm: cannot find the Debian kernel package" >&2; exit 1; }
 KV=${KPKG#linux-image-}
 KVER=$(apt-cache policy "$KPKG" | awk '/Candidate:/{print $2}')
-# The key names everything that goes into the image; a change rebuilds it.
-KEY=$(printf '%s\n' "$SUITE" "$KPKG" "$KVER" "$(sha256sum "$HERE/build.sh" "$HERE/guest-init.sh")" | sha256sum | cut -c1-16)
+# The key names everything that goes into the image (the scripts' contents,
+# not their paths: CI's clone is elsewhere); a change rebuilds it.
+KEY=$(printf '%s\n' "$SUITE" "$KPKG" "$KVER" "$(cat "$HERE/build.sh" "$HERE/guest-init.sh" | sha256sum)" | sha256sum | cut -c1-16)
 if [ -f "$CACHE/key" ] && [ "$(cat "$CACHE/key")" = "$KEY" ] && [ -f "$CACHE/vmlinuz" ] && [ -f "$CACHE/base.cpio" ]; then
 	log "cached image $KEY ($KPKG $KVER)"
 	echo "$CACHE"

@@ -3,6 +3,8 @@
 # Builds internal/verbs/ibv's tests (tag ibverbs; the conformance suite
 # among them) and runs them in one rxe guest, then checks guest-to-guest
 # RoCEv2 across the bridge with ibv_rc_pingpong in two guests. Run as root.
+# (agents.sh, two ibverbs node agents in two guests, is not in it yet: see
+# there.)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"

@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -124,7 +125,6 @@ func roundTrips(ctx context.Context, w io.Writer, ca *vconn.Client, addr string,
 	fmt.Fprintf(w, "opened %d vconns in %v\n", o.VConns, time.Since(start).Round(time.Millisecond))
 	fmt.Fprintln(w, stats())
 
-	msg := make([]byte, o.Size)
 	lat := make([][]time.Duration, o.Workers)
 	var msgs atomic.Int64
 	start = time.Now()
@@ -132,15 +132,25 @@ func roundTrips(ctx context.Context, w io.Writer, ca *vconn.Client, addr string,
 	if err := parallel(o.Workers, o.VConns, func(i int) error {
 		c := conns[i]
 		var mine []time.Duration
+		msg := make([]byte, o.Size)
 		for k := 0; k < o.Messages; k++ {
+			// Every message differs (by vconn and round), and every echo
+			// is checked byte for byte.
+			for j := range msg {
+				msg[j] = byte(i*31 + k*7 + j)
+			}
 			t0 := time.Now()
 			if err := c.SendMsg(ctx, msg); err != nil {
 				return err
 			}
-			if _, err := c.RecvMsg(ctx); err != nil {
+			m, err := c.RecvMsg(ctx)
+			if err != nil {
 				return err
 			}
 			mine = append(mine, time.Since(t0))
+			if !bytes.Equal(m.Data, msg) {
+				return fmt.Errorf("vconn %d round %d: echo of %d bytes came back as %d different bytes", i, k, len(msg), len(m.Data))
+			}
 		}
 		msgs.Add(int64(2 * o.Messages))
 		mu.Lock()
@@ -154,7 +164,7 @@ func roundTrips(ctx context.Context, w io.Writer, ca *vconn.Client, addr string,
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	q := func(p float64) time.Duration { return all[min(len(all)-1, int(p*float64(len(all))))] }
-	fmt.Fprintf(w, "%d round trips of %d bytes on %d vconns (%d concurrent): %.0f messages/s, latency p50 %v p99 %v\n",
+	fmt.Fprintf(w, "%d round trips of %d bytes on %d vconns (%d concurrent), every byte checked: %.0f messages/s, latency p50 %v p99 %v\n",
 		len(all), o.Size, o.VConns, o.Workers, float64(msgs.Load())/el.Seconds(), q(0.5).Round(time.Microsecond), q(0.99).Round(time.Microsecond))
 	var errs []error
 	for _, c := range conns {

@@ -19,8 +19,8 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent"
-	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -30,6 +30,12 @@ type NodeOptions struct {
 	Server           bool
 	Name, IP         string
 	PeerName, PeerIP string
+	// Provider of the node's device (default soft); ibverbs needs a
+	// binary built with the ibverbs tag (make test-rxe runs the demo so on
+	// the kernel's rxe).
+	Provider config.Provider
+	// Transport of the agents' vconns (default: the agent's, auto).
+	Transport config.Transport
 	AgentsOptions
 }
 
@@ -147,7 +153,13 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 	defer os.RemoveAll(dir)
 	cfg := config.Default()
 	cfg.NodeName = o.Name
-	cfg.Device.Provider = config.ProviderSoft
+	if o.Transport != "" {
+		cfg.Transport = o.Transport
+	}
+	cfg.Device.Provider = o.Provider
+	if cfg.Device.Provider == "" {
+		cfg.Device.Provider = config.ProviderSoft
+	}
 	cfg.Soft.UDPPort = demoUDPPort
 	cfg.Soft.BindAddress = o.IP
 	cfg.BufferPoolBytes = 32 << 20
@@ -162,7 +174,7 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Options{Config: cfg, Log: logr.Discard(), OpenDevice: agenttest.OpenSoft, MetricsListener: ml})
+	a, err := agent.New(agent.Options{Config: cfg, Log: logr.Discard(), OpenDevice: device.Open, MetricsListener: ml})
 	if err != nil {
 		_ = ml.Close()
 		return fmt.Errorf("demo: %s: %w", o.Name, err)

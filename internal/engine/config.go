@@ -109,6 +109,10 @@ type Config struct {
 	// SpinPolls is how many empty polls a poller makes before it sleeps on
 	// the completion channel (default 2000).
 	SpinPolls int
+
+	// cqDepth is each poller's CQ depth: maxCQDepth, or less where the
+	// device's CQs are smaller (rxe's hold 32,767).
+	cqDepth int
 }
 
 const (
@@ -123,7 +127,7 @@ const (
 	defaultDgramBuffers = 1024
 	defaultSQDepth      = 512
 	defaultSpinPolls    = 2000
-	cqDepth             = 1 << 16
+	maxCQDepth          = 1 << 16
 )
 
 // withDefaults fills zero fields and validates the rest.
@@ -183,5 +187,24 @@ func (c Config) withDefaults() (Config, error) {
 	check(c.MTU.Bytes() != 0, "MTU %v is not an IB MTU", c.MTU)
 	check(c.Transport <= Auto, "transport %v", c.Transport)
 	check(c.AutoThreshold >= 0, "AutoThreshold %d", c.AutoThreshold)
+	// What the device holds: a NIC refuses larger queues at creation, so
+	// say which setting does not fit rather than fail there.
+	a := c.Device.Attr()
+	c.cqDepth = maxCQDepth
+	if a.MaxCQE > 0 {
+		c.cqDepth = min(c.cqDepth, a.MaxCQE)
+	}
+	if a.MaxSRQWR > 0 {
+		check(c.RecvBuffers <= a.MaxSRQWR && c.DgramBuffers <= a.MaxSRQWR, "RecvBuffers %d, DgramBuffers %d: device %s's SRQs hold %d", c.RecvBuffers, c.DgramBuffers, a.Name, a.MaxSRQWR)
+	}
+	if a.MaxQPWR > 0 {
+		check(c.SQDepth <= a.MaxQPWR, "SQDepth %d: device %s's QPs hold %d", c.SQDepth, a.Name, a.MaxQPWR)
+	}
+	check(c.sendBudget() >= c.SQDepth, "RecvBuffers %d and DgramBuffers %d leave %d of device %s's %d CQ entries for sends, under SQDepth %d",
+		c.RecvBuffers, c.DgramBuffers, c.sendBudget(), a.Name, c.cqDepth, c.SQDepth)
 	return c, errors.Join(errs...)
 }
+
+// sendBudget is how many sends a poller may have outstanding: its CQ holds
+// every receive buffer's completion (both SRQs') and a poll batch besides.
+func (c *Config) sendBudget() int { return c.cqDepth - c.RecvBuffers - c.DgramBuffers - pollBatch }

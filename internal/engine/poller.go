@@ -79,7 +79,7 @@ const pollBatch = 256
 const clockRounds = 8
 
 func newPoller(e *Engine, idx int) (*poller, error) {
-	cq, err := e.dev.CreateCQ(cqDepth)
+	cq, err := e.dev.CreateCQ(e.cfg.cqDepth)
 	if err != nil {
 		return nil, fmt.Errorf("engine: poller %d CQ: %w", idx, err)
 	}
@@ -92,7 +92,7 @@ func newPoller(e *Engine, idx int) (*poller, error) {
 		e: e, idx: idx, cq: cq, wake: fd, done: make(chan struct{}),
 		wcs:    make([]verbs.WC, pollBatch),
 		rxVC:   make([]*VConn, pollBatch),
-		budget: cqDepth - e.cfg.RecvBuffers - pollBatch,
+		budget: e.cfg.sendBudget(),
 	}, nil
 }
 

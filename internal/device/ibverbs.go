@@ -1,6 +1,6 @@
 //go:build ibverbs
 
-package main
+package device
 
 import (
 	"github.com/rdmavisor/rdmavisor/internal/config"

@@ -1,6 +1,6 @@
 //go:build !ibverbs
 
-package main
+package device
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 )
 
 // openIBVerbs refuses: without the ibverbs build tag the binary has no cgo
-// libibverbs backend (device_ibverbs.go).
+// libibverbs backend (ibverbs.go).
 func openIBVerbs(config.DeviceConfig) (verbs.Device, error) {
 	return nil, errors.New("device provider ibverbs is not built in: build with -tags ibverbs, or use provider soft")
 }

@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+)
+
+// limited is a device whose queues are smaller than the soft provider's,
+// as rxe's CQs (32,767 entries) are.
+type limited struct {
+	verbs.Device
+	maxCQE, maxQPWR, maxSRQWR int
+}
+
+func (d limited) Attr() verbs.DeviceAttr {
+	a := d.Device.Attr()
+	a.MaxCQE, a.MaxQPWR, a.MaxSRQWR = d.maxCQE, d.maxQPWR, d.maxSRQWR
+	return a
+}
+
+// The engine sizes its CQs to what the device holds, and refuses, naming
+// the setting, a configuration whose queues the device cannot hold.
+func TestConfigFitsDevice(t *testing.T) {
+	w, err := wire.NewFabric(wire.Faults{}).Attach(verbs.GIDFromAddr(netip.MustParseAddr("10.0.0.1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := soft.Open(soft.Config{Name: "limited", Wire: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dev.Close() })
+	for _, c := range []struct {
+		name string
+		dev  limited
+		want string // "" if accepted
+	}{
+		{"rxe-sized CQs", limited{dev, 32767, 1 << 15, 1 << 15}, ""},
+		{"CQ too small for the receive buffers", limited{dev, 4096, 1 << 15, 1 << 15}, "CQ entries for sends"},
+		{"SRQ too small", limited{dev, 1 << 16, 1 << 15, 1000}, "SRQs hold 1000"},
+		{"SQ too small", limited{dev, 1 << 16, 100, 1 << 15}, "QPs hold 100"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := Config{Device: c.dev}.withDefaults()
+			if c.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if cfg.cqDepth != c.dev.maxCQE || cfg.sendBudget() != c.dev.maxCQE-cfg.RecvBuffers-cfg.DgramBuffers-pollBatch {
+					t.Fatalf("CQ depth %d, send budget %d", cfg.cqDepth, cfg.sendBudget())
+				}
+				e, err := New(Config{Device: c.dev})
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				if err := e.Close(); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("withDefaults: %v, want an error with %q", err, c.want)
+			}
+		})
+	}
+}
