@@ -40,7 +40,9 @@ func testPair(t *testing.T, f wire.Faults, tr Transport, timeout time.Duration) 
 	return ctx, a, b, va, vb
 }
 
-func testEnginesOn(t testing.TB, fb *wire.Fabric, cfg Config) (*Engine, *Engine) {
+// testEnginesOn opens two engines on fabric fb, their devices passed
+// through wrap if given (a device that behaves as some NIC does).
+func testEnginesOn(t testing.TB, fb *wire.Fabric, cfg Config, wrap ...func(verbs.Device) verbs.Device) (*Engine, *Engine) {
 	t.Helper()
 	open := func(ip string) *Engine {
 		w, err := fb.Attach(verbs.GIDFromAddr(netip.MustParseAddr(ip)))
@@ -53,6 +55,9 @@ func testEnginesOn(t testing.TB, fb *wire.Fabric, cfg Config) (*Engine, *Engine)
 		}
 		c := cfg
 		c.Device = dev
+		for _, w := range wrap {
+			c.Device = w(c.Device)
+		}
 		if c.Log.GetSink() == nil {
 			c.Log = testr.NewWithInterface(t, testr.Options{})
 		}

@@ -24,8 +24,10 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	ok := vc != nil
 	b := e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
 	from := p.peerOf(wc.QPN)
-	if wc.Flags&verbs.WCWithGRH != 0 {
-		// A datagram: the sender's GID is in the GRH space.
+	if wc.Flags&verbs.WCWithGRH != 0 && p.isUD(wc.QPN) {
+		// A datagram: the sender's GID is in the GRH space. (Only UD
+		// receives have that space; a NIC may flag RC and UC receives
+		// over RoCE with a GRH too, but puts nothing in the buffer.)
 		if len(b) < verbs.GRHSize {
 			ok = false
 		} else {
@@ -79,6 +81,20 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	default:
 		p.reposts = append(p.reposts, slot)
 	}
+}
+
+// isUD reports whether qpn is one of the poller's UD QPs, the live one or
+// one failed and draining.
+func (p *poller) isUD(qpn uint32) bool {
+	if p.ud != nil && p.ud.qp.QPN() == qpn {
+		return true
+	}
+	for _, q := range p.deadUD {
+		if q.qp.QPN() == qpn {
+			return true
+		}
+	}
+	return false
 }
 
 // peerOf returns the GID of the peer whose QP qpn received a message.

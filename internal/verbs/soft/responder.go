@@ -208,7 +208,11 @@ func (q *qp) checkRemote(rkey uint32, va uint64, n uint32, access verbs.Access) 
 // completeRecv completes the held receive WR.
 func (q *qp) completeRecv(withImm bool, h *roce.Header, op verbs.WCOpcode, byteLen uint32) {
 	r := &q.resp
-	wc := verbs.WC{WRID: r.recv.WRID, Status: verbs.WCSuccess, Opcode: op, ByteLen: byteLen, QPN: q.qpn, SrcQP: q.attr.DestQPN}
+	// WCWithGRH as the kernel's rxe sets it on RC and UC receives too: a
+	// RoCEv2 packet's IP header is its GRH. Only UD writes it into the
+	// buffer; an engine that took the flag to mean that lost every RC
+	// message on rxe.
+	wc := verbs.WC{WRID: r.recv.WRID, Status: verbs.WCSuccess, Opcode: op, ByteLen: byteLen, QPN: q.qpn, SrcQP: q.attr.DestQPN, Flags: verbs.WCWithGRH}
 	if withImm {
 		wc.Flags |= verbs.WCWithImm
 		wc.ImmData = h.Imm
