@@ -5,14 +5,11 @@
 # ROUNDS round trips on each (the demo's node mode, as make demo runs it
 # between network namespaces on the soft provider). /payload is shared by
 # both guests: the server says it is ready there, the client that it is done.
+# make test-rxe runs it (hack/rxe-vm/test.sh); by hand:
 #
 #   CGO_ENABLED=1 go build -tags ibverbs -o /tmp/rv/rdmavisor ./cmd/rdmavisor
 #   hack/rxe-vm/run.sh -g 2 -t 420 -f /tmp/rv/rdmavisor -f hack/rxe-vm/agents.sh \
 #     -- env TRANSPORT=rc VCONNS=10 sh agents.sh
-#
-# Not in make test-rxe yet: the agents start on rxe0 and open 1,000 vconns
-# (their control plane and QP set-up work), but no message reaches the peer
-# application on rc or auto (issue 13 goes on from here).
 VCONNS=${VCONNS:-1000} ROUNDS=${ROUNDS:-3} TRANSPORT=${TRANSPORT:-auto}
 me=node-$RDMAVISOR_GUEST_INDEX
 if [ "$RDMAVISOR_GUEST_INDEX" = 1 ]; then

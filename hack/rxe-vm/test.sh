@@ -2,9 +2,10 @@
 # make test-rxe: the libibverbs backend against the Linux kernel's rxe.
 # Builds internal/verbs/ibv's tests (tag ibverbs; the conformance suite
 # among them) and runs them in one rxe guest, then checks guest-to-guest
-# RoCEv2 across the bridge with ibv_rc_pingpong in two guests. Run as root.
-# (agents.sh, two ibverbs node agents in two guests, is not in it yet: see
-# there.)
+# RoCEv2 across the bridge with ibv_rc_pingpong in two guests, and runs two
+# node agents on the ibverbs provider, one per guest, with 1,000 vconns
+# echoing between them over auto and over rc, every byte checked
+# (agents.sh). Run as root.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -18,6 +19,7 @@ start=$SECONDS
 # On the host, which has no RDMA device: selection and its errors there.
 CGO_ENABLED=1 "$GO" test -count=1 -tags ibverbs -run 'TestConfig|TestOpenWithoutDevices' ./internal/verbs/ibv
 CGO_ENABLED=1 "$GO" build -tags ibverbs -o "$OUT/node-agent" ./cmd/node-agent
+CGO_ENABLED=1 "$GO" build -tags ibverbs -o "$OUT/rdmavisor" ./cmd/rdmavisor
 CGO_ENABLED=1 "$GO" test -c -tags ibverbs -o "$OUT/ibv.test" ./internal/verbs/ibv
 rc=0
 hack/rxe-vm/run.sh -t 600 -f "$OUT/ibv.test" -- \
@@ -26,5 +28,12 @@ log "ibv tests: exit $rc"
 prc=0
 hack/rxe-vm/run.sh -g 2 -t 300 -f hack/rxe-vm/pingpong.sh -- sh pingpong.sh || prc=$?
 log "two guests, ibv_rc_pingpong: exit $prc"
+arc=0
+for tr in auto rc; do
+	r=0
+	hack/rxe-vm/run.sh -g 2 -t 420 -f "$OUT/rdmavisor" -f hack/rxe-vm/agents.sh -- env TRANSPORT=$tr sh agents.sh || r=$?
+	log "two guests, two ibverbs node agents, 1,000 vconns echoing over $tr: exit $r"
+	[ "$r" -eq 0 ] || arc=$r
+done
 log "test-rxe took $((SECONDS - start)) s"
-[ "$rc" -eq 0 ] && [ "$prc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$arc" -eq 0 ]
