@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -322,10 +323,21 @@ func TestReconcileIsIdempotent(t *testing.T) {
 	reportNode(t, "idem-1", "idem", metav1.ConditionTrue, "Serving", "")
 	waitCondition(t, "idem", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
 
-	// Let the manager's cache catch up with the status just written, so the
-	// direct calls below see what the API server has.
-	eventually(t, "cache is current", func() error {
+	// Let the manager finish with the service (its own reconciles of the
+	// events above may still be writing: the service must have stayed at
+	// one resourceVersion for a while) and its cache catch up, so the
+	// direct calls below see what the API server has and race no one.
+	var last string
+	var since time.Time
+	eventually(t, "the manager is done and its cache current", func() error {
 		want := getService(t, "idem").ResourceVersion
+		if want != last {
+			last, since = want, time.Now()
+			return fmt.Errorf("service now at %s", want)
+		}
+		if d := time.Since(since); d < time.Second {
+			return fmt.Errorf("service at %s for only %v", want, d)
+		}
 		var cached v1alpha1.RDMAService
 		if err := mgrCache.Get(testCtx(t), client.ObjectKey{Name: "idem"}, &cached); err != nil {
 			return err
