@@ -57,6 +57,7 @@ type poller struct {
 	recvWRs []verbs.RecvWR
 	budget  int         // sends this CQ may still have outstanding
 	ud      *sendQP     // this poller's UD QP, shared by every peer
+	udQPN   uint32      // ud's QPN, read on every receive (see isUD)
 	deadUD  []*sendQP   // failed UD QPs awaiting their last completions
 	rtx     []*VConn    // Auto vconns with datagrams awaiting ACKs
 	rtxAt   time.Time   // next retransmission scan
@@ -111,6 +112,7 @@ func (p *poller) openUD() error {
 		return fmt.Errorf("engine: poller %d: %w", p.idx, err)
 	}
 	p.ud = &sendQP{qp: qp, p: p}
+	p.udQPN = qp.QPN()
 	p.sendQPs.Store(qp.QPN(), p.ud)
 	return nil
 }

@@ -86,7 +86,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 // isUD reports whether qpn is one of the poller's UD QPs, the live one or
 // one failed and draining.
 func (p *poller) isUD(qpn uint32) bool {
-	if p.ud != nil && p.ud.qp.QPN() == qpn {
+	if p.ud != nil && p.udQPN == qpn {
 		return true
 	}
 	for _, q := range p.deadUD {
