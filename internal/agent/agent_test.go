@@ -16,6 +16,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
@@ -159,7 +160,7 @@ func TestHealth(t *testing.T) {
 	cfg.SocketDir = dir
 	cfg.AdminSocket = dir + "/admin.sock"
 	cfg.PeerDiscovery.Mode = config.DiscoveryStatic
-	a, err := agent.New(agent.Options{Config: cfg, OpenDevice: agenttest.OpenSoft, ControlListener: ctl, MetricsListener: ml})
+	a, err := agent.New(agent.Options{Config: cfg, OpenDevice: device.Open, ControlListener: ctl, MetricsListener: ml})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,9 +19,8 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
-	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -145,7 +144,7 @@ func (n *Node) start(ctl net.Listener) error {
 		_ = ctl.Close()
 		return err
 	}
-	n.Agent, err = agent.New(agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), OpenDevice: OpenSoft,
+	n.Agent, err = agent.New(agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), OpenDevice: device.Open,
 		ControlListener: ctl, MetricsListener: ml,
 		TuneEngine: o.TuneEngine, HeartbeatInterval: min(o.HeartbeatTimeout/4, 250*time.Millisecond), HeartbeatTimeout: o.HeartbeatTimeout})
 	if err != nil {
@@ -153,13 +152,6 @@ func (n *Node) start(ctl net.Listener) error {
 		_ = ml.Close()
 	}
 	return err
-}
-
-// OpenSoft opens the software device the configuration describes (UDP on
-// soft.bindAddress and soft.udpPort): Options.OpenDevice for agents that
-// run in tests and demos.
-func OpenSoft(cfg *config.AgentConfig) (verbs.Device, error) {
-	return soft.OpenUDP(cfg.Soft.BindAddress, cfg.Soft.UDPPort)
 }
 
 // Allocate creates an allocation of k vconns on the node through its admin
