@@ -15,12 +15,14 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/discovery"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/pki"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -79,6 +81,9 @@ type Agent struct {
 	pods      map[string]admin.Pod   // by UID; guarded by mu
 	listeners map[uint32]*listener   // by port; guarded by mu
 	remotes   map[string]*remote     // by control address; guarded by mu
+
+	creds credentials.TransportCredentials // the control plane's, both ways
+	tls   *pki.Source                      // nil without TLS
 }
 
 // New starts an agent: device, engine, control plane, admin socket and
@@ -202,7 +207,12 @@ func (a *Agent) serveControl() error {
 	}
 	a.ctlLn = ln
 	a.ctlAddr = ln.Addr().String()
-	a.grpc = grpc.NewServer()
+	creds, err := a.controlCreds()
+	if err != nil {
+		return err
+	}
+	a.creds = creds
+	a.grpc = grpc.NewServer(grpc.Creds(creds))
 	controlpb.RegisterControlServer(a.grpc, &controlServer{a: a})
 	a.wg.Add(1)
 	go func() {

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
@@ -74,9 +73,22 @@ func (a *Agent) self() *controlpb.Node {
 	return &controlpb.Node{Name: a.cfg.NodeName, ControlAddress: a.ctlAddr, Gid: gid[:], Incarnation: a.incarnation}
 }
 
-func (s *controlServer) Identity(context.Context, *controlpb.IdentityRequest) (*controlpb.IdentityReply, error) {
+func (s *controlServer) Identity(ctx context.Context, req *controlpb.IdentityRequest) (*controlpb.IdentityReply, error) {
+	if err := s.a.authorize(ctx, claimOf(req.GetCaller())); err != nil {
+		return nil, err
+	}
 	ec := s.a.eng.Config()
 	return &controlpb.IdentityReply{Node: s.a.self(), Qkey: ec.QKey, Mtu: uint32(ec.MTU.Bytes())}, nil
+}
+
+// claimOf is what a Node message claims; nil claims nothing.
+func claimOf(n *controlpb.Node) claim {
+	if n == nil {
+		return claim{}
+	}
+	c := claim{node: n.Name, address: n.ControlAddress}
+	c.gid, _ = gidOf(n.Gid)
+	return c
 }
 
 func gidOf(b []byte) (verbs.GID, error) {
@@ -88,9 +100,13 @@ func gidOf(b []byte) (verbs.GID, error) {
 	return g, nil
 }
 
-func (s *controlServer) ConnectQP(_ context.Context, req *controlpb.QPRequest) (*controlpb.QPReply, error) {
+func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest) (*controlpb.QPReply, error) {
 	gid, err := gidOf(req.Gid)
 	if err != nil {
+		return nil, err
+	}
+	// The QP is set up for gid's node: only that node may ask.
+	if err := s.a.authorize(ctx, claim{gid: gid}); err != nil {
 		return nil, err
 	}
 	if req.Type > 255 || req.Mtu > 255 {
@@ -113,6 +129,9 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 	}
 	gid, err := gidOf(c.Gid)
 	if err != nil {
+		return nil, err
+	}
+	if err := a.authorize(ctx, claim{node: c.Name, address: c.ControlAddress, gid: gid}); err != nil {
 		return nil, err
 	}
 	a.mu.Lock()
@@ -154,6 +173,9 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 
 // Heartbeat echoes beats, stamped with this agent's incarnation.
 func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat, controlpb.Beat]) error {
+	if err := s.a.authorize(stream.Context(), claim{}); err != nil {
+		return err
+	}
 	for {
 		b, err := stream.Recv()
 		if err != nil {
@@ -195,7 +217,7 @@ func (a *Agent) remoteAt(addr string) (*remote, error) {
 	}
 	// Reconnect within a second of a peer coming back (gRPC's default
 	// backoff grows to two minutes).
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(a.creds),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second}))
 	if err != nil {

@@ -115,7 +115,22 @@ type AgentConfig struct {
 	MetricsAddress string `json:"metricsAddress"`
 
 	PeerDiscovery PeerDiscovery `json:"peerDiscovery"`
+
+	// TLS authenticates the agent-to-agent control plane. Empty: no
+	// authentication (a test or a lab; the agent says so in its log).
+	TLS TLSConfig `json:"tls,omitempty"`
 }
+
+// TLSConfig names the agent's node certificate, its key and the cluster's
+// CA bundle: files of a mounted Secret, reloaded when they change.
+type TLSConfig struct {
+	CertFile string `json:"certFile,omitempty"`
+	KeyFile  string `json:"keyFile,omitempty"`
+	CAFile   string `json:"caFile,omitempty"`
+}
+
+// Enabled reports whether mutual TLS is configured.
+func (t TLSConfig) Enabled() bool { return t != TLSConfig{} }
 
 // DeviceConfig selects the RDMA devices.
 type DeviceConfig struct {

@@ -127,6 +127,14 @@ func (c *AgentConfig) Validate() error {
 		add(fieldErr("metricsAddress", "port %s is already the controlPort", port))
 	}
 
+	if t := c.TLS; t.Enabled() {
+		for _, f := range []struct{ name, path string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}, {"caFile", t.CAFile}} {
+			if !filepath.IsAbs(f.path) {
+				add(fieldErr("tls."+f.name, "must be an absolute path (certFile, keyFile and caFile go together), got %q", f.path))
+			}
+		}
+	}
+
 	switch c.PeerDiscovery.Mode {
 	case DiscoveryKubernetes:
 		if len(c.PeerDiscovery.Static) > 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/pki"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -38,6 +39,9 @@ type Options struct {
 	// past 1s, failing tests that have nothing to do with heartbeats).
 	// Beats go every quarter of it, at most every 250ms.
 	HeartbeatTimeout time.Duration
+	// TLS authenticates the agents' control plane with certificates from
+	// a CA the cluster makes (the Cluster's CA).
+	TLS bool
 }
 
 // Node is one agent of the cluster.
@@ -54,8 +58,10 @@ type Node struct {
 // Cluster is a set of agents that know each other.
 type Cluster struct {
 	Nodes []*Node
-	opts  Options
-	dir   string
+	// CA signed the nodes' certificates when Options.TLS is set.
+	CA   *pki.CA
+	opts Options
+	dir  string
 }
 
 // Start starts node-a on 127.0.0.2 and node-b on 127.0.0.3.
@@ -94,6 +100,11 @@ func Start(o Options) (_ *Cluster, err error) {
 		}
 	}
 	names := []string{"node-a", "node-b"}
+	if o.TLS {
+		if c.CA, err = pki.NewCA("agenttest", time.Hour); err != nil {
+			return nil, err
+		}
+	}
 	for i, ip := range []string{"127.0.0.2", "127.0.0.3"} {
 		cfg := config.Default()
 		cfg.NodeName = names[i]
@@ -108,6 +119,11 @@ func Start(o Options) (_ *Cluster, err error) {
 		cfg.AdminSocket = filepath.Join(dir, names[i], "admin.sock")
 		cfg.ControlPort = ctl[i].Addr().(*net.TCPAddr).Port
 		cfg.MetricsAddress = ip + ":1" // unused: a listener on port 0 serves
+		if o.TLS {
+			if cfg.TLS, err = c.writeCert(cfg.SocketDir, names[i], net.ParseIP(ip)); err != nil {
+				return nil, err
+			}
+		}
 		other := 1 - i
 		cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryStatic,
 			Static: []config.Peer{{NodeName: names[other], Address: ctl[other].Addr().String()}}}
@@ -177,6 +193,24 @@ func (n *Node) Client(ctx context.Context, id string, k int) (*vconn.Client, err
 		return nil, err
 	}
 	return vconn.NewClient(ctx, vconn.Options{Socket: sock})
+}
+
+// writeCert issues node's certificate for ip into dir.
+func (c *Cluster) writeCert(dir, node string, ip net.IP) (config.TLSConfig, error) {
+	cert, key, err := c.CA.Issue(node, []net.IP{ip}, time.Hour)
+	if err != nil {
+		return config.TLSConfig{}, err
+	}
+	t := config.TLSConfig{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), CAFile: filepath.Join(dir, "ca.crt")}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return t, err
+	}
+	for p, b := range map[string][]byte{t.CertFile: cert, t.KeyFile: key, t.CAFile: c.CA.CertPEM} {
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			return t, err
+		}
+	}
+	return t, nil
 }
 
 // ServeDiscard accepts vconns on ln until it closes, reading each to EOF
