@@ -20,6 +20,7 @@ func CacheOptions(namespace string) cache.Options {
 		&appsv1.DaemonSet{}:                                         {Namespaces: inNamespace, Label: managed},
 		&corev1.ConfigMap{}:                                         {Namespaces: inNamespace, Label: managed},
 		&corev1.ServiceAccount{}:                                    {Namespaces: inNamespace, Label: managed},
+		&corev1.Secret{}:                                            {Namespaces: inNamespace, Label: managed},
 		&rbacv1.ClusterRole{}:                                       {Label: managed},
 		&rbacv1.ClusterRoleBinding{}:                                {Label: managed},
 		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: managed},

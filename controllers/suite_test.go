@@ -93,6 +93,11 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL: setting up the controller:", err)
 		return 1
 	}
+	signer := &CertSigner{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Namespace: testNamespace}
+	if err := signer.SetupWithManager(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: setting up the signer:", err)
+		return 1
+	}
 	mgrCache = mgr.GetCache()
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

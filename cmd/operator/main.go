@@ -73,6 +73,10 @@ func run() error {
 	if err := controllers.New(mgr.GetClient(), namespace, image).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the RDMAService controller: %w", err)
 	}
+	signer := &controllers.CertSigner{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Namespace: namespace}
+	if err := signer.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the certificate signer: %w", err)
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
 	}

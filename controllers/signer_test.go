@@ -1,0 +1,244 @@
+package controllers
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/rdmavisor/rdmavisor/controllers/testenv"
+	"github.com/rdmavisor/rdmavisor/internal/nodecert"
+	"github.com/rdmavisor/rdmavisor/internal/pki"
+)
+
+// TestCertSigner: an agent's request for its own node's certificate is
+// approved and signed by the cluster CA; requests for another node, for an
+// address the node lacks, without a pod-bound token or from a service
+// account that is not an agent's are denied.
+func TestCertSigner(t *testing.T) {
+	ctx := testCtx(t)
+	const svc = "signer"
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "rdmavisor-agent-" + svc,
+		Labels: map[string]string{labelManagedBy: FieldOwner, LabelService: svc}}}
+	plain := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "rdmavisor-agent-plain"}}
+	// Both may create requests: the signer, not RBAC, must tell them apart.
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "signer-test-csr"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"},
+			Verbs: []string{"create", "get"}}}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "signer-test-csr"},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: testNamespace, Name: sa.Name},
+			{Kind: "ServiceAccount", Namespace: testNamespace, Name: plain.Name}}}
+	for _, o := range []client.Object{sa, plain, role, binding} {
+		if err := k8s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(ctx, o) })
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "signer-node"}}
+	createNode(t, node)
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.1.0.5"},
+		{Type: corev1.NodeHostName, Address: "signer-node"}}
+	if err := k8s.Status().Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+
+	n := 0
+	request := func(c client.Client, reqNode string, ips ...string) *certificatesv1.CertificateSigningRequest {
+		t.Helper()
+		var addrs []net.IP
+		for _, a := range ips {
+			addrs = append(addrs, net.ParseIP(a))
+		}
+		der, _, err := pki.NewRequest(reqNode, addrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		csr := &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("signer-test-%d", n)},
+			Spec: certificatesv1.CertificateSigningRequestSpec{Request: der, SignerName: SignerName,
+				ExpirationSeconds: ptr[int32](3600),
+				Usages: []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth,
+					certificatesv1.UsageServerAuth}}}
+		if err := c.Create(ctx, csr); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(ctx, csr) })
+		return csr
+	}
+	// outcome waits for the signer's verdict: the certificate, or the
+	// denial's message.
+	outcome := func(csr *certificatesv1.CertificateSigningRequest) (cert []byte, denied string) {
+		t.Helper()
+		eventually(t, "a verdict on "+csr.Name, func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(csr), csr); err != nil {
+				return err
+			}
+			for _, c := range csr.Status.Conditions {
+				if c.Type == certificatesv1.CertificateDenied {
+					denied = c.Message
+					return nil
+				}
+			}
+			if cert = csr.Status.Certificate; len(cert) == 0 {
+				return errors.New("no certificate yet")
+			}
+			return nil
+		})
+		return cert, denied
+	}
+
+	agent := agentClient(t, svc, "signer-node")
+	cert, denied := outcome(request(agent, "signer-node", "10.1.0.5"))
+	if denied != "" {
+		t.Fatalf("the agent's own request was denied: %s", denied)
+	}
+	sec := &corev1.Secret{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: CAName}, sec); err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: CAName}, cm); err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data[CABundleKey] != string(sec.Data[corev1.TLSCertKey]) {
+		t.Fatal("the published bundle is not the CA's certificate")
+	}
+	pool, err := pki.Pool([]byte(cm.Data[CABundleKey]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pem.Decode(cert)
+	leaf, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatalf("certificate does not verify: %v", err)
+	}
+	id, err := pki.IdentityOf(leaf)
+	if err != nil || id.Node != "signer-node" || !id.HasIP(net.ParseIP("10.1.0.5")) {
+		t.Fatalf("identity %+v, %v", id, err)
+	}
+	if life := leaf.NotAfter.Sub(leaf.NotBefore); life > 3600e9+120e9 {
+		t.Errorf("certificate lives %v, asked for 1h", life)
+	}
+
+	for _, tc := range []struct {
+		name string
+		c    client.Client
+		node string
+		ips  []string
+		want string
+	}{
+		{"another node's name", agent, "other-node", []string{"10.1.0.5"}, "requester is on"},
+		{"an address the node lacks", agent, "signer-node", []string{"10.1.0.6"}, "not one of"},
+		{"a token not bound to a pod", agentClient(t, svc, ""), "signer-node", []string{"10.1.0.5"}, "no node name"},
+		{"a service account not rendered", saClient(t, plain.Name, "signer-node"), "signer-node", []string{"10.1.0.5"}, "not an agent's"},
+	} {
+		cert, denied := outcome(request(tc.c, tc.node, tc.ips...))
+		if len(cert) > 0 || !strings.Contains(denied, tc.want) {
+			t.Errorf("%s: certificate %v, denied %q, want denied with %q", tc.name, len(cert) > 0, denied, tc.want)
+		}
+	}
+}
+
+// saClient acts as service account name of the test namespace, from a pod
+// on node.
+func saClient(t *testing.T, name, node string) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(restCfg)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + testNamespace + ":" + name,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + testNamespace, "system:authenticated"},
+		Extra:    map[string][]string{nodeNameExtra: {node}},
+	}
+	c, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestAgentEnrolls: an agent's nodecert.Keeper gets its node's certificate
+// from the operator's signer, and the files it writes make a TLS source
+// with the published bundle; a keeper asking for another node's is denied.
+func TestAgentEnrolls(t *testing.T) {
+	if nodecert.SignerName != SignerName {
+		t.Fatalf("agents ask signer %q, the operator is %q", nodecert.SignerName, SignerName)
+	}
+	ctx := testCtx(t)
+	const svc = "enroll"
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "rdmavisor-agent-" + svc,
+		Labels: map[string]string{labelManagedBy: FieldOwner, LabelService: svc}}}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "enroll-test-csr"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"},
+			Verbs: []string{"create", "get"}}}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "enroll-test-csr"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: testNamespace, Name: sa.Name}}}
+	for _, o := range []client.Object{sa, role, binding} {
+		if err := k8s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(ctx, o) })
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "enroll-node"}}
+	createNode(t, node)
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.1.0.8"}}
+	if err := k8s.Status().Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	k := &nodecert.Keeper{Client: agentClient(t, svc, "enroll-node"), Node: "enroll-node", IPs: []net.IP{net.ParseIP("10.1.0.8")},
+		CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), TTL: time.Hour, Poll: 100 * time.Millisecond}
+	if err := k.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: CAName}, cm); err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(caFile, []byte(cm.Data[CABundleKey]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, err := pki.NewSource(pki.Files{Cert: k.CertFile, Key: k.KeyFile, CA: caFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := src.Identity(); id.Node != "enroll-node" {
+		t.Fatalf("identity %+v", id)
+	}
+	// Valid for more than a third of its life: no new request.
+	before, _ := os.ReadFile(k.CertFile)
+	if err := k.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(k.CertFile); string(after) != string(before) {
+		t.Fatal("a fresh certificate was replaced")
+	}
+
+	other := *k
+	other.Node = "some-other-node"
+	other.CertFile, other.KeyFile = filepath.Join(dir, "o.crt"), filepath.Join(dir, "o.key")
+	if err := other.Ensure(ctx); !errors.Is(err, nodecert.ErrDenied) {
+		t.Fatalf("another node's certificate: %v, want ErrDenied", err)
+	}
+	if _, err := os.Stat(other.CertFile); !os.IsNotExist(err) {
+		t.Fatalf("a denied request left a certificate file: %v", err)
+	}
+}
