@@ -204,6 +204,11 @@ type remote struct {
 	incarnation uint64       // last seen; guarded by mu
 }
 
+// maxRemotes bounds the peer agents an agent keeps, a cluster's nodes and
+// more, so callers claiming ever new control addresses cannot make it hold
+// connections and heartbeats without end.
+const maxRemotes = 8192
+
 // remoteAt returns the peer agent at a control address, connecting to it
 // and starting its heartbeat on first use.
 func (a *Agent) remoteAt(addr string) (*remote, error) {
@@ -214,6 +219,9 @@ func (a *Agent) remoteAt(addr string) (*remote, error) {
 	}
 	if r := a.remotes[addr]; r != nil {
 		return r, nil
+	}
+	if len(a.remotes) >= maxRemotes {
+		return nil, fmt.Errorf("agent: peer %s: already %d peer agents", addr, len(a.remotes))
 	}
 	// Reconnect within a second of a peer coming back (gRPC's default
 	// backoff grows to two minutes).
@@ -362,13 +370,42 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 	}
 }
 
-// peersChanged connects to discovered peers so heartbeats watch them.
+// peersChanged connects to discovered peers so heartbeats watch them, and
+// forgets the ones that left once no vconn uses them: their control
+// connection, heartbeat and engine peer (with its QPs) go.
 func (a *Agent) peersChanged(peers []discovery.Peer) {
+	known := make(map[string]bool, len(peers))
 	for _, p := range peers {
+		known[p.Address] = true
 		if _, err := a.remoteAt(p.Address); err != nil {
 			a.log.Error(err, "Cannot reach peer agent", "peer", p.NodeName)
 		}
 	}
+	var gone []*remote
+	a.mu.Lock()
+	for addr, r := range a.remotes {
+		if !known[addr] && r.forget() {
+			delete(a.remotes, addr)
+			gone = append(gone, r)
+		}
+	}
+	a.mu.Unlock()
+	for _, r := range gone {
+		r.close()
+		r.mu.Lock()
+		name := r.name
+		r.mu.Unlock()
+		a.log.Info("Forgot a peer agent that left", "peer", name, "address", r.addr)
+	}
+}
+
+// forget drops the remote's engine peer unless a vconn uses it, and
+// reports whether the remote may go.
+func (r *remote) forget() bool {
+	r.mu.Lock()
+	p := r.peer
+	r.mu.Unlock()
+	return p == nil || r.a.eng.Forget(p.GID(), errors.New("its node left the cluster"))
 }
 
 // link is engine.PeerLink over the control plane.

@@ -118,6 +118,31 @@ func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
 	return p, nil
 }
 
+// Forget drops the peer at gid if no vconn uses it: its node left the
+// cluster. Its QPs go as a failed peer's do. It reports whether the peer
+// is gone (or was never there).
+func (e *Engine) Forget(gid verbs.GID, err error) bool {
+	e.peersMu.Lock()
+	defer e.peersMu.Unlock()
+	p := e.peers[gid]
+	if p == nil {
+		return true
+	}
+	p.mu.Lock()
+	busy := p.list != nil
+	if !busy && p.err == nil {
+		p.err = fmt.Errorf("%w: %w", ErrPeerGone, err)
+	}
+	p.mu.Unlock()
+	if busy {
+		return false
+	}
+	delete(e.peers, gid)
+	e.retired = append(e.retired, p)
+	p.retire()
+	return true
+}
+
 // GID is the peer's address.
 func (p *Peer) GID() verbs.GID { return p.gid }
 
@@ -271,11 +296,23 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
 	}
 	p.mu.Lock()
+	// A peer sends on at most QPsPerPeer RC and as many UC QPs; it asks
+	// for more only to replace ones that failed. Past that bound the
+	// oldest goes, so a peer cannot make this node hold QPs without end.
+	var evicted verbs.QP
+	if len(p.ingress) >= 2*e.cfg.QPsPerPeer {
+		evicted = p.ingress[0]
+		p.ingress = append(p.ingress[:0], p.ingress[1:]...)
+	}
 	p.ingress = append(p.ingress, qp)
 	if len(req.UDQPNs) > 0 {
 		p.udQPNs = req.UDQPNs
 	}
 	p.mu.Unlock()
+	if evicted != nil {
+		e.ingress.Delete(evicted.QPN())
+		_ = evicted.Close()
+	}
 	e.ingress.Store(qp.QPN(), p)
 	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs()}, nil
 }
