@@ -113,7 +113,7 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 		return nil, status.Error(codes.InvalidArgument, "bad QP type or MTU")
 	}
 	rep, err := s.a.eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
-		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns})
+		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16))})
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
@@ -148,6 +148,7 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		l.sess.al.give()
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
+	r.observe(c.Incarnation)
 	peer, err := r.enginePeer(ctx, gid, c.Name)
 	if err != nil {
 		l.sess.al.give()
@@ -262,6 +263,7 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*e
 			return nil, fmt.Errorf("agent: identity of peer %s: %w", r.addr, err)
 		}
 		name = rep.GetNode().GetName()
+		r.observe(rep.GetNode().GetIncarnation())
 	}
 	p, err := r.a.eng.Peer(gid, link{r.cl})
 	if err != nil {
@@ -276,6 +278,24 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*e
 	p = r.peer
 	r.mu.Unlock()
 	return p, nil
+}
+
+// observe records the peer agent's incarnation as a call from it (or its
+// answer) states it. A new one means the agent restarted: the engine peer
+// of the old one fails now, before a vconn is set up on QPs that lead
+// nowhere, and the heartbeat, meeting the same incarnation later, does not
+// fail the fresh peer made in between.
+func (r *remote) observe(inc uint64) {
+	if inc == 0 {
+		return
+	}
+	r.mu.Lock()
+	old := r.incarnation
+	r.incarnation = inc
+	r.mu.Unlock()
+	if old != 0 && old != inc {
+		r.fail(errors.New("peer agent restarted"))
+	}
 }
 
 // fail fails every vconn to the peer.
@@ -413,7 +433,7 @@ type link struct{ cl controlpb.ControlClient }
 
 func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPReply, error) {
 	rep, err := l.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
-		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs})
+		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index)})
 	if err != nil {
 		return engine.QPReply{}, statusError(err)
 	}

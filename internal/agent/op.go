@@ -72,23 +72,29 @@ func (h *vconnHandle) do(f frame.Frame) error {
 		if r == nil {
 			return fmt.Errorf("%v region %d: %w", f.Op, f.Arg, engine.ErrNoRegion)
 		}
-		b := r.Bytes()
-		n := uint64(len(f.Payload))
-		if f.Op == frame.OpLocalRead {
-			l, err := frame.DecodeLength(f.Payload)
-			if err != nil {
-				return fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
-			}
-			n = uint64(l)
-		}
-		if f.Arg2 > uint64(len(b)) || n > uint64(len(b))-f.Arg2 {
-			return fmt.Errorf("%v: %d bytes at %d outside region %d of %d: %w", f.Op, n, f.Arg2, f.Arg, len(b), engine.ErrRegionAccess)
+		// Copies go through the region, which its end (the peer's
+		// unexport acknowledgement, the vconn failing) cannot race.
+		if f.Arg2 > uint64(r.Len()) {
+			return fmt.Errorf("%v: offset %d outside region %d of %d: %w", f.Op, f.Arg2, f.Arg, r.Len(), engine.ErrRegionAccess)
 		}
 		if f.Op == frame.OpLocalWrite {
-			copy(b[f.Arg2:], f.Payload)
+			if _, err := r.WriteAt(f.Payload, int64(f.Arg2)); err != nil {
+				return fmt.Errorf("%v: %w", f.Op, err)
+			}
 			return s.ok(f.Req, h.id)
 		}
-		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: b[f.Arg2 : f.Arg2+n]})
+		l, err := frame.DecodeLength(f.Payload)
+		if err != nil {
+			return fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
+		}
+		if uint64(l) > uint64(r.Len())-f.Arg2 {
+			return fmt.Errorf("%v: %d bytes at %d outside region %d of %d: %w", f.Op, l, f.Arg2, f.Arg, r.Len(), engine.ErrRegionAccess)
+		}
+		buf := make([]byte, l)
+		if _, err := r.ReadAt(buf, int64(f.Arg2)); err != nil {
+			return fmt.Errorf("%v: %w", f.Op, err)
+		}
+		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: buf})
 	case frame.OpWrite:
 		if err := vc.Write(h.ctx, f.Arg, f.Arg2, f.Payload); err != nil {
 			return err

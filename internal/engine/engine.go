@@ -56,6 +56,11 @@ type Engine struct {
 	// durations since it, on the monotonic clock.
 	epoch time.Time
 
+	// graceMu guards grace: regions of ended vconns, deregistered when
+	// their timer fires (region.go releaseLater) or the engine closes.
+	graceMu sync.Mutex
+	grace   map[*Region]*time.Timer
+
 	closed atomic.Bool
 	stats  counters
 }
@@ -186,6 +191,7 @@ func (e *Engine) Close() error {
 	for _, p := range e.pollers {
 		p.stop()
 	}
+	e.releaseGraced()
 	var errs []error
 	e.peersMu.Lock()
 	peers = append(peers, e.retired...)

@@ -10,14 +10,15 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
-// TestIngressIsBounded: a peer that keeps asking for QPs holds at most its
-// two pools' worth on this node; the oldest go.
+// TestIngressIsBounded: a peer holds one QP per index of its pools on
+// this node: asking again for an index replaces the QP there (it failed
+// on the peer's side), so however often it asks, the QPs stay bounded.
 func TestIngressIsBounded(t *testing.T) {
 	e, _ := testEngines(t, wire.Faults{}, Config{QPsPerPeer: 2})
 	gid := verbs.GIDFromAddr(netip.MustParseAddr("10.9.9.9"))
 	var qpns []uint32
 	for i := range 20 {
-		rep, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: uint32(100 + i), PSN: 1, MTU: verbs.MTU1024})
+		rep, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: uint32(100 + i), PSN: 1, MTU: verbs.MTU1024, Index: i % 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -26,16 +27,18 @@ func TestIngressIsBounded(t *testing.T) {
 	p, _ := e.Peer(gid, nil)
 	p.mu.Lock()
 	n := len(p.ingress)
-	newest := p.ingress[n-1].QPN()
 	p.mu.Unlock()
-	if n != 4 || newest != qpns[19] {
-		t.Fatalf("%d ingress QPs (newest %#x), want 4 ending with %#x", n, newest, qpns[19])
+	if n != 4 {
+		t.Fatalf("%d ingress QPs, want 4", n)
 	}
-	if _, ok := e.ingress.Load(qpns[0]); ok {
-		t.Fatal("an evicted QP still routes to the peer")
+	for k, qpn := range qpns {
+		_, routed := e.ingress.Load(qpn)
+		if want := k >= 16; routed != want {
+			t.Errorf("QP %d of 20 (%#x): routed %v, want %v", k, qpn, routed, want)
+		}
 	}
-	if _, ok := e.ingress.Load(qpns[19]); !ok {
-		t.Fatal("the newest QP does not route to the peer")
+	if _, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: 999, PSN: 1, MTU: verbs.MTU1024, Index: maxIndex}); !errors.Is(err, verbs.ErrInvalid) {
+		t.Fatalf("index %d: %v, want ErrInvalid", maxIndex, err)
 	}
 }
 

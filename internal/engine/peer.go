@@ -20,6 +20,19 @@ type QPRequest struct {
 	MTU  verbs.MTU
 	// UDQPNs are the requesting engine's UD QPs, one per poller.
 	UDQPNs []uint32
+	// Index of the QP in the requester's pool of Type: a request for an
+	// index replaces the QP the previous one made there, which failed.
+	Index int
+}
+
+// maxIndex bounds QPRequest.Index: config.MaxQPsPerPeer.
+const maxIndex = 64
+
+// ingressSlot names a QP a peer made toward us by its place in the peer's
+// pools.
+type ingressSlot struct {
+	t verbs.QPType
+	i int
 }
 
 // QPReply is the peer's side of the new connection.
@@ -53,14 +66,14 @@ type Peer struct {
 	ctl PeerLink // guarded by mu
 
 	mu      sync.Mutex
-	qps     []*sendQP  // by index, nil until first used; guarded by mu
-	ucs     []*sendQP  // UC QPs, likewise; guarded by mu
-	udQPNs  []uint32   // the peer's UD QPs; guarded by mu
-	ah      verbs.AH   // address handle for datagrams to the peer; guarded by mu
-	ingress []verbs.QP // guarded by mu
-	err     error      // set once the peer failed; guarded by mu
-	list    *VConn     // vconns to this peer, linked by VConn.prev/next; guarded by mu
-	dead    []*sendQP  // failed QPs awaiting their last completions; guarded by mu
+	qps     []*sendQP                // by index, nil until first used; guarded by mu
+	ucs     []*sendQP                // UC QPs, likewise; guarded by mu
+	udQPNs  []uint32                 // the peer's UD QPs; guarded by mu
+	ah      verbs.AH                 // address handle for datagrams to the peer; guarded by mu
+	ingress map[ingressSlot]verbs.QP // the QPs it made toward us; guarded by mu
+	err     error                    // set once the peer failed; guarded by mu
+	list    *VConn                   // vconns to this peer, linked by VConn.prev/next; guarded by mu
+	dead    []*sendQP                // failed QPs awaiting their last completions; guarded by mu
 	// setup serialises QP creation per index without holding mu across
 	// the control-plane call.
 	setup []sync.Mutex
@@ -230,7 +243,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs()})
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i})
 	if err != nil {
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
@@ -269,7 +282,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		req.Type = verbs.QPTypeRC
 	}
 	if req.MTU.Bytes() == 0 || req.QPN == 0 || req.QPN >= 1<<24 || req.PSN >= 1<<24 ||
-		req.Type != verbs.QPTypeRC && req.Type != verbs.QPTypeUC || len(req.UDQPNs) > 64 {
+		req.Type != verbs.QPTypeRC && req.Type != verbs.QPTypeUC || len(req.UDQPNs) > 64 || req.Index < 0 || req.Index >= maxIndex {
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w: bad request %+v", req.GID, verbs.ErrInvalid, req)
 	}
 	p, err := e.Peer(req.GID, nil)
@@ -296,15 +309,15 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
 	}
 	p.mu.Lock()
-	// A peer sends on at most QPsPerPeer RC and as many UC QPs; it asks
-	// for more only to replace ones that failed. Past that bound the
-	// oldest goes, so a peer cannot make this node hold QPs without end.
-	var evicted verbs.QP
-	if len(p.ingress) >= 2*e.cfg.QPsPerPeer {
-		evicted = p.ingress[0]
-		p.ingress = append(p.ingress[:0], p.ingress[1:]...)
+	// One QP per index of the peer's pools: a new one for an index
+	// replaces the last (it failed on the peer's side), so a peer holds
+	// at most two pools' worth of QPs on this node, however often it asks.
+	slot := ingressSlot{req.Type, req.Index}
+	evicted := p.ingress[slot]
+	if p.ingress == nil {
+		p.ingress = make(map[ingressSlot]verbs.QP)
 	}
-	p.ingress = append(p.ingress, qp)
+	p.ingress[slot] = qp
 	if len(req.UDQPNs) > 0 {
 		p.udQPNs = req.UDQPNs
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -37,6 +38,12 @@ type Region struct {
 	mr     verbs.MR
 	access Access
 	once   sync.Once
+
+	// mu is held shared while ReadAt or WriteAt touch the memory and
+	// exclusively to deregister it, so no copy ever reaches unmapped
+	// memory (a fault there would take the agent, and every tenant, down).
+	mu   sync.RWMutex
+	gone bool // guarded by mu: deregistered
 }
 
 // regionAd is what an export message carries after its header.
@@ -135,8 +142,52 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access) (*Region, 
 // ID names the region to the peer.
 func (r *Region) ID() uint32 { return r.id }
 
-// Bytes is the region's memory.
+// Bytes is the region's memory, valid until the region is closed or its
+// vconn ends: only for a caller that controls both. Others use ReadAt and
+// WriteAt, which the region's end cannot race.
 func (r *Region) Bytes() []byte { return r.mr.Bytes() }
+
+// Len is the region's size.
+func (r *Region) Len() int { return len(r.mr.Bytes()) }
+
+// ReadAt copies len(p) bytes at off out of the region. After the region
+// is deregistered it fails with ErrNoRegion; a range outside the region
+// fails with ErrRegionAccess.
+func (r *Region) ReadAt(p []byte, off int64) (int, error) {
+	return r.copyAt(p, off, false)
+}
+
+// WriteAt copies p into the region at off, as ReadAt.
+func (r *Region) WriteAt(p []byte, off int64) (int, error) {
+	return r.copyAt(p, off, true)
+}
+
+func (r *Region) copyAt(p []byte, off int64, write bool) (int, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.gone {
+		return 0, fmt.Errorf("engine: region %d: %w", r.id, ErrNoRegion)
+	}
+	b := r.mr.Bytes()
+	if off < 0 || off > int64(len(b)) || int64(len(p)) > int64(len(b))-off {
+		return 0, fmt.Errorf("engine: %d bytes at %d outside region %d of %d: %w", len(p), off, r.id, len(b), ErrRegionAccess)
+	}
+	if write {
+		return copy(b[off:], p), nil
+	}
+	return copy(p, b[off:]), nil
+}
+
+// release deregisters the memory once no ReadAt or WriteAt is inside it.
+func (r *Region) release() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone {
+		return nil
+	}
+	r.gone = true
+	return r.mr.Close()
+}
 
 // Close withdraws the export. The memory is deregistered once the peer has
 // confirmed it stopped using the region (or the vconn ends), so an
@@ -151,13 +202,18 @@ func (r *Region) Close() error {
 				return // deregistered on the peer's acknowledgement
 			}
 		}
+		// Not open: the peer may still be using the region until the
+		// vconn ends, which withdraws it (releaseRegions).
 		rg := vc.rg()
 		rg.mu.Lock()
 		_, live := rg.exports[r.id]
-		delete(rg.exports, r.id)
+		keep := live && vc.state.Load() != stateClosed
+		if !keep {
+			delete(rg.exports, r.id)
+		}
 		rg.mu.Unlock()
-		if live {
-			err = errors.Join(err, r.mr.Close())
+		if live && !keep {
+			err = errors.Join(err, r.release())
 		}
 	})
 	return err
@@ -234,12 +290,15 @@ func (vc *VConn) onUnexported(id uint32) {
 	delete(rg.exports, id)
 	rg.mu.Unlock()
 	if r != nil {
-		_ = r.mr.Close()
+		_ = r.release()
 	}
 }
 
-// releaseRegions deregisters what the vconn exported; called when the peer
-// can no longer touch them (its FIN came, or the vconn is gone).
+// releaseRegions withdraws what the vconn exported when it ends. The
+// memory stays registered for regionGrace: a peer whose last one-sided
+// operations are still in flight (it had not yet heard of a reset, or of
+// the failure) must find a live key, or its shared QP fails with a remote
+// access error and with it every other vconn on that QP.
 func (vc *VConn) releaseRegions() {
 	rg := vc.regions.Load()
 	if rg == nil {
@@ -250,8 +309,45 @@ func (vc *VConn) releaseRegions() {
 	rg.exports, rg.remote, rg.unexportAcks = nil, nil, nil
 	rg.mu.Unlock()
 	for _, r := range exp {
-		_ = r.mr.Close()
+		vc.e.releaseLater(r)
 	}
+}
+
+// regionGrace outlasts a peer's RC retry budget (about 2 s, pathOptions).
+const regionGrace = 3 * time.Second
+
+// releaseLater deregisters r after regionGrace, or now if the engine is
+// closing (its QPs are gone: nothing can reach r).
+func (e *Engine) releaseLater(r *Region) {
+	e.graceMu.Lock()
+	defer e.graceMu.Unlock()
+	if e.closed.Load() {
+		_ = r.release()
+		return
+	}
+	if e.grace == nil {
+		e.grace = make(map[*Region]*time.Timer)
+	}
+	e.grace[r] = time.AfterFunc(regionGrace, func() {
+		e.graceMu.Lock()
+		_, ok := e.grace[r]
+		delete(e.grace, r)
+		e.graceMu.Unlock()
+		if ok {
+			_ = r.release()
+		}
+	})
+}
+
+// releaseGraced deregisters every region still in its grace period.
+func (e *Engine) releaseGraced() {
+	e.graceMu.Lock()
+	defer e.graceMu.Unlock()
+	for r, t := range e.grace {
+		t.Stop()
+		_ = r.release()
+	}
+	e.grace = nil
 }
 
 // Write copies data into the peer's region id at off with RDMA WRITE, and
@@ -329,8 +425,22 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 	vc.sendMu.Lock()
 	err := vc.waitRing(ctx, true)
 	if err == nil {
-		vc.push(newEntry(opMarker, 0))
-		vc.schedule()
+		// The region must still be exported when the marker goes in:
+		// the poller confirms an unexport only once the ring holds no
+		// marker queued before it, so a WR can never reach the peer
+		// after it deregistered the memory (a remote access error
+		// there would fail the shared QP and every vconn on it).
+		rg.mu.Lock()
+		now, still := rg.remote[id]
+		if still && now == r {
+			vc.push(newEntry(opMarker, 0))
+		} else {
+			err = fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
+		}
+		rg.mu.Unlock()
+		if err == nil {
+			vc.schedule()
+		}
 	}
 	vc.sendMu.Unlock()
 	if err != nil {

@@ -196,6 +196,14 @@ func (vc *VConn) Transport() Transport { return vc.tr }
 
 // onPeerFin: the peer closed its side; data before it was delivered.
 func (vc *VConn) onPeerFin() {
+	// The peer closed: the regions it exported to this vconn are
+	// withdrawn with it. No one-sided operation starts after this (they
+	// check under rg.mu), and those before it are ahead of our FIN.
+	if rg := vc.regions.Load(); rg != nil {
+		rg.mu.Lock()
+		rg.remote = nil
+		rg.mu.Unlock()
+	}
 	vc.rxMu.Lock()
 	vc.peerFin = true
 	w := vc.rxWake

@@ -209,13 +209,16 @@ func (x *IdentityReply) GetMtu() uint32 {
 }
 
 type QPRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gid           []byte                 `protobuf:"bytes,1,opt,name=gid,proto3" json:"gid,omitempty"`
-	Type          uint32                 `protobuf:"varint,2,opt,name=type,proto3" json:"type,omitempty"`
-	Qpn           uint32                 `protobuf:"varint,3,opt,name=qpn,proto3" json:"qpn,omitempty"`
-	Psn           uint32                 `protobuf:"varint,4,opt,name=psn,proto3" json:"psn,omitempty"`
-	Mtu           uint32                 `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	UdQpns        []uint32               `protobuf:"varint,6,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Gid    []byte                 `protobuf:"bytes,1,opt,name=gid,proto3" json:"gid,omitempty"`
+	Type   uint32                 `protobuf:"varint,2,opt,name=type,proto3" json:"type,omitempty"`
+	Qpn    uint32                 `protobuf:"varint,3,opt,name=qpn,proto3" json:"qpn,omitempty"`
+	Psn    uint32                 `protobuf:"varint,4,opt,name=psn,proto3" json:"psn,omitempty"`
+	Mtu    uint32                 `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	UdQpns []uint32               `protobuf:"varint,6,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
+	// index of the QP in the requester's pool of its type: a new request for
+	// an index replaces the QP the last one made (it failed).
+	Index         uint32 `protobuf:"varint,7,opt,name=index,proto3" json:"index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +293,13 @@ func (x *QPRequest) GetUdQpns() []uint32 {
 		return x.UdQpns
 	}
 	return nil
+}
+
+func (x *QPRequest) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
 }
 
 type QPReply struct {
@@ -525,14 +535,15 @@ const file_control_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x04node\x12\x17\n" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
-	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\x80\x01\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\x96\x01\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
 	"\x03qpn\x18\x03 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x04 \x01(\rR\x03psn\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12\x17\n" +
-	"\aud_qpns\x18\x06 \x03(\rR\x06udQpns\"F\n" +
+	"\aud_qpns\x18\x06 \x03(\rR\x06udQpns\x12\x14\n" +
+	"\x05index\x18\a \x01(\rR\x05index\"F\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
