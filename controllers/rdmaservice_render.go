@@ -104,6 +104,7 @@ func renderConfig(svc *v1alpha1.RDMAService) (*config.AgentConfig, []byte, error
 	if s.ResourceName != "" {
 		cfg.ResourceName = s.ResourceName
 	}
+	cfg.Pollers = pollersFor(s.Agent.Resources)
 	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryKubernetes}
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("rendering agent config: %w", err)
@@ -113,6 +114,22 @@ func renderConfig(svc *v1alpha1.RDMAService) (*config.AgentConfig, []byte, error
 		return nil, nil, err
 	}
 	return cfg, data, nil
+}
+
+// pollersFor is the pollers of an agent with resources r: one per whole
+// CPU of its limit, at least one. Each poller keeps a core busy under load,
+// so a fractional core is left to the rest of the agent; Go's own default
+// (GOMAXPROCS) rounds a limit up, and to at least 2. Without a CPU limit,
+// zero: the agent takes one per CPU GOMAXPROCS gives it.
+func pollersFor(r *corev1.ResourceRequirements) int {
+	if r == nil {
+		return 0
+	}
+	cpu, ok := r.Limits[corev1.ResourceCPU]
+	if !ok || cpu.IsZero() {
+		return 0
+	}
+	return int(min(max(cpu.MilliValue()/1000, 1), config.MaxPollers))
 }
 
 func renderConfigMap(svc *v1alpha1.RDMAService, namespace string, data []byte) *corev1ac.ConfigMapApplyConfiguration {

@@ -108,6 +108,9 @@ func TestRenderNodeAffinity(t *testing.T) {
 
 func TestRenderConfig(t *testing.T) {
 	q := resource.MustParse("128Mi")
+	cpu := func(v string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(v)}
+	}
 	tests := []struct {
 		name  string
 		spec  v1alpha1.RDMAServiceSpec
@@ -132,6 +135,26 @@ func TestRenderConfig(t *testing.T) {
 				return c.Device.Names[0] == "mlx5_0" && c.Device.Vendors[0] == "mellanox" && c.Transport == config.TransportRC &&
 					c.QPsPerPeer == 3 && c.BufferPoolBytes == 128<<20 && c.VConnsPerNode == 10 && c.ResourceName == "example.com/x"
 			},
+		},
+		{
+			name:  "no CPU limit: pollers left to the agent",
+			spec:  v1alpha1.RDMAServiceSpec{Agent: v1alpha1.AgentSpec{Resources: &corev1.ResourceRequirements{Requests: cpu("4")}}},
+			check: func(c *config.AgentConfig) bool { return c.Pollers == 0 },
+		},
+		{
+			name:  "pollers from the CPU limit, whole cores",
+			spec:  v1alpha1.RDMAServiceSpec{Agent: v1alpha1.AgentSpec{Resources: &corev1.ResourceRequirements{Limits: cpu("2500m")}}},
+			check: func(c *config.AgentConfig) bool { return c.Pollers == 2 },
+		},
+		{
+			name:  "at least one poller",
+			spec:  v1alpha1.RDMAServiceSpec{Agent: v1alpha1.AgentSpec{Resources: &corev1.ResourceRequirements{Limits: cpu("500m")}}},
+			check: func(c *config.AgentConfig) bool { return c.Pollers == 1 },
+		},
+		{
+			name:  "at most the engine's pollers",
+			spec:  v1alpha1.RDMAServiceSpec{Agent: v1alpha1.AgentSpec{Resources: &corev1.ResourceRequirements{Limits: cpu("256")}}},
+			check: func(c *config.AgentConfig) bool { return c.Pollers == config.MaxPollers },
 		},
 		{
 			// The schema forbids it; the renderer still refuses to write it.

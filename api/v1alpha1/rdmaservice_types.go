@@ -24,12 +24,16 @@ type Transport string
 const (
 	// TransportRC sends everything over reliable-connected QPs.
 	TransportRC Transport = "rc"
-	// TransportUC sends everything over unreliable-connected QPs.
+	// TransportUC sends everything over unreliable-connected QPs: in
+	// order, but a lost message is lost whole; messages of at most one
+	// receive buffer (16 KiB less a header).
 	TransportUC Transport = "uc"
-	// TransportUD sends everything over unreliable-datagram QPs, with the
-	// engine's own sequencing for reliable vconns.
+	// TransportUD sends everything over unreliable-datagram QPs: messages
+	// of at most one MTU less a header, which may be lost or reordered.
 	TransportUD Transport = "ud"
-	// TransportAuto chooses per message by size.
+	// TransportAuto is reliable and ordered like rc: messages of up to a
+	// receive buffer go as datagrams with the agent's own acknowledgements
+	// and retransmission, longer ones over rc.
 	TransportAuto Transport = "auto"
 )
 
@@ -109,7 +113,9 @@ type AgentSpec struct {
 	// +optional
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 
-	// Resources of the node agent container.
+	// Resources of the node agent container. Its CPU limit sets how many
+	// pollers the agent runs: one per whole CPU (each keeps a core busy
+	// under load); without a limit, one per CPU Go's GOMAXPROCS gives it.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
@@ -129,6 +135,10 @@ type RDMAServiceSpec struct {
 	Device DeviceSelector `json:"device,omitempty"`
 
 	// Transport is the QP type policy: rc, uc, ud, or auto (per message size).
+	// rc and auto are reliable. uc and ud may lose messages and carry
+	// smaller ones (ud: one MTU): on them pods can use messages only
+	// (SendMsg, RecvMsg, up to the size each vconn reports), and the
+	// net.Conn byte stream (Read, Write) fails with ErrNotStream.
 	// +kubebuilder:default=auto
 	// +optional
 	Transport Transport `json:"transport,omitempty"`

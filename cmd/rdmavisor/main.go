@@ -115,6 +115,7 @@ func runDemo(ctx context.Context, args []string) error {
 	pingpong := fs.Int("pingpong", 1000, "round trips in the latency phase (verbs demo)")
 	mtu := fs.Int("mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096 (verbs demo)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
+	pollers := fs.Int("pollers", 0, "engine pollers of each agent (agents demo; default: half the CPUs, at least 1, as the two nodes share this machine)")
 	// One node of the network-namespace demo, as the demo runs it.
 	node := fs.Bool("node", false, "internal: run one node of the network-namespace demo")
 	server := fs.Bool("server", false, "internal: the node is the echo server")
@@ -125,9 +126,12 @@ func runDemo(ctx context.Context, args []string) error {
 	transport := fs.String("transport", "", "internal: the agents' transport, rc, uc, ud or auto (default: the agent's)")
 	provider := fs.String("provider", "soft", "internal: the node's device provider, soft or ibverbs (a binary built with -tags ibverbs)")
 	_ = fs.Parse(args)
+	if *pollers < 0 || *pollers > config.MaxPollers {
+		return fmt.Errorf("--pollers %d: want 1..%d, or 0 for the default", *pollers, config.MaxPollers)
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	o := demo.AgentsOptions{VConns: *vconns, Messages: *rounds, Size: *size}
+	o := demo.AgentsOptions{VConns: *vconns, Messages: *rounds, Size: *size, Pollers: *pollers}
 	switch {
 	case *node:
 		return demo.RunNode(ctx, os.Stdout, demo.NodeOptions{Server: *server, Name: *name, IP: *ip, PeerName: *peerName, PeerIP: *peerIP, Provider: config.Provider(*provider), Transport: config.Transport(*transport), AgentsOptions: o})
@@ -160,6 +164,7 @@ func runBench(ctx context.Context, args []string) error {
 	out := fs.String("out", "", "also write DIR/engine.jsonl and DIR/engine-summary.md")
 	summarize := fs.String("summarize", "", "print the Markdown summary of a JSON lines FILE and exit")
 	vconns := fs.String("vconns", "", "comma-separated connection counts for E1 and E2 instead of the plan's")
+	pollers := fs.Int("pollers", 1, "E1: polling goroutines of every endpoint, engine and naive (1..64)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to FILE")
 	verbose := fs.Int("v", 0, "log verbosity on stderr")
 	_ = fs.Parse(args)
@@ -182,6 +187,7 @@ func runBench(ctx context.Context, args []string) error {
 	if *quick {
 		o.Plan = bench.QuickPlan()
 	}
+	o.Plan.Pollers = *pollers
 	if *suite != "all" {
 		o.Suites = strings.Split(*suite, ",")
 	}

@@ -178,6 +178,7 @@ func (a *Agent) engineConfig() (engine.Config, error) {
 		Device:     a.dev,
 		Log:        a.log.WithName("engine"),
 		QPsPerPeer: a.cfg.QPsPerPeer,
+		Pollers:    a.cfg.PollerCount(),
 		MaxMessage: int(a.cfg.MaxMessageBytes),
 		Transport:  tr,
 		ChunkSize:  chunk,

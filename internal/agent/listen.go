@@ -98,7 +98,7 @@ func (s *session) dial(req uint32, addr string) {
 		s.al.give()
 		return
 	}
-	if err := s.write(&frame.Frame{Op: frame.OpOK, Req: req, Handle: h.id, Payload: []byte(addr)}); err != nil {
+	if err := s.write(&frame.Frame{Op: frame.OpOK, Req: req, Handle: h.id, Arg2: h.info.Arg2(), Payload: []byte(addr)}); err != nil {
 		s.closeVConn(h)
 	}
 }
@@ -116,7 +116,7 @@ func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
 	if h == nil {
 		return false
 	}
-	if err := s.write(&frame.Frame{Op: frame.OpAccept, Handle: l.id, Arg: h.id, Payload: []byte(remote)}); err != nil {
+	if err := s.write(&frame.Frame{Op: frame.OpAccept, Handle: l.id, Arg: h.id, Arg2: h.info.Arg2(), Payload: []byte(remote)}); err != nil {
 		s.mu.Lock()
 		delete(s.vconns, h.id)
 		s.mu.Unlock()

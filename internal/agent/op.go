@@ -31,8 +31,8 @@ func (h *vconnHandle) do(f frame.Frame) error {
 	s, vc := h.s, h.vc
 	switch f.Op {
 	case frame.OpSend:
-		if uint32(len(f.Payload)) > s.maxMessage() {
-			return fmt.Errorf("send %d bytes: %w (%d)", len(f.Payload), engine.ErrTooLarge, s.maxMessage())
+		if max := h.info.MaxMessage; uint32(len(f.Payload)) > max {
+			return fmt.Errorf("send %d bytes on a %v vconn: %w (%d)", len(f.Payload), h.info.Transport, engine.ErrTooLarge, max)
 		}
 		var err error
 		if f.Flags&frame.FlagImm != 0 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
@@ -144,8 +145,31 @@ func (s *session) dispatch(f frame.Frame) bool {
 	return true
 }
 
+// maxMessage is the largest message of any vconn, which Hello advertises;
+// each vconn's own, smaller on UC and UD, is in its VConnInfo.
 func (s *session) maxMessage() uint32 {
 	return uint32(min(frame.MaxPayload, s.al.a.eng.Config().MaxMessage))
+}
+
+// vconnInfo is what the application learns of a vconn when it opens: its
+// transport and the largest message it carries, that of its transport
+// (a UD datagram is one MTU less the engine's header) within the socket's.
+func vconnInfo(vc *engine.VConn) frame.VConnInfo {
+	return frame.VConnInfo{Transport: frameTransport(vc.Transport()), MaxMessage: uint32(min(frame.MaxPayload, vc.MaxMessage()))}
+}
+
+func frameTransport(t engine.Transport) frame.Transport {
+	switch t {
+	case engine.RC:
+		return frame.TransportRC
+	case engine.UC:
+		return frame.TransportUC
+	case engine.UD:
+		return frame.TransportUD
+	case engine.Auto:
+		return frame.TransportAuto
+	}
+	return frame.TransportUnknown
 }
 
 func (s *session) lookup(id uint32) *vconnHandle {

@@ -17,6 +17,7 @@ type vconnHandle struct {
 	s      *session
 	id     uint32
 	vc     *engine.VConn
+	info   frame.VConnInfo // what the application was told of vc
 	ctx    context.Context
 	cancel context.CancelFunc
 	ops    chan op // at most SendWindow queued
@@ -36,7 +37,7 @@ type op struct {
 // session closed.
 func (s *session) add(vc *engine.VConn) *vconnHandle {
 	ctx, cancel := context.WithCancel(s.ctx)
-	h := &vconnHandle{s: s, vc: vc, ctx: ctx, cancel: cancel, ops: make(chan op, SendWindow), granted: make(chan struct{}, 1)}
+	h := &vconnHandle{s: s, vc: vc, info: vconnInfo(vc), ctx: ctx, cancel: cancel, ops: make(chan op, SendWindow), granted: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -51,6 +51,10 @@ type Record struct {
 	QPs       int `json:"qps,omitempty"`
 	Producers int `json:"producers,omitempty"`
 	MsgBytes  int `json:"msg_bytes,omitempty"`
+
+	// Pollers is E1's polling goroutines per endpoint, either design.
+	Pollers int `json:"pollers,omitempty"`
+
 	// MsgsPerSec (and MBPerSec) are the median of Samples, the rates of
 	// Plan.Repeats runs, which alternate with the runs of the lines they
 	// are compared with so that a change in the machine's load hits both.
@@ -89,6 +93,11 @@ type Plan struct {
 	Producers int
 	MsgBytes  int // E1 and E3 message size
 	E1VConns  []int
+
+	// Pollers is the number of polling goroutines, each with its CQ, of
+	// every E1 endpoint, the engine's and the naive one's (default 1).
+	Pollers int
+
 	// E2EngineVConns and E2NaiveVConns are the connection counts E2
 	// opens for each design.
 	E2EngineVConns, E2NaiveVConns []int
@@ -202,6 +211,10 @@ func Run(ctx context.Context, o Options) error {
 		o.Plan.Timeout = time.Minute
 	}
 	o.Plan.Repeats = max(1, o.Plan.Repeats)
+	o.Plan.Pollers = max(1, o.Plan.Pollers)
+	if o.Plan.Pollers > 64 {
+		return fmt.Errorf("bench: %d pollers: at most 64", o.Plan.Pollers)
+	}
 	if lim, err := raiseFileLimit(); err != nil {
 		o.Log.Info("Could not raise the file descriptor limit", "limit", lim, "err", err)
 	} else {

@@ -130,11 +130,16 @@ func (d *naiveDesign) close() error { return errors.Join(d.a.Close(), d.b.Close(
 // openDesign opens name's endpoints with the configuration every suite
 // uses for it: defaults, one poller per endpoint.
 func openDesign(name string, tb *testbed, rx *counter) (design, error) {
+	return openDesignPollers(name, tb, rx, 1)
+}
+
+// openDesignPollers is openDesign with the given pollers per endpoint.
+func openDesignPollers(name string, tb *testbed, rx *counter, pollers int) (design, error) {
 	switch name {
 	case designEngine:
-		return openEngines(tb, engine.Config{Pollers: 1}, engine.RC, rx)
+		return openEngines(tb, engine.Config{Pollers: pollers}, engine.RC, rx)
 	case designNaive:
-		return openNaive(tb, naive.Config{Pollers: 1}, rx)
+		return openNaive(tb, naive.Config{Pollers: pollers}, rx)
 	}
 	return nil, fmt.Errorf("bench: unknown design %q", name)
 }

@@ -10,7 +10,8 @@ import (
 // runE1 measures messages per second against the number of connections,
 // for the engine and the naive design: E1VConns connections from device a
 // to device b, 64-byte messages sent round-robin over all of them from
-// Plan.Producers goroutines, every message released on arrival.
+// Plan.Producers goroutines, every message released on arrival; each
+// endpoint polls with Plan.Pollers goroutines.
 //
 // The counts are measured in Plan.Repeats passes over all of them, the two
 // designs alternating at each, rather than each count's runs back to back:
@@ -51,7 +52,7 @@ func runE1(ctx context.Context, e *env) error {
 			if rep == 0 {
 				lines[i] = map[string]*series{}
 				for _, d := range designs {
-					s := &series{rec: Record{Suite: "e1", Design: d, VConns: n, MsgBytes: e.Plan.MsgBytes}}
+					s := &series{rec: Record{Suite: "e1", Design: d, VConns: n, MsgBytes: e.Plan.MsgBytes, Pollers: e.Plan.Pollers}}
 					s.err = failed[d]
 					if s.err == nil {
 						s.err = e.admit(d, n, *est[d])
@@ -102,7 +103,7 @@ func e1Once(ctx context.Context, e *env, name string, n int, rec *Record) (_ rat
 		return rate{}, 0, err
 	}
 	rx := &counter{}
-	d, err := openDesign(name, tb, rx)
+	d, err := openDesignPollers(name, tb, rx, e.Plan.Pollers)
 	if err != nil {
 		return rate{}, 0, errors.Join(err, tb.close())
 	}

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 
 	"sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -78,6 +79,7 @@ const (
 	MaxBufferPoolBytes = 64 << 30
 	MaxVConnsPerNode   = 65536
 	MaxMaxMessageBytes = 1 << 30
+	MaxPollers         = 64 // the engine's bound
 )
 
 // AgentConfig is the node agent's configuration.
@@ -101,6 +103,13 @@ type AgentConfig struct {
 	BufferPoolBytes int64     `json:"bufferPoolBytes"`
 	VConnsPerNode   int       `json:"vconnsPerNode"`
 	MaxMessageBytes int64     `json:"maxMessageBytes"`
+	// Pollers is how many goroutines poll the engine's completion queues,
+	// each with a CQ of its own; under load each keeps a core busy. Zero
+	// (the default): one per CPU the agent is given, DefaultPollers. A
+	// peer's QP i is polled by poller i mod Pollers, so with few peers,
+	// pollers beyond a peer's QPs (qpsPerPeer, twice that with auto's UC
+	// QPs) have little to do.
+	Pollers int `json:"pollers,omitempty"`
 	// ResourceName is the extended resource the device plugin advertises.
 	ResourceName string `json:"resourceName"`
 
@@ -161,6 +170,23 @@ type Peer struct {
 	NodeName string `json:"nodeName"`
 	// Address is the peer's control plane, host:port.
 	Address string `json:"address"`
+}
+
+// DefaultPollers is the number of pollers of an agent whose configuration
+// leaves Pollers zero: runtime.GOMAXPROCS(0), at most MaxPollers. Since Go
+// 1.25 that follows the container's CPU limit (cgroup cpu.max): all CPUs
+// without a limit, else the limit rounded up, and at least 2 (so an agent
+// limited to one CPU should say pollers: 1, as the operator renders from
+// its CPU limit). GOMAXPROCS in the environment overrides it.
+func DefaultPollers() int { return min(runtime.GOMAXPROCS(0), MaxPollers) }
+
+// PollerCount is the number of pollers the agent runs: Pollers, or
+// DefaultPollers when zero.
+func (c *AgentConfig) PollerCount() int {
+	if c.Pollers > 0 {
+		return c.Pollers
+	}
+	return DefaultPollers()
 }
 
 // Default returns a configuration with every default set.

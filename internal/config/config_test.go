@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -103,6 +104,17 @@ peerDiscovery:
 		{name: "not yaml", doc: "{[", errs: []string{"decoding agent config"}},
 		{name: "explicit zero is not defaulted", doc: minimal + "qpsPerPeer: 0\n", errs: []string{"qpsPerPeer: must be between 1 and 64, got 0"}},
 		{name: "too many QPs", doc: minimal + "qpsPerPeer: 65\n", errs: []string{"qpsPerPeer"}},
+		{
+			name: "pollers",
+			doc:  minimal + "pollers: 3\n",
+			check: func(t *testing.T, c *AgentConfig) {
+				if c.Pollers != 3 || c.PollerCount() != 3 {
+					t.Errorf("pollers %d, count %d: want 3", c.Pollers, c.PollerCount())
+				}
+			},
+		},
+		{name: "negative pollers", doc: minimal + "pollers: -1\n", errs: []string{"pollers: must be between 1 and 64, or 0 for one per CPU, got -1"}},
+		{name: "too many pollers", doc: minimal + "pollers: 65\n", errs: []string{"pollers"}},
 		{name: "negative vconns", doc: minimal + "vconnsPerNode: -1\n", errs: []string{"vconnsPerNode: must be between 1 and 65536, got -1"}},
 		{name: "too many vconns", doc: minimal + "vconnsPerNode: 65537\n", errs: []string{"vconnsPerNode"}},
 		{name: "pool too small", doc: minimal + "bufferPoolBytes: 4096\nmaxMessageBytes: 1024\n", errs: []string{"bufferPoolBytes"}},
@@ -153,6 +165,28 @@ peerDiscovery:
 				}
 			}
 		})
+	}
+}
+
+// TestDefaultPollers: an agent that leaves pollers zero runs one per CPU
+// the runtime was given (GOMAXPROCS, which follows the cgroup's CPU
+// limit), and the zero is not written back into the file.
+func TestDefaultPollers(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(3))
+	c := Default()
+	if c.Pollers != 0 || c.PollerCount() != 3 {
+		t.Fatalf("with GOMAXPROCS 3: pollers %d, count %d; want 0 and 3", c.Pollers, c.PollerCount())
+	}
+	runtime.GOMAXPROCS(MaxPollers + 8)
+	if n := c.PollerCount(); n != MaxPollers {
+		t.Fatalf("with GOMAXPROCS %d: count %d, want the bound %d", MaxPollers+8, n, MaxPollers)
+	}
+	out, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "pollers") {
+		t.Fatalf("a default config's YAML names pollers:\n%s", out)
 	}
 }
 

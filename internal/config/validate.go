@@ -90,6 +90,9 @@ func (c *AgentConfig) Validate() error {
 	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
 		add(fieldErr("qpsPerPeer", "must be between 1 and %d, got %d", MaxQPsPerPeer, c.QPsPerPeer))
 	}
+	if c.Pollers < 0 || c.Pollers > MaxPollers {
+		add(fieldErr("pollers", "must be between 1 and %d, or 0 for one per CPU, got %d", MaxPollers, c.Pollers))
+	}
 	if c.BufferPoolBytes < MinBufferPoolBytes || c.BufferPoolBytes > MaxBufferPoolBytes {
 		add(fieldErr("bufferPoolBytes", "must be between %d (1Mi) and %d (64Gi), got %d",
 			int64(MinBufferPoolBytes), int64(MaxBufferPoolBytes), c.BufferPoolBytes))

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -21,7 +23,15 @@ type AgentsOptions struct {
 	Messages int // round trips per vconn (default 20)
 	Size     int // message size in bytes (default 64)
 	Workers  int // client goroutines sharing the vconns (default 32)
+	// Pollers is each agent's engine pollers (default: half the CPUs
+	// this process is given, at least one). The demo's two nodes share
+	// this machine, where an agent's default, a poller per CPU, would
+	// put two busy pollers on each core.
+	Pollers int
 }
+
+// tune sets the agents' engine to o.Pollers.
+func (o AgentsOptions) tune(c *engine.Config) { c.Pollers = o.Pollers }
 
 func (o AgentsOptions) withDefaults() AgentsOptions {
 	if o.VConns == 0 {
@@ -36,6 +46,9 @@ func (o AgentsOptions) withDefaults() AgentsOptions {
 	if o.Workers == 0 {
 		o.Workers = 32
 	}
+	if o.Pollers == 0 {
+		o.Pollers = max(1, runtime.GOMAXPROCS(0)/2)
+	}
 	return o
 }
 
@@ -46,13 +59,14 @@ func (o AgentsOptions) withDefaults() AgentsOptions {
 // engines actually use, messages/s and the round-trip latency.
 func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
 	o = o.withDefaults()
-	cl, err := agenttest.Start(agenttest.Options{})
+	cl, err := agenttest.Start(agenttest.Options{TuneEngine: o.tune})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	a, b := cl.Nodes[0], cl.Nodes[1]
-	fmt.Fprintf(w, "agents: %s on %s, %s on %s (soft RDMA over UDP, gRPC control plane)\n", a.Name, a.IP, b.Name, b.IP)
+	fmt.Fprintf(w, "agents: %s on %s, %s on %s (soft RDMA over UDP, gRPC control plane), %d pollers each\n",
+		a.Name, a.IP, b.Name, b.IP, a.Agent.Engine().Config().Pollers)
 	sockA, err := a.Allocate(ctx, "demo-client", o.VConns)
 	if err != nil {
 		return err

@@ -99,7 +99,8 @@ func AgentsNetns(ctx context.Context, w io.Writer, o AgentsOptions, self string)
 		args := []string{"netns", "exec", ns, self, "demo", "--node",
 			"--server=" + strconv.FormatBool(server), "--name=" + name, "--ip=" + addr,
 			"--peer-name=" + peer, "--peer-ip=" + peerAddr,
-			"--vconns=" + strconv.Itoa(o.VConns), "--rounds=" + strconv.Itoa(o.Messages), "--size=" + strconv.Itoa(o.Size)}
+			"--vconns=" + strconv.Itoa(o.VConns), "--rounds=" + strconv.Itoa(o.Messages), "--size=" + strconv.Itoa(o.Size),
+			"--pollers=" + strconv.Itoa(o.Pollers)}
 		cmd := exec.CommandContext(ctx, "ip", args...)
 		cmd.Stderr = os.Stderr
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -174,7 +175,7 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Options{Config: cfg, Log: logr.Discard(), OpenDevice: device.Open, MetricsListener: ml})
+	a, err := agent.New(agent.Options{Config: cfg, Log: logr.Discard(), OpenDevice: device.Open, MetricsListener: ml, TuneEngine: o.tune})
 	if err != nil {
 		_ = ml.Close()
 		return fmt.Errorf("demo: %s: %w", o.Name, err)
@@ -200,7 +201,7 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 	defer c.Close()
 	stats := func() string {
 		s := a.Engine().Stats()
-		return fmt.Sprintf("%s: vconns open %d, RC QPs it created %d (to %d peer)", o.Name, s.VConns, s.QPs, s.Peers)
+		return fmt.Sprintf("%s: vconns open %d, RC QPs it created %d (to %d peer), %d pollers", o.Name, s.VConns, s.QPs, s.Peers, a.Engine().Config().Pollers)
 	}
 	if o.Server {
 		ln, err := c.Listen(ctx, ":"+strconv.Itoa(demoServicePort))

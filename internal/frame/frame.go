@@ -22,7 +22,7 @@
 //	op         handle    arg       arg2  payload            OK reply
 //	Hello      -         version   -     -                  arg version, payload HelloInfo
 //	Listen     -         port      -     -                  handle listener
-//	Dial       -         -         -     "host:port"        handle vconn, payload remote address
+//	Dial       -         -         -     "host:port"        handle vconn, arg2 VConnInfo, payload remote address
 //	Send       vconn     imm       -     message            -
 //	Grant      vconn     n         -     -                  (none)
 //	Close      any       -         -     -                  -
@@ -38,7 +38,7 @@
 //	op      handle    arg          payload
 //	Data    vconn     imm          message (only while the client has granted window)
 //	EOF     vconn     -            -        (the peer closed; no more Data)
-//	Accept  listener  new vconn    remote address
+//	Accept  listener  new vconn    remote address   (arg2 VConnInfo)
 //	Error   vconn     code         message (the vconn failed)
 //
 // Flow control: the agent pushes Data for a vconn only while the client's
@@ -168,6 +168,6 @@ var (
 type HelloInfo struct {
 	Quota      uint32 // vconns the allocation may hold open
 	SendWindow uint32 // Sends of one vconn that may be unanswered
-	MaxMessage uint32 // largest message payload
+	MaxMessage uint32 // largest message payload of any vconn (each one's own: VConnInfo)
 	Node       string // the agent's node name
 }

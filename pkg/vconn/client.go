@@ -179,7 +179,7 @@ func (c *Client) Dial(ctx context.Context, addr string) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vconn: dial %s: %w", addr, err)
 	}
-	vc := s.newConn(rep.Handle, Addr(s.info.Node), Addr(addr))
+	vc := s.newConn(rep.Handle, frame.VConnInfoOf(rep.Arg2), Addr(s.info.Node), Addr(addr))
 	if vc == nil {
 		return nil, fmt.Errorf("vconn: dial %s: %w", addr, s.failure())
 	}
@@ -395,7 +395,7 @@ func (s *session) dispatch(f frame.Frame) {
 		if l == nil {
 			return
 		}
-		c := s.newConn(f.Arg, Addr(l.addr), Addr(f.Payload))
+		c := s.newConn(f.Arg, frame.VConnInfoOf(f.Arg2), Addr(l.addr), Addr(f.Payload))
 		if c == nil {
 			return
 		}
@@ -405,8 +405,8 @@ func (s *session) dispatch(f frame.Frame) {
 }
 
 // newConn registers a vconn handle; nil if the session broke.
-func (s *session) newConn(h uint32, local, remote Addr) *Conn {
-	c := &Conn{s: s, h: h, local: local, remote: remote, notify: make(chan struct{}, 1),
+func (s *session) newConn(h uint32, info frame.VConnInfo, local, remote Addr) *Conn {
+	c := &Conn{s: s, h: h, info: info, local: local, remote: remote, notify: make(chan struct{}, 1),
 		sem: make(chan struct{}, max(1, int(s.info.SendWindow))), rd: newDeadline(), wd: newDeadline(), closing: make(chan struct{})}
 	s.mu.Lock()
 	defer s.mu.Unlock()

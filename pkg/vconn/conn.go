@@ -31,6 +31,7 @@ type Message struct {
 type Conn struct {
 	s             *session
 	h             uint32
+	info          frame.VConnInfo // transport and largest message, from the agent
 	local, remote Addr
 	rd, wd        *deadline
 	sem           chan struct{} // one token per operation the agent has not answered
@@ -148,8 +149,12 @@ func (c *Conn) RecvMsg(ctx context.Context) (Message, error) {
 	return c.next(ctx, c.rd)
 }
 
-// Read reads the vconn as a byte stream.
+// Read reads the vconn as a byte stream. On a vconn whose transport may
+// lose messages (uc, ud) it fails with ErrNotStream: use RecvMsg.
 func (c *Conn) Read(b []byte) (int, error) {
+	if err := c.streamable(); err != nil {
+		return 0, c.opErr("read", err)
+	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	for len(c.cur) == 0 {
@@ -205,8 +210,8 @@ func (c *Conn) release() { <-c.sem }
 // send queues one message; a failure the agent reports later is returned
 // by the next send.
 func (c *Conn) send(ctx context.Context, dl *deadline, data []byte, imm uint32, hasImm bool) error {
-	if max := int(c.s.info.MaxMessage); len(data) > max {
-		return &Error{Code: CodeTooLarge, Message: fmt.Sprintf("message of %d bytes, at most %d", len(data), max)}
+	if max := c.MaxMessage(); len(data) > max {
+		return &Error{Code: CodeTooLarge, Message: fmt.Sprintf("message of %d bytes, at most %d on this %s vconn", len(data), max, c.info.Transport)}
 	}
 	if c.isClosed() {
 		return net.ErrClosed
@@ -243,8 +248,9 @@ func (c *Conn) send(ctx context.Context, dl *deadline, data []byte, imm uint32, 
 	return err
 }
 
-// SendMsg sends data as one message (at most the agent's maximum message
-// size). It returns once the message is handed to the agent; a failure
+// SendMsg sends data as one message, of at most MaxMessage bytes (larger
+// ones fail with ErrTooLarge), on every transport. It
+// returns once the message is handed to the agent; a failure
 // the agent reports afterwards is returned by a later call.
 func (c *Conn) SendMsg(ctx context.Context, data []byte) error {
 	return c.send(ctx, c.wd, data, 0, false)
@@ -255,10 +261,14 @@ func (c *Conn) SendMsgImm(ctx context.Context, data []byte, imm uint32) error {
 	return c.send(ctx, c.wd, data, imm, true)
 }
 
-// Write writes b as a byte stream, in messages of at most the agent's
-// maximum size.
+// Write writes b as a byte stream, in messages of at most MaxMessage
+// bytes. On a vconn whose transport may lose messages (uc, ud) it fails
+// with ErrNotStream, writing nothing: use SendMsg.
 func (c *Conn) Write(b []byte) (int, error) {
-	max := int(c.s.info.MaxMessage)
+	if err := c.streamable(); err != nil {
+		return 0, c.opErr("write", err)
+	}
+	max := c.MaxMessage()
 	n := 0
 	for n < len(b) || len(b) == 0 {
 		k := min(len(b)-n, max)

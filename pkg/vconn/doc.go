@@ -10,6 +10,13 @@
 // Export a region to the peer vconn, which may then WriteRegion and
 // ReadRegion it without the exporting application's involvement.
 //
+// What a vconn carries depends on its transport, which the RDMAService
+// sets for the node (Conn.Transport): rc and auto are reliable, so Read
+// and Write are a byte stream and SendMsg takes up to MaxMessage bytes;
+// uc and ud may lose messages, so Read and Write fail with ErrNotStream and
+// only messages work, up to what one such message carries
+// (Conn.MaxMessage: on ud, one MTU less a header).
+//
 // The package-level functions use the allocation the device plugin gave
 // the pod ($RDMAVISOR_SOCKET, $RDMAVISOR_VCONNS); a Client takes explicit
 // Options. The agent enforces the allocation's quota: a Dial beyond it

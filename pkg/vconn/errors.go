@@ -28,11 +28,17 @@ const (
 	CodeShuttingDown = Code(frame.CodeShuttingDown)
 	// CodeAgentGone: the connection to the local agent broke.
 	CodeAgentGone Code = 1000
+	// CodeNotStream: Read or Write on a vconn whose transport (uc, ud)
+	// may lose messages; SendMsg and RecvMsg work on it.
+	CodeNotStream Code = 1001
 )
 
 func (c Code) String() string {
-	if c == CodeAgentGone {
+	switch c {
+	case CodeAgentGone:
 		return "agent connection lost"
+	case CodeNotStream:
+		return "not a byte stream"
 	}
 	return frame.Code(c).String()
 }
@@ -69,6 +75,7 @@ var (
 	ErrRegion      error = &Error{Code: CodeRegion}
 	ErrAddrInUse   error = &Error{Code: CodeAddrInUse}
 	ErrAgentGone   error = &Error{Code: CodeAgentGone}
+	ErrNotStream   error = &Error{Code: CodeNotStream}
 )
 
 func errOf(f *frame.Frame) error {

@@ -115,6 +115,9 @@ func Start(o Options) (_ *Cluster, err error) {
 		cfg.BufferPoolBytes = 32 << 20
 		cfg.MaxMessageBytes = 1 << 20
 		cfg.VConnsPerNode = o.VConnsPerNode
+		// Two agents share the test's machine: one poller each, not one
+		// per CPU each.
+		cfg.Pollers = 1
 		cfg.SocketDir = filepath.Join(dir, names[i])
 		cfg.AdminSocket = filepath.Join(dir, names[i], "admin.sock")
 		cfg.ControlPort = ctl[i].Addr().(*net.TCPAddr).Port
