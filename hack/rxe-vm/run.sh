@@ -2,7 +2,7 @@
 # Runs a command in one or two rxe test guests (Debian kernel, rdma_rxe on
 # eth0 as rxe0) and returns its exit status: the largest of the guests'.
 #
-#   run.sh [-g GUESTS] [-t SECONDS] [-f FILE]... [-k] -- COMMAND [ARG]...
+#   run.sh [-g GUESTS] [-t SECONDS] [-f FILE]... [-H HOSTCMD] [-k] -- COMMAND [ARG]...
 #
 # FILEs are copied into the guests' working directory (/payload, a 9p share
 # of a host directory), where COMMAND runs as root under sh with
@@ -10,22 +10,27 @@
 # Guests are bridged (br0, 10.99.0.0/24, MTU 9000) in a network namespace
 # this script creates and deletes; nothing leaves it. Their output comes
 # back on stdout; -k keeps the work directory (consoles, outputs).
-# Run as root.
+# -H gives br0 the address 10.99.0.1/24 and runs HOSTCMD (sh -c) in the
+# namespace, in this directory, alongside the guests, with RDMAVISOR_HOST_IP,
+# RDMAVISOR_GUEST_IPS (space-separated), RDMAVISOR_PAYLOAD (the guests'
+# /payload) and RDMAVISOR_NETNS set; its output follows the guests' and its
+# exit status counts with theirs. Run as root.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-GUESTS=1 TIMEOUT=600 KEEP=0 FILES=()
-while getopts "g:t:f:k" o; do
+GUESTS=1 TIMEOUT=600 KEEP=0 FILES=() HOSTCMD=
+while getopts "g:t:f:H:k" o; do
 	case $o in
 	g) GUESTS=$OPTARG ;;
 	t) TIMEOUT=$OPTARG ;;
 	f) FILES+=("$OPTARG") ;;
+	H) HOSTCMD=$OPTARG ;;
 	k) KEEP=1 ;;
-	*) sed -n '2,14p' "$0" >&2; exit 2 ;;
+	*) sed -n '2,18p' "$0" >&2; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
 [ "${1:-}" = "--" ] && shift
-[ $# -gt 0 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
 case $GUESTS in 1 | 2) ;; *) echo "rxe-vm: -g takes 1 or 2" >&2; exit 2 ;; esac
 [ "$(id -u)" -eq 0 ] || { echo "rxe-vm: run.sh must run as root" >&2; exit 1; }
 log() { echo "[rxe-vm $(date +%T)] $*" >&2; }
@@ -39,11 +44,11 @@ printf '%q ' "$@" >"$P/run"
 echo >>"$P/run"
 
 NS=rdmavisor-rxe-$$
-PIDS=()
+PIDS=() HOSTPID=
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
 	local rc=$?
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${PIDS[@]}" $HOSTPID; do kill "$pid" 2>/dev/null || true; done
 	# Whatever else still runs in the namespace is ours: it was made here.
 	for pid in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
 	ip netns del "$NS" 2>/dev/null || true
@@ -62,6 +67,9 @@ for i in $(seq 0 $((GUESTS - 1))); do
 	ip -n "$NS" link set "tap$i" mtu 9000 master br0 up
 done
 
+HOSTIP=10.99.0.1
+[ -z "$HOSTCMD" ] || ip -n "$NS" addr add "$HOSTIP/24" dev br0
+
 start=$(date +%s%N)
 for i in $(seq 0 $((GUESTS - 1))); do
 	ip=10.99.0.$((2 + i)) peer=10.99.0.$((3 - i))
@@ -75,8 +83,18 @@ for i in $(seq 0 $((GUESTS - 1))); do
 	PIDS+=($!)
 done
 log "booted $GUESTS guest(s), namespace $NS, work $W"
-for pid in "${PIDS[@]}"; do wait "$pid" || true; done
-PIDS=()
+if [ -n "$HOSTCMD" ]; then
+	gips=$(for i in $(seq 0 $((GUESTS - 1))); do printf '10.99.0.%d ' $((2 + i)); done)
+	(
+		rc=0
+		RDMAVISOR_HOST_IP=$HOSTIP RDMAVISOR_GUEST_IPS=${gips% } RDMAVISOR_PAYLOAD=$P RDMAVISOR_NETNS=$NS \
+			ip netns exec "$NS" timeout "$TIMEOUT" sh -c "$HOSTCMD" >"$W/host.log" 2>&1 </dev/null || rc=$?
+		echo "$rc" >"$W/host.rc"
+	) &
+	HOSTPID=$!
+fi
+for pid in "${PIDS[@]}" $HOSTPID; do wait "$pid" || true; done
+PIDS=() HOSTPID=
 ms=$((($(date +%s%N) - start) / 1000000))
 log "guests done in $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
 
@@ -95,4 +113,10 @@ for i in $(seq 0 $((GUESTS - 1))); do
 	fi
 	[ "$r" -gt "$rc" ] && rc=$r
 done
+if [ -n "$HOSTCMD" ]; then
+	sed "s/^/[host] /" "$W/host.log"
+	r=$(cat "$W/host.rc" 2>/dev/null || echo 125)
+	log "host: exit $r"
+	[ "$r" -gt "$rc" ] && rc=$r
+fi
 exit "$rc"

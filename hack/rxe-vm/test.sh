@@ -25,6 +25,10 @@ rc=0
 hack/rxe-vm/run.sh -t 600 -f "$OUT/ibv.test" -- \
 	env RDMAVISOR_RXE_VM=1 ./ibv.test -test.v -test.timeout 540s -test.skip TestOpenWithoutDevices || rc=$?
 log "ibv tests: exit $rc"
+# The soft provider on the host against rxe in a guest, on the wire.
+irc=0
+hack/rxe-vm/interop.sh || irc=$?
+log "soft <-> rxe interop: exit $irc"
 prc=0
 hack/rxe-vm/run.sh -g 2 -t 300 -f hack/rxe-vm/pingpong.sh -- sh pingpong.sh || prc=$?
 log "two guests, ibv_rc_pingpong: exit $prc"
@@ -36,4 +40,4 @@ for tr in auto rc; do
 	[ "$r" -eq 0 ] || arc=$r
 done
 log "test-rxe took $((SECONDS - start)) s"
-[ "$rc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$arc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$irc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$arc" -eq 0 ]

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"net/netip"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -31,7 +32,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		if len(b) < verbs.GRHSize {
 			ok = false
 		} else {
-			copy(from[:], b[8:24])
+			from = grhSource(b[:verbs.GRHSize])
 			b = b[verbs.GRHSize:]
 		}
 	}
@@ -81,6 +82,19 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	default:
 		p.reposts = append(p.reposts, slot)
 	}
+}
+
+// grhSource returns the sender's GID from the GRH space of a UD receive.
+// RoCE v2 over IPv4 puts no GRH there: the kernel (rxe, and mlx5 alike)
+// writes 20 bytes of zeros and then the packet's IPv4 header, whose source
+// address is the sender's IPv4-mapped GID. IB and RoCE over IPv6 write a
+// GRH (IP version 6) with the source GID at bytes 8-23.
+func grhSource(grh []byte) (g verbs.GID) {
+	if grh[0]>>4 != 6 && grh[20]>>4 == 4 {
+		return verbs.GIDFromAddr(netip.AddrFrom4([4]byte(grh[32:36])))
+	}
+	copy(g[:], grh[8:24])
+	return g
 }
 
 // isUD reports whether qpn is one of the poller's UD QPs, the live one or

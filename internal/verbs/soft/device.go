@@ -225,7 +225,7 @@ func (d *Device) rxLoop() {
 	for {
 		n, err := d.w.Recv(pkts)
 		for i := 0; i < n; i++ {
-			rx.handle(pkts[i].Buf[:pkts[i].N], pkts[i].Addr)
+			rx.handle(pkts[i].Buf[:pkts[i].N], pkts[i].Addr, pkts[i].Port)
 		}
 		rx.endBatch()
 		if err != nil {
@@ -243,6 +243,15 @@ func (d *Device) rxLoop() {
 // endpoint is a peer's end of the flow: every device of a network uses the
 // same UDP port, as RoCEv2 does.
 func (d *Device) endpoint(g verbs.GID) roce.Endpoint { return roce.Endpoint{GID: g, Port: d.port} }
+
+// source is the end of a received packet's flow: port 0 (a wire that does
+// not say) is the network's port, which every device here sends from.
+func (d *Device) source(g verbs.GID, port uint16) roce.Endpoint {
+	if port == 0 {
+		port = d.port
+	}
+	return roce.Endpoint{GID: g, Port: port}
+}
 
 func (d *Device) lookupQP(qpn uint32) *qp {
 	d.qpMu.RLock()

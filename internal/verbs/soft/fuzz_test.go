@@ -163,7 +163,7 @@ func FuzzRx(f *testing.F) {
 		r := newFuzzRig(t)
 		defer r.close()
 		rx := &rxState{dev: r.b, tx: newTxq(r.b.w, roce.MaxPacketLen(4096), 8, &r.b.stats), reqTx: newTxq(r.b.w, roce.MaxPacketLen(4096), 8, &r.b.stats)}
-		rx.handle(b, r.srcGID)
+		rx.handle(b, r.srcGID, 0)
 		rx.endBatch()
 		r.checkInvariants(t)
 	})
@@ -199,8 +199,8 @@ func FuzzRxSealed(f *testing.F) {
 			return
 		}
 		rx := &rxState{dev: r.b, tx: newTxq(r.b.w, roce.MaxPacketLen(4096), 8, &r.b.stats), reqTx: newTxq(r.b.w, roce.MaxPacketLen(4096), 8, &r.b.stats)}
-		rx.handle(pkt[:n], r.srcGID)
-		rx.handle(pkt[:n], r.srcGID) // and its duplicate
+		rx.handle(pkt[:n], r.srcGID, 0)
+		rx.handle(pkt[:n], r.srcGID, 0) // and its duplicate
 		rx.endBatch()
 		r.checkInvariants(t)
 	})

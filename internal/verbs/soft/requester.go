@@ -40,9 +40,11 @@ type requester struct {
 	ackReqCnt uint32    // packets since the last AckReq
 }
 
-// ackReqEvery bounds how many packets go without asking for an ACK, so long
-// messages are acknowledged (and their window freed) before they end.
-const ackReqEvery = 32
+// maxPktPerAck bounds how many packets go without asking for an ACK, so
+// long messages are acknowledged (and their window freed) before they end:
+// rxe's RXE_MAX_PKT_PER_ACK, with its rule (the packet after more than 64
+// without one asks). The packet that fills the window asks as well.
+const maxPktPerAck = 64
 
 func (q *qp) wqe(i uint64) *swqe { return &q.req.sq[i%uint64(len(q.req.sq))] }
 
@@ -115,8 +117,9 @@ func (q *qp) sendSegment(tx *txq, w *swqe) bool {
 		PSN:     psn,
 	}
 	if q.typ == verbs.QPTypeRC {
+		n := r.ackReqCnt
 		r.ackReqCnt++
-		if last || r.ackReqCnt >= ackReqEvery {
+		if last || n > maxPktPerAck || psnDiff(psnAdd(psn, 1), r.unacked) >= int32(q.dev.cfg.MaxInflight) {
 			h.AckReq = true
 			r.ackReqCnt = 0
 		}

@@ -50,9 +50,10 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 			}
 			return
 		}
-		if h.AckReq {
-			rx.owe(q)
-		}
+		// A duplicate SEND or WRITE is acknowledged again whether it asks
+		// or not (IBA C9-105; rxe ACKs every one): the requester may have
+		// lost our ACK and retransmitted packets that do not ask.
+		rx.owe(q)
 		return
 	}
 
@@ -123,9 +124,11 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
 			return
 		}
+		// The read is a message: its responses carry the MSN that counts
+		// it, as rxe's do.
+		r.msn = psnAdd(r.msn, 1)
 		q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN)
 		r.epsn = psnAdd(r.epsn, q.npackets(h.DMALen)-1)
-		r.msn = psnAdd(r.msn, 1)
 	}
 	if last && !op.IsReadRequest() {
 		r.msn = psnAdd(r.msn, 1)
@@ -232,7 +235,6 @@ func (q *qp) rnrNak(rx *rxState, psn uint32) {
 // class B/C/D responder errors; hardware raises a QP access or request
 // error event). Outstanding sends of this QP are flushed as well.
 func (q *qp) responderError(rx *rxState, nakCode roce.NakCode, psn uint32, recvStatus verbs.WCStatus) {
-	q.dev.stats.naksSent.Add(1)
 	q.sendAck(rx.tx, roce.NakSyndrome(nakCode), psn)
 	if q.resp.hasRecv {
 		wc := verbs.WC{WRID: q.resp.recv.WRID, Status: recvStatus, Opcode: verbs.WCRecv, QPN: q.qpn}
@@ -252,8 +254,11 @@ func (q *qp) sendAck(tx *txq, syndrome uint8, psn uint32) {
 		Syndrome: syndrome,
 		MSN:      q.resp.msn,
 	}
-	if kind, _ := roce.ParseSyndrome(syndrome); kind == roce.KindAck {
+	switch kind, _ := roce.ParseSyndrome(syndrome); kind {
+	case roce.KindAck:
 		q.dev.stats.acksSent.Add(1)
+	case roce.KindNak:
+		q.dev.stats.naksSent.Add(1)
 	}
 	p := tx.next()
 	n, err := roce.Encode(p.Buf, &h, nil, q.dev.self, q.dev.endpoint(q.attr.AH.DGID))
@@ -402,7 +407,8 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 }
 
 // respondUD delivers a UD datagram: 40 bytes of GRH, then the payload.
-func (q *qp) respondUD(h *roce.Header, payload []byte, src verbs.GID) {
+// pktLen is the UDP payload's length (BTH to ICRC).
+func (q *qp) respondUD(h *roce.Header, payload []byte, src verbs.GID, pktLen int) {
 	if h.QKey != q.attr.QKey {
 		q.dev.stats.rxQKeyMismatch.Add(1)
 		return
@@ -419,12 +425,7 @@ func (q *qp) respondUD(h *roce.Header, payload []byte, src verbs.GID) {
 		wc.ImmData = h.Imm
 	}
 	var grh [verbs.GRHSize]byte
-	grh[0] = 0x60 // IP version 6, as a GRH
-	binary.BigEndian.PutUint16(grh[4:], uint16(len(payload)+8))
-	grh[6] = 0x11 // next header: UDP
-	grh[7] = 64
-	copy(grh[8:24], src[:])
-	copy(grh[24:40], q.dev.gid[:])
+	putNetworkHeader(&grh, src, q.dev.gid, pktLen)
 	sgl := wr.SG[:min(int(wr.NumSGE), verbs.MaxSGE)]
 	if uint64(total) > wr.Len() {
 		wc.Status = verbs.WCLocLenErr
@@ -432,4 +433,37 @@ func (q *qp) respondUD(h *roce.Header, payload []byte, src verbs.GID) {
 		wc.Status = verbs.WCLocProtErr
 	}
 	q.recvCQ.push(&wc, h.SE)
+}
+
+// putNetworkHeader writes the GRH space of a UD receive as rxe does
+// (build_rdma_network_hdr): the IP header the datagram came in, which is an
+// IPv6 header over all 40 bytes, or 20 zero bytes and then the IPv4 header
+// (union rdma_network_hdr). The socket does not show the received header,
+// so its TOS, TTL and id are what our peers send: 0, 64 and 0 with DF.
+func putNetworkHeader(grh *[verbs.GRHSize]byte, src, dst verbs.GID, pktLen int) {
+	*grh = [verbs.GRHSize]byte{}
+	if s4, d4 := src.Addr(), dst.Addr(); s4.Is4() && d4.Is4() {
+		ip := grh[20:40]
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+8+pktLen))
+		binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF
+		ip[8], ip[9] = 64, 17                      // TTL, UDP
+		a, b := s4.As4(), d4.As4()
+		copy(ip[12:16], a[:])
+		copy(ip[16:20], b[:])
+		var sum uint32
+		for i := 0; i < 20; i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+		}
+		sum = sum&0xffff + sum>>16
+		sum += sum >> 16
+		binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+		return
+	}
+	grh[0] = 0x60 // IP version 6
+	binary.BigEndian.PutUint16(grh[4:], uint16(8+pktLen))
+	grh[6] = 17 // next header: UDP
+	grh[7] = 64
+	copy(grh[8:24], src[:])
+	copy(grh[24:40], dst[:])
 }

@@ -16,11 +16,12 @@ type rxState struct {
 
 // handle processes one packet. Anything malformed or unexpected is dropped
 // and counted; nothing a peer sends can panic the device or corrupt a QP.
-func (rx *rxState) handle(b []byte, src verbs.GID) {
+// sport is the UDP port it came from (0: the network's port).
+func (rx *rxState) handle(b []byte, src verbs.GID, sport uint16) {
 	d := rx.dev
 	d.stats.rxPackets.Add(1)
 	h := &rx.hdr
-	payload, err := roce.Decode(b, h, d.endpoint(src), d.self)
+	payload, err := roce.Decode(b, h, d.source(src, sport), d.self)
 	if err != nil {
 		d.stats.rxMalformed.Add(1)
 		return
@@ -46,7 +47,7 @@ func (rx *rxState) handle(b []byte, src verbs.GID) {
 			d.stats.rxWrongState.Add(1)
 			return
 		}
-		q.respondUD(h, payload, src)
+		q.respondUD(h, payload, src, len(b))
 	case verbs.QPTypeUC:
 		if h.Opcode.Transport() != verbs.QPTypeUC || src != q.attr.AH.DGID {
 			d.stats.rxWrongSource.Add(1)

@@ -56,9 +56,10 @@
 //     packets of sockets without a connected peer), so the UDP wire must
 //     use sendmsg/sendmmsg with per-packet addresses on such a socket, never
 //     connect(2). rxe itself covers the id it chose and sets DF, so a packet
-//     of ours checks out at rxe, and a packet of rxe (nonzero id) does not
-//     check out here: interoperating with rxe would need the received IP
-//     header, which a UDP socket does not deliver.
+//     of ours checks out at rxe; a packet of rxe carries an id a UDP socket
+//     does not deliver, so Decode recovers it from the ICRC (ipid.go) for
+//     packets from a source port other than the receiver's (rxe sends from
+//     0xc000 plus a hash of the QPN; our peers from the shared port).
 //   - IPv6 has no identification; next header is UDP (17), no extension
 //     headers.
 //

@@ -116,6 +116,12 @@ func ListenUDP(cfg UDPConfig) (*UDP, error) {
 			gro = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1) == nil
 		})
 	}
+	if v4 && !gso {
+		// No UDP checksum, as rxe sends RoCEv2 (prepare_udp_hdr: check =
+		// 0): the ICRC covers the packet. UDP_SEGMENT refuses sockets
+		// without checksums, so loopback with segmentation keeps it.
+		rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1) })
+	}
 	u.initTx(cfg.Port, gso)
 	u.initRx(gro)
 	return u, nil
@@ -167,6 +173,10 @@ func (u *UDP) LocalGID() verbs.GID { return u.gid }
 
 // LocalAddr is the bound address and port.
 func (u *UDP) LocalAddr() netip.AddrPort { return u.local }
+
+// Port is the bound port: the port every device of the network sends from
+// and to, which the device covers with the ICRC (soft.Config.Port).
+func (u *UDP) Port() uint16 { return u.local.Port() }
 
 // SocketBuffers reports SO_RCVBUF and SO_SNDBUF as the kernel set them.
 func (u *UDP) SocketBuffers() (read, write int) { return u.rbuf, u.wbuf }

@@ -215,6 +215,15 @@ func TestUDPConfig(t *testing.T) {
 	if err != nil || mtuDisc != unix.IP_PMTUDISC_DO {
 		t.Errorf("IP_MTU_DISCOVER = %d, %v; want IP_PMTUDISC_DO", mtuDisc, err)
 	}
+	// Without segmentation, no UDP checksum, as rxe sends.
+	gso, _ := u.Offload()
+	var noCheck int
+	u.rc.Control(func(fd uintptr) {
+		noCheck, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK)
+	})
+	if err != nil || (noCheck == 1) == gso {
+		t.Errorf("SO_NO_CHECK = %d, %v with UDP_SEGMENT %v; want 1 exactly without it", noCheck, err, gso)
+	}
 }
 
 func readSysctl(t *testing.T, name string) int {
@@ -472,4 +481,29 @@ func testUDPAllocs(t *testing.T, cfg UDPConfig) {
 			t.Errorf("batch %d: %v allocations per Send+Recv, want 0", batch, allocs)
 		}
 	}
+}
+
+// TestUDPRecvSourcePort: Recv says which port a datagram came from, as
+// rxe sends from a port of its own (0xc000 plus a hash of the QPN) and the
+// ICRC covers it.
+func TestUDPRecvSourcePort(t *testing.T) {
+	offloads(t, func(t *testing.T, cfg UDPConfig) {
+		u, _ := udpPair(t, cfg, addr2, addr3)
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 3)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.WriteToUDP([]byte("from elsewhere"), net.UDPAddrFromAddrPort(u.LocalAddr())); err != nil {
+			t.Fatal(err)
+		}
+		pkts := []Packet{{Buf: make([]byte, MaxPacketLen)}}
+		if n, err := u.Recv(pkts); n != 1 || err != nil {
+			t.Fatalf("Recv = %d, %v", n, err)
+		}
+		want := c.LocalAddr().(*net.UDPAddr).AddrPort()
+		if p := pkts[0]; string(p.Buf[:p.N]) != "from elsewhere" || p.Addr != verbs.GIDFromAddr(addr3) || p.Port != want.Port() {
+			t.Errorf("got %q from %v port %d, want from %v port %d", p.Buf[:p.N], p.Addr, p.Port, addr3, want.Port())
+		}
+	})
 }

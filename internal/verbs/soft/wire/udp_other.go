@@ -25,6 +25,7 @@ func ListenUDP(cfg UDPConfig) (*UDP, error) {
 
 func (u *UDP) LocalGID() verbs.GID              { return verbs.GID{} }
 func (u *UDP) LocalAddr() netip.AddrPort        { return netip.AddrPort{} }
+func (u *UDP) Port() uint16                     { return 0 }
 func (u *UDP) SocketBuffers() (read, write int) { return 0, 0 }
 func (u *UDP) Send(pkts []Packet) (int, error)  { return 0, errClosed }
 func (u *UDP) Recv(pkts []Packet) (int, error)  { return 0, errClosed }

@@ -156,7 +156,7 @@ func (u *UDP) recvDirect(pkts []Packet) (int, error) {
 				copy(pkts[j].Buf, pkts[i].Buf[:size])
 			}
 			pkts[j].N = size
-			pkts[j].Addr = gidOf(&r.names[i])
+			pkts[j].Addr, pkts[j].Port = gidOf(&r.names[i]), portOf(&r.names[i])
 			st.RxPackets++
 			st.RxBytes += uint64(size)
 			j++
@@ -200,7 +200,7 @@ func (u *UDP) recvStaged(pkts []Packet) (int, error) {
 			} else {
 				off := i*groSlotLen + r.poff
 				copy(p.Buf, r.stage[off:off+size])
-				p.N, p.Addr = size, gidOf(&r.names[i])
+				p.N, p.Addr, p.Port = size, gidOf(&r.names[i]), portOf(&r.names[i])
 				st.RxPackets++
 				st.RxBytes += uint64(size)
 				j++
@@ -254,4 +254,11 @@ func gidOf(sa *unix.RawSockaddrInet6) verbs.GID {
 		return verbs.GID{10: 0xff, 11: 0xff, 12: sa4.Addr[0], 13: sa4.Addr[1], 14: sa4.Addr[2], 15: sa4.Addr[3]}
 	}
 	return verbs.GID(sa.Addr)
+}
+
+// portOf reads the source port the kernel wrote, in network order in
+// sockaddr_in and sockaddr_in6 alike.
+func portOf(sa *unix.RawSockaddrInet6) uint16 {
+	b := (*[2]byte)(unsafe.Pointer(&sa.Port))
+	return uint16(b[0])<<8 | uint16(b[1])
 }

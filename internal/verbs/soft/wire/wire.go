@@ -24,6 +24,10 @@ type Packet struct {
 	Buf  []byte
 	N    int
 	Addr verbs.GID // Send: destination; Recv: source
+	// Port is, on Recv, the source UDP port, which the ICRC covers; 0 where
+	// the wire has none (the in-memory fabric: every device sends from the
+	// network's port). Send ignores it: packets leave from the wire's port.
+	Port uint16
 }
 
 // Wire moves packets between devices. Send and Recv are safe for concurrent
