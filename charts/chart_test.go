@@ -199,7 +199,10 @@ func TestTemplateDefaults(t *testing.T) {
 	objs := render(t)
 	want := []string{
 		"ClusterRole/" + operator,
+		"ClusterRole/" + operator + "-metrics-auth",
+		"ClusterRole/" + operator + "-metrics-reader",
 		"ClusterRoleBinding/" + operator,
+		"ClusterRoleBinding/" + operator + "-metrics-auth",
 		"CustomResourceDefinition/rdmanodes.rdmavisor.io",
 		"CustomResourceDefinition/rdmaservices.rdmavisor.io",
 		"Deployment/" + operator,
@@ -248,7 +251,8 @@ func TestTemplateDefaults(t *testing.T) {
 	}
 	wantArgs := []string{
 		"--leader-elect=true",
-		"--metrics-bind-address=:8080",
+		"--metrics-bind-address=:8443",
+		"--metrics-secure=true",
 		"--health-probe-bind-address=:8081",
 		"--namespace=$(POD_NAMESPACE)",
 		"--agent-image=" + image,
@@ -463,5 +467,62 @@ func TestSchemaRejects(t *testing.T) {
 				t.Errorf("helm template --set %s failed, but not on the schema: %v", set, err)
 			}
 		})
+	}
+}
+
+// TestTemplateMetrics: with secure metrics (the default) the operator may
+// create the TokenReviews and SubjectAccessReviews that authenticate and
+// authorize scrapers, and scrapers get a ClusterRole to bind; without them
+// (plain HTTP, or no endpoint) the chart grants neither. The dashboard
+// ConfigMap, off by default, carries the sidecar's label and the
+// dashboard file as it is.
+func TestTemplateMetrics(t *testing.T) {
+	var auth rbacv1.ClusterRole
+	objs := render(t)
+	find(t, objs, "ClusterRole", operator+"-metrics-auth", &auth)
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
+	}
+	if !reflect.DeepEqual(auth.Rules, want) {
+		t.Errorf("metrics-auth rules %+v, want %+v", auth.Rules, want)
+	}
+	var b rbacv1.ClusterRoleBinding
+	find(t, objs, "ClusterRoleBinding", operator+"-metrics-auth", &b)
+	if b.RoleRef.Name != operator+"-metrics-auth" || len(b.Subjects) != 1 || b.Subjects[0].Name != operator || b.Subjects[0].Namespace != namespace {
+		t.Errorf("metrics-auth binding %+v", b)
+	}
+	var reader rbacv1.ClusterRole
+	find(t, objs, "ClusterRole", operator+"-metrics-reader", &reader)
+	if len(reader.Rules) != 1 || !slices.Equal(reader.Rules[0].NonResourceURLs, []string{"/metrics"}) || !slices.Equal(reader.Rules[0].Verbs, []string{"get"}) {
+		t.Errorf("metrics-reader rules %+v, want get on /metrics", reader.Rules)
+	}
+	for _, set := range [][]string{{"operator.metricsSecure=false"}, {"operator.metricsPort=0"}} {
+		for _, o := range render(t, set...) {
+			if strings.HasSuffix(o.Metadata.Name, "-metrics-auth") || set[0] == "operator.metricsPort=0" && strings.HasSuffix(o.Metadata.Name, "-metrics-reader") {
+				t.Errorf("%v renders %s", set, o.id())
+			}
+			if o.Kind == "Deployment" && set[0] == "operator.metricsSecure=false" && !strings.Contains(string(o.raw), "--metrics-secure=false") {
+				t.Errorf("%v: the operator is not told --metrics-secure=false", set)
+			}
+		}
+	}
+
+	for _, o := range objs {
+		if o.Kind == "ConfigMap" {
+			t.Errorf("dashboards are off by default, yet %s is rendered", o.id())
+		}
+	}
+	var cm corev1.ConfigMap
+	find(t, render(t, "dashboards.enabled=true"), "ConfigMap", release+"-dashboards", &cm)
+	if cm.Labels["grafana_dashboard"] != "1" || cm.Namespace != namespace {
+		t.Errorf("dashboard ConfigMap labels %v in %q: want grafana_dashboard=1 in %q", cm.Labels, cm.Namespace, namespace)
+	}
+	file, err := os.ReadFile("rdmavisor/dashboards/rdmavisor.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(cm.Data["rdmavisor.json"]) != strings.TrimSpace(string(file)) {
+		t.Error("the ConfigMap's rdmavisor.json differs from dashboards/rdmavisor.json")
 	}
 }

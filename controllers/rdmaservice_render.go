@@ -34,9 +34,18 @@ const (
 	FieldOwner = "rdmavisor-operator"
 
 	annotationConfigHash = "rdmavisor.io/config-hash"
-	configKey            = "agent.yaml"
-	configMountDir       = "/etc/rdmavisor"
-	nodeNameExtra        = "authentication.kubernetes.io/node-name"
+	// The de facto scrape annotations (Prometheus' kubernetes_sd pod
+	// role, as the community chart configures it): they need no Service,
+	// which a DaemonSet on the host network would only use for discovery.
+	annotationScrape     = "prometheus.io/scrape"
+	annotationScrapePort = "prometheus.io/port"
+	annotationScrapePath = "prometheus.io/path"
+	// pluginMetricsPort serves the device plugin's metrics (its
+	// --metrics-address); the agent's port is the config's metricsAddress.
+	pluginMetricsPort = 7473
+	configKey         = "agent.yaml"
+	configMountDir    = "/etc/rdmavisor"
+	nodeNameExtra     = "authentication.kubernetes.io/node-name"
 )
 
 // Host paths the agent pods mount.
@@ -336,8 +345,9 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 	devicePlugin := corev1ac.Container().
 		WithName("device-plugin").
 		WithImage(image).
-		WithCommand("device-plugin", "--config="+configFile).
+		WithCommand("device-plugin", "--config="+configFile, fmt.Sprintf("--metrics-address=:%d", pluginMetricsPort)).
 		WithEnv(envFromField("NODE_NAME", "spec.nodeName")).
+		WithPorts(corev1ac.ContainerPort().WithName("plugin-metrics").WithContainerPort(pluginMetricsPort).WithProtocol(corev1.ProtocolTCP)).
 		WithVolumeMounts(
 			mount("config", configMountDir, true),
 			mount("sockets", cfg.SocketDir, false),
@@ -399,7 +409,12 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(commonLabels(svc)).
 				// A changed config rolls the pods, which read it only at start.
-				WithAnnotations(map[string]string{annotationConfigHash: hex.EncodeToString(sum[:8])}).
+				WithAnnotations(map[string]string{
+					annotationConfigHash: hex.EncodeToString(sum[:8]),
+					annotationScrape:     "true",
+					annotationScrapePort: strconv.Itoa(metricsPort),
+					annotationScrapePath: "/metrics",
+				}).
 				WithSpec(pod)))
 }
 

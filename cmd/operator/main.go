@@ -5,6 +5,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
@@ -30,9 +32,11 @@ func main() {
 func run() error {
 	var (
 		metricsAddr, probeAddr, namespace, image string
-		leaderElect                              bool
+		leaderElect, metricsSecure               bool
 	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the metrics endpoint; 0 disables it.")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address of the metrics endpoint; 0 disables it.")
+	flag.BoolVar(&metricsSecure, "metrics-secure", true,
+		"Serve metrics over HTTPS to clients the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the /metrics non-resource URL).")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
 	flag.BoolVar(&leaderElect, "leader-elect", true, "Elect a leader, so that only one replica reconciles.")
 	flag.StringVar(&namespace, "namespace", envOr("POD_NAMESPACE", "rdmavisor-system"),
@@ -54,10 +58,19 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
+	metrics := metricsserver.Options{BindAddress: metricsAddr}
+	if metricsSecure {
+		// A self-signed certificate unless one is mounted in CertDir;
+		// HTTP/1.1 only, as HTTP/2's stream handling had denial-of-service
+		// flaws (CVE-2023-44487, CVE-2023-39325) the scaffold also avoids.
+		metrics.SecureServing = true
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+		metrics.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controllers.CacheOptions(namespace),
-		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                 metrics,
 		HealthProbeBindAddress:  probeAddr,
 		LeaderElection:          leaderElect,
 		LeaderElectionID:        "operator.rdmavisor.io",

@@ -2,18 +2,25 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
@@ -44,10 +51,10 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	probeAddr := freeAddr(t)
+	probeAddr, metricsAddr := freeAddr(t), freeAddr(t)
 	args := os.Args
 	t.Cleanup(func() { os.Args = args })
-	os.Args = []string{"operator", "--namespace=" + ns, "--metrics-bind-address=0",
+	os.Args = []string{"operator", "--namespace=" + ns, "--metrics-bind-address=" + metricsAddr,
 		"--health-probe-bind-address=" + probeAddr, "--agent-image=example.test/agent:1"}
 	done := make(chan error, 1)
 	go func() { done <- run() }()
@@ -86,6 +93,8 @@ func TestRun(t *testing.T) {
 		return nil
 	})
 
+	checkMetricsAuth(ctx, t, cfg, k8s, ns, metricsAddr)
+
 	// The signal handler of run() owns SIGTERM now.
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -122,5 +131,74 @@ func poll(t *testing.T, what string, check func() error) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// checkMetricsAuth: the metrics endpoint serves HTTPS, refuses a client
+// without a token (401) and one whose token the API server authenticates
+// but RBAC does not allow get on /metrics (403), and serves one it does.
+func checkMetricsAuth(ctx context.Context, t *testing.T, cfg *rest.Config, k8s client.Client, ns, addr string) {
+	t.Helper()
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(name string) string {
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+		if err := k8s.Create(ctx, sa); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	reader, stranger := token("scraper"), token("stranger")
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "metrics-reader-test"},
+		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "metrics-reader-test"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "scraper", Namespace: ns}}}
+	for _, o := range []client.Object{role, binding} {
+		if err := k8s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The certificate is self-signed: what is checked is the auth.
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	get := func(token string) (int, string, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/metrics", nil)
+		if err != nil {
+			return 0, "", err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), err
+	}
+	for _, c := range []struct {
+		who, token string
+		want       int
+	}{{"no token", "", http.StatusUnauthorized}, {"a stranger", stranger, http.StatusForbidden}, {"the reader", reader, http.StatusOK}} {
+		poll(t, "metrics for "+c.who, func() error {
+			code, body, err := get(c.token)
+			if err != nil {
+				return err
+			}
+			if code != c.want {
+				return fmt.Errorf("status %d, want %d", code, c.want)
+			}
+			if code == http.StatusOK && !strings.Contains(body, "controller_runtime_reconcile_total") {
+				return fmt.Errorf("no controller_runtime_reconcile_total in\n%s", body)
+			}
+			return nil
+		})
 	}
 }

@@ -40,8 +40,8 @@ type Options struct {
 	// ControlListener serves the gRPC control plane (default: a TCP
 	// listener on the bind address and Config.ControlPort).
 	ControlListener net.Listener
-	// MetricsListener serves /healthz and /readyz (default: a TCP
-	// listener on Config.MetricsAddress).
+	// MetricsListener serves /metrics, /healthz and /readyz (default: a
+	// TCP listener on Config.MetricsAddress).
 	MetricsListener net.Listener
 	// TuneEngine adjusts the engine configuration derived from Config.
 	TuneEngine func(*engine.Config)
@@ -233,7 +233,13 @@ func (a *Agent) serveHealth() error {
 			return fmt.Errorf("agent: metrics address: %w", err)
 		}
 	}
+	metrics, err := a.metricsHandler()
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("agent: metrics: %w", err)
+	}
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.ready.Load() {

@@ -272,14 +272,14 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message, dgram bool) {
 		r.delivering = true
 		if m.vc != nil {
 			r.mu.Unlock()
-			vc.deliver(m)
+			vc.deliver(p, m)
 			r.mu.Lock()
 		}
 		for i := 0; i < len(r.inorder); i++ {
 			next := r.inorder[i]
 			r.inorder[i] = Message{}
 			r.mu.Unlock()
-			vc.deliver(next)
+			vc.deliver(p, next)
 			r.mu.Lock()
 		}
 		r.inorder = r.inorder[:0]

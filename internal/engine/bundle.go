@@ -110,6 +110,7 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	h.put(b)
 	vc.stampCredit(b)
 	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
+	p.countSent(Auto, k, total-k*headerLen)
 	e.stats.bundled.Add(uint64(k))
 	if gather {
 		e.stats.gathered.Add(uint64(k))

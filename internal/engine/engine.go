@@ -61,8 +61,9 @@ type Engine struct {
 	graceMu sync.Mutex
 	grace   map[*Region]*time.Timer
 
-	closed atomic.Bool
-	stats  counters
+	closed    atomic.Bool
+	stats     counters
+	busyFloor busyFloor // see PollerStats
 }
 
 // New opens an engine on cfg.Device: PD, buffer pool, SRQ (filled) and

@@ -124,6 +124,9 @@ func (b rawHeader) whole() bool { return b[offFlags]&(flagFirst|flagLast) == fla
 
 func (b rawHeader) last() bool { return b[offFlags]&flagLast != 0 }
 
+// length is a data message's whole length (in every chunk).
+func (b rawHeader) length() uint32 { return binary.BigEndian.Uint32(b[offLength:]) }
+
 func (b rawHeader) seq() uint32 { return binary.BigEndian.Uint32(b[offSeq:]) }
 
 func (b rawHeader) count() uint32 { return binary.BigEndian.Uint32(b[offImm:]) }

@@ -70,6 +70,9 @@ type poller struct {
 	// sendQPs maps QPNs of send QPs on this CQ to their state, for
 	// completions; written when a QP is created.
 	sendQPs sync.Map // uint32 → *sendQP
+
+	busy bool           // owned by the poller: in a run of busy rounds
+	st   pollerCounters // written by the poller, read by Stats (stats.go)
 }
 
 // pollBatch is the most completions one CQ poll takes.
@@ -131,8 +134,14 @@ func (p *poller) run() {
 	for !p.stopping.Load() {
 		if p.round() {
 			idle = 0
+			if !p.busy {
+				p.beginBusy()
+			}
 			p.now = time.Time{} // that took time: read the clock again
 			continue
+		}
+		if p.busy {
+			p.endBusy()
 		}
 		if idle++; idle%clockRounds == 0 {
 			p.now = time.Time{}

@@ -17,9 +17,11 @@ type Message struct {
 	credits uint32  // credits Release gives back (a bundle's: see dropCredit)
 }
 
-// deliver hands a received message to the handler or the receive queue.
-func (vc *VConn) deliver(m Message) {
+// deliver hands a received message to the handler or the receive queue;
+// p is the poller delivering it.
+func (vc *VConn) deliver(p *poller, m Message) {
 	vc.e.stats.msgsReceived.Add(1)
+	p.st.recv[vc.tr].add(1, len(m.Data))
 	if vc.handler != nil {
 		vc.handler(vc, m)
 		return

@@ -139,7 +139,7 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 			vc.deliverSeq(p, h.seq, m, true)
 			return
 		}
-		vc.deliver(m)
+		vc.deliver(p, m)
 		return
 	}
 	if first && last {
@@ -186,7 +186,7 @@ func (p *poller) deliver(vc *VConn, h *header, m Message) {
 		vc.deliverSeq(p, h.seq, m, false)
 		return
 	}
-	vc.deliver(m)
+	vc.deliver(p, m)
 }
 
 // malformed drops a message that breaks the framing: the peer engine is

@@ -107,6 +107,9 @@ func (p *poller) serve(vc *VConn) {
 			}
 		}
 		vc.stampCredit(b)
+		if data && b.last() {
+			p.countSent(vc.tr, 1, int(b.length()))
+		}
 		if auto {
 			seq := b.seq()
 			p.sendReliable(vc, remote, relMsg{seq: seq, last: seq, slot: slot, n: n})

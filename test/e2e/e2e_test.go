@@ -72,6 +72,7 @@ func TestE2E(t *testing.T) {
 		{"kubectl apply RDMAService: agent, RDMANode and service ready", (*env).applyService},
 		{"the node advertises the vconn resource", (*env).allocatable},
 		{"two pods exchange messages over vconns", (*env).echo},
+		{"metrics: the agent counted the messages, the operator serves a reader only", (*env).metricsMoved},
 		{"the CNI plugin registered both pods", (*env).cniRegistered},
 		{"a pod asking more vconns than the node has stays Pending", (*env).overQuota},
 		{"kubelet restart: the device plugin registers again", (*env).kubeletRestart},

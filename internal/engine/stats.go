@@ -1,0 +1,213 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+)
+
+// NumTransports is the number of Transport values, for arrays indexed by
+// transport.
+const NumTransports = int(Auto) + 1
+
+// Traffic counts messages and their payload bytes (the application's
+// bytes: headers, retransmissions and control messages excluded).
+type Traffic struct {
+	Msgs  uint64
+	Bytes uint64
+}
+
+// PollerStats is one poller's share of the engine's work.
+type PollerStats struct {
+	// Busy is the time the poller spent in rounds that found work, since
+	// the engine started; Busy over the wall time between two snapshots
+	// is its busy ratio. It never decreases between snapshots. It is
+	// measured on the poller's coarse clock (see poller.clock): a busy
+	// period may count up to clockRounds empty rounds before it, a small
+	// overestimate bought with no clock read per round.
+	Busy time.Duration
+	// Uptime is the wall time since the engine started.
+	Uptime time.Duration
+}
+
+// StateCounts counts vconns by state. Closed vconns are released at once,
+// so they have no count.
+type StateCounts struct {
+	Connecting, Open, Closing, Failed int
+}
+
+// PeerStats describes one peer: the QPs shared by its vconns and those
+// vconns by state.
+type PeerStats struct {
+	GID        verbs.GID
+	RCQPs      int // RC QPs this engine created toward the peer
+	UCQPs      int // UC QPs this engine created toward the peer
+	IngressQPs int // RC QPs the peer created toward this engine
+	VConns     StateCounts
+}
+
+// pollerCounters are one poller's counters. Only the poller's goroutine
+// writes them, so the atomic adds never contend (they cost about a plain
+// increment on a line the poller owns); Stats reads them with atomic loads
+// at any time. The padding keeps them off the lines of the poller fields
+// other goroutines write (queued, sleeping, mu).
+type pollerCounters struct {
+	_    [64]byte
+	sent [NumTransports]trafficCounters
+	recv [NumTransports]trafficCounters
+	// busyNs is the length of the busy periods that ended; busyFrom is
+	// when the current one began, in ns since the epoch (0: idle). A
+	// period is only counted once it ends: see busyTime.
+	busyNs   atomic.Int64
+	busyFrom atomic.Int64
+	_        [64]byte
+}
+
+type trafficCounters struct{ msgs, bytes atomic.Uint64 }
+
+func (c *trafficCounters) add(msgs, bytes int) {
+	c.msgs.Add(uint64(msgs))
+	c.bytes.Add(uint64(bytes))
+}
+
+func (c *trafficCounters) load() Traffic {
+	return Traffic{Msgs: c.msgs.Load(), Bytes: c.bytes.Load()}
+}
+
+// countSent counts msgs application messages of bytes payload bytes that
+// the poller handed to the device on a vconn of transport tr.
+func (p *poller) countSent(tr Transport, msgs, bytes int) {
+	p.st.sent[tr].add(msgs, bytes)
+}
+
+// beginBusy and endBusy bracket a run of rounds that found work. They use
+// the poller's coarse clock, which a busy round resets, so a period costs
+// one or two clock reads whatever its length.
+func (p *poller) beginBusy() {
+	p.busy = true
+	p.st.busyFrom.Store(int64(p.clock().Sub(p.e.epoch)) + 1) // never 0
+}
+
+func (p *poller) endBusy() {
+	p.busy = false
+	from := p.st.busyFrom.Load() - 1
+	// Cleared before the period is added, so a reader that sees busyFrom
+	// unchanged on both sides of its busyNs load saw busyNs without it.
+	p.st.busyFrom.Store(0)
+	p.st.busyNs.Add(int64(p.clock().Sub(p.e.epoch)) - from)
+}
+
+// busyTime is the poller's busy time, the current period included as far
+// as now.
+func (c *pollerCounters) busyTime(now int64) int64 {
+	from := c.busyFrom.Load()
+	ns := c.busyNs.Load()
+	if from != 0 && c.busyFrom.Load() == from {
+		ns += max(0, now-(from-1))
+	}
+	return ns
+}
+
+// busyFloor keeps each poller's reported busy time from going backwards:
+// a snapshot taken as a period ends may see neither it in busyNs nor its
+// start in busyFrom, a little less than the snapshot before.
+type busyFloor struct {
+	mu   sync.Mutex
+	last []int64 // by poller; guarded by mu
+}
+
+// TrafficStats returns the messages and bytes sent and received, by
+// transport (indexed by Transport). Sent counts each message once, when
+// it is handed to the device (retransmissions are in Stats.Retransmits);
+// received counts each message delivered to its vconn.
+func (e *Engine) TrafficStats() (sent, received [NumTransports]Traffic) {
+	for _, p := range e.pollers {
+		for t := range NumTransports {
+			s, r := p.st.sent[t].load(), p.st.recv[t].load()
+			sent[t].Msgs += s.Msgs
+			sent[t].Bytes += s.Bytes
+			received[t].Msgs += r.Msgs
+			received[t].Bytes += r.Bytes
+		}
+	}
+	return sent, received
+}
+
+// PollerStats returns each poller's busy time.
+func (e *Engine) PollerStats() []PollerStats {
+	now := int64(time.Since(e.epoch))
+	out := make([]PollerStats, len(e.pollers))
+	e.busyFloor.mu.Lock()
+	defer e.busyFloor.mu.Unlock()
+	if e.busyFloor.last == nil {
+		e.busyFloor.last = make([]int64, len(e.pollers))
+	}
+	for i, p := range e.pollers {
+		b := max(p.st.busyTime(now), e.busyFloor.last[i])
+		e.busyFloor.last[i] = b
+		out[i] = PollerStats{Busy: time.Duration(b), Uptime: time.Duration(now)}
+	}
+	return out
+}
+
+// PeerStats describes each live peer, and counts all vconns by state
+// (those of failed peers' too). It walks every vconn: a scrape's cost,
+// not a message's.
+func (e *Engine) PeerStats() ([]PeerStats, StateCounts) {
+	var all StateCounts
+	e.peersMu.Lock()
+	defer e.peersMu.Unlock()
+	out := make([]PeerStats, 0, len(e.peers))
+	for _, p := range e.peers {
+		s := PeerStats{GID: p.gid}
+		p.mu.Lock()
+		for _, q := range p.qps {
+			if q != nil {
+				s.RCQPs++
+			}
+		}
+		for _, q := range p.ucs {
+			if q != nil {
+				s.UCQPs++
+			}
+		}
+		s.IngressQPs = len(p.ingress)
+		s.VConns = p.countStates()
+		p.mu.Unlock()
+		all.add(s.VConns)
+		out = append(out, s)
+	}
+	for _, p := range e.retired {
+		p.mu.Lock()
+		all.add(p.countStates())
+		p.mu.Unlock()
+	}
+	return out, all
+}
+
+// countStates counts the peer's vconns by state; the caller holds p.mu.
+func (p *Peer) countStates() StateCounts {
+	var c StateCounts
+	for vc := p.list; vc != nil; vc = vc.next {
+		switch vc.state.Load() {
+		case stateConnecting:
+			c.Connecting++
+		case stateOpen:
+			c.Open++
+		case stateClosing:
+			c.Closing++
+		case stateFailed:
+			c.Failed++
+		}
+	}
+	return c
+}
+
+func (c *StateCounts) add(o StateCounts) {
+	c.Connecting += o.Connecting
+	c.Open += o.Open
+	c.Closing += o.Closing
+	c.Failed += o.Failed
+}

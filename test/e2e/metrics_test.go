@@ -1,0 +1,201 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// metricsMoved scrapes the agent pod's metrics, as Prometheus would from
+// its scrape annotations (through the API server's pod proxy, which reaches
+// host-network pods), after the echo pods ran: the agent counts their
+// messages and bytes both ways and their allocations, and the device
+// plugin the allocations it made. Then the operator's, authenticated.
+func (e *env) metricsMoved() {
+	pods := e.agentPods()
+	if len(pods) != 1 {
+		e.t.Fatalf("%d agent pods", len(pods))
+	}
+	pod := pods[0]
+	ann := pod.Annotations
+	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/path"] != "/metrics" {
+		e.t.Fatalf("agent pod scrape annotations: %v", ann)
+	}
+	agent := e.scrape(pod.Name, ann["prometheus.io/port"])
+	const msgs, size = 1000, 4096 // what exchange sent, and the server echoed
+	for _, c := range []struct {
+		metric string
+		min    float64
+	}{
+		{"rdmavisor_messages_sent_total", msgs},
+		{"rdmavisor_messages_received_total", msgs},
+		{"rdmavisor_sent_bytes_total", msgs * size},
+		{"rdmavisor_received_bytes_total", msgs * size},
+		{"rdmavisor_doorbells_total", 1},
+		{"rdmavisor_poller_busy_seconds_total", 1e-9},
+	} {
+		if got := agent.sum(c.metric); got < c.min {
+			e.t.Errorf("%s = %v, want at least %v", c.metric, got, c.min)
+		}
+	}
+	if got := agent.sum(`rdmavisor_allocations`); got != 2 {
+		e.t.Errorf("rdmavisor_allocations = %v, want 2 (the echo server's and client's)", got)
+	}
+	if got := agent.sum(`rdmavisor_vconn_quota{kind="capacity"}`); got != float64(e.capacity) {
+		e.t.Errorf(`rdmavisor_vconn_quota{kind="capacity"} = %v, want %d`, got, e.capacity)
+	}
+	if got := agent.sum(`rdmavisor_qps`); got < 1 {
+		e.t.Errorf("rdmavisor_qps = %v: the vconns share no QP", got)
+	}
+	e.t.Logf("agent: %v messages, %v bytes sent; %v messages, %v bytes received; %v retransmissions, %v credit stalls",
+		agent.sum("rdmavisor_messages_sent_total"), agent.sum("rdmavisor_sent_bytes_total"),
+		agent.sum("rdmavisor_messages_received_total"), agent.sum("rdmavisor_received_bytes_total"),
+		agent.sum("rdmavisor_retransmissions_total"), agent.sum("rdmavisor_credit_stalls_total"))
+
+	plugin := e.scrape(pod.Name, containerPort(pod.Spec.Containers, "device-plugin", "plugin-metrics"))
+	if got := plugin.sum(`rdmavisor_device_plugin_allocate_requests_total{result="ok"}`); got < 2 {
+		e.t.Errorf(`device plugin allocate_requests_total{result="ok"} = %v, want at least 2`, got)
+	}
+	e.operatorMetrics()
+}
+
+// operatorMetrics: the operator serves its metrics over HTTPS to a
+// ServiceAccount bound to the chart's metrics-reader ClusterRole, and
+// refuses a request without a token: its TokenReviews and
+// SubjectAccessReviews work with the RBAC the chart grants. The suite runs
+// on the node, which reaches pod IPs.
+func (e *env) operatorMetrics() {
+	l, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component=operator"})
+	if err != nil || len(l.Items) != 1 || l.Items[0].Status.PodIP == "" {
+		e.t.Fatalf("operator pod: %v %v", l, err)
+	}
+	op := l.Items[0]
+	url := "https://" + net.JoinHostPort(op.Status.PodIP, containerPort(op.Spec.Containers, "operator", "metrics")) + "/metrics"
+	const ns, name = "default", "rdmavisor-e2e-scraper"
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: release + "-operator-metrics-reader"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: ns}}}
+	if _, err := e.kube.CoreV1().ServiceAccounts(ns).Create(e.ctx, sa, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = e.kube.CoreV1().ServiceAccounts(ns).Delete(e.ctx, name, metav1.DeleteOptions{}) }()
+	if _, err := e.kube.RbacV1().ClusterRoleBindings().Create(e.ctx, crb, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = e.kube.RbacV1().ClusterRoleBindings().Delete(e.ctx, name, metav1.DeleteOptions{}) }()
+	tr, err := e.kube.CoreV1().ServiceAccounts(ns).CreateToken(e.ctx, name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	// The certificate is the operator's self-signed one: what is checked
+	// here is who may read.
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	get := func(token string) (int, string) {
+		req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, url, nil)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(""); code != http.StatusUnauthorized {
+		e.t.Errorf("GET %s without a token: %d, want 401: %.200s", url, code, body)
+	}
+	// RBAC takes a moment to reach the authorizer's cache.
+	e.eventually("the operator serves its metrics to the reader", time.Minute, func() (bool, string) {
+		code, body := get(tr.Status.Token)
+		return code == http.StatusOK && strings.Contains(body, "controller_runtime_reconcile_total"), fmt.Sprintf("%d: %.300s", code, body)
+	})
+}
+
+// samples are the lines of a Prometheus text exposition, by series
+// (name{labels} as exposed).
+type samples map[string]float64
+
+var sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([^ ]+)`)
+
+// sum adds the samples of a metric; a selector with labels,
+// name{l="v"}, adds those whose labels include every one given.
+func (s samples) sum(selector string) float64 {
+	name, labels, _ := strings.Cut(selector, "{")
+	want := strings.Split(strings.TrimSuffix(labels, "}"), ",")
+	total := 0.0
+	for series, v := range s {
+		n, l, _ := strings.Cut(series, "{")
+		if n != name {
+			continue
+		}
+		ok := true
+		for _, w := range want {
+			if w != "" && !strings.Contains(","+strings.TrimSuffix(l, "}")+",", ","+w+",") {
+				ok = false
+			}
+		}
+		if ok {
+			total += v
+		}
+	}
+	return total
+}
+
+// scrape GETs /metrics of a pod's port through the API server.
+func (e *env) scrape(pod, port string) samples {
+	e.t.Helper()
+	body, err := e.kube.CoreV1().Pods(namespace).ProxyGet("http", pod, port, "metrics", nil).DoRaw(e.ctx)
+	if err != nil {
+		e.t.Fatalf("scraping %s:%s: %v\n%s", pod, port, err, body)
+	}
+	s := samples{}
+	for line := range strings.Lines(string(body)) {
+		m := sampleLine.FindStringSubmatch(strings.TrimSpace(line))
+		if m == nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			e.t.Fatalf("scraping %s:%s: %q: %v", pod, port, line, err)
+		}
+		s[m[1]+m[2]] = v
+	}
+	if len(s) == 0 {
+		e.t.Fatalf("scraping %s:%s: no samples in\n%s", pod, port, body)
+	}
+	return s
+}
+
+func containerPort(cs []corev1.Container, container, name string) string {
+	for _, c := range cs {
+		if c.Name != container {
+			continue
+		}
+		for _, p := range c.Ports {
+			if p.Name == name {
+				return fmt.Sprint(p.ContainerPort)
+			}
+		}
+	}
+	return ""
+}
