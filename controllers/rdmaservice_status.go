@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
 )
 
 // Condition reasons of an RDMAService.
@@ -20,13 +21,17 @@ const (
 	ReasonNodesNotReady   = "NodesNotReady"
 	ReasonNodeUnhealthy   = "NodeUnhealthy"
 	ReasonDeviceUnhealthy = "DeviceUnhealthy"
-	ReasonNoNodes         = "NoNodes"
-	ReasonConflict        = "Conflict"
-	ReasonNoConflict      = "NoConflict"
-	ReasonWaitingForNodes = "WaitingForNodes"
-	ReasonComplete        = "Complete"
-	ReasonAsExpected      = "AsExpected"
-	ReasonReconcileError  = "ReconcileError"
+	// ReasonDeviceUnavailable: some nodes' agents cannot open their RDMA
+	// device (none there, no such name, port down, GID index out of
+	// range); the message names the nodes and why.
+	ReasonDeviceUnavailable = "DeviceUnavailable"
+	ReasonNoNodes           = "NoNodes"
+	ReasonConflict          = "Conflict"
+	ReasonNoConflict        = "NoConflict"
+	ReasonWaitingForNodes   = "WaitingForNodes"
+	ReasonComplete          = "Complete"
+	ReasonAsExpected        = "AsExpected"
+	ReasonReconcileError    = "ReconcileError"
 )
 
 // indexServiceName indexes RDMANodes by spec.serviceName in the cache.
@@ -42,6 +47,8 @@ type nodeReport struct {
 	pending bool
 	// badDevices names the unhealthy devices of a node that may still be ready.
 	badDevices []string
+	// noDevice: the agent reports that its device does not open.
+	noDevice bool
 	// expires is when a ready node's heartbeat becomes too old.
 	expires time.Time
 }
@@ -57,6 +64,9 @@ func assess(name string, rn *v1alpha1.RDMANode, now time.Time, timeout time.Dura
 		if d.Health == v1alpha1.DeviceUnhealthy {
 			rep.badDevices = append(rep.badDevices, d.Name)
 		}
+	}
+	if c := meta.FindStatusCondition(rn.Status.Conditions, rdmanode.ConditionDeviceReady); c != nil && c.Status == metav1.ConditionFalse {
+		rep.noDevice = true
 	}
 	cond := meta.FindStatusCondition(rn.Status.Conditions, v1alpha1.ConditionNodeReady)
 	switch {
@@ -94,6 +104,7 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	st.DesiredNodes, st.ReadyNodes = int32(len(p.desired)), 0
 	st.VConnCapacity, st.VConnsInUse, st.QPsInUse = 0, 0, 0
 	var unhealthy, pending, badDevices []string
+	var noDevice int // of the unhealthy nodes, those whose device does not open
 	var requeue time.Duration
 	for _, name := range p.desired {
 		rn := byName[name]
@@ -108,6 +119,9 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 			pending = append(pending, name)
 		default:
 			unhealthy = append(unhealthy, "node "+name+": "+rep.problem)
+			if rep.noDevice {
+				noDevice++
+			}
 		}
 		for _, d := range rep.badDevices {
 			badDevices = append(badDevices, "node "+name+" device "+d)
@@ -148,6 +162,11 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 
 	degraded := metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected}
 	switch {
+	case noDevice > 0:
+		// The message lists every unhealthy node with its agent's reason
+		// (DeviceNotFound, PortDown, ...) and error.
+		degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonDeviceUnavailable
+		degraded.Message = fmt.Sprintf("the RDMA device does not open on %d of %d nodes: %s", noDevice, len(p.desired), summarize(unhealthy))
 	case len(unhealthy) > 0:
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnhealthy, summarize(unhealthy)
 	case len(badDevices) > 0:

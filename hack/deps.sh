@@ -46,6 +46,9 @@ e2e_deps=(
   "cmd:conntrack|conntrack|kube-proxy clears conntrack entries"
   "cmd:openssl|openssl|hack/local-cluster makes the cluster's certificates"
   "cmd:curl|curl|hack/local-cluster checks etcd's health"
+  "cmd:gcc|gcc|hack/images.sh builds the node agent with cgo (the ibverbs backend)"
+  "file:/usr/include/infiniband/verbs.h|libibverbs-dev|hack/images.sh builds the node agent against libibverbs"
+  "file:/etc/libibverbs.d/rxe.driver|ibverbs-providers|hack/images.sh copies the rdma-core providers into the image"
 )
 rxe_deps=(
   "cmd:gcc|gcc|the ibverbs backend is cgo"

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Builds the RDMAvisor image without a Docker engine: the static binaries
-# (CGO_ENABLED=0, -trimpath), then a docker-archive tarball of the same
+# (CGO_ENABLED=0, -trimpath) and the node agent with the libibverbs
+# backend (CGO_ENABLED=1 -tags ibverbs, linked against this host's
+# libibverbs: libibverbs-dev, ibverbs-providers and gcc, which
+# `hack/deps.sh rxe` installs), then a docker-archive tarball of the same
 # layout as the Dockerfile's final stage, written by hack/cmd/mkimage
-# (go-containerregistry) and read back to check it. When ctr and a running
+# (go-containerregistry) with the agent's shared libraries, the rdma-core
+# providers and /etc/libibverbs.d copied from this host (-ibverbs), and
+# read back to check it (every library the agent and the providers load is
+# in the image). When ctr and a running
 # containerd exist, the image is imported into containerd's k8s.io namespace,
 # where the kubelet finds it (pods then use imagePullPolicy: Never).
 #
@@ -41,13 +47,25 @@ binaries=(operator node-agent device-plugin rdmavisor-cni rdmavisor)
 
 mkdir -p "$bindir"
 pkgs=()
-for b in "${binaries[@]}"; do pkgs+=("./cmd/$b"); done
+for b in "${binaries[@]}"; do [ "$b" = node-agent ] || pkgs+=("./cmd/$b"); done
 echo "Building ${binaries[*]} for linux/$arch into $bindir" >&2
 CGO_ENABLED=0 GOOS=linux GOARCH="$arch" \
   go build -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}" ./examples/echo
+# The agent links libibverbs: built for this host's architecture, against
+# its libraries, which the image then carries.
+if [ "$arch" != "$(go env GOHOSTARCH)" ]; then
+  echo "the ibverbs node agent is built with cgo against this host's libibverbs: build $arch images on a $arch host (or with the Dockerfile)" >&2
+  exit 1
+fi
+if [ ! -e /usr/include/infiniband/verbs.h ] || ! command -v gcc >/dev/null || [ ! -d /etc/libibverbs.d ]; then
+  echo "the ibverbs node agent needs gcc, libibverbs-dev and ibverbs-providers: run hack/deps.sh rxe (as root)" >&2
+  exit 1
+fi
+CGO_ENABLED=1 GOOS=linux GOARCH="$arch" \
+  go build -trimpath -tags ibverbs -ldflags "-s -w" -o "$bindir/node-agent" ./cmd/node-agent
 
 echo "Writing $tag to $tarball" >&2
-go run ./hack/cmd/mkimage -bin-dir "$bindir" -rootfs hack/image -arch "$arch" \
+go run ./hack/cmd/mkimage -bin-dir "$bindir" -rootfs hack/image -arch "$arch" -ibverbs \
   -version "$version" -tag "$tag" -out "$tarball" >&2
 go run ./hack/cmd/mkimage -verify "$tarball" -tag "$tag" >&2
 echo "Writing $echo_tag to $echo_tarball" >&2

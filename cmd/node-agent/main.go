@@ -17,6 +17,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
 func main() {
@@ -40,7 +41,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "node-agent:", err)
 		os.Exit(2)
 	}
-	opts := agent.Options{Config: cfg, Log: log, OpenDevice: device.Open}
+	opts := agent.Options{Config: cfg, Log: log}
 	var reporter *rdmanode.Reporter
 	if cfg.PeerDiscovery.Mode == config.DiscoveryKubernetes {
 		if opts.Discovery, reporter, err = rdmanode.New(cfg, log); err != nil {
@@ -48,20 +49,36 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	a, err := agent.New(opts)
-	if err != nil {
-		log.Error(err, "Cannot start the agent")
-		os.Exit(1)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// The reporter reports the agent, or, until it starts, why its device
+	// does not open.
+	var node rdmanode.Pending
 	reported := make(chan struct{})
 	go func() {
 		defer close(reported)
 		if reporter != nil {
-			reporter.Run(ctx, a) // marks the node not ready when ctx ends
+			reporter.Run(ctx, &node) // marks the node not ready when ctx ends
 		}
 	}()
+	// A device that does not open (none, a wrong name, a port down, a GID
+	// index out of range) is waited for, not exited on: exiting would
+	// crash-loop the pod with nothing said where the operator looks.
+	dev, err := waitForDevice(ctx, cfg, device.Open, device.DefaultBackoff, log, &node)
+	if err != nil {
+		log.Info("Stopped waiting for the RDMA device")
+		<-reported
+		return
+	}
+	opts.OpenDevice = func(*config.AgentConfig) (verbs.Device, error) { return dev, nil }
+	a, err := agent.New(opts)
+	if err != nil {
+		log.Error(err, "Cannot start the agent")
+		stop()
+		<-reported
+		os.Exit(1)
+	}
+	node.Start(a)
 	<-ctx.Done()
 	log.Info("Stopping the agent")
 	<-reported

@@ -25,6 +25,11 @@ rc=0
 hack/rxe-vm/run.sh -t 600 -f "$OUT/ibv.test" -- \
 	env RDMAVISOR_RXE_VM=1 ./ibv.test -test.v -test.timeout 540s -test.skip TestOpenWithoutDevices || rc=$?
 log "ibv tests: exit $rc"
+# The engine's device tests, the device errors and an agent waiting for a
+# bad device, on rxe0.
+erc=0
+hack/rxe-vm/engine.sh || erc=$?
+log "engine tests, device errors, a waiting agent on rxe0: exit $erc"
 # The soft provider on the host against rxe in a guest, on the wire.
 irc=0
 hack/rxe-vm/interop.sh || irc=$?
@@ -40,4 +45,4 @@ for tr in auto rc; do
 	[ "$r" -eq 0 ] || arc=$r
 done
 log "test-rxe took $((SECONDS - start)) s"
-[ "$rc" -eq 0 ] && [ "$irc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$arc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$erc" -eq 0 ] && [ "$irc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$arc" -eq 0 ]

@@ -148,6 +148,11 @@ type DeviceConfig struct {
 	// means all.
 	Names   []string `json:"names,omitempty"`
 	Vendors []string `json:"vendors,omitempty"`
+	// Port of the ibverbs device (zero: port 1) and GIDIndex, the entry of
+	// its GID table that addresses it (nil: an IPv4-mapped RoCE v2 GID,
+	// else the first usable one).
+	Port     int  `json:"port,omitempty"`
+	GIDIndex *int `json:"gidIndex,omitempty"`
 }
 
 // SoftConfig configures the software provider.

@@ -59,6 +59,15 @@ func (c *AgentConfig) Validate() error {
 	default:
 		add(fieldErr("device.provider", "must be soft or ibverbs, got %q", c.Device.Provider))
 	}
+	if c.Device.Port < 0 || c.Device.Port > 255 {
+		add(fieldErr("device.port", "must be a port number between 1 and 255, or 0 for port 1, got %d", c.Device.Port))
+	}
+	if g := c.Device.GIDIndex; g != nil && (*g < 0 || *g > 65535) {
+		add(fieldErr("device.gidIndex", "must be between 0 and 65535, got %d", *g))
+	}
+	if c.Device.Provider == ProviderSoft && (c.Device.Port != 0 || c.Device.GIDIndex != nil) {
+		add(fieldErr("device", "port and gidIndex address a hardware device's GID table: they cannot be set with provider soft"))
+	}
 	for i, n := range c.Device.Names {
 		if !deviceWord.MatchString(n) {
 			add(fieldErr(fmt.Sprintf("device.names[%d]", i), "invalid device name %q", n))

@@ -18,9 +18,15 @@ import (
 )
 
 // testEngines starts two engines on soft devices joined by an in-memory
-// fabric with faults f.
+// fabric with faults f. Without faults, in a binary built with -tags
+// ibverbs run in hack/rxe-vm (RDMAVISOR_RXE_VM=1), both engines open the
+// kernel's rxe0 instead (rxe_test.go): one device, whose QPs reach each
+// other over its loopback.
 func testEngines(t testing.TB, f wire.Faults, cfg Config) (*Engine, *Engine) {
 	t.Helper()
+	if openVerbsDevice != nil && f == (wire.Faults{}) {
+		return testEngine(t, openVerbsDevice(t), cfg), testEngine(t, openVerbsDevice(t), cfg)
+	}
 	fb := wire.NewFabric(f)
 	t.Cleanup(func() { _ = fb.Close() })
 	return testEnginesOn(t, fb, cfg)
@@ -53,29 +59,41 @@ func testEnginesOn(t testing.TB, fb *wire.Fabric, cfg Config, wrap ...func(verbs
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := cfg
-		c.Device = dev
-		for _, w := range wrap {
-			c.Device = w(c.Device)
-		}
-		if c.Log.GetSink() == nil {
-			c.Log = testr.NewWithInterface(t, testr.Options{})
-		}
-		e, err := New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := e.Close(); err != nil {
-				t.Errorf("close engine: %v", err)
-			}
-			if err := dev.Close(); err != nil {
-				t.Errorf("close device: %v", err)
-			}
-		})
-		return e
+		return testEngine(t, dev, cfg, wrap...)
 	}
 	return open("10.9.0.1"), open("10.9.0.2")
+}
+
+// openVerbsDevice, when set (rxe_test.go), opens a device of a real verbs
+// backend for testEngines; the test owns it.
+var openVerbsDevice func(t testing.TB) verbs.Device
+
+// testEngine starts an engine on dev (passed through wrap) and closes
+// both when the test ends.
+func testEngine(t testing.TB, dev verbs.Device, cfg Config, wrap ...func(verbs.Device) verbs.Device) *Engine {
+	t.Helper()
+	c := cfg
+	c.Device = dev
+	for _, w := range wrap {
+		c.Device = w(c.Device)
+	}
+	if c.Log.GetSink() == nil {
+		c.Log = testr.NewWithInterface(t, testr.Options{})
+	}
+	e, err := New(c)
+	if err != nil {
+		_ = dev.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("close engine: %v", err)
+		}
+		if err := dev.Close(); err != nil {
+			t.Errorf("close device: %v", err)
+		}
+	})
+	return e
 }
 
 func TestSendRecv(t *testing.T) {
@@ -404,9 +422,14 @@ func TestAutoDelayedAcks(t *testing.T) {
 	}
 	// The timeout follows the measured round trip: delayed
 	// acknowledgements cause no spurious retransmission (except under the
-	// race detector, which stalls goroutines for milliseconds).
-	if rtx := a.Stats().Retransmits; rtx != 0 && !raceEnabled {
-		t.Errorf("%d retransmissions on a lossless fabric", rtx)
+	// race detector, which stalls goroutines for milliseconds, and on rxe
+	// in the rxe VM, whose emulated CPUs stall the guest's pollers and
+	// rxe's own tasklets for longer than the 5 ms floor: 3 to 71 of 1603
+	// there, with every message received once and no gap reported).
+	if rtx := a.Stats().Retransmits; rtx != 0 && !raceEnabled && openVerbsDevice == nil {
+		t.Errorf("%d retransmissions on a lossless fabric (sender %+v, receiver %+v)", rtx, a.Stats(), b.Stats())
+	} else if rtx != 0 {
+		t.Logf("%d retransmissions, %d of them on a gap report", rtx, a.Stats().GapResends)
 	}
 	// Per message acknowledgements would be n control messages.
 	if ctl := b.Stats().WRsPosted - before; ctl > n/8 {

@@ -35,7 +35,13 @@ func TestIdleEngineSleeps(t *testing.T) {
 	time.Sleep(time.Second)
 	used := cpuTime(t) - before
 	// Busy pollers would burn a whole core (1 s); sleeping ones nothing.
-	if used > 100*time.Millisecond {
+	// In the rxe VM's emulated CPUs the Go runtime's own timers cost more
+	// (15 to 120 ms seen there): still far from a busy poller.
+	limit := 100 * time.Millisecond
+	if openVerbsDevice != nil {
+		limit = 300 * time.Millisecond
+	}
+	if used > limit {
 		t.Fatalf("an idle engine pair used %v of CPU in 1 s", used)
 	}
 	t.Logf("idle CPU in 1 s: %v", used)

@@ -157,7 +157,7 @@ func TestReporterRefusesAnotherServicesNode(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), rn) })
 	r := &Reporter{Client: k8s, Node: "node-x", Service: "second", Provider: v1alpha1.ProviderSoft}
-	err := r.Write(ctx, r.status(admin.Status{Ready: true, Capacity: 1}, metav1.Now()))
+	err := r.Write(ctx, r.status(admin.Status{Ready: true, Capacity: 1}, nil, metav1.Now()))
 	if err == nil || get(t, "node-x").Spec.ServiceName != "first" {
 		t.Fatalf("write over another service's RDMANode: %v", err)
 	}

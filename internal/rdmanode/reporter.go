@@ -11,9 +11,11 @@ package rdmanode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,16 +29,74 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
-// Condition reasons the reporter writes.
+// Condition reasons the reporter writes. When the device does not open,
+// Ready and DeviceReady are False with the reason the error names (the
+// device package's reasons: DeviceNotFound, PortDown, InvalidGIDIndex,
+// ...), or ReasonDeviceOpenFailed.
 const (
-	ReasonServing  = "Serving"
-	ReasonStarting = "Starting"
-	ReasonStopped  = "AgentStopped"
+	ReasonServing          = "Serving"
+	ReasonStarting         = "Starting"
+	ReasonStopped          = "AgentStopped"
+	ReasonDeviceOpen       = "DeviceOpen"
+	ReasonDeviceOpenFailed = "DeviceOpenFailed"
 )
+
+// ConditionDeviceReady is the RDMANode condition that says whether the
+// agent has its RDMA device open, and if not, why; the operator reports
+// the nodes whose device is not ready in the RDMAService's Degraded.
+const ConditionDeviceReady = "DeviceReady"
 
 // Source is what the reporter reports: the agent.
 type Source interface {
 	Status() admin.Status
+}
+
+// DeviceSource is a Source that may be waiting for its device: DeviceError
+// says why the device does not open (nil once it has, or while unknown).
+type DeviceSource interface {
+	Source
+	DeviceError() error
+}
+
+// Pending is the Source of a node agent that cannot start yet: its device
+// does not open. Fail records the latest error; Start hands the report over
+// to the running agent. Safe for concurrent use.
+type Pending struct {
+	mu  sync.Mutex
+	err error  // guarded by mu
+	src Source // guarded by mu; nil until Start
+}
+
+// Fail records why the device does not open.
+func (p *Pending) Fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.err = err
+}
+
+// Start reports src from now on.
+func (p *Pending) Start(src Source) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.src, p.err = src, nil
+}
+
+// Status is the agent's, or an agent not ready while there is none.
+func (p *Pending) Status() admin.Status {
+	p.mu.Lock()
+	src := p.src
+	p.mu.Unlock()
+	if src == nil {
+		return admin.Status{}
+	}
+	return src.Status()
+}
+
+// DeviceError is the last Fail's error until Start.
+func (p *Pending) DeviceError() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
 }
 
 // Reporter keeps the RDMANode of one node up to date.
@@ -70,7 +130,7 @@ func (r *Reporter) Run(ctx context.Context, src Source) {
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
-		st := r.status(src.Status(), metav1.Now())
+		st := r.status(src.Status(), deviceError(src), metav1.Now())
 		if last == nil || !sameReport(last, &st) || time.Since(written) >= heartbeat {
 			if err := r.Write(ctx, st); err != nil {
 				if ctx.Err() == nil {
@@ -84,7 +144,7 @@ func (r *Reporter) Run(ctx context.Context, src Source) {
 		case <-ctx.Done():
 			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
 			defer cancel()
-			st := r.status(src.Status(), metav1.Now())
+			st := r.status(src.Status(), deviceError(src), metav1.Now())
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionNodeReady,
 				Status: metav1.ConditionFalse, Reason: ReasonStopped, Message: "the node agent stopped"})
 			st.VConnsOpen, st.QPsInUse = 0, 0
@@ -99,8 +159,15 @@ func (r *Reporter) Run(ctx context.Context, src Source) {
 	}
 }
 
-// status renders an agent's state.
-func (r *Reporter) status(s admin.Status, now metav1.Time) v1alpha1.RDMANodeStatus {
+func deviceError(src Source) error {
+	if d, ok := src.(DeviceSource); ok {
+		return d.DeviceError()
+	}
+	return nil
+}
+
+// status renders an agent's state; devErr is why its device does not open.
+func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha1.RDMANodeStatus {
 	st := v1alpha1.RDMANodeStatus{
 		QPsInUse:      int32(s.QPs),
 		VConnsOpen:    int32(min(s.VConns, s.Capacity)),
@@ -119,6 +186,21 @@ func (r *Reporter) status(s admin.Status, now metav1.Time) v1alpha1.RDMANodeStat
 		Message: fmt.Sprintf("serving %d vconns over %d QPs", s.VConns, s.QPs)}
 	if !s.Ready {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonStarting, "the node agent is not ready"
+	}
+	switch {
+	case devErr != nil:
+		reason := ReasonDeviceOpenFailed
+		var rs interface{ Reason() string }
+		if errors.As(devErr, &rs) {
+			reason = rs.Reason()
+		}
+		msg := fmt.Sprintf("cannot open the %s device: %v; retrying", r.Provider, devErr)
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, reason, msg
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDeviceReady,
+			Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	case s.Device != "":
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDeviceReady,
+			Status: metav1.ConditionTrue, Reason: ReasonDeviceOpen, Message: fmt.Sprintf("device %s, GID %s", s.Device, s.GID)})
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 	return st

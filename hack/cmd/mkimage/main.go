@@ -60,6 +60,10 @@ type Options struct {
 	Arch    string    // GOARCH of the binaries
 	Version string    // org.opencontainers.image.version
 	Created time.Time // every timestamp in the image, for reproducible builds
+	// HostFiles are files of the build host copied to the same paths
+	// (symlinks as symlinks, with their targets): what the ibverbs node
+	// agent loads (IBVerbsFiles).
+	HostFiles []string
 }
 
 // Build returns the image.
@@ -173,6 +177,12 @@ func rootLayer(o Options) (v1.Layer, error) {
 			return nil, err
 		}
 	}
+	done := map[string]bool{"etc": true, "home": true, "root": true, "tmp": true, "usr": true, "usr/local": true, "usr/local/bin": true}
+	for _, f := range o.HostFiles {
+		if err := w.hostFile(f, done); err != nil {
+			return nil, fmt.Errorf("copying %s from this host: %w", f, err)
+		}
+	}
 	return w.layer()
 }
 
@@ -223,6 +233,8 @@ type File struct {
 	Uid, Gid int
 	Size     int64
 	Dir      bool
+	Link     string // a symlink's target
+	Data     []byte // a regular file's contents
 }
 
 // Read reads the image tagged tag back from the tarball at path, with its
@@ -252,9 +264,16 @@ func Read(path, tag string) (*v1.ConfigFile, map[string]File, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("reading the file system of %s: %w", path, err)
 		}
-		files["/"+strings.TrimSuffix(cleanPath(h.Name), "/")] = File{
-			Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, Size: h.Size, Dir: h.Typeflag == tar.TypeDir,
+		f := File{Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, Size: h.Size, Dir: h.Typeflag == tar.TypeDir}
+		switch h.Typeflag {
+		case tar.TypeSymlink:
+			f.Link = h.Linkname
+		case tar.TypeReg:
+			if f.Data, err = io.ReadAll(tr); err != nil {
+				return nil, nil, fmt.Errorf("reading %s in %s: %w", h.Name, path, err)
+			}
 		}
+		files["/"+strings.TrimSuffix(cleanPath(h.Name), "/")] = f
 	}
 	return cfg, files, nil
 }
@@ -294,16 +313,20 @@ func Verify(path, tag string) error {
 			errs = append(errs, fmt.Errorf("%s is not an executable file (mode %o, %d bytes)", p, f.Mode, f.Size))
 		}
 	}
+	errs = append(errs, verifyIBVerbs(files, cfg.Architecture)...)
 	return errors.Join(errs...)
 }
 
 func main() {
 	var (
-		o      Options
-		tag    string
-		out    string
-		verify string
-		single string
+		o       Options
+		tag     string
+		out     string
+		verify  string
+		single  string
+		ibverbs bool
+		// listIBVerbs names an agent whose files to list.
+		listIBVerbs string
 	)
 	flag.StringVar(&o.BinDir, "bin-dir", "_output/bin", "Directory of the static binaries: "+strings.Join(Binaries, ", ")+".")
 	flag.StringVar(&o.RootFS, "rootfs", "hack/image", "Directory of passwd and group.")
@@ -313,7 +336,26 @@ func main() {
 	flag.StringVar(&out, "out", "_output/rdmavisor.tar", "docker-archive tarball to write.")
 	flag.StringVar(&verify, "verify", "", "Read this tarball back and check the image tagged -tag instead of building.")
 	flag.StringVar(&single, "single", "", "Build an image of this one static binary instead (entrypoint /NAME, non-root).")
+	flag.BoolVar(&ibverbs, "ibverbs", false, "The node-agent in -bin-dir is built with cgo and -tags ibverbs: add what it loads (libibverbs, the rdma-core providers, "+driverDir+") from this host.")
+	flag.StringVar(&listIBVerbs, "ibverbs-files", "", "Print the files of this host the ibverbs node agent at this path loads, one a line, and exit (the Dockerfile copies them).")
 	flag.Parse()
+	if listIBVerbs != "" {
+		files, err := IBVerbsFiles(listIBVerbs, o.Arch)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "mkimage:", err)
+			os.Exit(1)
+		}
+		fmt.Println(strings.Join(files, "\n"))
+		return
+	}
+	if ibverbs && single == "" && verify == "" {
+		files, err := IBVerbsFiles(filepath.Join(o.BinDir, IBVerbsAgent), o.Arch)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "mkimage:", err)
+			os.Exit(1)
+		}
+		o.HostFiles = files
+	}
 	if err := run(o, tag, out, verify, single); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
