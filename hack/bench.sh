@@ -18,8 +18,11 @@ echo "== verbs: RC over the soft provider vs TCP loopback (benchtime $benchtime)
 go test -run '^$' -bench 'BenchmarkRCUDP|BenchmarkTCPLoopback|BenchmarkRCFabric' \
   -benchtime "$benchtime" -count 1 ./internal/verbs/soft/ | tee "$raw" >&2
 
-echo "== E4: the application-agent hop, unix socket vs a direct engine call (benchtime $benchtime)" >&2
-go test -run '^$' -bench 'BenchmarkE4' -benchtime "$benchtime" -count 1 ./pkg/vconn/ | tee "$out/e4.txt" >&2
+echo "== E4: the application-agent hop, unix socket and shared memory vs a direct engine call (benchtime $benchtime)" >&2
+go test -run '^$' -bench '^BenchmarkE4$' -benchtime "$benchtime" -count 1 ./pkg/vconn/ | tee "$out/e4.txt" >&2
+# The paired run: 7 rounds, each path in turn in each (a round is a fixed
+# amount of work, so -benchtime counts rounds here).
+go test -run '^$' -bench '^BenchmarkE4Paired$' -benchtime 7x -count 1 ./pkg/vconn/ | tee -a "$out/e4.txt" >&2
 
 {
   echo "# Benchmark summary"
@@ -51,22 +54,36 @@ go test -run '^$' -bench 'BenchmarkE4' -benchtime "$benchtime" -count 1 ./pkg/vc
   echo
   echo "## E4: the application-agent hop (64-byte messages between two agents)"
   echo
-  echo "| path | round trip (µs) | one-way messages/s |"
-  echo "|---|---:|---:|"
+  echo "Pods on the unix socket, pods on shared memory (memfd rings), and the engines called directly."
+  echo
+  echo "| path | round trip (µs) | p50 round trip (µs) | one-way messages/s |"
+  echo "|---|---:|---:|---:|"
   awk '
-    /^BenchmarkE4\// {
+    /^BenchmarkE4\/(rtt|stream)\// {
       split($1, a, "/"); kind = a[2]; path = a[3]; sub(/-[0-9]+$/, "", path)
       for (i = 2; i <= NF; i++) {
         if ($i == "µs/rtt") rtt[path] = $(i-1)
+        if ($i == "p50-µs/rtt") p50[path] = $(i-1)
         if ($i == "msgs/s") mps[path] = $(i-1)
       }
       if (!(path in seen)) { seen[path] = 1; order[++n] = path }
     }
+    /^BenchmarkE4Paired/ {
+      for (i = 2; i <= NF; i++) if ($i ~ /\/|^p50-/) m[$i] = $(i-1)
+    }
     END {
-      for (i = 1; i <= n; i++) { p = order[i]; printf "| %s | %s | %s |\n", p, rtt[p], mps[p] }
+      for (i = 1; i <= n; i++) { p = order[i]; printf "| %s | %s | %s | %s |\n", p, rtt[p], p50[p], mps[p] }
       if (rtt["engine"] > 0 && mps["engine"] > 0)
-        printf "\nThe socket path costs %.2f× the direct call'"'"'s round trip and carries %.2f× its message rate.\n", rtt["socket"] / rtt["engine"], mps["socket"] / mps["engine"]
-    }' "$out/e4.txt"
+        printf "\nThe socket path costs %.2f× the direct call'"'"'s round trip and carries %.2f× its message rate; shared memory %.2f× and %.2f×.\n", rtt["socket"] / rtt["engine"], mps["socket"] / mps["engine"], rtt["shm"] / rtt["engine"], mps["shm"] / mps["engine"]
+      if (m["shm/engine-p50"] > 0) {
+        printf "\nPaired (BenchmarkE4Paired: the three paths in turns, in one process): p50 round trip socket %s µs, shm %s µs, engine %s µs.\n\n", m["p50-µs/rtt-socket"], m["p50-µs/rtt-shm"], m["p50-µs/rtt-engine"]
+        t = function_met(m["socket/shm-p50"] >= 5); u = function_met(m["shm/engine-p50"] <= 1.5); v = function_met(m["shm/engine-rate"] >= 0.8)
+        printf "- socket p50 / shm p50: %.2f (target ≥ 5.00): **%s**\n", m["socket/shm-p50"], t
+        printf "- shm p50 / engine p50: %.2f (target ≤ 1.50): **%s**\n", m["shm/engine-p50"], u
+        printf "- shm / engine one-way rate (median of the rounds'"'"' ratios): %.2f (target ≥ 0.80): **%s**\n", m["shm/engine-rate"], v
+      }
+    }
+    function function_met(ok) { return ok ? "met" : "missed" }' "$out/e4.txt"
   echo
   go run ./cmd/rdmavisor bench --summarize "$out/engine.jsonl"
 } > "$out/summary.md"

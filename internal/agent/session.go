@@ -35,6 +35,8 @@ type session struct {
 	next      uint32                  // last handle; guarded by mu
 	vconns    map[uint32]*vconnHandle // guarded by mu
 	listeners map[uint32]*listener    // guarded by mu
+	shm       map[uint32]*shmVConn    // vconns on shared memory; guarded by mu
+	shmPoll   *shmPoller              // their TX rings' poller, once one exists; guarded by mu
 	closed    bool                    // guarded by mu
 	hello     bool                    // reader-owned
 	netns     uint64                  // the application's network namespace (inode), 0 if unknown
@@ -126,7 +128,11 @@ func (s *session) dispatch(f frame.Frame) bool {
 		if h == nil {
 			return s.reply(f.Req, f.Handle, frame.CodeNoHandle, "grant: no such vconn") == nil
 		}
-		h.grant(int(f.Arg))
+		if s.shmOf(h.id) == nil { // a shared-memory vconn has no window
+			h.grant(int(f.Arg))
+		}
+	case frame.OpShm:
+		return s.openShm(f)
 	case frame.OpSend, frame.OpExport, frame.OpUnexport, frame.OpLocalRead, frame.OpLocalWrite, frame.OpWrite, frame.OpRead:
 		h := s.lookup(f.Handle)
 		if h == nil {

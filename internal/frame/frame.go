@@ -32,6 +32,7 @@
 //	LocalWrite vconn     region    off   bytes              -
 //	Write      vconn     region    off   bytes              -   (RDMA WRITE on the peer's region)
 //	Read       vconn     region    off   u32 length         payload bytes (RDMA READ)
+//	Shm        vconn     -         -     -                  payload shm.Layout, SCM_RIGHTS memfd + 2 doorbells
 //
 // Pushes (agent to client, req 0):
 //
@@ -46,6 +47,12 @@
 // reads from the engine only then, so a slow application holds the
 // engine's per-vconn credits rather than agent memory. A client may have at
 // most HelloInfo.SendWindow Sends of one vconn unanswered.
+//
+// Shm moves a vconn's messages to shared memory (package shm): the client
+// asks before it grants any window, and from the OK on, Send and Data of
+// that vconn travel in the memfd's rings, EOF and the vconn's failure as
+// the RX ring's last descriptor; Grants for it are ignored. A client that
+// gets Error (or no descriptors) stays on the socket.
 //
 // Region data is copied over the socket (LocalRead, LocalWrite); a memfd
 // fast path that maps the registered memory into the pod is future work.
@@ -89,11 +96,12 @@ const (
 	OpData
 	OpEOF
 	OpAccept
+	OpShm
 	opLimit
 )
 
 var opNames = [...]string{"", "hello", "listen", "dial", "send", "grant", "close", "export", "unexport",
-	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept"}
+	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -20,6 +22,10 @@ import (
 type msgConn interface {
 	send(ctx context.Context, b []byte) error
 	recv(ctx context.Context) error
+	// recvFirst receives a message and returns its first byte (0 if
+	// empty): BenchmarkE4Paired's echo reads it to tell round trips from
+	// one-way messages.
+	recvFirst(ctx context.Context) (byte, error)
 }
 
 type sdkConn struct{ c *vconn.Conn }
@@ -30,7 +36,28 @@ func (s sdkConn) recv(ctx context.Context) error {
 	return err
 }
 
+func (s sdkConn) recvFirst(ctx context.Context) (byte, error) {
+	m, err := s.c.RecvMsg(ctx)
+	if err != nil || len(m.Data) == 0 {
+		return 0, err
+	}
+	return m.Data[0], nil
+}
+
 type engConn struct{ vc *engine.VConn }
+
+func (e engConn) recvFirst(ctx context.Context) (byte, error) {
+	m, err := e.vc.Recv(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var b byte
+	if len(m.Data) > 0 {
+		b = m.Data[0]
+	}
+	m.Release()
+	return b, nil
+}
 
 func (e engConn) send(ctx context.Context, b []byte) error { return e.vc.Send(ctx, b) }
 func (e engConn) recv(ctx context.Context) error {
@@ -42,10 +69,16 @@ func (e engConn) recv(ctx context.Context) error {
 }
 
 // sdkPair connects two vconns through two agents and their sockets.
-func sdkPair(b *testing.B) (msgConn, msgConn) {
+func sdkPair(b *testing.B) (msgConn, msgConn) { return agentPair(b, false) }
+
+// shmPairB connects two vconns through two agents, each pod on shared
+// memory.
+func shmPairB(b *testing.B) (msgConn, msgConn) { return agentPair(b, true) }
+
+func agentPair(b *testing.B, shm bool) (msgConn, msgConn) {
 	cl := cluster(b, agenttest.Options{})
-	ca := client(b, cl.Nodes[0], "a", 4)
-	cb := client(b, cl.Nodes[1], "b", 4)
+	ca := shmClient(b, cl.Nodes[0], "a", 4, shm)
+	cb := shmClient(b, cl.Nodes[1], "b", 4, shm)
 	ctx := testCtx(b)
 	ln, err := cb.Listen(ctx, ":9")
 	if err != nil {
@@ -59,6 +92,9 @@ func sdkPair(b *testing.B) (msgConn, msgConn) {
 	s, err := ln.AcceptVConn()
 	if err != nil {
 		b.Fatal(err)
+	}
+	if c.OnSharedMemory() != shm || s.OnSharedMemory() != shm {
+		b.Fatalf("on shared memory: %v and %v, want %v", c.OnSharedMemory(), s.OnSharedMemory(), shm)
 	}
 	return sdkConn{c}, sdkConn{s}
 }
@@ -96,15 +132,16 @@ func enginePair(b *testing.B) (msgConn, msgConn) {
 	return engConn{va}, engConn{vb}
 }
 
-// BenchmarkE4 measures the pod-to-agent hop: a 64-byte round trip and
-// one-way messages/s through the unix socket and the agents, against the
-// same engines called directly in-process, in one run.
+// BenchmarkE4 measures the pod-to-agent hop: a 64-byte round trip (mean
+// and median) and one-way messages/s through the agents, with the pods on
+// the unix socket and on shared memory, against the same engines called
+// directly in-process, in one run.
 func BenchmarkE4(b *testing.B) {
 	msg := make([]byte, 64)
 	for _, path := range []struct {
 		name string
 		pair func(*testing.B) (msgConn, msgConn)
-	}{{"socket", sdkPair}, {"engine", enginePair}} {
+	}{{"socket", sdkPair}, {"shm", shmPairB}, {"engine", enginePair}} {
 		b.Run(fmt.Sprintf("rtt/%s", path.name), func(b *testing.B) {
 			c, s := path.pair(b)
 			ctx := testCtx(b)
@@ -115,17 +152,23 @@ func BenchmarkE4(b *testing.B) {
 					}
 				}
 			}()
+			rtts := make([]time.Duration, b.N)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
 				if err := c.send(ctx, msg); err != nil {
 					b.Fatal(err)
 				}
 				if err := c.recv(ctx); err != nil {
 					b.Fatal(err)
 				}
+				rtts[i] = time.Since(t0)
 			}
+			b.StopTimer()
+			slices.Sort(rtts)
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/rtt")
+			b.ReportMetric(float64(rtts[len(rtts)/2].Nanoseconds())/1e3, "p50-µs/rtt")
 		})
 		b.Run(fmt.Sprintf("stream/%s", path.name), func(b *testing.B) {
 			c, s := path.pair(b)

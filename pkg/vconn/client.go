@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/shm"
 )
 
 // Environment variables the device plugin sets in a pod.
@@ -24,6 +25,10 @@ type Options struct {
 	// VConns is the quota the pod was given (default: $RDMAVISOR_VCONNS);
 	// informational: the agent enforces its own record.
 	VConns int
+	// SharedMemory moves each vconn's messages from the socket to rings in
+	// memory shared with the agent (a memfd it passes), where the agent
+	// offers them; a vconn stays on the socket if it does not.
+	SharedMemory bool
 }
 
 // OptionsFromEnv reads the options the device plugin put in the
@@ -133,6 +138,7 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.wantShm = c.opts.SharedMemory
 	c.s = s
 	return s, nil
 }
@@ -183,7 +189,7 @@ func (c *Client) Dial(ctx context.Context, addr string) (*Conn, error) {
 	if vc == nil {
 		return nil, fmt.Errorf("vconn: dial %s: %w", addr, s.failure())
 	}
-	vc.grantInitial()
+	vc.start(ctx)
 	return vc, nil
 }
 
@@ -240,6 +246,9 @@ type session struct {
 	conns   map[uint32]*Conn                    // guarded by mu
 	lns     map[uint32]*Listener                // guarded by mu
 	err     error                               // why the session broke; guarded by mu
+
+	wantShm bool  // set before use: try shared memory for each vconn
+	rights  []int // descriptors of the frame being dispatched; reader-owned
 }
 
 func dialSession(ctx context.Context, path string) (*session, error) {
@@ -349,9 +358,14 @@ func (s *session) call(ctx context.Context, f *frame.Frame) (frame.Frame, error)
 // read dispatches the agent's frames until the connection ends.
 func (s *session) read() {
 	buf := make([]byte, frame.MaxFrame+1)
+	oob := make([]byte, shm.RightsSpace)
 	for {
-		n, err := s.conn.Read(buf)
+		n, oobn, _, _, err := s.conn.ReadMsgUnix(buf, oob)
+		if oobn > 0 { // OpShm's reply; a callback takes them, or they close below
+			s.rights, _ = shm.ParseRights(oob[:oobn])
+		}
 		if err != nil || n == 0 {
+			closeFDs(s.rights)
 			msg := "connection closed"
 			if err != nil {
 				msg = err.Error()
@@ -361,11 +375,14 @@ func (s *session) read() {
 		}
 		f, err := frame.Decode(buf[:n])
 		if err != nil {
+			closeFDs(s.rights)
 			s.shutdown(&Error{Code: CodeAgentGone, Message: "protocol error: " + err.Error()})
 			return
 		}
 		f.Payload = append([]byte(nil), f.Payload...)
 		s.dispatch(f)
+		closeFDs(s.rights)
+		s.rights = nil
 	}
 }
 
@@ -399,6 +416,15 @@ func (s *session) dispatch(f frame.Frame) {
 		if c == nil {
 			return
 		}
+		if s.wantShm {
+			// Negotiation waits for a reply on this goroutine's socket:
+			// the listener gets the vconn once it is done.
+			go func() {
+				c.start(context.Background())
+				l.push(c)
+			}()
+			return
+		}
 		go c.grantInitial()
 		l.push(c)
 	}
@@ -429,6 +455,12 @@ func (s *session) shutdown(err error) {
 	conns := s.conns
 	lns := s.lns
 	s.pending, s.conns, s.lns = map[uint32]func(frame.Frame, error){}, map[uint32]*Conn{}, map[uint32]*Listener{}
+	var shms []*shmConn
+	for _, c := range conns {
+		if c.shm != nil { // set under mu (openShm)
+			shms = append(shms, c.shm)
+		}
+	}
 	s.mu.Unlock()
 	close(s.done)
 	_ = s.conn.Close()
@@ -437,6 +469,9 @@ func (s *session) shutdown(err error) {
 	}
 	for _, c := range conns {
 		c.fail(err)
+	}
+	for _, x := range shms { // unmapped now: the application may never Close
+		go x.close()
 	}
 	for _, l := range lns {
 		l.fail(err)

@@ -38,6 +38,7 @@ type Conn struct {
 	closing       chan struct{} // closed by Close
 	closeOnce     sync.Once
 	closeErr      error
+	shm           *shmConn // the shared-memory path; nil on the socket; set before use
 
 	rmu sync.Mutex // serialises stream reads; guards cur
 	cur []byte     // rest of the message a stream Read is in
@@ -101,6 +102,9 @@ func (c *Conn) isClosed() bool {
 
 // next waits for the next message; io.EOF after the peer closed.
 func (c *Conn) next(ctx context.Context, dl *deadline) (Message, error) {
+	if c.shm != nil {
+		return c.shmNext(ctx, dl)
+	}
 	for {
 		if c.isClosed() {
 			return Message{}, net.ErrClosed
@@ -225,6 +229,9 @@ func (c *Conn) send(ctx context.Context, dl *deadline, data []byte, imm uint32, 
 	if err != nil {
 		return err
 	}
+	if c.shm != nil {
+		return c.shmSend(ctx, dl, data, imm, hasImm)
+	}
 	if err := c.acquire(ctx, dl); err != nil {
 		return err
 	}
@@ -250,8 +257,8 @@ func (c *Conn) send(ctx context.Context, dl *deadline, data []byte, imm uint32, 
 
 // SendMsg sends data as one message, of at most MaxMessage bytes (larger
 // ones fail with ErrTooLarge), on every transport. It
-// returns once the message is handed to the agent; a failure
-// the agent reports afterwards is returned by a later call.
+// returns once the message is handed to the agent; a failure the agent
+// reports afterwards is returned by a later call.
 func (c *Conn) SendMsg(ctx context.Context, data []byte) error {
 	return c.send(ctx, c.wd, data, 0, false)
 }
@@ -298,6 +305,9 @@ func (c *Conn) op(ctx context.Context, f *frame.Frame) (frame.Frame, error) {
 
 // drain waits until the agent answered every operation sent.
 func (c *Conn) drain(timeout time.Duration) {
+	if c.shm != nil {
+		c.shm.drain(c, timeout)
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	for i := 0; i < cap(c.sem); i++ {
@@ -325,6 +335,9 @@ func (c *Conn) Close() error {
 		c.s.mu.Lock()
 		delete(c.s.conns, c.h)
 		c.s.mu.Unlock()
+		if c.shm != nil {
+			c.shm.close()
+		}
 		if err != nil && !errors.Is(err, ErrAgentGone) && !errors.Is(err, &Error{Code: CodeNoHandle}) {
 			c.closeErr = c.opErr("close", err)
 		}

@@ -1,0 +1,234 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Descriptor flags.
+const (
+	FlagImm   uint32 = 1 << 0 // Imm is an application immediate
+	FlagEOF   uint32 = 1 << 1 // the peer closed; no payload, nothing follows
+	FlagError uint32 = 1 << 2 // the vconn failed: Imm is the error code, the payload its message
+
+	flagsKnown = FlagImm | FlagEOF | FlagError
+)
+
+// Desc is one descriptor: Len bytes at Off in the ring's slab.
+type Desc struct {
+	Off, Len, Imm, Flags uint32
+}
+
+// Errors.
+var (
+	// ErrCorrupt is an index or descriptor the other side wrote out of
+	// bounds: the ring cannot be used any more.
+	ErrCorrupt = errors.New("shm: ring corrupt")
+	// ErrTooLarge is a message over the layout's MaxMessage.
+	ErrTooLarge = errors.New("shm: message larger than the ring carries")
+)
+
+// ring is a view of one ring's area in the mapping.
+type ring struct {
+	tail, head, consWait, prodWait *atomic.Uint32
+	descs                          []byte
+	slab                           []byte
+	mask                           uint32
+	n                              uint32
+	maxMsg                         uint32
+}
+
+// newRing views mem (one ring's area, 8-byte aligned, at least the
+// layout's ringLen) as a ring.
+func newRing(mem []byte, l Layout) ring {
+	u32 := func(off int) *atomic.Uint32 { return (*atomic.Uint32)(unsafe.Pointer(&mem[off])) }
+	dEnd := headerLen + int(l.Entries)*DescLen
+	sEnd := dEnd + int(l.Slab)
+	return ring{
+		tail: u32(offTail), head: u32(offHead), consWait: u32(offConsWait), prodWait: u32(offProdWait),
+		descs: mem[headerLen:dEnd:dEnd], slab: mem[dEnd:sEnd:sEnd],
+		mask: l.Entries - 1, n: l.Entries, maxMsg: l.MaxMessage,
+	}
+}
+
+// decode copies descriptor i out of shared memory and checks it, so what
+// the caller uses cannot change under it or point outside the slab.
+func (r *ring) decode(i uint32) (Desc, error) {
+	o := (i & r.mask) * DescLen
+	b := r.descs[o : o+DescLen : o+DescLen]
+	d := Desc{Off: binary.LittleEndian.Uint32(b), Len: binary.LittleEndian.Uint32(b[4:]),
+		Imm: binary.LittleEndian.Uint32(b[8:]), Flags: binary.LittleEndian.Uint32(b[12:])}
+	return d, r.check(d)
+}
+
+func (r *ring) check(d Desc) error {
+	switch slab := uint32(len(r.slab)); {
+	case d.Flags&^flagsKnown != 0:
+		return fmt.Errorf("%w: descriptor flags %#x", ErrCorrupt, d.Flags)
+	case d.Len > r.maxMsg:
+		return fmt.Errorf("%w: descriptor of %d bytes, at most %d", ErrCorrupt, d.Len, r.maxMsg)
+	case d.Off > slab || d.Len > slab-d.Off:
+		return fmt.Errorf("%w: descriptor of %d bytes at %d outside a slab of %d", ErrCorrupt, d.Len, d.Off, slab)
+	}
+	return nil
+}
+
+func (r *ring) encode(i uint32, d Desc) {
+	o := (i & r.mask) * DescLen
+	b := r.descs[o : o+DescLen : o+DescLen]
+	binary.LittleEndian.PutUint32(b, d.Off)
+	binary.LittleEndian.PutUint32(b[4:], d.Len)
+	binary.LittleEndian.PutUint32(b[8:], d.Imm)
+	binary.LittleEndian.PutUint32(b[12:], d.Flags)
+}
+
+// Producer is the writing end of a ring. It is not safe for concurrent
+// use: one goroutine (or a caller's lock) at a time.
+type Producer struct {
+	r    ring
+	bell *Bell
+	tail uint32 // next descriptor; private, published to r.tail
+	head uint32 // the consumer's head, as last checked
+	// data counts slab bytes used so far (wrap padding included);
+	// starts[i&mask] is where descriptor i's bytes (or padding) begin,
+	// so the slab is free up to where the consumer's head descriptor
+	// starts. Both private: nothing read back from shared memory.
+	data   uint64
+	starts []uint64
+}
+
+// Consumer is the reading end of a ring, with the same rule as Producer.
+type Consumer struct {
+	r    ring
+	bell *Bell
+	head uint32 // next descriptor to read; private, published to r.head
+	tail uint32 // the producer's tail, as last checked
+}
+
+func newProducer(r ring, b *Bell) *Producer {
+	return &Producer{r: r, bell: b, starts: make([]uint64, r.n)}
+}
+
+func newConsumer(r ring, b *Bell) *Consumer { return &Consumer{r: r, bell: b} }
+
+// MaxMessage is the largest payload Push takes.
+func (p *Producer) MaxMessage() int { return int(p.r.maxMsg) }
+
+// sync reads the consumer's head: it may only have moved forward, and not
+// past what was published.
+func (p *Producer) sync() error {
+	h := p.r.head.Load()
+	if h-p.head > p.tail-p.head {
+		return fmt.Errorf("%w: consumer head %d outside %d..%d", ErrCorrupt, h, p.head, p.tail)
+	}
+	p.head = h
+	return nil
+}
+
+// Push copies b into the slab and publishes a descriptor for it, ringing
+// the consumer's bell if it announced it sleeps. It reports false, without
+// error, when the ring has no room now; an error is final.
+func (p *Producer) Push(b []byte, imm, flags uint32) (bool, error) {
+	if uint32(len(b)) > p.r.maxMsg {
+		return false, fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, len(b), p.r.maxMsg)
+	}
+	if err := p.sync(); err != nil {
+		return false, err
+	}
+	if p.tail-p.head >= p.r.n {
+		return false, nil
+	}
+	slab := uint64(len(p.r.slab))
+	free := p.data // consumed up to here
+	if p.head != p.tail {
+		free = p.starts[p.head&p.r.mask]
+	}
+	// Each message takes whole cache lines, so two never share one, and
+	// does not wrap: it starts over at 0 if it would.
+	need := (uint64(len(b)) + CacheLine - 1) &^ (CacheLine - 1)
+	start := p.data
+	if pos := start % slab; pos+need > slab {
+		start += slab - pos
+	}
+	if start+need-free > slab {
+		return false, nil
+	}
+	off := uint32(start % slab)
+	copy(p.r.slab[off:], b)
+	p.r.encode(p.tail, Desc{Off: off, Len: uint32(len(b)), Imm: imm, Flags: flags & flagsKnown})
+	p.starts[p.tail&p.r.mask] = p.data
+	p.data = start + need
+	p.tail++
+	p.r.tail.Store(p.tail) // publishes the descriptor and its bytes
+	if p.r.consWait.Load() != 0 && p.r.consWait.Swap(0) != 0 {
+		p.bell.Ring()
+	}
+	return true, nil
+}
+
+// Empty reports whether the consumer has released every descriptor.
+func (p *Producer) Empty() bool { return p.r.head.Load() == p.tail }
+
+// Arm announces that the producer is about to sleep until the consumer
+// frees room: the consumer's next Release rings the bell. The caller
+// tries Push once more after Arm, then waits on the bell.
+func (p *Producer) Arm() { p.r.prodWait.Store(1) }
+
+// Wait sleeps until the consumer rings the bell, the bell shuts down or
+// timeout passes (negative: none); see Bell.Wait.
+func (p *Producer) Wait(timeout time.Duration) (bool, error) { return p.bell.Wait(timeout) }
+
+// Ready reports whether a descriptor may be waiting (Peek decides).
+func (c *Consumer) Ready() bool { return c.head != c.tail || c.r.tail.Load() != c.head }
+
+// Peek returns the next descriptor and its payload, which aliases shared
+// memory and is valid until Release (as far as the producer is honest:
+// the agent must treat it as bytes that can change under it). ok is false
+// when the ring is empty; an error is final.
+func (c *Consumer) Peek() (d Desc, payload []byte, ok bool, err error) {
+	if c.head == c.tail {
+		t := c.r.tail.Load()
+		if t-c.head > c.r.n {
+			return Desc{}, nil, false, fmt.Errorf("%w: producer tail %d, head %d, %d entries", ErrCorrupt, t, c.head, c.r.n)
+		}
+		if c.tail = t; t == c.head {
+			return Desc{}, nil, false, nil
+		}
+	}
+	if d, err = c.r.decode(c.head); err != nil {
+		return Desc{}, nil, false, err
+	}
+	return d, c.r.slab[d.Off : d.Off+d.Len : d.Off+d.Len], true, nil
+}
+
+// Release gives the descriptor Peek returned (and its bytes) back to the
+// producer, ringing its bell if it waits for room.
+func (c *Consumer) Release() {
+	if c.head == c.tail {
+		return
+	}
+	c.head++
+	c.r.head.Store(c.head)
+	if c.r.prodWait.Load() != 0 && c.r.prodWait.Swap(0) != 0 {
+		c.bell.Ring()
+	}
+}
+
+// Arm announces that the consumer is about to sleep until the producer
+// pushes: the next Push rings the bell. It reports whether a descriptor
+// arrived meanwhile, in which case the caller must not sleep.
+func (c *Consumer) Arm() bool {
+	c.r.consWait.Store(1)
+	return c.Ready()
+}
+
+// Wait sleeps until the producer rings the bell, the bell shuts down or
+// timeout passes (negative: none); see Bell.Wait.
+func (c *Consumer) Wait(timeout time.Duration) (bool, error) { return c.bell.Wait(timeout) }
+
+// Bell is the consumer's end of the ring's doorbell, for a BellSet.
+func (c *Consumer) Bell() *Bell { return c.bell }

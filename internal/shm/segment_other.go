@@ -1,0 +1,66 @@
+//go:build !linux
+
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Bell is a doorbell; only Linux has them.
+type Bell struct{}
+
+// Ring does nothing here.
+func (*Bell) Ring() {}
+
+// Wait fails here.
+func (*Bell) Wait(time.Duration) (bool, error) { return false, errors.ErrUnsupported }
+
+// Segment is one vconn's shared memory; only Linux has them.
+type Segment struct{ Layout Layout }
+
+// RightsSpace is 0: no descriptors pass here.
+var RightsSpace = 0
+
+var errNoShm = fmt.Errorf("shm: shared memory path: %w", errors.ErrUnsupported)
+
+// Create fails: the shared-memory path needs Linux memfds.
+func Create(string, Layout) (*Segment, error) { return nil, errNoShm }
+
+// Open fails, as Create.
+func Open(Layout, []int) (*Segment, error) { return nil, errNoShm }
+
+// Rights is empty here.
+func Rights([]int) []byte { return nil }
+
+// ParseRights finds nothing here.
+func ParseRights([]byte) ([]int, error) { return nil, nil }
+
+func (*Segment) Files() []int                  { return nil }
+func (*Segment) ClosePeer()                    {}
+func (*Segment) Agent() (*Consumer, *Producer) { return nil, nil }
+func (*Segment) Pod() (*Producer, *Consumer)   { return nil, nil }
+func (*Segment) Shutdown()                     {}
+func (*Segment) Close() error                  { return nil }
+
+// BellSet is a set of doorbells; only Linux has them.
+type BellSet struct{}
+
+// Reset does nothing here.
+func (*BellSet) Reset() {}
+
+// Add does nothing here.
+func (*BellSet) Add(*Bell) {}
+
+// Wait fails here.
+func (*BellSet) Wait(time.Duration) error { return errNoShm }
+
+// NewBellPair fails here.
+func NewBellPair() (*Bell, *Bell, error) { return nil, nil, errNoShm }
+
+// Shutdown does nothing here.
+func (*Bell) Shutdown() {}
+
+// Close does nothing here.
+func (*Bell) Close() error { return nil }

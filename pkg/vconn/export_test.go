@@ -1,0 +1,34 @@
+package vconn
+
+import (
+	"context"
+
+	"github.com/rdmavisor/rdmavisor/internal/frame"
+)
+
+// OnSharedMemory reports whether the vconn's messages travel in shared
+// memory.
+func (c *Conn) OnSharedMemory() bool { return c.shm != nil }
+
+// SharedMemory is the vconn's mapping (nil on the socket), for tests that
+// play a hostile pod.
+func (c *Conn) SharedMemory() []byte {
+	if c.shm == nil {
+		return nil
+	}
+	return c.shm.seg.Bytes()
+}
+
+// AskSharedMemory asks the agent for shared memory again.
+func (c *Conn) AskSharedMemory(ctx context.Context) error {
+	_, fds, err := c.s.callRights(ctx, &frame.Frame{Op: frame.OpShm, Handle: c.h})
+	closeFDs(fds)
+	return err
+}
+
+// PushRaw puts a descriptor with any flags in the TX ring.
+func (c *Conn) PushRaw(b []byte, imm, flags uint32) (bool, error) {
+	c.shm.tmu.Lock()
+	defer c.shm.tmu.Unlock()
+	return c.shm.tx.Push(b, imm, flags)
+}

@@ -1,0 +1,339 @@
+package vconn
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/shm"
+	"golang.org/x/sys/unix"
+)
+
+// shmSpin is how long a send or receive on shared memory polls its ring
+// (yielding the processor between looks) before it sleeps until the
+// agent's doorbell: a reply within it costs no system call.
+const shmSpin = 50 * time.Microsecond
+
+// shmConn is a vconn's shared-memory data path (frame.OpShm): SendMsg
+// copies into the TX ring, RecvMsg copies out of the RX ring. A caller
+// that waits sleeps on the agent's doorbell in slices of at most
+// shmWaitSlice, to notice contexts, deadlines, Close and failures the
+// socket reports.
+type shmConn struct {
+	seg       *shm.Segment
+	closeOnce sync.Once // close: by Close, or when the session breaks
+
+	tmu    sync.Mutex // serialises senders: the ring has one producer
+	tx     *shm.Producer
+	rmu    sync.Mutex // serialises receivers: the ring has one consumer
+	rx     *shm.Consumer
+	wmu    sync.RWMutex // held shared by receivers asleep on RX's doorbell
+	closed bool         // set holding tmu, rmu and wmu, before the unmap
+}
+
+// start moves the vconn to shared memory if the client asked and the
+// agent agrees; otherwise it opens the socket's receive window.
+func (c *Conn) start(ctx context.Context) {
+	if c.s.wantShm && c.openShm(ctx) == nil {
+		return
+	}
+	c.grantInitial()
+}
+
+// openShm asks the agent for the vconn's segment and maps it.
+func (c *Conn) openShm(ctx context.Context) error {
+	rep, fds, err := c.s.callRights(ctx, &frame.Frame{Op: frame.OpShm, Handle: c.h})
+	if err != nil {
+		return err
+	}
+	l, err := shm.DecodeLayout(rep.Payload)
+	if err != nil {
+		closeFDs(fds)
+		return err
+	}
+	seg, err := shm.Open(l, fds)
+	if err != nil {
+		return err
+	}
+	x := &shmConn{seg: seg}
+	x.tx, x.rx = seg.Pod()
+	// Under the session's lock, which shutdown holds to find the
+	// segments it unmaps.
+	c.s.mu.Lock()
+	err = c.s.err
+	if err == nil {
+		c.shm = x
+	}
+	c.s.mu.Unlock()
+	if err != nil {
+		x.close()
+		return err
+	}
+	return nil
+}
+
+// shmWaitSlice bounds one sleep on a doorbell: what else ends a wait
+// (a context, a deadline, Close, an Error pushed on the socket) is seen
+// within it.
+const shmWaitSlice = 5 * time.Millisecond
+
+// slice is how long the next sleep may be.
+func slice(ctx context.Context, dc chan struct{}) time.Duration {
+	d := shmWaitSlice
+	if t, ok := ctx.Deadline(); ok {
+		d = min(d, max(0, time.Until(t)))
+	}
+	if dc != nil && closedChan(dc) {
+		d = 0
+	}
+	return d
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}
+
+// callRights is call for a reply that carries descriptors; the caller
+// owns them.
+func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, []int, error) {
+	type result struct {
+		f   frame.Frame
+		fds []int
+		err error
+	}
+	ch := make(chan result, 1)
+	err := s.async(f, func(r frame.Frame, err error) {
+		var fds []int
+		if err == nil { // on the reader goroutine, which owns rights
+			fds, s.rights = s.rights, nil
+		}
+		ch <- result{r, fds, err}
+	})
+	if err != nil {
+		return frame.Frame{}, nil, err
+	}
+	req := f.Req
+	select {
+	case r := <-ch:
+		if r.err == nil && len(r.fds) == 0 {
+			r.err = fmt.Errorf("vconn: shm: the agent's reply carried no descriptors")
+		}
+		return r.f, r.fds, r.err
+	case <-ctx.Done():
+		s.mu.Lock()
+		delete(s.pending, req)
+		s.mu.Unlock()
+		select {
+		case r := <-ch: // the reply raced the cancellation
+			closeFDs(r.fds)
+		default:
+		}
+		return frame.Frame{}, nil, ctx.Err()
+	}
+}
+
+// shmNext is next on shared memory.
+func (c *Conn) shmNext(ctx context.Context, dl *deadline) (Message, error) {
+	x := c.shm
+	var start time.Time
+	for {
+		if c.isClosed() {
+			return Message{}, net.ErrClosed
+		}
+		if m, ok, err := x.recv(c); ok || err != nil {
+			return m, err
+		}
+		c.mu.Lock()
+		eof, err := c.eof, c.err
+		c.mu.Unlock()
+		if eof {
+			return Message{}, io.EOF
+		}
+		if err != nil {
+			return Message{}, err
+		}
+		if err := ctx.Err(); err != nil {
+			return Message{}, err
+		}
+		if start.IsZero() {
+			start = time.Now()
+		}
+		if time.Since(start) < shmSpin {
+			runtime.Gosched()
+			continue
+		}
+		var dc chan struct{}
+		if dl != nil {
+			dc = dl.wait()
+		}
+		if closedChan(dc) {
+			return Message{}, os.ErrDeadlineExceeded
+		}
+		if err := x.sleepRX(slice(ctx, dc)); err != nil {
+			// Shut down (Close) or the agent dropped the segment:
+			// wait for the reason on the socket's side.
+			select {
+			case <-c.notify:
+			case <-c.closing:
+			case <-ctx.Done():
+				return Message{}, ctx.Err()
+			case <-dc:
+				return Message{}, os.ErrDeadlineExceeded
+			}
+		}
+	}
+}
+
+// sleepRX announces the receiver sleeps and sleeps on RX's doorbell, for
+// at most d: nil when woken, rung or not.
+func (x *shmConn) sleepRX(d time.Duration) error {
+	x.rmu.Lock()
+	if x.closed {
+		x.rmu.Unlock()
+		return net.ErrClosed
+	}
+	ready := x.rx.Arm()
+	x.rmu.Unlock()
+	if ready {
+		return nil
+	}
+	x.wmu.RLock()
+	defer x.wmu.RUnlock()
+	if x.closed {
+		return net.ErrClosed
+	}
+	_, err := x.rx.Wait(d)
+	return err
+}
+
+// recv takes the next descriptor, if any: a message (copied out, so the
+// slab room goes back to the agent at once), EOF or the vconn's failure.
+func (x *shmConn) recv(c *Conn) (Message, bool, error) {
+	x.rmu.Lock()
+	defer x.rmu.Unlock()
+	if x.closed {
+		return Message{}, false, net.ErrClosed
+	}
+	d, p, ok, err := x.rx.Peek()
+	if err != nil {
+		return Message{}, false, &Error{Code: CodeAgentGone, Message: err.Error()}
+	}
+	if !ok {
+		return Message{}, false, nil
+	}
+	defer x.rx.Release()
+	switch {
+	case d.Flags&shm.FlagEOF != 0:
+		c.mu.Lock()
+		c.eof = true
+		c.mu.Unlock()
+		return Message{}, true, io.EOF
+	case d.Flags&shm.FlagError != 0:
+		err := &Error{Code: Code(d.Imm), Message: string(p)}
+		c.mu.Lock()
+		if c.err == nil {
+			c.err = err
+		}
+		c.mu.Unlock()
+		return Message{}, true, err
+	}
+	return Message{Data: append([]byte(nil), p...), Imm: d.Imm, HasImm: d.Flags&shm.FlagImm != 0}, true, nil
+}
+
+// shmSend is send on shared memory: it returns once the message is in the
+// ring; a failure the agent meets later is the vconn's (Err, and the next
+// call's error).
+func (c *Conn) shmSend(ctx context.Context, dl *deadline, data []byte, imm uint32, hasImm bool) error {
+	x := c.shm
+	var flags uint32
+	if hasImm {
+		flags = shm.FlagImm
+	}
+	x.tmu.Lock()
+	defer x.tmu.Unlock()
+	var start time.Time
+	for {
+		if x.closed {
+			return net.ErrClosed
+		}
+		ok, err := x.tx.Push(data, imm, flags)
+		if err != nil {
+			return &Error{Code: CodeTooLarge, Message: err.Error()}
+		}
+		if ok {
+			return nil
+		}
+		if err := c.Err(); err != nil {
+			return err
+		}
+		if start.IsZero() {
+			start = time.Now()
+		}
+		if time.Since(start) < shmSpin {
+			runtime.Gosched()
+			continue
+		}
+		x.tx.Arm()
+		if ok, _ := x.tx.Push(data, imm, flags); ok {
+			return nil
+		}
+		var dc chan struct{}
+		if dl != nil {
+			dc = dl.wait()
+		}
+		// The slice bounds the wait for a vconn that failed on the agent:
+		// it stops draining the ring and rings no bell.
+		if _, err := x.tx.Wait(slice(ctx, dc)); err != nil {
+			time.Sleep(shmWaitSlice) // shut down: the checks below end it
+		}
+		switch {
+		case c.isClosed():
+			return net.ErrClosed
+		case !c.s.alive():
+			return c.s.failure()
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case dc != nil && closedChan(dc):
+			return os.ErrDeadlineExceeded
+		}
+	}
+}
+
+// drain waits until the agent took every message of the TX ring.
+func (x *shmConn) drain(c *Conn, timeout time.Duration) {
+	end := time.Now().Add(timeout)
+	for time.Now().Before(end) && c.s.alive() && c.Err() == nil {
+		x.tmu.Lock()
+		empty := x.closed || x.tx.Empty()
+		x.tmu.Unlock()
+		if empty {
+			return
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// close unmaps the segment and closes its doorbells once no sender or
+// receiver is inside the rings or asleep on a doorbell (the shutdown
+// wakes the sleepers).
+func (x *shmConn) close() { x.closeOnce.Do(x.unmap) }
+
+func (x *shmConn) unmap() {
+	x.seg.Shutdown()
+	x.tmu.Lock()
+	x.rmu.Lock()
+	x.wmu.Lock()
+	x.closed = true
+	x.wmu.Unlock()
+	x.rmu.Unlock()
+	x.tmu.Unlock()
+	_ = x.seg.Close()
+}

@@ -1,0 +1,294 @@
+package vconn_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/shm"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+	"go.uber.org/goleak"
+)
+
+// shmClient is client with the shared-memory path asked for (or not).
+func shmClient(t testing.TB, n *agenttest.Node, id string, k int, on bool) *vconn.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sock, err := n.Allocate(ctx, id, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := vconn.NewClient(ctx, vconn.Options{Socket: sock, SharedMemory: on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// shmPair dials from a to b through two agents.
+func shmPair(t testing.TB, a, b *vconn.Client, node string) (*vconn.Conn, *vconn.Conn) {
+	t.Helper()
+	ctx := testCtx(t)
+	ln, err := b.Listen(ctx, ":7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	c, err := a.Dial(ctx, node+":7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.AcceptVConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, s
+}
+
+// TestSharedMemoryEcho sends messages of every size class through shared
+// memory on both ends and checks each comes back whole, in order, with
+// its immediate, then that EOF follows the last one.
+func TestSharedMemoryEcho(t *testing.T) {
+	for _, mixed := range []bool{false, true} {
+		name := "both"
+		if mixed {
+			name = "dialer-only" // the listener's pod stays on the socket
+		}
+		t.Run(name, func(t *testing.T) {
+			cl := cluster(t, agenttest.Options{})
+			a := shmClient(t, cl.Nodes[0], "a", 4, true)
+			b := shmClient(t, cl.Nodes[1], "b", 4, !mixed)
+			c, s := shmPair(t, a, b, cl.Nodes[1].Name)
+			if !c.OnSharedMemory() || s.OnSharedMemory() != !mixed {
+				t.Fatalf("on shared memory: dialer %v, listener %v", c.OnSharedMemory(), s.OnSharedMemory())
+			}
+			ctx := testCtx(t)
+			done := make(chan error, 1)
+			go func() {
+				for {
+					m, err := s.RecvMsg(ctx)
+					if errors.Is(err, io.EOF) {
+						done <- s.Close()
+						return
+					}
+					if err == nil {
+						err = s.SendMsgImm(ctx, m.Data, m.Imm+1)
+					}
+					if err != nil {
+						done <- err
+						return
+					}
+				}
+			}()
+			sizes := []int{0, 1, 63, 64, 65, 1000, 4096, 20000, c.MaxMessage()}
+			const rounds = 300
+			go func() { // the sender runs ahead of the reader: rings fill
+				for i := 0; i < rounds; i++ {
+					m := bytes.Repeat([]byte{byte(i)}, sizes[i%len(sizes)])
+					if err := c.SendMsgImm(ctx, m, uint32(i)); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+			for i := 0; i < rounds; i++ {
+				m, err := c.RecvMsg(ctx)
+				if err != nil {
+					t.Fatalf("reply %d: %v", i, err)
+				}
+				want := bytes.Repeat([]byte{byte(i)}, sizes[i%len(sizes)])
+				if !m.HasImm || m.Imm != uint32(i)+1 || !bytes.Equal(m.Data, want) {
+					t.Fatalf("reply %d: imm %v %d, %d bytes, want %d", i, m.HasImm, m.Imm, len(m.Data), len(want))
+				}
+			}
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestSharedMemoryRefused checks that the agent refuses a second segment
+// for a vconn (the client would stay on what it has) and that the vconn
+// keeps working.
+func TestSharedMemoryRefused(t *testing.T) {
+	cl := cluster(t, agenttest.Options{})
+	a := shmClient(t, cl.Nodes[0], "a", 4, true)
+	b := shmClient(t, cl.Nodes[1], "b", 4, false)
+	c, s := shmPair(t, a, b, cl.Nodes[1].Name)
+	ctx := testCtx(t)
+	if err := c.AskSharedMemory(ctx); !errors.Is(err, &vconn.Error{Code: vconn.CodeBadRequest}) {
+		t.Fatalf("second segment: %v", err)
+	}
+	if err := s.AskSharedMemory(ctx); !errors.Is(err, &vconn.Error{Code: vconn.CodeBadRequest}) {
+		t.Fatalf("segment after a grant: %v", err)
+	}
+	if err := c.SendMsg(ctx, []byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.RecvMsg(ctx); err != nil || string(m.Data) != "still here" {
+		t.Fatalf("%q %v", m.Data, err)
+	}
+}
+
+// TestSharedMemoryHostilePod plays a pod that breaks its rings: the agent
+// must fail that vconn, say why, and keep serving the pod's other vconns.
+func TestSharedMemoryHostilePod(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		break_ func(t *testing.T, c *vconn.Conn)
+	}{
+		{"rx head out of bounds", func(t *testing.T, c *vconn.Conn) {
+			// The RX ring is the second half; its head is the pod's to
+			// publish, and the agent reads it before each delivery.
+			mem := c.SharedMemory()
+			binary.LittleEndian.PutUint32(mem[len(mem)/2+64:], 12345)
+		}},
+		{"tx flags only the agent sends", func(t *testing.T, c *vconn.Conn) {
+			if ok, err := c.PushRaw(nil, 0, shm.FlagEOF); !ok || err != nil {
+				t.Fatal(ok, err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl := cluster(t, agenttest.Options{})
+			a := shmClient(t, cl.Nodes[0], "a", 4, true)
+			b := shmClient(t, cl.Nodes[1], "b", 4, true)
+			ctx := testCtx(t)
+			ln, err := b.Listen(ctx, ":7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() { // greets every vconn, then discards what it reads
+				for {
+					s, err := ln.AcceptVConn()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer s.Close()
+						for s.SendMsg(ctx, []byte("hi")) == nil {
+							if _, err := s.RecvMsg(ctx); err != nil {
+								return
+							}
+						}
+					}()
+				}
+			}()
+			bad, err := a.Dial(ctx, cl.Nodes[1].Name+":7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			good, err := a.Dial(ctx, cl.Nodes[1].Name+":7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bad.OnSharedMemory() {
+				t.Fatal("not on shared memory")
+			}
+			if _, err := bad.RecvMsg(ctx); err != nil { // the first greeting
+				t.Fatal(err)
+			}
+			tc.break_(t, bad)
+			_ = bad.SendMsg(ctx, []byte("x")) // another greeting comes back
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			var rerr error
+			for rerr == nil {
+				_, rerr = bad.RecvMsg(rctx)
+			}
+			if !errors.Is(rerr, &vconn.Error{Code: vconn.CodeBadRequest}) {
+				t.Fatalf("broken ring: RecvMsg %v, want a bad request", rerr)
+			}
+			for i := 0; i < 100; i++ {
+				if err := good.SendMsg(ctx, []byte("fine")); err != nil {
+					t.Fatalf("other vconn: %v", err)
+				}
+				if _, err := good.RecvMsg(ctx); err != nil {
+					t.Fatalf("other vconn: %v", err)
+				}
+			}
+			if err := good.Close(); err != nil {
+				t.Fatal(err)
+			}
+			_ = bad.Close()
+		})
+	}
+}
+
+// TestSharedMemoryLeaks opens and closes shared-memory vconns and checks
+// that no goroutine, descriptor (memfd, doorbell) or mapping is left on
+// either side once the clients and agents are gone.
+func TestSharedMemoryLeaks(t *testing.T) {
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	maps := func() int {
+		b, err := os.ReadFile("/proc/self/maps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.Count(b, []byte("memfd:rdmavisor-"))
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	fd0 := fds()
+	func() {
+		cl := cluster(t, agenttest.Options{})
+		a := shmClient(t, cl.Nodes[0], "a", 8, true)
+		b := shmClient(t, cl.Nodes[1], "b", 64, true)
+		ctx := testCtx(t)
+		ln, err := b.Listen(ctx, ":9")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go agenttest.ServeDiscard(ln)
+		for i := 0; i < 200; i++ {
+			c, err := a.Dial(ctx, cl.Nodes[1].Name+":9")
+			if err != nil {
+				t.Fatalf("cycle %d: %v", i, err)
+			}
+			if !c.OnSharedMemory() {
+				t.Fatalf("cycle %d: on the socket", i)
+			}
+			if err := c.SendMsg(ctx, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Close(); err != nil {
+				t.Fatalf("cycle %d: close: %v", i, err)
+			}
+		}
+		_ = ln.Close()
+		_ = a.Close()
+		_ = b.Close()
+		if err := cl.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for (fds() > fd0 || maps() > 0) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := fds(); n > fd0 {
+		t.Errorf("%d descriptors open, %d before", n, fd0)
+	}
+	if n := maps(); n > 0 {
+		b, _ := os.ReadFile("/proc/self/maps")
+		t.Errorf("%d shared-memory mappings left:\n%s", n, b)
+	}
+}
