@@ -78,6 +78,7 @@ func TestE2E(t *testing.T) {
 		{"kubelet restart: the device plugin registers again", (*env).kubeletRestart},
 		{"agent pod killed: recreated, devices healthy again", (*env).agentKilled},
 		{"RDMAService deleted: agent, RDMANode and node resource gone", (*env).deleteService},
+		{"ibverbs sample on a node without RDMA: the agent waits and says why", (*env).ibverbsWithoutDevice},
 		{"helm uninstall leaves only the CRDs", (*env).helmUninstall},
 	}
 	for _, s := range steps {
