@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
@@ -25,6 +26,7 @@ type allocation struct {
 
 	mu       sync.Mutex
 	used     int                   // vconns open; guarded by mu
+	held     held                  // listeners, regions; guarded by mu (limits.go)
 	sessions map[*session]struct{} // guarded by mu
 	closed   bool                  // guarded by mu
 }
@@ -141,7 +143,14 @@ func (al *allocation) serve() {
 			_ = c.Close()
 			return
 		}
-		al.sessions[s] = struct{}{}
+		if lim := al.a.cfg.Limits.Sessions; len(al.sessions) >= lim {
+			// Answered, not dropped: the application learns why at
+			// its hello.
+			s.refused = fmt.Sprintf("allocation %s already has %d connections (limits.sessions)", al.id, lim)
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second)) // no lingering for its hello
+		} else {
+			al.sessions[s] = struct{}{}
+		}
 		al.mu.Unlock()
 		go s.run()
 	}

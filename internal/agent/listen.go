@@ -28,6 +28,10 @@ func (s *session) listen(f frame.Frame) {
 		_ = s.reply(f.Req, 0, frame.CodeBadRequest, fmt.Sprintf("listen: port %d: want 1..65535", f.Arg))
 		return
 	}
+	if err := s.al.claimListener(); err != nil {
+		_ = s.reply(f.Req, 0, frame.CodeLimit, err.Error())
+		return
+	}
 	s.mu.Lock()
 	s.next++
 	l := &listener{sess: s, id: s.next, port: f.Arg}
@@ -35,6 +39,7 @@ func (s *session) listen(f frame.Frame) {
 	a.mu.Lock()
 	if a.listeners[l.port] != nil {
 		a.mu.Unlock()
+		s.al.releaseListener()
 		_ = s.reply(f.Req, 0, frame.CodeAddrInUse, fmt.Sprintf("listen: port %d of %s already has a listener", l.port, a.cfg.NodeName))
 		return
 	}
@@ -54,10 +59,14 @@ func (s *session) listen(f frame.Frame) {
 func (s *session) unlisten(l *listener) {
 	a := s.al.a
 	a.mu.Lock()
-	if a.listeners[l.port] == l {
+	mine := a.listeners[l.port] == l
+	if mine {
 		delete(a.listeners, l.port)
 	}
 	a.mu.Unlock()
+	if mine {
+		s.al.releaseListener()
+	}
 }
 
 // dial connects a vconn to host:port; host is a peer's node name or the

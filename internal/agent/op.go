@@ -48,8 +48,12 @@ func (h *vconnHandle) do(f frame.Frame) error {
 		if f.Arg2 == 0 || f.Arg2 > uint64(s.al.a.cfg.MaxMessageBytes) {
 			return fmt.Errorf("export %d bytes: %w: want 1..%d", f.Arg2, verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
 		}
+		if err := s.al.claimRegion(int64(f.Arg2)); err != nil {
+			return err
+		}
 		r, err := vc.Export(h.ctx, int(f.Arg2), engine.Access(f.Arg))
 		if err != nil {
+			s.al.releaseRegion(int64(f.Arg2))
 			return err
 		}
 		if h.regions == nil {
@@ -63,6 +67,7 @@ func (h *vconnHandle) do(f frame.Frame) error {
 			return fmt.Errorf("unexport region %d: %w", f.Arg, engine.ErrNoRegion)
 		}
 		delete(h.regions, f.Arg)
+		s.al.releaseRegion(int64(r.Len()))
 		if err := r.Close(); err != nil {
 			return err
 		}
@@ -116,6 +121,7 @@ func (h *vconnHandle) do(f frame.Frame) error {
 
 func (h *vconnHandle) dropRegions() {
 	for id, r := range h.regions {
+		h.s.al.releaseRegion(int64(r.Len()))
 		_ = r.Close()
 		delete(h.regions, id)
 	}

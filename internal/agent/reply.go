@@ -58,6 +58,8 @@ func codeOf(err error) frame.Code {
 		return frame.CodeUnreachable
 	case errors.Is(err, errPeerInvalid):
 		return frame.CodeBadRequest
+	case errors.Is(err, errLimit):
+		return frame.CodeLimit
 	}
 	return frame.CodeInternal
 }

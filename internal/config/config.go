@@ -125,10 +125,39 @@ type AgentConfig struct {
 
 	PeerDiscovery PeerDiscovery `json:"peerDiscovery"`
 
+	// Limits bound what one allocation (one pod) may hold of the agent.
+	Limits Limits `json:"limits"`
+
 	// TLS authenticates the agent-to-agent control plane. Empty: no
 	// authentication (a test or a lab; the agent says so in its log).
 	TLS TLSConfig `json:"tls,omitempty"`
 }
+
+// Limits bound what one allocation may hold of its agent, so that one
+// tenant cannot exhaust the agent for the others. A request past a limit
+// fails with the protocol's limit code; nothing else is affected.
+type Limits struct {
+	// Sessions: connections to the allocation's socket at once.
+	Sessions int `json:"sessions"`
+	// Listeners: ports listened on at once.
+	Listeners int `json:"listeners"`
+	// Regions: regions exported at once, over all its vconns.
+	Regions int `json:"regions"`
+	// RegionBytes: memory those regions register, in bytes.
+	RegionBytes int64 `json:"regionBytes"`
+}
+
+// Default limits, and the largest allowed.
+const (
+	DefaultSessions    = 64
+	DefaultListeners   = 256
+	DefaultRegions     = 1024
+	DefaultRegionBytes = 1 << 30
+	MaxSessions        = 4096
+	MaxListeners       = 65535
+	MaxRegions         = 1 << 20
+	MaxRegionBytes     = 64 << 30
+)
 
 // TLSConfig names the agent's node certificate, its key and the cluster's
 // CA bundle: files of a mounted Secret, reloaded when they change.
@@ -212,6 +241,7 @@ func Default() *AgentConfig {
 		ControlPort:     DefaultControlPort,
 		MetricsAddress:  DefaultMetricsAddress,
 		PeerDiscovery:   PeerDiscovery{Mode: DiscoveryKubernetes},
+		Limits:          Limits{Sessions: DefaultSessions, Listeners: DefaultListeners, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes},
 	}
 }
 

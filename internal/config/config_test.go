@@ -124,6 +124,17 @@ peerDiscovery:
 		{name: "soft with device names", doc: minimal + "device: {provider: soft, names: [mlx5_0]}\n", errs: []string{"device: names and vendors"}},
 		{name: "bad device name", doc: minimal + "device: {names: ['a b']}\n", errs: []string{"device.names[0]"}},
 		{name: "bad device port", doc: minimal + "device: {port: 256}\n", errs: []string{"device.port"}},
+		{name: "no sessions", doc: minimal + "limits: {sessions: 0}\n", errs: []string{"limits.sessions: must be between 1 and 4096, got 0"}},
+		{name: "too many region bytes", doc: minimal + "limits: {regionBytes: 68719476737}\n", errs: []string{"limits.regionBytes"}},
+		{
+			name: "limits",
+			doc:  minimal + "limits: {listeners: 3}\n",
+			check: func(t *testing.T, c *AgentConfig) {
+				if c.Limits != (Limits{Sessions: DefaultSessions, Listeners: 3, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes}) {
+					t.Errorf("limits %+v: want listeners 3 and the other defaults", c.Limits)
+				}
+			},
+		},
 		{name: "negative GID index", doc: minimal + "device: {gidIndex: -1}\n", errs: []string{"device.gidIndex"}},
 		{name: "soft with a GID index", doc: minimal + "device: {provider: soft, gidIndex: 1}\n", errs: []string{"device: port and gidIndex"}},
 		{name: "bad wire", doc: minimal + "soft: {wire: memory}\n", errs: []string{"soft.wire"}},

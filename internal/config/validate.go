@@ -139,6 +139,20 @@ func (c *AgentConfig) Validate() error {
 		add(fieldErr("metricsAddress", "port %s is already the controlPort", port))
 	}
 
+	for _, l := range []struct {
+		name     string
+		v, limit int64
+	}{
+		{"sessions", int64(c.Limits.Sessions), MaxSessions},
+		{"listeners", int64(c.Limits.Listeners), MaxListeners},
+		{"regions", int64(c.Limits.Regions), MaxRegions},
+		{"regionBytes", c.Limits.RegionBytes, MaxRegionBytes},
+	} {
+		if l.v < 1 || l.v > l.limit {
+			add(fieldErr("limits."+l.name, "must be between 1 and %d, got %d", l.limit, l.v))
+		}
+	}
+
 	if t := c.TLS; t.Enabled() {
 		for _, f := range []struct{ name, path string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}, {"caFile", t.CAFile}} {
 			if !filepath.IsAbs(f.path) {

@@ -145,6 +145,7 @@ const (
 	CodeRegion       Code = 13 // region missing, out of bounds or not allowed
 	CodeWindow       Code = 14 // more Sends outstanding than the window
 	CodeShuttingDown Code = 15 // the agent is stopping
+	CodeLimit        Code = 16 // a limit of the allocation (sessions, listeners, regions) is reached
 )
 
 var codeNames = map[Code]string{
@@ -153,6 +154,7 @@ var codeNames = map[Code]string{
 	CodeClosed: "vconn closed", CodeReset: "vconn reset by peer", CodePeerGone: "peer node gone",
 	CodeTooLarge: "message too large", CodeInternal: "internal error", CodeAddrInUse: "address in use",
 	CodeRegion: "region access denied", CodeWindow: "send window exceeded", CodeShuttingDown: "agent shutting down",
+	CodeLimit: "allocation limit reached",
 }
 
 func (c Code) String() string {

@@ -26,6 +26,7 @@ const (
 	CodeRegion       = Code(frame.CodeRegion)
 	CodeWindow       = Code(frame.CodeWindow)
 	CodeShuttingDown = Code(frame.CodeShuttingDown)
+	CodeLimit        = Code(frame.CodeLimit)
 	// CodeAgentGone: the connection to the local agent broke.
 	CodeAgentGone Code = 1000
 	// CodeNotStream: Read or Write on a vconn whose transport (uc, ud)
@@ -74,8 +75,11 @@ var (
 	ErrTooLarge    error = &Error{Code: CodeTooLarge}
 	ErrRegion      error = &Error{Code: CodeRegion}
 	ErrAddrInUse   error = &Error{Code: CodeAddrInUse}
-	ErrAgentGone   error = &Error{Code: CodeAgentGone}
-	ErrNotStream   error = &Error{Code: CodeNotStream}
+	// ErrLimit: a limit of the allocation (sessions, listeners, exported
+	// regions or their bytes) is reached; closing some frees it.
+	ErrLimit     error = &Error{Code: CodeLimit}
+	ErrAgentGone error = &Error{Code: CodeAgentGone}
+	ErrNotStream error = &Error{Code: CodeNotStream}
 )
 
 func errOf(f *frame.Frame) error {

@@ -42,6 +42,8 @@ type Options struct {
 	// TLS authenticates the agents' control plane with certificates from
 	// a CA the cluster makes (the Cluster's CA).
 	TLS bool
+	// TuneConfig adjusts each agent's configuration last.
+	TuneConfig func(*config.AgentConfig)
 }
 
 // Node is one agent of the cluster.
@@ -126,6 +128,9 @@ func Start(o Options) (_ *Cluster, err error) {
 			if cfg.TLS, err = c.writeCert(cfg.SocketDir, names[i], net.ParseIP(ip)); err != nil {
 				return nil, err
 			}
+		}
+		if o.TuneConfig != nil {
+			o.TuneConfig(cfg)
 		}
 		other := 1 - i
 		cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryStatic,
