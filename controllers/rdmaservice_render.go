@@ -54,7 +54,6 @@ const (
 	hostPodResourcesDir = "/var/lib/kubelet/pod-resources"
 	hostCNIBinDir       = "/opt/cni/bin"
 	hostCNIConfDir      = "/etc/cni/net.d"
-	hostInfinibandDir   = "/dev/infiniband"
 )
 
 // objectName is the name of every object rendered for svc: one name for the
@@ -301,11 +300,13 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 	}
 	agentSecurity := corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false)
 	if cfg.Device.Provider == config.ProviderIBVerbs {
-		// Verbs need the uverbs character devices, and IPC_LOCK to pin
-		// registered memory beyond RLIMIT_MEMLOCK.
-		volumes = append(volumes, hostPathVolume("infiniband", hostInfinibandDir, corev1.HostPathDirectory))
-		agentMounts = append(agentMounts, mount("infiniband", hostInfinibandDir, false))
-		agentSecurity.WithCapabilities(corev1ac.Capabilities().WithAdd("IPC_LOCK"))
+		// Verbs open the uverbs character devices, which the device
+		// cgroup denies an unprivileged container even when they are
+		// mounted, and pin registered memory (IPC_LOCK): the agent owns
+		// the node's RDMA devices, so it runs privileged, and sees the
+		// host's /dev. A node without a device still runs the agent,
+		// which then says why in its RDMANode.
+		agentSecurity = corev1ac.SecurityContext().WithPrivileged(true)
 	}
 	// Validate accepted the address, so the port parses.
 	_, port, _ := net.SplitHostPort(cfg.MetricsAddress)
