@@ -79,6 +79,7 @@ func (r *RDMAServiceReconciler) heartbeatTimeout() time.Duration {
 // +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmaservices/finalizers,verbs=update
 // +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmanodes,verbs=get;list;watch;create;update;patch;delete;deletecollection
 // +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmanodes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=get;create
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=get;list;watch;create;update;patch;delete
@@ -152,6 +153,12 @@ func (r *RDMAServiceReconciler) applyObjects(ctx context.Context, svc *v1alpha1.
 	cfg, cfgData, err := renderConfig(svc)
 	if err != nil {
 		return reconcile.TerminalError(err)
+	}
+	// The agents mount the CA ConfigMap, which the signer would otherwise
+	// publish only at the first certificate request: no agent could start
+	// to make one.
+	if _, err := EnsureCA(ctx, r.Client, r.Namespace); err != nil {
+		return fmt.Errorf("publishing the agents' CA: %w", err)
 	}
 	image := svc.Spec.Agent.Image
 	if image == "" {

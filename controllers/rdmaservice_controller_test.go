@@ -3,6 +3,7 @@ package controllers
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -108,6 +109,15 @@ func TestLifecycle(t *testing.T) {
 	if cfg.ServiceName != "life" || cfg.QPsPerPeer != 4 || cfg.VConnsPerNode != 64 || cfg.Device.Provider != config.ProviderSoft ||
 		cfg.ResourceName != "rdmavisor.io/vconn" || cfg.PeerDiscovery.Mode != config.DiscoveryKubernetes {
 		t.Errorf("rendered config %+v does not follow the spec", cfg)
+	}
+	// Agents authenticate each other: the CA they mount is published
+	// before their DaemonSet, or no pod of it could start.
+	if !cfg.TLS.Enabled() {
+		t.Error("rendered config without TLS")
+	}
+	ca := &corev1.ConfigMap{}
+	if err := k8s.Get(testCtx(t), client.ObjectKey{Namespace: testNamespace, Name: CAName}, ca); err != nil || ca.Data[CABundleKey] == "" {
+		t.Errorf("CA ConfigMap %s/%s: %v, data keys %v; want %s published", testNamespace, CAName, err, slices.Collect(maps.Keys(ca.Data)), CABundleKey)
 	}
 
 	ds := getDaemonSet(t, "life")

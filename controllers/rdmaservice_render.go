@@ -11,6 +11,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
@@ -46,6 +47,14 @@ const (
 	configKey         = "agent.yaml"
 	configMountDir    = "/etc/rdmavisor"
 	nodeNameExtra     = "authentication.kubernetes.io/node-name"
+	// The agent's node certificate: requested by the agent at start (a
+	// CertificateSigningRequest the CertSigner signs) into a memory-backed
+	// emptyDir, so its key never touches the node's disk nor outlives the
+	// pod. The CA bundle is the CA ConfigMap. Neither is inside another
+	// mount: a mount point cannot be made in a read-only ConfigMap volume,
+	// and one in the sockets' hostPath would be made on the node.
+	tlsMountDir = "/etc/rdmavisor-tls"
+	caMountDir  = "/etc/rdmavisor-ca"
 )
 
 // Host paths the agent pods mount.
@@ -114,6 +123,12 @@ func renderConfig(svc *v1alpha1.RDMAService) (*config.AgentConfig, []byte, error
 	}
 	cfg.Pollers = pollersFor(s.Agent.Resources)
 	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryKubernetes}
+	// Agents always authenticate each other: there is no opt-out.
+	cfg.TLS = config.TLSConfig{
+		CertFile: tlsMountDir + "/" + corev1.TLSCertKey,
+		KeyFile:  tlsMountDir + "/" + corev1.TLSPrivateKeyKey,
+		CAFile:   caMountDir + "/" + CABundleKey,
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("rendering agent config: %w", err)
 	}
@@ -153,9 +168,12 @@ func renderServiceAccount(svc *v1alpha1.RDMAService, namespace string) *corev1ac
 		WithOwnerReferences(ownerRef(svc))
 }
 
-// renderClusterRole grants what an agent needs: its RDMANode (create, update)
-// and every RDMANode (read, for peer discovery). RBAC cannot restrict writes
-// to one object by the caller's node: the admission policy does that.
+// renderClusterRole grants what an agent needs: its RDMANode (create, update),
+// every RDMANode (read, for peer discovery) and certificate requests (create,
+// and get to wait for the signature) for its node certificate. RBAC cannot
+// restrict writes to one object by the caller's node: the admission policy
+// does that for RDMANodes, and the CertSigner for certificates (it signs
+// only for the node the requester's token is bound to).
 func renderClusterRole(svc *v1alpha1.RDMAService) *rbacv1ac.ClusterRoleApplyConfiguration {
 	group := v1alpha1.GroupVersion.Group
 	return rbacv1ac.ClusterRole(objectName(svc)).
@@ -166,6 +184,8 @@ func renderClusterRole(svc *v1alpha1.RDMAService) *rbacv1ac.ClusterRoleApplyConf
 				WithVerbs("get", "list", "watch", "create", "update", "patch"),
 			rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources("rdmanodes/status").
 				WithVerbs("get", "update", "patch"),
+			rbacv1ac.PolicyRule().WithAPIGroups("certificates.k8s.io").WithResources("certificatesigningrequests").
+				WithVerbs("create", "get"),
 		)
 }
 
@@ -292,9 +312,18 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		hostPathVolume("pod-resources", hostPodResourcesDir, corev1.HostPathDirectory),
 		hostPathVolume("cni-bin", hostCNIBinDir, corev1.HostPathDirectoryOrCreate),
 		hostPathVolume("cni-conf", hostCNIConfDir, corev1.HostPathDirectoryOrCreate),
+		corev1ac.Volume().WithName("tls").WithEmptyDir(corev1ac.EmptyDirVolumeSource().
+			WithMedium(corev1.StorageMediumMemory).WithSizeLimit(resource.MustParse("1Mi"))),
+		// The reconciler publishes the ConfigMap before it applies the
+		// DaemonSet; a CA rotated later reaches the running agents, whose
+		// TLS source reloads the file.
+		corev1ac.Volume().WithName("ca").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(CAName).
+			WithItems(corev1ac.KeyToPath().WithKey(CABundleKey).WithPath(CABundleKey))),
 	}
 	agentMounts := []*corev1ac.VolumeMountApplyConfiguration{
 		mount("config", configMountDir, true),
+		mount("tls", tlsMountDir, false),
+		mount("ca", caMountDir, true),
 		mount("sockets", cfg.SocketDir, false),
 		mount("pod-resources", hostPodResourcesDir, true),
 	}

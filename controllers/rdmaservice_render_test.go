@@ -1,12 +1,17 @@
 package controllers
 
 import (
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+	"github.com/rdmavisor/rdmavisor/internal/config"
 )
 
 // TestRenderMetrics: the agent pods expose the agent's metrics port (the
@@ -77,5 +82,82 @@ func TestRenderDeviceAccess(t *testing.T) {
 				t.Errorf("%s agent needs /dev/infiniband on the node", tc.provider)
 			}
 		}
+	}
+}
+
+// TestRenderTLS: agents authenticate each other by default. The config
+// names the certificate files, the agent container mounts them where the
+// config says (the key in a memory-backed emptyDir it writes, the CA from
+// the published ConfigMap, read-only), and the agents' ClusterRole lets
+// them request their certificate.
+func TestRenderTLS(t *testing.T) {
+	svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"},
+		Spec: v1alpha1.RDMAServiceSpec{Device: v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderSoft}}}
+	cfg, data, err := renderConfig(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.TLSConfig{CertFile: "/etc/rdmavisor-tls/tls.crt", KeyFile: "/etc/rdmavisor-tls/tls.key",
+		CAFile: "/etc/rdmavisor-ca/ca.crt"}
+	if cfg.TLS != want {
+		t.Fatalf("config tls = %+v, want %+v", cfg.TLS, want)
+	}
+	if parsed, err := config.Load(data); err != nil || parsed.TLS != want {
+		t.Fatalf("rendered file: tls %+v (%v), want %+v", parsed.TLS, err, want)
+	}
+
+	pod := renderDaemonSet(svc, "ns", "img", cfg, data, nil).Spec.Template.Spec
+	volumes := map[string]corev1ac.VolumeApplyConfiguration{}
+	for _, v := range pod.Volumes {
+		volumes[*v.Name] = v
+	}
+	if v := volumes["tls"]; v.EmptyDir == nil || v.EmptyDir.Medium == nil || *v.EmptyDir.Medium != corev1.StorageMediumMemory {
+		t.Errorf("volume tls = %+v, want a memory-backed emptyDir", v)
+	}
+	if v := volumes["ca"]; v.ConfigMap == nil || *v.ConfigMap.Name != CAName || v.ConfigMap.Optional != nil {
+		t.Errorf("volume ca = %+v, want ConfigMap %s (required)", v, CAName)
+	}
+	mounted := map[string]string{} // file's directory → "volume ro|rw", in the agent container
+	for _, c := range pod.Containers {
+		for _, m := range c.VolumeMounts {
+			if *c.Name != "agent" {
+				if *m.Name == "tls" || *m.Name == "ca" {
+					t.Errorf("container %s mounts %s: only the agent needs the certificate", *c.Name, *m.Name)
+				}
+				continue
+			}
+			mode := "rw"
+			if m.ReadOnly != nil && *m.ReadOnly {
+				mode = "ro"
+			}
+			mounted[*m.MountPath] = *m.Name + " " + mode
+		}
+	}
+	for file, wantMount := range map[string]string{want.CertFile: "tls rw", want.KeyFile: "tls rw", want.CAFile: "ca ro"} {
+		if got := mounted[filepath.Dir(file)]; got != wantMount {
+			t.Errorf("agent mount of %s = %q, want %q", file, got, wantMount)
+		}
+	}
+	// No mount point inside another mount: one in a read-only ConfigMap
+	// volume cannot be created.
+	for a := range mounted {
+		for b := range mounted {
+			if a != b && strings.HasPrefix(a, b+"/") {
+				t.Errorf("agent mount %s is inside mount %s", a, b)
+			}
+		}
+	}
+
+	var csr bool
+	for _, r := range renderClusterRole(svc).Rules {
+		if slices.Contains(r.APIGroups, "certificates.k8s.io") && slices.Contains(r.Resources, "certificatesigningrequests") {
+			csr = slices.Contains(r.Verbs, "create") && slices.Contains(r.Verbs, "get")
+			if len(r.ResourceNames) > 0 || len(r.Verbs) != 2 {
+				t.Errorf("agents' CSR rule %+v grants more than create and get", r)
+			}
+		}
+	}
+	if !csr {
+		t.Error("the agents' ClusterRole does not let them request their certificate (create, get certificatesigningrequests)")
 	}
 }

@@ -12,10 +12,12 @@ import (
 	"syscall"
 
 	"k8s.io/klog/v2/textlogger"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
+	"github.com/rdmavisor/rdmavisor/internal/nodecert"
 	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -51,6 +53,23 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// The control plane's certificate comes before the agent, which
+	// refuses to start without its files; renewals run beside it.
+	var certs client.Client
+	if nodecert.Needed(cfg) {
+		if certs, err = nodecert.NewClient(); err != nil {
+			log.Error(err, "Cannot request the node certificate")
+			os.Exit(1)
+		}
+	}
+	keeper, err := nodecert.Bootstrap(ctx, cfg, certs, nodecert.DefaultBootstrapTimeout, log)
+	if err != nil {
+		log.Error(err, "Cannot get the node certificate")
+		os.Exit(1)
+	}
+	if keeper != nil {
+		go keeper.Run(ctx)
+	}
 	// The reporter reports the agent, or, until it starts, why its device
 	// does not open.
 	var node rdmanode.Pending
