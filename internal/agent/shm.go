@@ -18,7 +18,28 @@ import (
 // processor between looks) before its goroutine sleeps on the doorbell: a
 // reply that comes within it costs no system call on either side, and an
 // idle vconn burns no core after it.
+// Only with spinMinProcs Ps or more: see spinFor.
 const shmSpin = 50 * time.Microsecond
+
+// spinMinProcs is the fewest Ps with which waits spin at all. A spinner
+// yields with runtime.Gosched, which puts it straight back on the run
+// queue: a P that always has it to run never looks at the network
+// poller, where the other side's doorbell wakes its sleeper (and, in the
+// agent, the engine's UDP device receives). With two Ps, a handful of
+// spinners (each side of each vconn, in one process in tests) kept both
+// Ps from it for most of each 50 µs window, and the replies they spun
+// for took longer than that anyway. With more Ps, one is idle and waits
+// in the poller.
+const spinMinProcs = 4
+
+// spinFor is how long a wait spins before it sleeps: shmSpin, or none
+// with too few Ps.
+func spinFor() time.Duration {
+	if runtime.GOMAXPROCS(0) < spinMinProcs {
+		return 0
+	}
+	return shmSpin
+}
 
 // shmBatch is how many messages of one vconn the poller sends before it
 // looks at the next.
@@ -297,7 +318,7 @@ func (x *shmVConn) pushErr(c frame.Code, msg string) {
 // reads slowly: that holds the engine's credits, as the socket's window
 // does). False when the vconn is done or the ring broke.
 func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
-	start := time.Now()
+	start, spin := time.Now(), time.Duration(0)
 	for {
 		ok, err := x.rx.Push(b, imm, flags)
 		if err != nil {
@@ -310,7 +331,10 @@ func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
 		if x.h.ctx.Err() != nil {
 			return false
 		}
-		if time.Since(start) < shmSpin {
+		if spin == 0 {
+			spin = max(spinFor(), 1) // 1: looked up, no spinning
+		}
+		if time.Since(start) < spin {
 			runtime.Gosched()
 			continue
 		}
@@ -329,9 +353,10 @@ func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
 
 // shmPoller is a session's one goroutine for the TX rings of all its
 // shared-memory vconns: it polls them, yielding the processor between
-// rounds, for shmSpin after the last message, then sleeps in poll(2) on
-// their doorbells (and its own, kicked, for changes to the set) until a
-// pod rings, which a pod does only once the poller said it sleeps.
+// rounds, for spinFor after the last message, then sleeps (parked in the
+// network poller: see shm.Bell) on their doorbells (and its own, kicked,
+// for changes to the set) until a pod rings, which a pod does only once
+// the poller said it sleeps.
 type shmPoller struct {
 	s            *session
 	kick, kicked *shm.Bell // kick rings kicked, which the poller sleeps on
@@ -398,7 +423,9 @@ func (p *shmPoller) run() {
 		bells shm.BellSet
 		seen  = ^uint64(0) // none yet: the first round builds the set, kicked in it
 		idle  time.Time    // when the last round with work ended
+		spin  time.Duration
 	)
+	defer bells.Reset() // closes its epoll instance
 	for s.ctx.Err() == nil {
 		if p.gen.Load() != seen {
 			p.mu.Lock()
@@ -422,9 +449,9 @@ func (p *shmPoller) run() {
 			continue
 		}
 		if idle.IsZero() {
-			idle = time.Now()
+			idle, spin = time.Now(), spinFor()
 		}
-		if time.Since(idle) < shmSpin {
+		if time.Since(idle) < spin {
 			runtime.Gosched()
 			continue
 		}

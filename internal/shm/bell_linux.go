@@ -3,8 +3,10 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,31 +20,51 @@ import (
 // files, so the pod can neither clear O_NONBLOCK on the agent's end nor
 // read, and so steal, the agent's wake-ups.
 //
-// Wait blocks its thread in poll(2), not in the runtime's network poller:
-// a P checks that poller only when it has nothing else to run (or every
-// 10 ms), and the engine's pollers and these rings' own spinning yield
-// constantly, so a wake-up through it could wait milliseconds. A thread
-// in a system call wakes as soon as the kernel says (the engine's pollers
-// sleep the same way).
+// Wait parks its goroutine in the runtime's network poller rather than
+// blocking its thread in poll(2): a thread in a system call keeps its P
+// until sysmon retakes it, so with a handful of sleepers (each side of
+// each vconn, in one process in tests) every P could be stuck in poll(2)
+// while the goroutine a ring made runnable (or the UDP device's receiver,
+// itself in the network poller) waited for one. Measured on two cores:
+// 0.1-2.7 ms from Ring to the sleeper running, the round trip 1.5-2 ms.
+// A parked goroutine gives its P back at once, and a P that runs out of
+// work waits in the network poller itself, so it wakes the sleeper as
+// soon as the kernel says.
 type Bell struct {
 	fd   int          // -1 once closed; guarded by mu for Ring and Close
+	f    *os.File     // fd, registered with the network poller; Wait's
 	mu   sync.RWMutex // Ring holds it shared: no write to a reused descriptor
 	shut bool         // guarded by mu: Shutdown was called
 }
 
 var one = []byte{1}
 
-// newBellPair returns the two ends of a doorbell.
-func newBellPair() (*Bell, *Bell, error) {
+// socketpair returns the two descriptors of a doorbell.
+func socketpair() ([2]int, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("shm: doorbell socketpair: %w", err)
+		return [2]int{-1, -1}, fmt.Errorf("shm: doorbell socketpair: %w", err)
 	}
-	return &Bell{fd: fds[0]}, &Bell{fd: fds[1]}, nil
+	return [2]int{fds[0], fds[1]}, nil
+}
+
+// newBell takes ownership of fd, a non-blocking stream socket.
+func newBell(fd int) *Bell {
+	// Non-blocking, so os.NewFile registers it with the network poller.
+	return &Bell{fd: fd, f: os.NewFile(uintptr(fd), "shm-doorbell")}
+}
+
+// newBellPair returns the two ends of a doorbell.
+func newBellPair() (*Bell, *Bell, error) {
+	fds, err := socketpair()
+	if err != nil {
+		return nil, nil, err
+	}
+	return newBell(fds[0]), newBell(fds[1]), nil
 }
 
 // bellFromFD takes ownership of fd, which must be a stream socket; it is
-// made non-blocking, so that a Wait's read after poll never blocks.
+// made non-blocking, so that a Wait's read never blocks its thread.
 func bellFromFD(fd int) (*Bell, error) {
 	t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
 	if err != nil || t != unix.SOCK_STREAM {
@@ -53,7 +75,7 @@ func bellFromFD(fd int) (*Bell, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("shm: doorbell: %w", err)
 	}
-	return &Bell{fd: fd}, nil
+	return newBell(fd), nil
 }
 
 // ErrNotBell is a descriptor passed as a doorbell that is not one.
@@ -76,31 +98,42 @@ func (b *Bell) Ring() {
 // Wait sleeps until the other side rang (at once if it has since the last
 // Wait), the bell shut down, or timeout passed (negative: none). It
 // reports whether it was rung; an error means the bell is shut or the
-// other side closed its end. Any number of goroutines may wait.
+// other side closed its end. Any number of goroutines may wait; they
+// share the descriptor's deadline, so one may return early, not rung
+// (callers loop). A sleep that times out allocates (the os.PathError of
+// the deadline); one that is rung does not.
 func (b *Bell) Wait(timeout time.Duration) (bool, error) {
-	ms := -1
-	if timeout >= 0 {
-		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
-	}
-	fds := [1]unix.PollFd{{Fd: int32(b.fd), Events: unix.POLLIN}}
 	var buf [64]byte // drains up to 64 pending rings at once
-	for {
-		n, err := unix.Read(b.fd, buf[:])
-		switch {
-		case n > 0:
-			return true, nil
-		case n == 0 && err == nil:
-			return false, fmt.Errorf("shm: doorbell: %w", os.ErrClosed) // shut down, or the other side closed
-		case err != unix.EAGAIN:
-			return false, fmt.Errorf("shm: doorbell: %w", err)
-		}
-		k, err := unix.Poll(fds[:], ms)
-		if err != nil && err != unix.EINTR {
-			return false, fmt.Errorf("shm: doorbell: %w", err)
-		}
-		if k == 0 && ms >= 0 {
-			return false, nil
-		}
+	// A ring already pending costs no deadline and no trip through the
+	// poller (which also refuses to read once a deadline passed).
+	n, err := unix.Read(b.fd, buf[:])
+	switch {
+	case n > 0:
+		return true, nil
+	case n == 0 && err == nil:
+		return false, fmt.Errorf("shm: doorbell: %w", os.ErrClosed) // shut down, or the other side closed
+	case err != unix.EAGAIN:
+		return false, fmt.Errorf("shm: doorbell: %w", err)
+	case timeout == 0:
+		return false, nil
+	}
+	var dl time.Time
+	if timeout > 0 {
+		dl = time.Now().Add(timeout)
+	}
+	if err := b.f.SetReadDeadline(dl); err != nil {
+		return false, fmt.Errorf("shm: doorbell: %w", err)
+	}
+	n, err = b.f.Read(buf[:])
+	switch {
+	case n > 0:
+		return true, nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return false, nil
+	case err == nil || err == io.EOF:
+		return false, fmt.Errorf("shm: doorbell: %w", os.ErrClosed)
+	default:
+		return false, fmt.Errorf("shm: doorbell: %w", err)
 	}
 }
 
@@ -124,7 +157,7 @@ func (b *Bell) Close() error {
 	if b.fd < 0 {
 		return nil
 	}
-	err := unix.Close(b.fd)
+	err := b.f.Close()
 	b.fd = -1
 	return err
 }
@@ -133,17 +166,70 @@ func (b *Bell) Close() error {
 func (b *Bell) dupFD() (int, error) { return unix.FcntlInt(uintptr(b.fd), unix.F_DUPFD_CLOEXEC, 0) }
 
 // BellSet sleeps on several bells at once: one goroutine serving the
-// rings of many vconns. Not safe for concurrent use.
+// rings of many vconns. It is an epoll instance of the bells, itself in
+// the network poller, for the reason Bell's Wait parks there. Not safe for
+// concurrent use.
 type BellSet struct {
-	fds []unix.PollFd
+	ep   *os.File // the epoll instance; nil until the first Add
+	epfd int      // its descriptor (ep.Fd would make it blocking)
+	rc   syscall.RawConn
+	try  func(uintptr) bool // s.poll, made once: Wait allocates nothing
+	evs  [64]unix.EpollEvent
+	n    int   // events the last poll returned
+	err  error // its error, or Add's
 }
 
-// Reset empties the set, keeping its memory.
-func (s *BellSet) Reset() { s.fds = s.fds[:0] }
+// Reset empties the set. Sets change when vconns come and go, not per
+// message: a new epoll instance is simpler than removing members.
+func (s *BellSet) Reset() {
+	if s.ep != nil {
+		_ = s.ep.Close()
+		s.ep, s.rc = nil, nil
+	}
+	s.err = nil
+}
 
 // Add puts b in the set; b must stay open while the set waits on it.
 func (s *BellSet) Add(b *Bell) {
-	s.fds = append(s.fds, unix.PollFd{Fd: int32(b.fd), Events: unix.POLLIN})
+	if s.err != nil {
+		return
+	}
+	if s.ep == nil {
+		fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err == nil {
+			err = unix.SetNonblock(fd, true) // so that os.NewFile polls it
+			if err != nil {
+				_ = unix.Close(fd)
+			}
+		}
+		if err != nil {
+			s.err = fmt.Errorf("shm: doorbells: epoll: %w", err)
+			return
+		}
+		s.ep, s.epfd = os.NewFile(uintptr(fd), "shm-doorbells"), fd
+		if s.rc, err = s.ep.SyscallConn(); err != nil {
+			s.err = fmt.Errorf("shm: doorbells: %w", err)
+			return
+		}
+		if s.try == nil {
+			s.try = s.poll
+		}
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(b.fd)}
+	if err := unix.EpollCtl(int(s.epfd), unix.EPOLL_CTL_ADD, b.fd, &ev); err != nil {
+		s.err = fmt.Errorf("shm: doorbells: add %d: %w", b.fd, err)
+	}
+}
+
+// poll is the set's non-blocking look, run by the network poller's RawConn:
+// true when done (events or a failure), false to park until the epoll
+// instance is readable.
+func (s *BellSet) poll(fd uintptr) bool {
+	s.n, s.err = unix.EpollWait(int(fd), s.evs[:], 0)
+	if s.err == unix.EINTR {
+		s.n, s.err = 0, nil
+	}
+	return s.n > 0 || s.err != nil
 }
 
 // Wait sleeps until a bell of the set is rung or timeout passes
@@ -151,36 +237,44 @@ func (s *BellSet) Add(b *Bell) {
 // (or that shut down) leaves the set, so that it cannot keep Wait from
 // sleeping; the set is otherwise kept.
 func (s *BellSet) Wait(timeout time.Duration) error {
-	ms := -1
-	if timeout >= 0 {
-		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+	if s.err != nil {
+		return s.err
 	}
-	for {
-		_, err := unix.Poll(s.fds, ms)
-		if err == unix.EINTR {
-			continue
+	if s.ep == nil {
+		return fmt.Errorf("shm: doorbells: empty set")
+	}
+	if !s.try(uintptr(s.epfd)) && timeout != 0 {
+		var dl time.Time
+		if timeout > 0 {
+			dl = time.Now().Add(timeout)
 		}
-		if err != nil {
+		if err := s.ep.SetReadDeadline(dl); err != nil {
 			return fmt.Errorf("shm: doorbells: %w", err)
 		}
-		break
+		if err := s.rc.Read(s.try); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("shm: doorbells: %w", err)
+		}
+	}
+	if s.err != nil {
+		err := s.err
+		s.err = nil
+		return fmt.Errorf("shm: doorbells: %w", err)
 	}
 	var buf [64]byte
-	for i := range s.fds {
-		f := &s.fds[i]
-		if f.Fd < 0 || f.Revents == 0 {
-			continue
-		}
+	for _, e := range s.evs[:s.n] {
 		for {
-			n, err := unix.Read(int(f.Fd), buf[:])
+			n, err := unix.Read(int(e.Fd), buf[:])
 			if n == 0 && err == nil || err != nil && err != unix.EAGAIN && err != unix.EINTR {
-				f.Fd = -1 // EOF or broken: poll(2) skips negative descriptors
+				// EOF or broken: out of the set, or it stays readable.
+				_ = unix.EpollCtl(int(s.epfd), unix.EPOLL_CTL_DEL, int(e.Fd), nil)
+				break
 			}
 			if n < len(buf) {
 				break
 			}
 		}
 	}
+	s.n = 0
 	return nil
 }
 

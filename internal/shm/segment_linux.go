@@ -45,12 +45,12 @@ func Create(name string, l Layout) (*Segment, error) {
 		return fail(fmt.Errorf("shm: map the memfd: %w", err))
 	}
 	for _, b := range []**Bell{&s.tx, &s.rx} {
-		mine, theirs, err := newBellPair()
+		fds, err := socketpair()
 		if err != nil {
 			return fail(err)
 		}
-		*b = mine
-		s.peer = append(s.peer, theirs.fd) // theirs is dropped, not closed: shutdown would end the pair
+		*b = newBell(fds[0])
+		s.peer = append(s.peer, fds[1]) // a plain descriptor: no File to close it behind ClosePeer's back
 	}
 	return s, nil
 }

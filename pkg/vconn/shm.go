@@ -18,7 +18,28 @@ import (
 // shmSpin is how long a send or receive on shared memory polls its ring
 // (yielding the processor between looks) before it sleeps until the
 // agent's doorbell: a reply within it costs no system call.
+// Only with spinMinProcs Ps or more: see spinFor.
 const shmSpin = 50 * time.Microsecond
+
+// spinMinProcs is the fewest Ps with which waits spin at all. A spinner
+// yields with runtime.Gosched, which puts it straight back on the run
+// queue: a P that always has it to run never looks at the network
+// poller, where the other side's doorbell wakes its sleeper (and, in the
+// agent, the engine's UDP device receives). With two Ps, a handful of
+// spinners (each side of each vconn, in one process in tests) kept both
+// Ps from it for most of each 50 µs window, and the replies they spun
+// for took longer than that anyway. With more Ps, one is idle and waits
+// in the poller.
+const spinMinProcs = 4
+
+// spinFor is how long a wait spins before it sleeps: shmSpin, or none
+// with too few Ps.
+func spinFor() time.Duration {
+	if runtime.GOMAXPROCS(0) < spinMinProcs {
+		return 0
+	}
+	return shmSpin
+}
 
 // shmConn is a vconn's shared-memory data path (frame.OpShm): SendMsg
 // copies into the TX ring, RecvMsg copies out of the RX ring. A caller
@@ -143,7 +164,10 @@ func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, 
 // shmNext is next on shared memory.
 func (c *Conn) shmNext(ctx context.Context, dl *deadline) (Message, error) {
 	x := c.shm
-	var start time.Time
+	var (
+		start time.Time
+		spin  time.Duration
+	)
 	for {
 		if c.isClosed() {
 			return Message{}, net.ErrClosed
@@ -164,9 +188,9 @@ func (c *Conn) shmNext(ctx context.Context, dl *deadline) (Message, error) {
 			return Message{}, err
 		}
 		if start.IsZero() {
-			start = time.Now()
+			start, spin = time.Now(), spinFor()
 		}
-		if time.Since(start) < shmSpin {
+		if time.Since(start) < spin {
 			runtime.Gosched()
 			continue
 		}
@@ -259,7 +283,10 @@ func (c *Conn) shmSend(ctx context.Context, dl *deadline, data []byte, imm uint3
 	}
 	x.tmu.Lock()
 	defer x.tmu.Unlock()
-	var start time.Time
+	var (
+		start time.Time
+		spin  time.Duration
+	)
 	for {
 		if x.closed {
 			return net.ErrClosed
@@ -275,9 +302,9 @@ func (c *Conn) shmSend(ctx context.Context, dl *deadline, data []byte, imm uint3
 			return err
 		}
 		if start.IsZero() {
-			start = time.Now()
+			start, spin = time.Now(), spinFor()
 		}
-		if time.Since(start) < shmSpin {
+		if time.Since(start) < spin {
 			runtime.Gosched()
 			continue
 		}
