@@ -180,9 +180,11 @@ func (q *qp) gather(dst []byte, w *swqe, off uint32) bool {
 			return false
 		}
 		n := min(uint32(len(dst)), sg.Length-off)
-		if !m.copyOut(dst[:n], sg.Addr+uint64(off)) {
+		src, ok := m.span(sg.Addr+uint64(off), uint64(n))
+		if !ok {
 			return false
 		}
+		copy(dst, src)
 		dst = dst[n:]
 		off = 0
 	}
@@ -210,9 +212,11 @@ func scatter(q *qp, sgl []verbs.SGE, off uint32, src []byte) bool {
 			return false
 		}
 		n := min(uint32(len(src)), sg.Length-off)
-		if !m.copyIn(sg.Addr+uint64(off), src[:n]) {
+		dst, ok := m.span(sg.Addr+uint64(off), uint64(n))
+		if !ok {
 			return false
 		}
+		copy(dst, src[:n])
 		src = src[n:]
 		off = 0
 	}
