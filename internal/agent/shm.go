@@ -14,33 +14,6 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/shm"
 )
 
-// shmSpin is how long an idle shared-memory ring is polled (yielding the
-// processor between looks) before its goroutine sleeps on the doorbell: a
-// reply that comes within it costs no system call on either side, and an
-// idle vconn burns no core after it.
-// Only with spinMinProcs Ps or more: see spinFor.
-const shmSpin = 50 * time.Microsecond
-
-// spinMinProcs is the fewest Ps with which waits spin at all. A spinner
-// yields with runtime.Gosched, which puts it straight back on the run
-// queue: a P that always has it to run never looks at the network
-// poller, where the other side's doorbell wakes its sleeper (and, in the
-// agent, the engine's UDP device receives). With two Ps, a handful of
-// spinners (each side of each vconn, in one process in tests) kept both
-// Ps from it for most of each 50 µs window, and the replies they spun
-// for took longer than that anyway. With more Ps, one is idle and waits
-// in the poller.
-const spinMinProcs = 4
-
-// spinFor is how long a wait spins before it sleeps: shmSpin, or none
-// with too few Ps.
-func spinFor() time.Duration {
-	if runtime.GOMAXPROCS(0) < spinMinProcs {
-		return 0
-	}
-	return shmSpin
-}
-
 // shmBatch is how many messages of one vconn the poller sends before it
 // looks at the next.
 const shmBatch = 64
@@ -332,7 +305,7 @@ func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
 			return false
 		}
 		if spin == 0 {
-			spin = max(spinFor(), 1) // 1: looked up, no spinning
+			spin = max(shm.SpinFor(), 1) // 1: looked up, no spinning
 		}
 		if time.Since(start) < spin {
 			runtime.Gosched()
@@ -353,7 +326,7 @@ func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
 
 // shmPoller is a session's one goroutine for the TX rings of all its
 // shared-memory vconns: it polls them, yielding the processor between
-// rounds, for spinFor after the last message, then sleeps (parked in the
+// rounds, for shm.SpinFor after the last message, then sleeps (parked in the
 // network poller: see shm.Bell) on their doorbells (and its own, kicked,
 // for changes to the set) until a pod rings, which a pod does only once
 // the poller said it sleeps.
@@ -449,7 +422,7 @@ func (p *shmPoller) run() {
 			continue
 		}
 		if idle.IsZero() {
-			idle, spin = time.Now(), spinFor()
+			idle, spin = time.Now(), shm.SpinFor()
 		}
 		if time.Since(idle) < spin {
 			runtime.Gosched()

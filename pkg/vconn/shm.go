@@ -15,32 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// shmSpin is how long a send or receive on shared memory polls its ring
-// (yielding the processor between looks) before it sleeps until the
-// agent's doorbell: a reply within it costs no system call.
-// Only with spinMinProcs Ps or more: see spinFor.
-const shmSpin = 50 * time.Microsecond
-
-// spinMinProcs is the fewest Ps with which waits spin at all. A spinner
-// yields with runtime.Gosched, which puts it straight back on the run
-// queue: a P that always has it to run never looks at the network
-// poller, where the other side's doorbell wakes its sleeper (and, in the
-// agent, the engine's UDP device receives). With two Ps, a handful of
-// spinners (each side of each vconn, in one process in tests) kept both
-// Ps from it for most of each 50 µs window, and the replies they spun
-// for took longer than that anyway. With more Ps, one is idle and waits
-// in the poller.
-const spinMinProcs = 4
-
-// spinFor is how long a wait spins before it sleeps: shmSpin, or none
-// with too few Ps.
-func spinFor() time.Duration {
-	if runtime.GOMAXPROCS(0) < spinMinProcs {
-		return 0
-	}
-	return shmSpin
-}
-
 // shmConn is a vconn's shared-memory data path (frame.OpShm): SendMsg
 // copies into the TX ring, RecvMsg copies out of the RX ring. A caller
 // that waits sleeps on the agent's doorbell in slices of at most
@@ -188,7 +162,7 @@ func (c *Conn) shmNext(ctx context.Context, dl *deadline) (Message, error) {
 			return Message{}, err
 		}
 		if start.IsZero() {
-			start, spin = time.Now(), spinFor()
+			start, spin = time.Now(), shm.SpinFor()
 		}
 		if time.Since(start) < spin {
 			runtime.Gosched()
@@ -302,7 +276,7 @@ func (c *Conn) shmSend(ctx context.Context, dl *deadline, data []byte, imm uint3
 			return err
 		}
 		if start.IsZero() {
-			start, spin = time.Now(), spinFor()
+			start, spin = time.Now(), shm.SpinFor()
 		}
 		if time.Since(start) < spin {
 			runtime.Gosched()
