@@ -57,10 +57,11 @@ mmdebstrap --variant=minbase --mode=root -q \
 	--dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
 	"$SUITE" "$W/rootfs"
 # Modules: rxe and what it needs, virtio for the NIC, 9p for the share,
-# dummy (a netdev that stays down, for port-down tests), and
-# crc32_generic (rxe's ICRC asks for the "crc32" shash; `rdma link add`
-# fails without it).
-for m in rdma_rxe virtio_net virtio_pci crc32_generic 9p 9pnet_virtio dummy; do
+# dummy (a netdev that stays down, for port-down tests), veth and sch_netem
+# (a lossy wire between two rxe devices, for the conformance suite's fault
+# cases) and crc32_generic (rxe's ICRC asks for the "crc32" shash; `rdma
+# link add` fails without it).
+for m in rdma_rxe virtio_net virtio_pci crc32_generic 9p 9pnet_virtio dummy veth sch_netem; do
 	modprobe -d "$W/k" -S "$KV" --show-depends "$m" | awk '$1 == "insmod" {print $2}'
 done | sort -u | while read -r f; do
 	rel=${f#"$W"/k/lib/modules/"$KV"/}

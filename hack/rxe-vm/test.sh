@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-rxe: the libibverbs backend against the Linux kernel's rxe.
 # Builds internal/verbs/ibv's tests (tag ibverbs; the conformance suite
-# among them) and runs them in one rxe guest, then checks guest-to-guest
+# among them, its fault cases over a lossy veth pair between two rxe
+# devices) and runs them in one rxe guest, then checks guest-to-guest
 # RoCEv2 across the bridge with ibv_rc_pingpong in two guests, and runs two
 # node agents on the ibverbs provider, one per guest, with 1,000 vconns
 # echoing between them over auto and over rc, every byte checked

@@ -48,13 +48,12 @@ func open(t testing.TB, cfg Config) verbs.Device {
 
 // TestConformance runs the verbs suite. With one rxe device, the n devices
 // are n opens of it (separate contexts): rxe loops packets between QPs of
-// one device back in the kernel. rxe cannot inject faults, so the fault
-// cases report not applicable.
+// one device back in the kernel. The fault cases run on faultyDevices.
 func TestConformance(t *testing.T) {
 	name := testDevice(t)
 	verbstest.Run(t, func(t testing.TB, n int, o verbstest.Options) ([]verbs.Device, bool) {
 		if o.Faulty() {
-			return nil, false
+			return faultyDevices(t, n, o), true
 		}
 		devs := make([]verbs.Device, n)
 		for i := range devs {
