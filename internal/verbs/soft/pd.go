@@ -2,6 +2,7 @@ package soft
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -27,7 +28,10 @@ func (p *pd) Close() error {
 }
 
 // mr is a registered region. Its memory is mmap'd by the verbs layer; the
-// device reads and writes it as DMA would, without locks.
+// device reads and writes it as DMA would, without locks, but counted in
+// use: deregistration waits for the copies in progress before it unmaps,
+// as ibv_dereg_mr waits for the NIC, so a packet racing the close of its
+// region never faults the process (copyIn, copyOut).
 type mr struct {
 	pd     *pd
 	buf    []byte
@@ -35,6 +39,47 @@ type mr struct {
 	key    uint32
 	access verbs.Access
 	closed atomic.Bool
+	use    atomic.Int32 // copies in progress
+}
+
+// acquire counts a copy into or out of the region; false once it is
+// closing. Every true is matched by release.
+func (m *mr) acquire() bool {
+	m.use.Add(1)
+	if m.closed.Load() {
+		m.use.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (m *mr) release() { m.use.Add(-1) }
+
+// copyIn copies src into the region at addr; false if the range is not
+// the region's or it is closing.
+func (m *mr) copyIn(addr uint64, src []byte) bool {
+	if !m.acquire() {
+		return false
+	}
+	defer m.release()
+	dst, ok := m.span(addr, uint64(len(src)))
+	if ok {
+		copy(dst, src)
+	}
+	return ok
+}
+
+// copyOut copies len(dst) bytes of the region at addr into dst, as copyIn.
+func (m *mr) copyOut(dst []byte, addr uint64) bool {
+	if !m.acquire() {
+		return false
+	}
+	defer m.release()
+	src, ok := m.span(addr, uint64(len(dst)))
+	if ok {
+		copy(dst, src)
+	}
+	return ok
 }
 
 var _ verbs.MR = (*mr)(nil)
@@ -60,6 +105,11 @@ func (m *mr) Close() error {
 		d.keys.Store(&keys)
 		d.keyFree = append(d.keyFree, idx)
 		d.keyMu.Unlock()
+		// Copies that began before the close finish first: they are
+		// short (a packet's payload), so waiting spins briefly.
+		for m.use.Load() != 0 {
+			runtime.Gosched()
+		}
 		err = verbs.FreeMemory(m.buf)
 		m.pd.children.Add(-1)
 	}

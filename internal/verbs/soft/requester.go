@@ -180,11 +180,9 @@ func (q *qp) gather(dst []byte, w *swqe, off uint32) bool {
 			return false
 		}
 		n := min(uint32(len(dst)), sg.Length-off)
-		src, ok := m.span(sg.Addr+uint64(off), uint64(n))
-		if !ok {
+		if !m.copyOut(dst[:n], sg.Addr+uint64(off)) {
 			return false
 		}
-		copy(dst, src)
 		dst = dst[n:]
 		off = 0
 	}
@@ -212,11 +210,9 @@ func scatter(q *qp, sgl []verbs.SGE, off uint32, src []byte) bool {
 			return false
 		}
 		n := min(uint32(len(src)), sg.Length-off)
-		dst, ok := m.span(sg.Addr+uint64(off), uint64(n))
-		if !ok {
+		if !m.copyIn(sg.Addr+uint64(off), src[:n]) {
 			return false
 		}
-		copy(dst, src[:n])
 		src = src[n:]
 		off = 0
 	}

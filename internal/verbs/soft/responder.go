@@ -177,12 +177,10 @@ func (q *qp) writePayload(rx *rxState, h *roce.Header, payload []byte, last bool
 		return true
 	}
 	// The region may have been deregistered since the write's first packet.
-	dst, ok := r.wmr.span(r.wva, uint64(n))
-	if !ok || q.dev.lookupKey(r.wmr.key) != r.wmr {
+	if q.dev.lookupKey(r.wmr.key) != r.wmr || !r.wmr.copyIn(r.wva, payload) {
 		q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
 		return false
 	}
-	copy(dst, payload)
 	r.wva += uint64(n)
 	r.wleft -= n
 	return true
@@ -271,6 +269,14 @@ func (q *qp) sendAck(tx *txq, syndrome uint8, psn uint32) {
 
 // sendReadResponses answers a read of n bytes at va with PSNs from psn.
 func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) {
+	// The responses copy out of the region: it may not be unmapped
+	// meanwhile (a region closed before the read gets no response).
+	if m != nil {
+		if !m.acquire() {
+			return
+		}
+		defer m.release()
+	}
 	mtu := q.mtu
 	count := q.npackets(n)
 	for i := uint32(0); i < count; i++ {
@@ -390,12 +396,10 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 			return
 		}
 		if n > 0 {
-			dst, ok := r.wmr.span(r.wva, uint64(n))
-			if !ok || q.dev.lookupKey(r.wmr.key) != r.wmr {
+			if q.dev.lookupKey(r.wmr.key) != r.wmr || !r.wmr.copyIn(r.wva, payload) {
 				r.ucDrop, r.inWrite = true, false
 				return
 			}
-			copy(dst, payload)
 		}
 		r.wva += uint64(n)
 		r.wleft -= n
