@@ -45,6 +45,7 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 		if op.IsReadRequest() {
 			// A read may be asked again when its response was lost: it is
 			// executed again (IBA 9.9.2.1), with the PSNs it had.
+			// If its region is gone, it is dropped, as rxe drops it.
 			if m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead); ok {
 				q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN)
 			}
@@ -127,7 +128,10 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 		// The read is a message: its responses carry the MSN that counts
 		// it, as rxe's do.
 		r.msn = psnAdd(r.msn, 1)
-		q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN)
+		if !q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN) {
+			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+			return
+		}
 		r.epsn = psnAdd(r.epsn, q.npackets(h.DMALen)-1)
 	}
 	if last && !op.IsReadRequest() {
@@ -267,13 +271,14 @@ func (q *qp) sendAck(tx *txq, syndrome uint8, psn uint32) {
 	tx.commit()
 }
 
-// sendReadResponses answers a read of n bytes at va with PSNs from psn.
-func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) {
+// sendReadResponses answers a read of n bytes at va with PSNs from psn;
+// false if the region closed since its key was checked.
+func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) bool {
 	// The responses copy out of the region: it may not be unmapped
-	// meanwhile (a region closed before the read gets no response).
+	// meanwhile.
 	if m != nil {
 		if !m.acquire() {
-			return
+			return false
 		}
 		defer m.release()
 	}
@@ -305,17 +310,18 @@ func (q *qp) sendReadResponses(tx *txq, m *mr, va uint64, n uint32, psn uint32) 
 		if plen > 0 {
 			var ok bool
 			if src, ok = m.span(va+uint64(off), uint64(plen)); !ok {
-				return
+				return false
 			}
 		}
 		p := tx.next()
 		k, err := roce.Encode(p.Buf, &h, src, q.dev.self, q.dev.endpoint(q.attr.AH.DGID))
 		if err != nil {
-			return
+			return false
 		}
 		p.N, p.Addr = k, q.attr.AH.DGID
 		tx.commit()
 	}
+	return true
 }
 
 // respondUC executes a UC request packet: no ACKs, and a gap or a missing
