@@ -293,8 +293,13 @@ func (r *remote) observe(inc uint64) {
 	old := r.incarnation
 	r.incarnation = inc
 	r.mu.Unlock()
+	if old == 0 && r.conn != nil {
+		// The peer is up: the heartbeat need not wait out gRPC's
+		// backoff from the attempts made while it was starting.
+		r.conn.ResetConnectBackoff()
+	}
 	if old != 0 && old != inc {
-		r.fail(errors.New("peer agent restarted"))
+		r.fail(errRestarted)
 	}
 }
 
@@ -317,18 +322,19 @@ func (r *remote) heartbeat(ctx context.Context) {
 	defer close(r.done)
 	interval, timeout := r.a.opts.HeartbeatInterval, r.a.opts.HeartbeatTimeout
 	for ctx.Err() == nil {
-		err := r.beatOnce(ctx, interval, timeout)
+		beating, err := r.beatOnce(ctx, interval, timeout)
 		if ctx.Err() != nil {
 			return
 		}
-		// Only a peer we have heard from can be lost: while a starting
+		// Only a beat that was answered and stopped loses a peer (or a
+		// new incarnation, which observe handles too): while a starting
 		// peer is not reachable yet (its control plane not up, or gRPC
 		// still backing off), vconns to it may already be set up through
-		// its own calls to us, and must not be failed.
-		r.mu.Lock()
-		heard := r.incarnation != 0
-		r.mu.Unlock()
-		if !heard {
+		// its own calls to us, and must not be failed. That the peer has
+		// called us is not enough: the attempt failing now may have begun
+		// before, and failing the peer would retire the QPs it just
+		// connected to us, which its UC traffic would then vanish into.
+		if !beating && !errors.Is(err, errRestarted) {
 			select {
 			case <-ctx.Done():
 				return
@@ -345,12 +351,17 @@ func (r *remote) heartbeat(ctx context.Context) {
 	}
 }
 
-func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) error {
+// errRestarted: the peer's beats carry a new incarnation.
+var errRestarted = errors.New("peer agent restarted")
+
+// beatOnce runs one heartbeat stream until it fails; beating reports
+// whether the peer answered on it.
+func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) (beating bool, _ error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := r.cl.Heartbeat(sctx)
 	if err != nil {
-		return fmt.Errorf("heartbeat: %w", err)
+		return false, fmt.Errorf("heartbeat: %w", err)
 	}
 	go func() {
 		t := time.NewTicker(interval)
@@ -376,16 +387,17 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 			tmu.Lock()
 			defer tmu.Unlock()
 			if timedOut {
-				return fmt.Errorf("no heartbeat for %v", timeout)
+				return beating, fmt.Errorf("no heartbeat for %v", timeout)
 			}
-			return fmt.Errorf("heartbeat: %w", err)
+			return beating, fmt.Errorf("heartbeat: %w", err)
 		}
+		beating = true
 		r.mu.Lock()
 		old := r.incarnation
 		r.incarnation = b.Incarnation
 		r.mu.Unlock()
 		if old != 0 && old != b.Incarnation {
-			return errors.New("peer agent restarted")
+			return true, errRestarted
 		}
 	}
 }

@@ -50,9 +50,12 @@ func TestHeartbeatTimeout(t *testing.T) {
 	defer conn.Close()
 	r := &remote{a: &Agent{log: logr.Discard(), incarnation: 1}, addr: ln.Addr().String(), conn: conn, cl: controlpb.NewControlClient(conn)}
 	start := time.Now()
-	err = r.beatOnce(context.Background(), 20*time.Millisecond, 300*time.Millisecond)
+	beating, err := r.beatOnce(context.Background(), 20*time.Millisecond, 300*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "no heartbeat") {
 		t.Fatalf("beatOnce: %v", err)
+	}
+	if beating {
+		t.Errorf("beatOnce says the silent peer answered")
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("declared gone after %v", d)
