@@ -203,6 +203,13 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 		s := a.Engine().Stats()
 		return fmt.Sprintf("%s: vconns open %d, RC QPs it created %d (to %d peer), %d pollers", o.Name, s.VConns, s.QPs, s.Peers, a.Engine().Config().Pollers)
 	}
+	// What the engine saw of the wire, also when the run failed: for
+	// telling loss from a stalled peer.
+	defer func() {
+		s := a.Engine().Stats()
+		fmt.Fprintf(w, "%s: messages sent %d, received %d; Auto retransmits %d (%d on a gap report); stale %d, malformed %d dropped\n",
+			o.Name, s.MsgsSent, s.MsgsReceived, s.Retransmits, s.GapResends, s.StaleDropped, s.Malformed)
+	}()
 	if o.Server {
 		ln, err := c.Listen(ctx, ":"+strconv.Itoa(demoServicePort))
 		if err != nil {
