@@ -16,7 +16,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/verbs/verbstest"
 )
 
-// Peers of the real tools in the guest (hack/rxe-vm/interop-guest.sh starts
+// Peers of the real tools in the guest (hack/rxe-vm/interop-tools.sh starts
 // them): the soft provider speaks their TCP exchanges and their traffic.
 
 // needTools returns the host side when it plays the tools' peer.
