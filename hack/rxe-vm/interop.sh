@@ -9,7 +9,9 @@
 #           a time (sequence NAKs, lost ACKs, lost read responses, either
 #           side); remote access NAKs either way;
 #   tools   the soft provider as ibv_rc_pingpong's client, then its server
-#           (TestPingpong; the guest runs interop-tools.sh);
+#           (TestPingpong), then as the client and the server of perftest's
+#           ib_send_bw and ib_write_bw (TestPerftest); the guest runs
+#           interop-tools.sh;
 #   agents  a node agent on the soft provider (host, interop-agent.sh)
 #           serving one on the ibverbs provider (guest, agents.sh) over
 #           VCONNS vconns, every byte checked, over auto and over rc.
@@ -55,9 +57,9 @@ check() { # NAME RUN.SH-ARGS...
 	[ "$r" -eq 0 ] || rc=$r
 }
 T=$OUT/interop.test
-check verbs -t 600 -f "$T" -H "$(hostcmd verbs "RDMAVISOR_INTEROP=host $T -test.v -test.timeout 560s -test.skip TestPingpong")" -- \
-	env RDMAVISOR_INTEROP=guest RDMAVISOR_HOST_IP=10.99.0.1 ./interop.test -test.v -test.timeout 560s -test.skip TestPingpong
-check tools -t 600 -f hack/rxe-vm/interop-tools.sh -H "$(hostcmd tools "RDMAVISOR_INTEROP=tools $T -test.v -test.timeout 560s -test.run TestPingpong")" -- \
+check verbs -t 600 -f "$T" -H "$(hostcmd verbs "RDMAVISOR_INTEROP=host $T -test.v -test.timeout 560s -test.skip '^(TestPingpong|TestPerftest)\$'")" -- \
+	env RDMAVISOR_INTEROP=guest RDMAVISOR_HOST_IP=10.99.0.1 ./interop.test -test.v -test.timeout 560s -test.skip '^(TestPingpong|TestPerftest)$'
+check tools -t 600 -f hack/rxe-vm/interop-tools.sh -H "$(hostcmd tools "RDMAVISOR_INTEROP=tools $T -test.v -test.timeout 560s -test.run '^(TestPingpong|TestPerftest)\$'")" -- \
 	sh interop-tools.sh
 for tr in auto rc; do
 	check "agents-$tr" -t 600 -f "$OUT/rdmavisor" -f hack/rxe-vm/agents.sh \

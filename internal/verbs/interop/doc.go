@@ -3,7 +3,8 @@
 // (through internal/verbs/ibv) on one network: each side of every test is
 // the same test binary, one on the host, one in an rxe guest, in lockstep
 // over a TCP control connection; or the host side alone against rdma-core's
-// ibv_rc_pingpong in the guest. hack/rxe-vm/interop.sh starts both sides.
+// ibv_rc_pingpong and perftest's ib_send_bw and ib_write_bw in the guest,
+// speaking their own exchanges. hack/rxe-vm/interop.sh starts both sides.
 // It has no code outside its tests.
 //
 // What running against rxe changed in the soft provider (tshark captures of

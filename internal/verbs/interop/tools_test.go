@@ -189,6 +189,52 @@ func TestPingpong(t *testing.T) {
 	}
 }
 
+// TestPerftest (after TestPingpong: the guest runs the tools in this order):
+// the soft provider as the peer of perftest's ib_send_bw and ib_write_bw in
+// the guest, over RC (perftest_test.go): for each tool, its client (the
+// guest runs the server, `TOOL -d rxe0 -x IDX -n 1000 -s SIZE`) and then
+// its server (the guest runs the client against us), each with SIZE 4096
+// and 65536. The soft side posts what the perftest peer would and checks
+// every completion; the guest script checks each tool's exit status and
+// that its report says SIZE bytes × 1000 iterations. Where the data lands
+// on our side (we are the server), every byte is checked: perftest fills
+// its buffer with glibc's rand() after srand(time(NULL)), so the seed is
+// found from the first bytes and the rest must follow.
+func TestPerftest(t *testing.T) {
+	s := needTools(t)
+	// One listener for the tools' clients, open before the first of them
+	// can run: the guest starts them only after its servers, which we
+	// connect to first, so none finds the port closed.
+	ln, err := net.Listen("tcp", net.JoinHostPort(os.Getenv("RDMAVISOR_HOST_IP"), fmt.Sprint(ptPort)))
+	if err != nil {
+		t.Fatalf("perftest listen: %v", err)
+	}
+	defer ln.Close()
+	var broken string
+	for _, tool := range []string{"ib_send_bw", "ib_write_bw"} {
+		for _, client := range []bool{true, false} {
+			for _, size := range ptSizes {
+				role := "soft-server"
+				if client {
+					role = "soft-client"
+				}
+				t.Run(fmt.Sprintf("%s/%s/%d", tool, role, size), func(t *testing.T) {
+					if broken != "" {
+						t.Fatalf("the guest is out of step since %s failed", broken)
+					}
+					defer func() {
+						if t.Failed() {
+							broken = t.Name()
+						}
+					}()
+					pt := &ptRun{s: s, write: tool == "ib_write_bw", client: client, size: size}
+					pt.run(t, ln)
+				})
+			}
+		}
+	}
+}
+
 // ppConn makes an RC QP for a tool: its own CQs and memory region, in
 // RESET until the exchange says where to connect.
 func (s *side) ppConn(t *testing.T) *conn {
