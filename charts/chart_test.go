@@ -17,12 +17,14 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+	"github.com/rdmavisor/rdmavisor/controllers"
 )
 
 const (
@@ -198,6 +200,7 @@ func TestLint(t *testing.T) {
 func TestTemplateDefaults(t *testing.T) {
 	objs := render(t)
 	want := []string{
+		"ClusterRole/" + controllers.AgentClusterRole,
 		"ClusterRole/" + operator,
 		"ClusterRole/" + operator + "-metrics-auth",
 		"ClusterRole/" + operator + "-metrics-reader",
@@ -209,6 +212,10 @@ func TestTemplateDefaults(t *testing.T) {
 		"Role/" + operator,
 		"RoleBinding/" + operator,
 		"ServiceAccount/" + operator,
+		"ValidatingAdmissionPolicy/" + controllers.AgentPolicy,
+		"ValidatingAdmissionPolicy/" + controllers.OperatorBindingsPolicy,
+		"ValidatingAdmissionPolicyBinding/" + controllers.AgentPolicy,
+		"ValidatingAdmissionPolicyBinding/" + controllers.OperatorBindingsPolicy,
 	}
 	if got := ids(objs); !slices.Equal(got, want) {
 		t.Fatalf("rendered objects:\n got %v\nwant %v", got, want)
@@ -377,6 +384,36 @@ func TestRBACEqualsGenerated(t *testing.T) {
 		want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: operator, Namespace: namespace}}
 		if !reflect.DeepEqual(b.Subjects, want) {
 			t.Errorf("%s subjects %+v, want %+v", kind, b.Subjects, want)
+		}
+	}
+}
+
+// TestAgentRBACEqualsController checks the agents' ClusterRole and the
+// admission policies the chart installs against controllers/static.go, whose
+// objects the operator's envtests run against.
+func TestAgentRBACEqualsController(t *testing.T) {
+	objs := render(t)
+	var role rbacv1.ClusterRole
+	find(t, objs, "ClusterRole", controllers.AgentClusterRole, &role)
+	if want := controllers.NewAgentClusterRole(); !reflect.DeepEqual(role.Rules, want.Rules) {
+		t.Errorf("chart ClusterRole %s rules differ from controllers.AgentRules: update charts/rdmavisor/templates/agent-rbac.yaml\n got %+v\nwant %+v",
+			role.Name, role.Rules, want.Rules)
+	}
+	agent, agentBinding := controllers.NewAgentPolicy(namespace)
+	op, opBinding := controllers.NewOperatorBindingsPolicy(namespace, "system:serviceaccount:"+namespace+":"+operator)
+	for _, want := range []*admissionregistrationv1.ValidatingAdmissionPolicy{agent, op} {
+		var got admissionregistrationv1.ValidatingAdmissionPolicy
+		find(t, objs, "ValidatingAdmissionPolicy", want.Name, &got)
+		if !reflect.DeepEqual(got.Spec, want.Spec) {
+			t.Errorf("chart ValidatingAdmissionPolicy %s differs from controllers/static.go: update charts/rdmavisor/templates/agent-rbac.yaml\n got %+v\nwant %+v",
+				want.Name, got.Spec, want.Spec)
+		}
+	}
+	for _, want := range []*admissionregistrationv1.ValidatingAdmissionPolicyBinding{agentBinding, opBinding} {
+		var got admissionregistrationv1.ValidatingAdmissionPolicyBinding
+		find(t, objs, "ValidatingAdmissionPolicyBinding", want.Name, &got)
+		if !reflect.DeepEqual(got.Spec, want.Spec) {
+			t.Errorf("chart ValidatingAdmissionPolicyBinding %s: got %+v, want %+v", want.Name, got.Spec, want.Spec)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package controllers
 
 import (
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -17,15 +16,12 @@ func CacheOptions(namespace string) cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{labelManagedBy: FieldOwner})
 	inNamespace := map[string]cache.Config{namespace: {}}
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&appsv1.DaemonSet{}:                                         {Namespaces: inNamespace, Label: managed},
-		&corev1.ConfigMap{}:                                         {Namespaces: inNamespace, Label: managed},
-		&corev1.ServiceAccount{}:                                    {Namespaces: inNamespace, Label: managed},
-		&corev1.Secret{}:                                            {Namespaces: inNamespace, Label: managed},
-		&rbacv1.ClusterRole{}:                                       {Label: managed},
-		&rbacv1.ClusterRoleBinding{}:                                {Label: managed},
-		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: managed},
-		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: {Label: managed},
-		&corev1.Node{}:                                              {Transform: stripNode},
+		&appsv1.DaemonSet{}:          {Namespaces: inNamespace, Label: managed},
+		&corev1.ConfigMap{}:          {Namespaces: inNamespace, Label: managed},
+		&corev1.ServiceAccount{}:     {Namespaces: inNamespace, Label: managed},
+		&corev1.Secret{}:             {Namespaces: inNamespace, Label: managed},
+		&rbacv1.ClusterRoleBinding{}: {Label: managed},
+		&corev1.Node{}:               {Transform: stripNode},
 	}}
 }
 

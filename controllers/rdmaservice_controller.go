@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -71,18 +70,20 @@ func (r *RDMAServiceReconciler) heartbeatTimeout() time.Duration {
 	return DefaultHeartbeatTimeout
 }
 
-// The operator must hold every permission it grants the agents (RBAC
-// forbids escalation), hence create/update on rdmanodes.
+// The operator writes no ClusterRole and no admission policy: the chart
+// installs the agents' ClusterRole and policies (static.go), and the
+// operator holds bind on that one role only, so RBAC refuses any binding
+// it makes to a role with more than it holds itself; the chart's
+// OperatorBindingsPolicy then confines its bindings to the agents'
+// service accounts. The signer's own rules are in signer.go.
 //
 // +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmaservices,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmaservices/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmaservices/finalizers,verbs=update
-// +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmanodes,verbs=get;list;watch;create;update;patch;delete;deletecollection
-// +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmanodes/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=get;create
+// +kubebuilder:rbac:groups=rdmavisor.io,resources=rdmanodes,verbs=get;list;watch;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,resourceNames=rdmavisor-agent,verbs=bind
 // +kubebuilder:rbac:groups=apps,namespace=rdmavisor-system,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=rdmavisor-system,resources=configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=rdmavisor-system,resources=leases,verbs=get;list;watch;create;update;patch;delete
@@ -164,12 +165,12 @@ func (r *RDMAServiceReconciler) applyObjects(ctx context.Context, svc *v1alpha1.
 	if image == "" {
 		image = r.DefaultImage
 	}
+	if err := r.replaceOldBinding(ctx, svc); err != nil {
+		return err
+	}
 	objs := []runtime.ApplyConfiguration{
 		renderServiceAccount(svc, r.Namespace),
-		renderClusterRole(svc),
 		renderClusterRoleBinding(svc, r.Namespace),
-		renderPolicy(svc, r.Namespace),
-		renderPolicyBinding(svc),
 		renderConfigMap(svc, r.Namespace, cfgData),
 	}
 	if !p.refused {
@@ -182,6 +183,26 @@ func (r *RDMAServiceReconciler) applyObjects(ctx context.Context, svc *v1alpha1.
 	}
 	if p.refused {
 		return r.deleteIfPresent(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: objectName(svc), Namespace: r.Namespace}})
+	}
+	return nil
+}
+
+// replaceOldBinding deletes the agents' ClusterRoleBinding if it binds
+// another role than AgentClusterRole: operators before the chart shipped
+// that role rendered one ClusterRole per service, and a binding's roleRef
+// cannot change. Those ClusterRoles and policies, owned by their service,
+// go with it (garbage collection); this operator may not delete them.
+func (r *RDMAServiceReconciler) replaceOldBinding(ctx context.Context, svc *v1alpha1.RDMAService) error {
+	b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: objectName(svc)}}
+	if err := r.Get(ctx, client.ObjectKeyFromObject(b), b); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if b.RoleRef.Kind == "ClusterRole" && b.RoleRef.Name == AgentClusterRole {
+		return nil
+	}
+	ctrl.LoggerFrom(ctx).Info("Replacing the agents' ClusterRoleBinding of an older operator", "binding", klog.KObj(b), "roleRef", b.RoleRef.Name)
+	if err := r.Delete(ctx, b); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting ClusterRoleBinding %s: %w", b.Name, err)
 	}
 	return nil
 }
@@ -233,9 +254,6 @@ func (r *RDMAServiceReconciler) reconcileDelete(ctx context.Context, svc *v1alph
 	for _, obj := range []client.Object{
 		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name}},
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}},
-		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name}},
-		&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}},
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
 	} {
@@ -271,10 +289,7 @@ func (r *RDMAServiceReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&corev1.ConfigMap{}).
 		Owns(&corev1.ServiceAccount{}).
-		Owns(&rbacv1.ClusterRole{}).
 		Owns(&rbacv1.ClusterRoleBinding{}).
-		Owns(&admissionregistrationv1.ValidatingAdmissionPolicy{}).
-		Owns(&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}).
 		Watches(&v1alpha1.RDMANode{}, handler.EnqueueRequestsFromMapFunc(
 			func(_ context.Context, o client.Object) []reconcile.Request {
 				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.(*v1alpha1.RDMANode).Spec.ServiceName}}}

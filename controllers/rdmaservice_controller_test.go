@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -33,10 +32,7 @@ func rendered(service string) []client.Object {
 		&appsv1.DaemonSet{ObjectMeta: ns},
 		&corev1.ConfigMap{ObjectMeta: ns},
 		&corev1.ServiceAccount{ObjectMeta: ns},
-		&rbacv1.ClusterRole{ObjectMeta: cluster},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: cluster},
-		&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: cluster},
-		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: cluster},
 	}
 }
 

@@ -9,12 +9,10 @@ import (
 	"slices"
 	"strconv"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
@@ -65,10 +63,15 @@ const (
 	hostCNIConfDir      = "/etc/cni/net.d"
 )
 
+// agentObjectPrefix starts the name of every object rendered for an
+// RDMAService; the policies in static.go recognise the agents' service
+// accounts and the operator's bindings by it.
+const agentObjectPrefix = "rdmavisor-agent-"
+
 // objectName is the name of every object rendered for svc: one name for the
-// DaemonSet, ConfigMap, ServiceAccount, ClusterRole(Binding) and policy.
-// RDMAService names are at most 40 characters, so it fits a label value.
-func objectName(svc *v1alpha1.RDMAService) string { return "rdmavisor-agent-" + svc.Name }
+// DaemonSet, ConfigMap, ServiceAccount and ClusterRoleBinding. RDMAService
+// names are at most 40 characters, so it fits a label value.
+func objectName(svc *v1alpha1.RDMAService) string { return agentObjectPrefix + svc.Name }
 
 func commonLabels(svc *v1alpha1.RDMAService) map[string]string {
 	return map[string]string{
@@ -168,85 +171,15 @@ func renderServiceAccount(svc *v1alpha1.RDMAService, namespace string) *corev1ac
 		WithOwnerReferences(ownerRef(svc))
 }
 
-// renderClusterRole grants what an agent needs: its RDMANode (create, update),
-// every RDMANode (read, for peer discovery) and certificate requests (create,
-// and get to wait for the signature) for its node certificate. RBAC cannot
-// restrict writes to one object by the caller's node: the admission policy
-// does that for RDMANodes, and the CertSigner for certificates (it signs
-// only for the node the requester's token is bound to).
-func renderClusterRole(svc *v1alpha1.RDMAService) *rbacv1ac.ClusterRoleApplyConfiguration {
-	group := v1alpha1.GroupVersion.Group
-	return rbacv1ac.ClusterRole(objectName(svc)).
-		WithLabels(commonLabels(svc)).
-		WithOwnerReferences(ownerRef(svc)).
-		WithRules(
-			rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources("rdmanodes").
-				WithVerbs("get", "list", "watch", "create", "update", "patch"),
-			rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources("rdmanodes/status").
-				WithVerbs("get", "update", "patch"),
-			rbacv1ac.PolicyRule().WithAPIGroups("certificates.k8s.io").WithResources("certificatesigningrequests").
-				WithVerbs("create", "get"),
-		)
-}
-
+// renderClusterRoleBinding binds the agents' service account to the
+// AgentClusterRole the chart installs. The operator holds bind on that role
+// and no other, so it creates no ClusterRole of its own.
 func renderClusterRoleBinding(svc *v1alpha1.RDMAService, namespace string) *rbacv1ac.ClusterRoleBindingApplyConfiguration {
 	return rbacv1ac.ClusterRoleBinding(objectName(svc)).
 		WithLabels(commonLabels(svc)).
 		WithOwnerReferences(ownerRef(svc)).
-		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(objectName(svc))).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(AgentClusterRole)).
 		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(objectName(svc)).WithNamespace(namespace))
-}
-
-// agentUsername is the user name of the agents' service account tokens.
-func agentUsername(svc *v1alpha1.RDMAService, namespace string) string {
-	return "system:serviceaccount:" + namespace + ":" + objectName(svc)
-}
-
-// renderPolicy confines the agents of svc: a request from their service
-// account may create or update only the RDMANode named after the node its
-// token is bound to (the kubelet-issued token carries the node name as a user
-// extra), and only with spec.serviceName set to svc.
-func renderPolicy(svc *v1alpha1.RDMAService, namespace string) *admissionv1ac.ValidatingAdmissionPolicyApplyConfiguration {
-	const nodeOf = "request.userInfo.extra[%q]"
-	nodeExtra := fmt.Sprintf(nodeOf, nodeNameExtra)
-	return admissionv1ac.ValidatingAdmissionPolicy(objectName(svc)).
-		WithLabels(commonLabels(svc)).
-		WithOwnerReferences(ownerRef(svc)).
-		WithSpec(admissionv1ac.ValidatingAdmissionPolicySpec().
-			WithFailurePolicy(admissionregistrationv1.Fail).
-			WithMatchConstraints(admissionv1ac.MatchResources().WithResourceRules(
-				admissionv1ac.NamedRuleWithOperations().
-					WithOperations(admissionregistrationv1.Create, admissionregistrationv1.Update).
-					WithAPIGroups(v1alpha1.GroupVersion.Group).
-					WithAPIVersions("*").
-					WithResources("rdmanodes", "rdmanodes/status"))).
-			WithMatchConditions(admissionv1ac.MatchCondition().
-				WithName("agent-of-"+svc.Name).
-				WithExpression(fmt.Sprintf("request.userInfo.username == %q", agentUsername(svc, namespace)))).
-			WithVariables(admissionv1ac.Variable().
-				WithName("nodeName").
-				WithExpression(fmt.Sprintf("has(request.userInfo.extra) && %q in request.userInfo.extra && size(%s) == 1 ? %s[0] : ''",
-					nodeNameExtra, nodeExtra, nodeExtra))).
-			WithValidations(
-				admissionv1ac.Validation().
-					WithExpression("variables.nodeName != '' && object.metadata.name == variables.nodeName").
-					WithMessage("an RDMAvisor agent may write only the RDMANode of its own node").
-					WithMessageExpression("variables.nodeName == '' ? 'an RDMAvisor agent may write only the RDMANode of its own node, and its token names no node' : 'the RDMAvisor agent on node ' + variables.nodeName + ' may write only RDMANode ' + variables.nodeName + ', not ' + object.metadata.name").
-					WithReason(metav1.StatusReasonForbidden),
-				admissionv1ac.Validation().
-					WithExpression(fmt.Sprintf("object.spec.serviceName == %q", svc.Name)).
-					WithMessage(fmt.Sprintf("agents of RDMAService %s may write only RDMANodes with spec.serviceName %s", svc.Name, svc.Name)).
-					WithReason(metav1.StatusReasonForbidden),
-			))
-}
-
-func renderPolicyBinding(svc *v1alpha1.RDMAService) *admissionv1ac.ValidatingAdmissionPolicyBindingApplyConfiguration {
-	return admissionv1ac.ValidatingAdmissionPolicyBinding(objectName(svc)).
-		WithLabels(commonLabels(svc)).
-		WithOwnerReferences(ownerRef(svc)).
-		WithSpec(admissionv1ac.ValidatingAdmissionPolicyBindingSpec().
-			WithPolicyName(objectName(svc)).
-			WithValidationActions(admissionregistrationv1.Deny))
 }
 
 // renderNodeAffinity restricts the DaemonSet to the nodes svc selects, minus

@@ -149,7 +149,7 @@ func TestRenderTLS(t *testing.T) {
 	}
 
 	var csr bool
-	for _, r := range renderClusterRole(svc).Rules {
+	for _, r := range AgentRules() {
 		if slices.Contains(r.APIGroups, "certificates.k8s.io") && slices.Contains(r.Resources, "certificatesigningrequests") {
 			csr = slices.Contains(r.Verbs, "create") && slices.Contains(r.Verbs, "get")
 			if len(r.ResourceNames) > 0 || len(r.Verbs) != 2 {

@@ -71,6 +71,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL: creating namespace:", err)
 		return 1
 	}
+	if err := installStatic(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
 	// The operator runs with the RBAC generated from its markers, so every
 	// test also checks that the role grants all the operator does.
 	operatorCfg, err := operatorConfig(ctx)
@@ -110,17 +114,33 @@ func run(m *testing.M) int {
 	return code
 }
 
-// operatorUser is the user the test operator runs as.
-const operatorUser = "rdmavisor-operator-test"
+// The test operator runs as the service account the chart gives it.
+const (
+	operatorSA   = "rdmavisor-operator"
+	operatorUser = "system:serviceaccount:" + testNamespace + ":" + operatorSA
+)
 
-// operatorConfig binds config/rbac/role.yaml to operatorUser and returns a
-// rest config that impersonates it.
+// installStatic creates what the chart installs once for every RDMAService
+// (static.go): the agents' ClusterRole and the admission policies.
+func installStatic(ctx context.Context) error {
+	agentPolicy, agentBinding := NewAgentPolicy(testNamespace)
+	opPolicy, opBinding := NewOperatorBindingsPolicy(testNamespace, operatorUser)
+	for _, o := range []client.Object{NewAgentClusterRole(), agentPolicy, agentBinding, opPolicy, opBinding} {
+		if err := k8s.Create(ctx, o); err != nil {
+			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// operatorConfig binds config/rbac/role.yaml to the operator's service
+// account and returns a rest config that impersonates it.
 func operatorConfig(ctx context.Context) (*rest.Config, error) {
 	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "rbac", "role.yaml"))
 	if err != nil {
 		return nil, err
 	}
-	subject := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: operatorUser}
+	subject := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: operatorSA, Namespace: testNamespace}
 	for _, doc := range strings.Split(string(data), "\n---\n") {
 		if strings.TrimSpace(strings.Trim(doc, "-\n")) == "" {
 			continue
@@ -160,9 +180,15 @@ func operatorConfig(ctx context.Context) (*rest.Config, error) {
 			}
 		}
 	}
+	return operatorRestConfig(), nil
+}
+
+// operatorRestConfig impersonates the operator's service account.
+func operatorRestConfig() *rest.Config {
 	cfg := rest.CopyConfig(restCfg)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: operatorUser, Groups: []string{"system:authenticated"}}
-	return cfg, nil
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: operatorUser,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + testNamespace, "system:authenticated"}}
+	return cfg
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -1,0 +1,170 @@
+package controllers
+
+import (
+	"fmt"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+)
+
+// The objects below are installed once per cluster, by the chart
+// (charts/rdmavisor/templates/agent-rbac.yaml, which charts/chart_test.go
+// checks against these functions), not by the operator: an operator that
+// could write ClusterRoles or admission policies could grant anyone
+// anything it holds and lift any policy. The operator only binds
+// AgentClusterRole to the service account of each RDMAService's agents,
+// and OperatorBindingsPolicy confines it to exactly those bindings. Their
+// names are fixed, like the CRDs': one installation per cluster.
+const (
+	// AgentClusterRole names the ClusterRole of every RDMAService's agents.
+	// The operator holds bind on it, and on no other role.
+	AgentClusterRole = "rdmavisor-agent"
+	// AgentPolicy names the admission policy (and its binding) that
+	// confines every agent to its own RDMANode.
+	AgentPolicy = "rdmavisor-agent"
+	// OperatorBindingsPolicy names the admission policy (and its binding)
+	// that confines the operator's ClusterRoleBinding writes.
+	OperatorBindingsPolicy = "rdmavisor-operator-bindings"
+)
+
+// agentUserPrefix is the start of the user name of every agent service
+// account: the rest is the name of the agents' RDMAService (objectName).
+func agentUserPrefix(namespace string) string {
+	return "system:serviceaccount:" + namespace + ":" + agentObjectPrefix
+}
+
+// AgentRules are what an agent needs: its RDMANode (create, update), every
+// RDMANode (read, for peer discovery) and certificate requests (create, and
+// get to wait for the signature) for its node certificate. RBAC cannot
+// restrict writes to one object by the caller's node: the agent policy does
+// that for RDMANodes, and the CertSigner for certificates (it signs only for
+// the node the requester's token is bound to).
+func AgentRules() []rbacv1.PolicyRule {
+	group := v1alpha1.GroupVersion.Group
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{group}, Resources: []string{"rdmanodes"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
+		{APIGroups: []string{group}, Resources: []string{"rdmanodes/status"}, Verbs: []string{"get", "update", "patch"}},
+		{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}},
+	}
+}
+
+// NewAgentClusterRole returns the agents' ClusterRole.
+func NewAgentClusterRole() *rbacv1.ClusterRole {
+	return &rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "ClusterRole"},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentClusterRole},
+		Rules:      AgentRules(),
+	}
+}
+
+// NewAgentPolicy confines the agents of every RDMAService whose objects live
+// in namespace: a request from an agent's service account may create or
+// update only the RDMANode named after the node its token is bound to (the
+// kubelet-issued token carries the node name as a user extra), and only with
+// spec.serviceName set to the agent's own service, which its user name
+// carries.
+func NewAgentPolicy(namespace string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	prefix := agentUserPrefix(namespace)
+	nodeExtra := fmt.Sprintf("request.userInfo.extra[%q]", nodeNameExtra)
+	fail := admissionregistrationv1.Fail
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentPolicy},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{
+						APIGroups:   []string{v1alpha1.GroupVersion.Group},
+						APIVersions: []string{"*"},
+						Resources:   []string{"rdmanodes", "rdmanodes/status"},
+					},
+				},
+			}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{
+				Name:       "agent",
+				Expression: fmt.Sprintf("request.userInfo.username.startsWith(%q)", prefix),
+			}},
+			Variables: []admissionregistrationv1.Variable{
+				{Name: "service", Expression: fmt.Sprintf("request.userInfo.username.substring(size(%q))", prefix)},
+				{Name: "nodeName", Expression: fmt.Sprintf("has(request.userInfo.extra) && %q in request.userInfo.extra && size(%s) == 1 ? %s[0] : ''",
+					nodeNameExtra, nodeExtra, nodeExtra)},
+			},
+			Validations: []admissionregistrationv1.Validation{
+				{
+					Expression: "variables.nodeName != '' && object.metadata.name == variables.nodeName",
+					Message:    "an RDMAvisor agent may write only the RDMANode of its own node",
+					MessageExpression: "variables.nodeName == '' ? 'an RDMAvisor agent may write only the RDMANode of its own node, and its token names no node' : " +
+						"'the RDMAvisor agent on node ' + variables.nodeName + ' may write only RDMANode ' + variables.nodeName + ', not ' + object.metadata.name",
+					Reason: new(metav1.StatusReasonForbidden),
+				},
+				{
+					Expression:        "object.spec.serviceName == variables.service",
+					Message:           "the agents of an RDMAService may write only RDMANodes with their service's spec.serviceName",
+					MessageExpression: "'agents of RDMAService ' + variables.service + ' may write only RDMANodes with spec.serviceName ' + variables.service",
+					Reason:            new(metav1.StatusReasonForbidden),
+				},
+			},
+		},
+	}
+	return policy, policyBinding(AgentPolicy)
+}
+
+// NewOperatorBindingsPolicy confines the ClusterRoleBinding writes of the
+// operator, user operatorUser, to the bindings it renders: each named after
+// an RDMAService's agents, of AgentClusterRole, to that service account in
+// namespace. RBAC alone would let it bind AgentClusterRole (on which it holds
+// bind) or any role whose permissions it holds to anyone, and delete any
+// binding: create and delete cannot be restricted by name.
+func NewOperatorBindingsPolicy(namespace, operatorUser string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	prefix := agentObjectPrefix
+	fail := admissionregistrationv1.Fail
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: OperatorBindingsPolicy},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete},
+					Rule: admissionregistrationv1.Rule{
+						APIGroups:   []string{rbacv1.GroupName},
+						APIVersions: []string{"*"},
+						Resources:   []string{"clusterrolebindings"},
+					},
+				},
+			}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{
+				Name:       "operator",
+				Expression: fmt.Sprintf("request.userInfo.username == %q", operatorUser),
+			}},
+			Validations: []admissionregistrationv1.Validation{{
+				// On DELETE object is null: the name is oldObject's.
+				Expression: fmt.Sprintf("request.operation == 'DELETE' ? oldObject.metadata.name.startsWith(%q) : "+
+					"object.metadata.name.startsWith(%q) && object.roleRef.kind == 'ClusterRole' && object.roleRef.name == %q && "+
+					"has(object.subjects) && size(object.subjects) == 1 && object.subjects[0].kind == 'ServiceAccount' && "+
+					"object.subjects[0].namespace == %q && object.subjects[0].name == object.metadata.name",
+					prefix, prefix, AgentClusterRole, namespace),
+				Message: fmt.Sprintf("the RDMAvisor operator may write only ClusterRoleBindings %s<service> of ClusterRole %s to ServiceAccount %s/%s<service>",
+					prefix, AgentClusterRole, namespace, prefix),
+				Reason: new(metav1.StatusReasonForbidden),
+			}},
+		},
+	}
+	return policy, policyBinding(OperatorBindingsPolicy)
+}
+
+func policyBinding(name string) *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
+	return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicyBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+		},
+	}
+}
