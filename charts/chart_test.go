@@ -276,8 +276,9 @@ func TestTemplateDefaults(t *testing.T) {
 		}
 	}
 	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot ||
-		pod.SecurityContext.RunAsUser == nil || *pod.SecurityContext.RunAsUser == 0 {
-		t.Errorf("pod securityContext %+v: want a non-root user", pod.SecurityContext)
+		pod.SecurityContext.RunAsUser == nil || *pod.SecurityContext.RunAsUser == 0 ||
+		pod.SecurityContext.SeccompProfile == nil || pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v: want a non-root user and seccompProfile RuntimeDefault", pod.SecurityContext)
 	}
 	sc := c.SecurityContext
 	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||

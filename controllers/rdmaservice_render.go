@@ -260,15 +260,17 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		mount("sockets", cfg.SocketDir, false),
 		mount("pod-resources", hostPodResourcesDir, true),
 	}
-	agentSecurity := corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false)
+	agentSecurity := hardened()
 	if cfg.Device.Provider == config.ProviderIBVerbs {
 		// Verbs open the uverbs character devices, which the device
 		// cgroup denies an unprivileged container even when they are
 		// mounted, and pin registered memory (IPC_LOCK): the agent owns
 		// the node's RDMA devices, so it runs privileged, and sees the
-		// host's /dev. A node without a device still runs the agent,
-		// which then says why in its RDMANode.
-		agentSecurity = corev1ac.SecurityContext().WithPrivileged(true)
+		// host's /dev. A device plugin for /dev/infiniband (or CDI) would
+		// let it drop that; until then privileged implies every
+		// capability, so none is dropped. A node without a device still
+		// runs the agent, which then says why in its RDMANode.
+		agentSecurity = corev1ac.SecurityContext().WithPrivileged(true).WithReadOnlyRootFilesystem(true)
 	}
 	// Validate accepted the address, so the port parses.
 	_, port, _ := net.SplitHostPort(cfg.MetricsAddress)
@@ -319,7 +321,7 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 			// collect the quota of pods that are gone.
 			mount("pod-resources", hostPodResourcesDir, true),
 		).
-		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false))
+		WithSecurityContext(hardened())
 
 	// A native sidecar (an init container that keeps running): it chains
 	// the CNI plugin before the agent starts, repairs the chain if the
@@ -339,7 +341,7 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 			mount("cni-bin", "/host"+hostCNIBinDir, false),
 			mount("cni-conf", "/host"+hostCNIConfDir, false),
 		).
-		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false))
+		WithSecurityContext(hardened())
 
 	for _, c := range []*corev1ac.ContainerApplyConfiguration{agent, devicePlugin, cniInstall} {
 		if pull != "" {
@@ -349,6 +351,8 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 
 	pod := corev1ac.PodSpec().
 		WithServiceAccountName(objectName(svc)).
+		WithSecurityContext(corev1ac.PodSecurityContext().
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
 		// The agent serves peers on the node IP (RoCEv2 UDP and the control
 		// port), so it lives in the host network namespace.
 		WithHostNetwork(true).
@@ -379,6 +383,26 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 					annotationScrapePath: "/metrics",
 				}).
 				WithSpec(pod)))
+}
+
+// hardened is the security context of the agent pod's unprivileged
+// containers: every capability dropped but add, no privilege escalation, a
+// read-only root filesystem (they write only to their volumes). They run as
+// root, without capabilities, because the host paths they serve are root's:
+// the kubelet's device-plugin and pod-resources sockets (a unix socket needs
+// write permission to connect), its plugin directory, the node's CNI
+// directories and the sockets directory. Root without CAP_DAC_OVERRIDE
+// reaches only what root owns; the image's user is not relied upon.
+func hardened(add ...corev1.Capability) *corev1ac.SecurityContextApplyConfiguration {
+	caps := corev1ac.Capabilities().WithDrop("ALL")
+	if len(add) > 0 {
+		caps.WithAdd(add...)
+	}
+	return corev1ac.SecurityContext().
+		WithRunAsUser(0).
+		WithAllowPrivilegeEscalation(false).
+		WithReadOnlyRootFilesystem(true).
+		WithCapabilities(caps)
 }
 
 func tolerationApply(t *corev1.Toleration) *corev1ac.TolerationApplyConfiguration {

@@ -161,3 +161,49 @@ func TestRenderTLS(t *testing.T) {
 		t.Error("the agents' ClusterRole does not let them request their certificate (create, get certificatesigningrequests)")
 	}
 }
+
+// TestRenderHardened: the agent pod runs under the runtime's seccomp
+// profile; every container but a privileged ibverbs agent drops every
+// capability but those it is allowed (wantCaps), cannot escalate, and has a
+// read-only root filesystem.
+func TestRenderHardened(t *testing.T) {
+	wantCaps := map[string][]corev1.Capability{"agent": nil, "device-plugin": nil, "cni": nil}
+	for _, provider := range []v1alpha1.Provider{v1alpha1.ProviderSoft, v1alpha1.ProviderIBVerbs} {
+		t.Run(string(provider), func(t *testing.T) {
+			svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"},
+				Spec: v1alpha1.RDMAServiceSpec{Device: v1alpha1.DeviceSelector{Provider: provider}}}
+			cfg, data, err := renderConfig(svc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil).Spec.Template.Spec
+			if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || *psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Errorf("pod securityContext %+v: want seccompProfile RuntimeDefault", psc)
+			}
+			containers := append(slices.Clone(spec.InitContainers), spec.Containers...)
+			if len(containers) != len(wantCaps) {
+				t.Fatalf("%d containers, want %d", len(containers), len(wantCaps))
+			}
+			for _, c := range containers {
+				sc := c.SecurityContext
+				if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+					t.Errorf("%s: securityContext %+v: want a read-only root filesystem", *c.Name, sc)
+					continue
+				}
+				if sc.Privileged != nil && *sc.Privileged {
+					if provider != v1alpha1.ProviderIBVerbs || *c.Name != "agent" {
+						t.Errorf("%s of a %s service runs privileged", *c.Name, provider)
+					}
+					continue
+				}
+				if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+					t.Errorf("%s: allowPrivilegeEscalation %v, want false", *c.Name, sc.AllowPrivilegeEscalation)
+				}
+				if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+					!slices.Equal(sc.Capabilities.Add, wantCaps[*c.Name]) {
+					t.Errorf("%s: capabilities %+v, want ALL dropped and %v added", *c.Name, sc.Capabilities, wantCaps[*c.Name])
+				}
+			}
+		})
+	}
+}
