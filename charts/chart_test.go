@@ -214,8 +214,10 @@ func TestTemplateDefaults(t *testing.T) {
 		"ServiceAccount/" + operator,
 		"ValidatingAdmissionPolicy/" + controllers.AgentPolicy,
 		"ValidatingAdmissionPolicy/" + controllers.OperatorBindingsPolicy,
+		"ValidatingAdmissionPolicy/" + controllers.ServicePolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.AgentPolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.OperatorBindingsPolicy,
+		"ValidatingAdmissionPolicyBinding/" + controllers.ServicePolicy,
 	}
 	if got := ids(objs); !slices.Equal(got, want) {
 		t.Fatalf("rendered objects:\n got %v\nwant %v", got, want)
@@ -415,6 +417,48 @@ func TestAgentRBACEqualsController(t *testing.T) {
 		find(t, objs, "ValidatingAdmissionPolicyBinding", want.Name, &got)
 		if !reflect.DeepEqual(got.Spec, want.Spec) {
 			t.Errorf("chart ValidatingAdmissionPolicyBinding %s: got %+v, want %+v", want.Name, got.Spec, want.Spec)
+		}
+	}
+}
+
+// TestServicePolicy: the policy that reserves spec.agent.image and
+// spec.tolerations is controllers.NewServicePolicy with the values' users
+// and groups and the chart's image (TestServiceFieldsPolicy in controllers
+// shows what it refuses), and can be turned off.
+func TestServicePolicy(t *testing.T) {
+	for name, tc := range map[string]struct {
+		set           []string
+		users, groups []string
+	}{
+		"defaults": {groups: []string{"system:masters"}},
+		"configured": {
+			set:    []string{"rdmaServicePolicy.allowedUsers={alice,bob}", "rdmaServicePolicy.allowedGroups=null", "image.tag=dev"},
+			users:  []string{"alice", "bob"},
+			groups: nil,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			image := "ghcr.io/rdmavisor/rdmavisor:0.1.0"
+			if len(tc.set) > 0 {
+				image = "ghcr.io/rdmavisor/rdmavisor:dev"
+			}
+			objs := render(t, tc.set...)
+			want, wantBinding := controllers.NewServicePolicy(image, tc.users, tc.groups)
+			var got admissionregistrationv1.ValidatingAdmissionPolicy
+			find(t, objs, "ValidatingAdmissionPolicy", controllers.ServicePolicy, &got)
+			if !reflect.DeepEqual(got.Spec, want.Spec) {
+				t.Errorf("chart policy differs from controllers.NewServicePolicy: update charts/rdmavisor/templates/service-policy.yaml\n got %+v\nwant %+v", got.Spec, want.Spec)
+			}
+			var gotBinding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+			find(t, objs, "ValidatingAdmissionPolicyBinding", controllers.ServicePolicy, &gotBinding)
+			if !reflect.DeepEqual(gotBinding.Spec, wantBinding.Spec) {
+				t.Errorf("binding %+v, want %+v", gotBinding.Spec, wantBinding.Spec)
+			}
+		})
+	}
+	for _, o := range render(t, "rdmaServicePolicy.enabled=false") {
+		if o.Metadata.Name == controllers.ServicePolicy {
+			t.Errorf("rdmaServicePolicy.enabled=false renders %s", o.id())
 		}
 	}
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -28,6 +29,10 @@ const (
 	// OperatorBindingsPolicy names the admission policy (and its binding)
 	// that confines the operator's ClusterRoleBinding writes.
 	OperatorBindingsPolicy = "rdmavisor-operator-bindings"
+	// ServicePolicy names the admission policy (and its binding) that
+	// reserves the RDMAService fields that decide what runs as root on
+	// which nodes to the users and groups the chart's values allow.
+	ServicePolicy = "rdmavisor-service-fields"
 )
 
 // agentUserPrefix is the start of the user name of every agent service
@@ -156,6 +161,73 @@ func NewOperatorBindingsPolicy(namespace, operatorUser string) (*admissionregist
 		},
 	}
 	return policy, policyBinding(OperatorBindingsPolicy)
+}
+
+// NewServicePolicy refuses an RDMAService create or update that sets or
+// changes spec.agent.image to anything but defaultImage (the operator's own)
+// or spec.tolerations, unless the requester is one of users or in one of
+// groups. The agent image runs as root on every node the service selects
+// (privileged with ibverbs), and tolerations take it onto nodes tainted to
+// keep workloads off (control planes): whoever may set either may run any
+// code as root there. A field left as it was passes, so other users may
+// still edit the rest of a service an administrator made.
+func NewServicePolicy(defaultImage string, users, groups []string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	fail := admissionregistrationv1.Fail
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: ServicePolicy},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{
+						APIGroups:   []string{v1alpha1.GroupVersion.Group},
+						APIVersions: []string{"*"},
+						Resources:   []string{"rdmaservices"},
+					},
+				},
+			}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{
+				Name: "not-allowed",
+				Expression: fmt.Sprintf("!(request.userInfo.username in %s || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in %s)))",
+					celList(users), celList(groups)),
+			}},
+			Variables: []admissionregistrationv1.Variable{
+				{Name: "image", Expression: "has(object.spec.agent) && has(object.spec.agent.image) ? object.spec.agent.image : ''"},
+				{Name: "oldImage", Expression: "oldObject != null && has(oldObject.spec.agent) && has(oldObject.spec.agent.image) ? oldObject.spec.agent.image : ''"},
+				{Name: "tolerations", Expression: "has(object.spec.tolerations) ? object.spec.tolerations : []"},
+				{Name: "oldTolerations", Expression: "oldObject != null && has(oldObject.spec.tolerations) ? oldObject.spec.tolerations : []"},
+			},
+			Validations: []admissionregistrationv1.Validation{
+				{
+					Expression: fmt.Sprintf("variables.image == variables.oldImage || variables.image == '' || variables.image == %q", defaultImage),
+					Message:    "spec.agent.image runs as root on every node the RDMAService selects: only the users and groups the rdmavisor chart's rdmaServicePolicy allows may set it",
+					Reason:     new(metav1.StatusReasonForbidden),
+				},
+				{
+					Expression: "variables.tolerations == variables.oldTolerations",
+					Message:    "spec.tolerations put a root agent onto tainted nodes: only the users and groups the rdmavisor chart's rdmaServicePolicy allows may set them",
+					Reason:     new(metav1.StatusReasonForbidden),
+				},
+			},
+		},
+	}
+	return policy, policyBinding(ServicePolicy)
+}
+
+// celList is ss as a CEL list of strings.
+func celList(ss []string) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%q", s)
+	}
+	b.WriteByte(']')
+	return b.String()
 }
 
 func policyBinding(name string) *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
