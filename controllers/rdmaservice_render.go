@@ -260,7 +260,9 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		mount("sockets", cfg.SocketDir, false),
 		mount("pod-resources", hostPodResourcesDir, true),
 	}
-	agentSecurity := hardened()
+	// CHOWN: the agent gives each allocation's socket to the configured
+	// socketUID/socketGID (0660), which takes it unless both are root.
+	agentSecurity := hardened("CHOWN")
 	if cfg.Device.Provider == config.ProviderIBVerbs {
 		// Verbs open the uverbs character devices, which the device
 		// cgroup denies an unprivileged container even when they are

@@ -167,7 +167,7 @@ func TestRenderTLS(t *testing.T) {
 // capability but those it is allowed (wantCaps), cannot escalate, and has a
 // read-only root filesystem.
 func TestRenderHardened(t *testing.T) {
-	wantCaps := map[string][]corev1.Capability{"agent": nil, "device-plugin": nil, "cni": nil}
+	wantCaps := map[string][]corev1.Capability{"agent": {"CHOWN"}, "device-plugin": nil, "cni": nil}
 	for _, provider := range []v1alpha1.Provider{v1alpha1.ProviderSoft, v1alpha1.ProviderIBVerbs} {
 		t.Run(string(provider), func(t *testing.T) {
 			svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"},

@@ -31,6 +31,10 @@ type allocation struct {
 	closed   bool                  // guarded by mu
 }
 
+// socketMode is the mode of every allocation's socket: connecting needs
+// write permission, which only its owner and group get.
+const socketMode = 0o660
+
 var allocID = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // CreateAllocation creates an allocation of k vconns and its socket.
@@ -60,15 +64,25 @@ func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
+	// Ids are predictable (a hash of the pod's devices): the directory
+	// of all allocations may be crossed, not listed, but by root.
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+	}
 	path := filepath.Join(dir, admin.SocketName)
 	_ = os.Remove(path)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
-	// The pod's containers may run as any user: the directory mounted
-	// into the pod is the boundary, not the socket's mode.
-	if err := os.Chmod(path, 0o666); err != nil {
+	// Owner and group as configured, no one else: the directory mounted
+	// into the pod keeps other pods out, the mode keeps out the node's
+	// other users and any container that mounts the socket directory.
+	if err := os.Chown(path, a.cfg.SocketUID, a.cfg.SocketGID); err != nil {
+		_ = ln.Close()
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: owning the socket: %w", id, err)
+	}
+	if err := os.Chmod(path, socketMode); err != nil {
 		_ = ln.Close()
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}

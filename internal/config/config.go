@@ -115,6 +115,14 @@ type AgentConfig struct {
 
 	// SocketDir holds the per-allocation sockets handed to pods.
 	SocketDir string `json:"socketDir"`
+	// SocketUID and SocketGID own every allocation's socket, which is
+	// mode 0660: a pod connects as that user, as root with
+	// CAP_DAC_OVERRIDE (a container's default), or with the group among
+	// its supplementalGroups. The kubelet's device plugin API does not
+	// tell Allocate which pod it serves, so the socket cannot be the
+	// pod's own user's. Zero: root.
+	SocketUID int `json:"socketUID,omitempty"`
+	SocketGID int `json:"socketGID,omitempty"`
 	// AdminSocket is the agent's local control socket, used by the device
 	// plugin, the CNI plugin and the CLI.
 	AdminSocket string `json:"adminSocket"`

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -120,6 +121,12 @@ func (c *AgentConfig) Validate() error {
 		add(fieldErr("resourceName", "must be a domain-prefixed name such as %s, got %q", DefaultResourceName, c.ResourceName))
 	}
 
+	if c.SocketUID < 0 || c.SocketUID > math.MaxUint32-1 {
+		add(fieldErr("socketUID", "must be a user id, 0..%d, got %d", uint32(math.MaxUint32-1), c.SocketUID))
+	}
+	if c.SocketGID < 0 || c.SocketGID > math.MaxUint32-1 {
+		add(fieldErr("socketGID", "must be a group id, 0..%d, got %d", uint32(math.MaxUint32-1), c.SocketGID))
+	}
 	if !filepath.IsAbs(c.SocketDir) {
 		add(fieldErr("socketDir", "must be an absolute path, got %q", c.SocketDir))
 	}
