@@ -50,7 +50,10 @@ var (
 	descWRs = prometheus.NewDesc("rdmavisor_work_requests_posted_total",
 		"Send work requests posted.", nil, nil)
 	descDropped = prometheus.NewDesc("rdmavisor_messages_dropped_total",
-		"Messages dropped on receipt, by reason: stale (for a closed vconn) or malformed.", []string{"reason"}, nil)
+		"Messages dropped on receipt, by reason: stale (for a closed vconn), malformed, or refused for a live vconn: "+
+			"peer (from a node other than the vconn's peer), transport (control or RC data as a datagram), "+
+			"credit (past the receive credits granted; the vconn fails), grant (a credit grant past what the peer could grant; cut), "+
+			"overflow (a UC or UD datagram for a full receive queue).", []string{"reason"}, nil)
 	descBuffers = prometheus.NewDesc("rdmavisor_buffers_in_use",
 		"Registered buffers in use, by pool class.", []string{"class"}, nil)
 	descPollerBusy = prometheus.NewDesc("rdmavisor_poller_busy_seconds_total",
@@ -119,6 +122,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descWRs, st.WRsPosted)
 	counter(descDropped, st.StaleDropped, "stale")
 	counter(descDropped, st.Malformed, "malformed")
+	for r, n := range e.RejectStats() {
+		counter(descDropped, n, engine.RejectReason(r).String())
+	}
 	for i, n := range st.BuffersInUse {
 		gauge(descBuffers, float64(n), strconv.Itoa(i))
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
+	"github.com/rdmavisor/rdmavisor/internal/engine"
 )
 
 // gather collects c into a pedantic registry (which checks that what is
@@ -131,6 +132,10 @@ func TestMetrics(t *testing.T) {
 		`rdmavisor_vconn_quota{kind="allocated"}`:         3,
 		`rdmavisor_vconn_quota{kind="used"}`:              1,
 		`rdmavisor_retransmissions_total{cause="gap"}`:    0,
+	}
+	// Honest traffic: nothing refused, every reason exported.
+	for r := range engine.NumRejectReasons {
+		exact[`rdmavisor_messages_dropped_total{reason="`+engine.RejectReason(r).String()+`"}`] = 0
 	}
 	for k, want := range exact {
 		if got, ok := sa[k]; !ok || got != want {

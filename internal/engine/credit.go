@@ -5,14 +5,21 @@ import (
 )
 
 // grant records a credit grant from the peer, and reschedules a vconn that
-// waited for it.
-func (vc *VConn) grant(credit uint32) {
-	if !advance(&vc.limit, credit) {
-		return
+// waited for it. A grant is the peer's receive buffers released, which
+// are at most the credited messages this vconn sent (sent, never past
+// limit), plus its window, at most MaxCredits (engines of one service
+// share it): one past limit+MaxCredits was never made, and is cut to
+// that. grant reports false for such a grant.
+func (vc *VConn) grant(credit uint32) bool {
+	ok := true
+	lim := vc.limit.Load()
+	if max := uint32(vc.e.cfg.MaxCredits); int32(credit-lim) > int32(max) {
+		credit, ok = lim+max, false
 	}
-	if !vc.ring.empty() {
+	if advance(&vc.limit, credit) && !vc.ring.empty() {
 		vc.schedule()
 	}
+	return ok
 }
 
 // advance sets a to v if v is later in serial-number order (RFC 1982, as

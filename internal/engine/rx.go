@@ -22,23 +22,30 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		p.reposts = append(p.reposts, slot)
 		return
 	}
-	ok := vc != nil
+	if vc == nil {
+		// Closed (stale generation) or never opened: counted by the
+		// table's lookup, dropped.
+		p.reposts = append(p.reposts, slot)
+		return
+	}
 	b := e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
 	from := p.peerOf(wc.QPN)
-	if wc.Flags&verbs.WCWithGRH != 0 && p.isUD(wc.QPN) {
+	ud := p.isUD(wc.QPN)
+	if ud {
 		// A datagram: the sender's GID is in the GRH space. (Only UD
 		// receives have that space; a NIC may flag RC and UC receives
 		// over RoCE with a GRH too, but puts nothing in the buffer.)
-		if len(b) < verbs.GRHSize {
-			ok = false
-		} else {
+		// Without one, from stays zero, no peer's.
+		if wc.Flags&verbs.WCWithGRH != 0 && len(b) >= verbs.GRHSize {
 			from = grhSource(b[:verbs.GRHSize])
 			b = b[verbs.GRHSize:]
 		}
 	}
-	if !ok || vc.peer.gid != from {
-		// Closed (stale generation), or a peer naming a vconn that is not
-		// its own: dropped.
+	if vc.peer.gid != from {
+		// A node naming a vconn that is not connected to it, or a
+		// message on a QP no peer made toward us (our own send QPs
+		// receive nothing): dropped.
+		p.reject(RejectPeer)
 		p.reposts = append(p.reposts, slot)
 		return
 	}
@@ -48,7 +55,14 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		p.reposts = append(p.reposts, slot)
 		return
 	}
-	vc.grant(h.credit)
+	if slot.class() == e.dgramClass && !dgramAllowed(h.typ, vc.tr, ud) {
+		p.reject(RejectTransport)
+		p.reposts = append(p.reposts, slot)
+		return
+	}
+	if !vc.grant(h.credit) {
+		p.reject(RejectGrant)
+	}
 	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit || h.typ == msgBundle) {
 		p.onAck(vc, h.ack())
 		if end, ok := h.gap(); ok {
@@ -82,6 +96,25 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	default:
 		p.reposts = append(p.reposts, slot)
 	}
+}
+
+// dgramAllowed reports whether a message of type t may arrive as a
+// datagram (on a UD QP if ud, else a UC one) for a vconn of transport tr:
+// only data, on the QPs its transport sends data on. Control messages
+// (FIN, RESET, grants, exports) always travel over RC, whose source is
+// the connected QP; an RC vconn's data too, and it takes receive credits,
+// which a datagram would bypass.
+func dgramAllowed(t msgType, tr Transport, ud bool) bool {
+	switch t {
+	case msgData:
+		if ud {
+			return tr == UD
+		}
+		return tr == UC || tr == Auto
+	case msgBundle:
+		return !ud && tr == Auto
+	}
+	return false
 }
 
 // grhSource returns the sender's GID from the GRH space of a UD receive.

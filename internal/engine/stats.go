@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,7 +63,65 @@ type pollerCounters struct {
 	// period is only counted once it ends: see busyTime.
 	busyNs   atomic.Int64
 	busyFrom atomic.Int64
+	rejected [NumRejectReasons]atomic.Uint64
 	_        [64]byte
+}
+
+// RejectReason says why the engine refused an inbound message that named
+// a live vconn (messages for no live vconn are Stats.StaleDropped; those
+// with a bad header Stats.Malformed).
+type RejectReason uint8
+
+const (
+	// RejectPeer: the message came from a node other than the vconn's
+	// peer, or on a QP no peer made toward this engine.
+	RejectPeer RejectReason = iota
+	// RejectTransport: the message came on a QP its kind never travels
+	// on: control, or an RC vconn's data, as a datagram (control always
+	// travels over RC; only UD vconns' data on UD QPs, only UC and Auto
+	// vconns' on UC QPs).
+	RejectTransport
+	// RejectCredit: data beyond the receive credits this engine granted.
+	RejectCredit
+	// RejectGrant: a credit grant beyond what the peer could have granted
+	// (more than MaxCredits past the last grant); it is cut to that.
+	RejectGrant
+	// RejectOverflow: a UC or UD datagram for a vconn whose receive queue
+	// already holds MaxCredits messages; datagrams may be lost.
+	RejectOverflow
+	// NumRejectReasons is the number of reasons, for arrays indexed by
+	// reason.
+	NumRejectReasons
+)
+
+func (r RejectReason) String() string {
+	switch r {
+	case RejectPeer:
+		return "peer"
+	case RejectTransport:
+		return "transport"
+	case RejectCredit:
+		return "credit"
+	case RejectGrant:
+		return "grant"
+	case RejectOverflow:
+		return "overflow"
+	}
+	return fmt.Sprintf("reject(%d)", uint8(r))
+}
+
+// reject counts a message refused for reason r.
+func (p *poller) reject(r RejectReason) { p.st.rejected[r].Add(1) }
+
+// RejectStats returns how many inbound messages the engine refused, by
+// reason (indexed by RejectReason).
+func (e *Engine) RejectStats() (n [NumRejectReasons]uint64) {
+	for _, p := range e.pollers {
+		for r := range n {
+			n[r] += p.st.rejected[r].Load()
+		}
+	}
+	return n
 }
 
 type trafficCounters struct{ msgs, bytes atomic.Uint64 }
