@@ -221,14 +221,23 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message, dgram bool) {
 		vc.ackDue.Store(true)
 		vc.schedule()
 		return
-	case d > 0:
+	case d > 0 && !r.accepts(d, vc.e.cfg.MaxCredits):
+		r.mu.Unlock()
+		m.dropCredit() // a duplicate, or outside the window: the sender will resend it
+		m.Release()
+		return
+	}
+	// A single datagram takes its receive credit here, where duplicates
+	// are told apart under mu, so each is counted once (a chunk took its
+	// credit in onData, a bundle in onBundle).
+	if dgram && !m.shared && m.credits != 0 && !vc.takeCredit() {
+		r.mu.Unlock()
+		p.overrun(vc)
+		m.Release()
+		return
+	}
+	if d > 0 {
 		i := int(d) - 1
-		if !r.accepts(d, vc.e.cfg.MaxCredits) {
-			r.mu.Unlock()
-			m.dropCredit() // a duplicate, or outside the window: the sender will resend it
-			m.Release()
-			return
-		}
 		for len(r.early) <= i {
 			r.early = append(r.early, Message{})
 		}

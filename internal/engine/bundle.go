@@ -167,6 +167,11 @@ func (p *poller) onBundle(vc *VConn, h *header, slot bufSlot, payload []byte) {
 	// back with the buffer, after the last of its messages is released.
 	credits := uint32(0)
 	if vc.reliability().firstCopy(h.seq, p.e.cfg.MaxCredits) {
+		if !vc.takeCredit() {
+			p.overrun(vc)
+			p.reposts = append(p.reposts, slot)
+			return
+		}
 		credits = 1
 	}
 	p.e.pool.share(slot, int32(h.count()))

@@ -22,6 +22,24 @@ func (vc *VConn) grant(credit uint32) bool {
 	return ok
 }
 
+// takeCredit counts a message that took one of the receive credits this
+// vconn granted, and reports whether the peer had one: a message past the
+// last grant made (advertised, which only grows while the vconn is open)
+// was sent without credit. The peer's messages are counted once each
+// whichever poller receives them, so taken never passes advertised unless
+// the peer overran: receiving, the vconn holds at most its window of
+// messages, MaxCredits (see VConn.taken).
+func (vc *VConn) takeCredit() bool {
+	return int32(vc.taken.Add(1)-vc.advertised.Load()) <= 0
+}
+
+// overrun fails a vconn whose peer sent beyond its credits; the caller
+// drops the message.
+func (p *poller) overrun(vc *VConn) {
+	p.reject(RejectCredit)
+	vc.fail(ErrCreditOverrun)
+}
+
 // advance sets a to v if v is later in serial-number order (RFC 1982, as
 // grants and acknowledgements wrap), and reports whether it did.
 func advance(a *atomic.Uint32, v uint32) bool {

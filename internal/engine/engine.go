@@ -22,6 +22,9 @@ var (
 	ErrNotOpen      = errors.New("engine: vconn not open")
 	ErrEngineClosed = errors.New("engine: engine closed")
 	ErrReset        = errors.New("engine: vconn reset by peer")
+	// ErrCreditOverrun: the peer sent beyond the receive credits granted
+	// to it, which an engine never does; its excess was dropped.
+	ErrCreditOverrun = errors.New("engine: peer sent beyond its receive credits")
 )
 
 // Engine multiplexes vconns over shared QPs on one device.

@@ -27,7 +27,7 @@ func TestVConnLayout(t *testing.T) {
 	for name, off := range map[string]uintptr{
 		"peer": unsafe.Offsetof(vc.peer), "handler": unsafe.Offsetof(vc.handler), "dq": unsafe.Offsetof(vc.dq), "regions": unsafe.Offsetof(vc.regions),
 		"remote": unsafe.Offsetof(vc.remote), "sent": unsafe.Offsetof(vc.sent), "creditDue": unsafe.Offsetof(vc.creditDue),
-		"ackDue": unsafe.Offsetof(vc.ackDue), "finDue": unsafe.Offsetof(vc.finDue), "txWaiting": unsafe.Offsetof(vc.txWaiting),
+		"ackDue": unsafe.Offsetof(vc.ackDue), "taken": unsafe.Offsetof(vc.taken), "txWaiting": unsafe.Offsetof(vc.txWaiting),
 		"id": unsafe.Offsetof(vc.id),
 	} {
 		if line(off) != 1 {

@@ -19,14 +19,29 @@ type Message struct {
 
 // deliver hands a received message to the handler or the receive queue;
 // p is the poller delivering it.
+//
+// The queue is bounded: a message that took a receive credit holds it
+// until Release, so the peer, which sends only on credit (takeCredit
+// refuses the rest), has at most the credit window queued, MaxCredits
+// messages (an Auto bundle's, up to maxBundle messages, hold one credit
+// between them). UC and UD datagrams take no credit: one that finds
+// MaxCredits messages queued is dropped, as a datagram may be.
 func (vc *VConn) deliver(p *poller, m Message) {
-	vc.e.stats.msgsReceived.Add(1)
-	p.st.recv[vc.tr].add(1, len(m.Data))
 	if vc.handler != nil {
+		vc.e.stats.msgsReceived.Add(1)
+		p.st.recv[vc.tr].add(1, len(m.Data))
 		vc.handler(vc, m)
 		return
 	}
 	vc.rxMu.Lock()
+	if m.credits == 0 && !m.shared && vc.rxN >= vc.e.cfg.MaxCredits {
+		vc.rxMu.Unlock()
+		p.reject(RejectOverflow)
+		m.Release()
+		return
+	}
+	vc.e.stats.msgsReceived.Add(1)
+	p.st.recv[vc.tr].add(1, len(m.Data))
 	if st := vc.state.Load(); st == stateClosed || st == stateFailed {
 		vc.rxMu.Unlock()
 		m.Release()

@@ -175,6 +175,12 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 		vc.deliver(p, m)
 		return
 	}
+	// Reliable data: every chunk took a receive credit.
+	if !vc.takeCredit() {
+		p.overrun(vc)
+		p.reposts = append(p.reposts, slot)
+		return
+	}
 	if first && last {
 		if uint32(len(payload)) != h.length {
 			p.malformed(vc, slot)

@@ -82,6 +82,7 @@ const (
 	// vconns' on UC QPs).
 	RejectTransport
 	// RejectCredit: data beyond the receive credits this engine granted.
+	// The vconn fails (ErrCreditOverrun).
 	RejectCredit
 	// RejectGrant: a credit grant beyond what the peer could have granted
 	// (more than MaxCredits past the last grant); it is cut to that.

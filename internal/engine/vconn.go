@@ -72,9 +72,11 @@ type VConn struct {
 	sent      uint32        // poller-owned: data chunks posted
 	creditDue atomic.Bool   // a credit grant should go out
 	ackDue    atomic.Bool   // an Auto acknowledgement should go out
-	finDue    atomic.Bool   // Close asked for a FIN after the queued data
 	txWaiting atomic.Bool
 	uncounted int32 // poller-owned: ring entries taken off the QP's backlog while credits ran out
+	// taken counts the peer's messages that took a receive credit
+	// (takeCredit); taken-consumed of them are held here.
+	taken atomic.Uint32
 
 	ents ringEntries
 
@@ -82,6 +84,7 @@ type VConn struct {
 	txWake     chan struct{}              // created by the producer before it sets txWaiting
 	rel        atomic.Pointer[rel]        // Auto's reliability state, created on first use
 	rstDue     atomic.Bool                // Abort asked for a RST
+	finDue     atomic.Bool                // Close asked for a FIN after the queued data (read only once closing)
 	finSent    atomic.Bool                // the FIN's send completed
 	closeTimer atomic.Pointer[time.Timer] // releases a closing vconn whose peer never answers
 	prev       *VConn                     // peer list; guarded by peer.mu
@@ -100,7 +103,7 @@ type VConn struct {
 	nackDue atomic.Bool   // an Auto gap report should go out (see reportGap)
 	ackRecv atomic.Bool   // another poller received acknowledgements for the send side (see onAck)
 
-	_ [20]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
+	_ [12]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
 }
 
 // NewVConn allocates a vconn to peer on one of its shared QPs (connecting
