@@ -56,12 +56,8 @@ type Device struct {
 	qps     map[uint32]*qp // by QPN; guarded by qpMu
 	nextQPN uint32         // guarded by qpMu
 
-	// keys maps an MR key's index (key>>8) to its region. Written under
-	// keyMu as a copy, read lock-free on every packet.
-	keyMu   sync.Mutex
-	keys    atomic.Pointer[[]*mr]
-	keyFree []uint32 // guarded by keyMu
-	keyGen  uint32   // guarded by keyMu
+	// keys maps MR keys to regions (keys.go).
+	keys keyTable
 
 	ahMu   sync.RWMutex
 	ahs    map[uint32]*ah // guarded by ahMu
@@ -120,8 +116,6 @@ func Open(cfg Config) (*Device, error) {
 		d.port = roce.DefaultPort
 	}
 	d.self = roce.Endpoint{GID: d.gid, Port: d.port}
-	keys := make([]*mr, 1) // index 0 unused: key 0 is never valid
-	d.keys.Store(&keys)
 	pktLen := roce.MaxPacketLen(4096)
 	d.txPool.New = func() any { return newTxq(d.w, pktLen, 64, &d.stats) }
 	go d.rxLoop()

@@ -95,16 +95,7 @@ func (m *mr) Close() error {
 	}
 	var err error
 	{
-		d := m.pd.dev
-		d.keyMu.Lock()
-		old := *d.keys.Load()
-		keys := make([]*mr, len(old))
-		copy(keys, old)
-		idx := m.key >> 8
-		keys[idx] = nil
-		d.keys.Store(&keys)
-		d.keyFree = append(d.keyFree, idx)
-		d.keyMu.Unlock()
+		m.pd.dev.keys.remove(m)
 		// Copies that began before the close finish first: they are
 		// short (a packet's payload), so waiting spins briefly.
 		for m.use.Load() != 0 {
@@ -133,50 +124,16 @@ func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
 		return nil, fmt.Errorf("soft: reg mr: %w", err)
 	}
 	m := &mr{pd: p, buf: buf, addr: verbs.AddrOf(buf), access: access}
-	d := p.dev
-	d.keyMu.Lock()
-	old := *d.keys.Load()
-	var idx uint32
-	var keys []*mr
-	if n := len(d.keyFree); n > 0 {
-		idx = d.keyFree[0]
-		d.keyFree = d.keyFree[1:]
-		keys = make([]*mr, len(old))
-		copy(keys, old)
-	} else {
-		idx = uint32(len(old))
-		if idx >= 1<<24 {
-			d.keyMu.Unlock()
-			_ = verbs.FreeMemory(buf)
-			return nil, fmt.Errorf("soft: reg mr: %w", verbs.ErrNoResources)
-		}
-		keys = make([]*mr, len(old)+1)
-		copy(keys, old)
+	if err := p.dev.keys.add(m); err != nil {
+		_ = verbs.FreeMemory(buf)
+		return nil, err
 	}
-	// The low byte is a tag that changes each time an index is reused, so
-	// a stale key fails as on hardware instead of reaching a new region.
-	d.keyGen++
-	m.key = idx<<8 | d.keyGen&0xff
-	keys[idx] = m
-	d.keys.Store(&keys)
-	d.keyMu.Unlock()
 	p.children.Add(1)
 	return m, nil
 }
 
 // lookupKey returns the live region with exactly this key.
-func (d *Device) lookupKey(key uint32) *mr {
-	keys := *d.keys.Load()
-	idx := key >> 8
-	if idx == 0 || idx >= uint32(len(keys)) {
-		return nil
-	}
-	m := keys[idx]
-	if m == nil || m.key != key {
-		return nil
-	}
-	return m
-}
+func (d *Device) lookupKey(key uint32) *mr { return d.keys.lookup(key) }
 
 // span returns the bytes [addr, addr+n) of a region, if they lie inside it.
 func (m *mr) span(addr uint64, n uint64) ([]byte, bool) {
