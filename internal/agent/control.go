@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -113,11 +114,11 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 		return nil, status.Error(codes.InvalidArgument, "bad QP type or MTU")
 	}
 	rep, err := s.a.eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
-		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16))})
+		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch})
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
-	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs}, nil
+	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch}, nil
 }
 
 // Dial gives the caller's vconn a peer on a listener of this node.
@@ -177,13 +178,29 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 	if err := s.a.authorize(stream.Context(), claim{}); err != nil {
 		return err
 	}
+	var caller []byte // the GID authorized on this stream
 	for {
 		b, err := stream.Recv()
 		if err != nil {
 			return nil
 		}
-		b.Incarnation = s.a.incarnation
-		if err := stream.Send(b); err != nil {
+		// The answer says which side of a connection to the caller we
+		// have (engine.Peer.Epoch), so that it learns when ours changed.
+		var epoch uint64
+		if len(b.Gid) > 0 {
+			gid, err := gidOf(b.Gid)
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(b.Gid, caller) {
+				if err := s.a.authorize(stream.Context(), claim{gid: gid}); err != nil {
+					return err
+				}
+				caller = bytes.Clone(b.Gid)
+			}
+			epoch = s.a.eng.PeerEpoch(gid)
+		}
+		if err := stream.Send(&controlpb.Beat{Seq: b.Seq, Incarnation: s.a.incarnation, PeerEpoch: epoch}); err != nil {
 			return nil
 		}
 	}
@@ -363,11 +380,16 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 	if err != nil {
 		return false, fmt.Errorf("heartbeat: %w", err)
 	}
+	var gid []byte
+	if e := r.a.eng; e != nil {
+		g := e.GID()
+		gid = g[:]
+	}
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for seq := uint64(1); ; seq++ {
-			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation}) != nil {
+			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid}) != nil {
 				return
 			}
 			select {
@@ -395,7 +417,12 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		r.mu.Lock()
 		old := r.incarnation
 		r.incarnation = b.Incarnation
+		p := r.peer
 		r.mu.Unlock()
+		if p != nil {
+			// The peer's side of our connection is new: ours goes too.
+			r.a.eng.ObservePeerEpoch(p.GID(), b.PeerEpoch)
+		}
 		if old != 0 && old != b.Incarnation {
 			return true, errRestarted
 		}
@@ -445,11 +472,11 @@ type link struct{ cl controlpb.ControlClient }
 
 func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPReply, error) {
 	rep, err := l.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
-		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index)})
+		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch})
 	if err != nil {
 		return engine.QPReply{}, statusError(err)
 	}
-	return engine.QPReply{QPN: rep.Qpn, PSN: rep.Psn, UDQPNs: rep.UdQpns}, nil
+	return engine.QPReply{QPN: rep.Qpn, PSN: rep.Psn, UDQPNs: rep.UdQpns, Epoch: rep.Epoch}, nil
 }
 
 // dialPeer connects a new vconn to a listener on another node. Its

@@ -47,6 +47,9 @@ type Engine struct {
 	peersMu sync.Mutex
 	peers   map[verbs.GID]*Peer // guarded by peersMu
 	retired []*Peer             // failed peers replaced by fresh ones; guarded by peersMu
+	// epochs counts the Peers made for each GID (Peer.Epoch), kept when
+	// a peer is forgotten so that the count only grows; guarded by peersMu.
+	epochs map[verbs.GID]uint64
 	// ingress maps the QPN of each QP a peer created toward us to that
 	// peer: a message may only name vconns of the peer it came from.
 	ingress sync.Map

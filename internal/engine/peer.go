@@ -23,6 +23,8 @@ type QPRequest struct {
 	// Index of the QP in the requester's pool of Type: a request for an
 	// index replaces the QP the previous one made there, which failed.
 	Index int
+	// Epoch names the requester's side of the connection (Peer.Epoch).
+	Epoch uint64
 }
 
 // maxIndex bounds QPRequest.Index: config.MaxQPsPerPeer.
@@ -40,6 +42,7 @@ type QPReply struct {
 	QPN    uint32
 	PSN    uint32
 	UDQPNs []uint32
+	Epoch  uint64 // the acceptor's side of the connection (Peer.Epoch)
 }
 
 // PeerLink is the control plane toward one peer engine: the agents' gRPC
@@ -61,9 +64,10 @@ func (l LocalLink) ConnectQP(_ context.Context, req QPRequest) (QPReply, error) 
 // Peer is a remote node: the RC QPs this engine sends on to reach it,
 // created on first use, and the QPs it created toward us.
 type Peer struct {
-	e   *Engine
-	gid verbs.GID
-	ctl PeerLink // guarded by mu
+	e     *Engine
+	gid   verbs.GID
+	ctl   PeerLink // guarded by mu
+	epoch uint64   // this side of the connection (Epoch)
 
 	mu      sync.Mutex
 	qps     []*sendQP                // by index, nil until first used; guarded by mu
@@ -74,6 +78,7 @@ type Peer struct {
 	err     error                    // set once the peer failed; guarded by mu
 	list    *VConn                   // vconns to this peer, linked by VConn.prev/next; guarded by mu
 	dead    []*sendQP                // failed QPs awaiting their last completions; guarded by mu
+	remote  uint64                   // the peer's epoch for us, once known; guarded by mu
 	// setup serialises QP creation per index without holding mu across
 	// the control-plane call.
 	setup []sync.Mutex
@@ -126,7 +131,11 @@ func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
 		p.retire()
 	}
 	n := e.cfg.QPsPerPeer
-	p := &Peer{e: e, gid: gid, ctl: link, qps: make([]*sendQP, n), ucs: make([]*sendQP, n), setup: make([]sync.Mutex, 2*n)}
+	if e.epochs == nil {
+		e.epochs = make(map[verbs.GID]uint64)
+	}
+	e.epochs[gid]++
+	p := &Peer{e: e, gid: gid, ctl: link, epoch: e.epochs[gid], qps: make([]*sendQP, n), ucs: make([]*sendQP, n), setup: make([]sync.Mutex, 2*n)}
 	e.peers[gid] = p
 	return p, nil
 }
@@ -158,6 +167,76 @@ func (e *Engine) Forget(gid verbs.GID, err error) bool {
 
 // GID is the peer's address.
 func (p *Peer) GID() verbs.GID { return p.gid }
+
+// Epoch names this side of the connection to the peer: 1 for the first
+// Peer an engine makes for a GID, one more for each that replaces a failed
+// or forgotten one. The peer learns it with every QP request and reply and
+// every heartbeat, and a larger one tells it that this side dropped the QPs
+// it had connected and failed its vconns: RC traffic to those QPs would
+// error out in time, but UC traffic would vanish without a trace. (An
+// engine that restarts counts from 1 again; its agent's new incarnation
+// says so.)
+func (p *Peer) Epoch() uint64 { return p.epoch }
+
+// observeEpoch compares the epoch the peer has for us with the one this
+// Peer connected with. A larger one means the peer's side is gone, and
+// with it the QPs ours sends to and the vconns ours are joined to: this
+// Peer fails, so that the next vconns connect afresh. A smaller one is
+// news older than what we know, and 0 is no news. Only a QP request or
+// reply, which joins this Peer to the peer's side, makes its epoch the one
+// this Peer knows (learn): a heartbeat may speak of a side it never met. It
+// reports whether this Peer is still current.
+func (p *Peer) observeEpoch(epoch uint64, learn bool) bool {
+	if epoch == 0 {
+		return true
+	}
+	p.mu.Lock()
+	old := p.remote
+	if old == 0 && learn {
+		p.remote = epoch
+	}
+	p.mu.Unlock()
+	if old == 0 || epoch <= old {
+		return true
+	}
+	p.e.log.Info("Peer dropped its side of the connection: failing ours", "peer", p.gid, "epoch", old, "peerEpoch", epoch)
+	p.fail(fmt.Errorf("%w: it dropped its side of the connection", ErrPeerGone))
+	return false
+}
+
+// PeerEpoch returns the epoch of this engine's side of the connection to
+// gid (Peer.Epoch): the live Peer's or, where it failed or there is none,
+// the one its replacement will have.
+func (e *Engine) PeerEpoch(gid verbs.GID) uint64 {
+	e.peersMu.Lock()
+	defer e.peersMu.Unlock()
+	if p := e.peers[gid]; p != nil {
+		p.mu.Lock()
+		live := p.err == nil
+		p.mu.Unlock()
+		if live {
+			return p.epoch
+		}
+	}
+	return e.epochs[gid] + 1
+}
+
+// ObservePeerEpoch takes news of the epoch the peer at gid has for us, from
+// a heartbeat: if it is larger than the one our live side of the
+// connection (if any) was joined to, ours fails (Peer.Epoch). It reports
+// whether our side, if any, is still current.
+func (e *Engine) ObservePeerEpoch(gid verbs.GID, epoch uint64) bool {
+	e.peersMu.Lock()
+	p := e.peers[gid]
+	e.peersMu.Unlock()
+	if p == nil {
+		return true
+	}
+	p.mu.Lock()
+	failed := p.err != nil
+	p.mu.Unlock()
+	return failed || p.observeEpoch(epoch, false)
+}
 
 // Err is why the peer failed, or nil.
 func (p *Peer) Err() error {
@@ -243,9 +322,16 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i})
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch})
 	if err != nil {
 		_ = qp.Close()
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+	}
+	if !p.observeEpoch(reply.Epoch, true) {
+		_ = qp.Close()
+		p.mu.Lock()
+		err := p.err
+		p.mu.Unlock()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
 	}
 	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(psn)); err != nil {
@@ -289,6 +375,14 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	if err != nil {
 		return QPReply{}, err
 	}
+	if !p.observeEpoch(req.Epoch, true) {
+		// The peer's side is new: ours, failed now, gives way to a new
+		// one, which this QP joins.
+		if p, err = e.Peer(req.GID, nil); err != nil {
+			return QPReply{}, err
+		}
+		p.observeEpoch(req.Epoch, true)
+	}
 	p.mu.Lock()
 	n := len(p.ingress)
 	perr := p.err
@@ -327,7 +421,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		_ = evicted.Close()
 	}
 	e.ingress.Store(qp.QPN(), p)
-	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs()}, nil
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch}, nil
 }
 
 // Fail marks the peer gone: every vconn to it fails with ErrPeerGone

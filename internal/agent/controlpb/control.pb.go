@@ -218,7 +218,10 @@ type QPRequest struct {
 	UdQpns []uint32               `protobuf:"varint,6,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
 	// index of the QP in the requester's pool of its type: a new request for
 	// an index replaces the QP the last one made (it failed).
-	Index         uint32 `protobuf:"varint,7,opt,name=index,proto3" json:"index,omitempty"`
+	Index uint32 `protobuf:"varint,7,opt,name=index,proto3" json:"index,omitempty"`
+	// epoch names the requester's side of the connection (engine.Peer.Epoch):
+	// a new one means the QPs it had connected are gone.
+	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -302,11 +305,20 @@ func (x *QPRequest) GetIndex() uint32 {
 	return 0
 }
 
+func (x *QPRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type QPReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Qpn           uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
-	Psn           uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
-	UdQpns        []uint32               `protobuf:"varint,3,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Qpn    uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
+	Psn    uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
+	UdQpns []uint32               `protobuf:"varint,3,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
+	// epoch names the acceptor's side of the connection, as in QPRequest.
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -360,6 +372,13 @@ func (x *QPReply) GetUdQpns() []uint32 {
 		return x.UdQpns
 	}
 	return nil
+}
+
+func (x *QPReply) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type DialRequest struct {
@@ -468,9 +487,14 @@ func (x *DialReply) GetVconn() uint32 {
 }
 
 type Beat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Incarnation   uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Seq         uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// gid is the sender's (its certificate's, under mutual TLS); the answer
+	// carries in peer_epoch the answerer's epoch for it (QPRequest.epoch),
+	// 0 if it has no live side of a connection to it.
+	Gid           []byte `protobuf:"bytes,3,opt,name=gid,proto3" json:"gid,omitempty"`
+	PeerEpoch     uint64 `protobuf:"varint,4,opt,name=peer_epoch,json=peerEpoch,proto3" json:"peer_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -519,6 +543,20 @@ func (x *Beat) GetIncarnation() uint64 {
 	return 0
 }
 
+func (x *Beat) GetGid() []byte {
+	if x != nil {
+		return x.Gid
+	}
+	return nil
+}
+
+func (x *Beat) GetPeerEpoch() uint64 {
+	if x != nil {
+		return x.PeerEpoch
+	}
+	return 0
+}
+
 var File_control_proto protoreflect.FileDescriptor
 
 const file_control_proto_rawDesc = "" +
@@ -535,7 +573,7 @@ const file_control_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x04node\x12\x17\n" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
-	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\x96\x01\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xac\x01\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -543,20 +581,25 @@ const file_control_proto_rawDesc = "" +
 	"\x03psn\x18\x04 \x01(\rR\x03psn\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12\x17\n" +
 	"\aud_qpns\x18\x06 \x03(\rR\x06udQpns\x12\x14\n" +
-	"\x05index\x18\a \x01(\rR\x05index\"F\n" +
+	"\x05index\x18\a \x01(\rR\x05index\x12\x14\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\\\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
-	"\aud_qpns\x18\x03 \x03(\rR\x06udQpns\"i\n" +
+	"\aud_qpns\x18\x03 \x03(\rR\x06udQpns\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"i\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
 	"\x05vconn\x18\x03 \x01(\rR\x05vconn\"!\n" +
 	"\tDialReply\x12\x14\n" +
-	"\x05vconn\x18\x01 \x01(\rR\x05vconn\":\n" +
+	"\x05vconn\x18\x01 \x01(\rR\x05vconn\"k\n" +
 	"\x04Beat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\x04R\vincarnation2\xb3\x02\n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
+	"\x03gid\x18\x03 \x01(\fR\x03gid\x12\x1d\n" +
+	"\n" +
+	"peer_epoch\x18\x04 \x01(\x04R\tpeerEpoch2\xb3\x02\n" +
 	"\aControl\x12R\n" +
 	"\bIdentity\x12#.rdmavisor.agent.v1.IdentityRequest\x1a!.rdmavisor.agent.v1.IdentityReply\x12G\n" +
 	"\tConnectQP\x12\x1d.rdmavisor.agent.v1.QPRequest\x1a\x1b.rdmavisor.agent.v1.QPReply\x12F\n" +
