@@ -43,6 +43,7 @@ func (p *poller) serve(vc *VConn) {
 		p.freeAcked(vc, vc.reliability()) // another poller received them
 	}
 	limit := e.cfg.SQDepth
+	stalled := false // data waits for the peer's grant
 	for {
 		ent, ok := vc.ring.peek(&vc.ents)
 		if !ok {
@@ -93,6 +94,7 @@ func (p *poller) serve(vc *VConn) {
 				vc.uncounted += k
 				p.popped += k
 			}
+			stalled = true
 			break // the peer's grant reschedules us
 		}
 		if dq.outstanding+len(dq.batch) >= limit || p.budget <= 0 {
@@ -125,10 +127,17 @@ func (p *poller) serve(vc *VConn) {
 		}
 	}
 	vc.wakeSender()
+	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && vc.state.Load() == stateOpen
 	if !vc.ring.empty() {
+		// A grant owed rides on the next data, unless that data waits
+		// for the peer's grant: then it goes alone, or, with both ends
+		// sending, each would wait for the other's grant forever.
+		if stalled && owed {
+			p.control(q, vc, remote, msgCredit)
+		}
 		return
 	}
-	if (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && vc.state.Load() == stateOpen {
+	if owed {
 		p.control(q, vc, remote, msgCredit)
 	}
 	for _, id := range vc.takeUnexportAcks() {
