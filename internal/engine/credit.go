@@ -114,6 +114,15 @@ func (vc *VConn) shrinkWindow() {
 // on an Auto vconn's data and grants the acknowledgement too; no separate
 // grant is due after it.
 func (vc *VConn) stampCredit(b []byte) {
+	// The grant goes out with b, so none is due after it; but a release
+	// after the grant is read sets creditDue again, and must find it
+	// cleared already, or its credits would never be granted: clear
+	// first, read second. (Cleared after the read, a release between the
+	// two was lost, and a sender waiting for those credits waited
+	// forever.) Likewise the acknowledgement.
+	if vc.creditDue.Load() {
+		vc.creditDue.Store(false)
+	}
 	g := vc.consumed.Load() + vc.window.Load()
 	h := rawHeader(b)
 	h.setCredit(g)
@@ -122,13 +131,10 @@ func (vc *VConn) stampCredit(b []byte) {
 	if vc.advertised.Load() != g {
 		vc.advertised.Store(g)
 	}
-	if vc.creditDue.Load() {
-		vc.creditDue.Store(false) // the grant goes out with b
-	}
 	if t := h.typ(); vc.tr == Auto && (t == msgData || t == msgCredit || t == msgBundle) {
-		h.setAck(vc.ackValue())
 		if vc.ackDue.Load() {
 			vc.ackDue.Store(false)
 		}
+		h.setAck(vc.ackValue())
 	}
 }
