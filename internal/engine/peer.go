@@ -210,13 +210,8 @@ func (p *Peer) observeEpoch(epoch uint64, learn bool) bool {
 func (e *Engine) PeerEpoch(gid verbs.GID) uint64 {
 	e.peersMu.Lock()
 	defer e.peersMu.Unlock()
-	if p := e.peers[gid]; p != nil {
-		p.mu.Lock()
-		live := p.err == nil
-		p.mu.Unlock()
-		if live {
-			return p.epoch
-		}
+	if p := e.peers[gid]; p != nil && p.Err() == nil {
+		return p.epoch
 	}
 	return e.epochs[gid] + 1
 }
@@ -229,13 +224,7 @@ func (e *Engine) ObservePeerEpoch(gid verbs.GID, epoch uint64) bool {
 	e.peersMu.Lock()
 	p := e.peers[gid]
 	e.peersMu.Unlock()
-	if p == nil {
-		return true
-	}
-	p.mu.Lock()
-	failed := p.err != nil
-	p.mu.Unlock()
-	return failed || p.observeEpoch(epoch, false)
+	return p == nil || p.Err() != nil || p.observeEpoch(epoch, false)
 }
 
 // Err is why the peer failed, or nil.
@@ -329,10 +318,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 	}
 	if !p.observeEpoch(reply.Epoch, true) {
 		_ = qp.Close()
-		p.mu.Lock()
-		err := p.err
-		p.mu.Unlock()
-		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, p.Err())
 	}
 	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(psn)); err != nil {
 		_ = qp.Close()
