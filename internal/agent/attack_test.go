@@ -71,15 +71,7 @@ func TestControlPlaneAuthenticated(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.AcceptVConn()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	go agenttest.ServeEcho(ln)
 	c, err := appClient(t, a, "cli", 4).Dial(ctx, "node-b:7")
 	if err != nil {
 		t.Fatalf("dial over mutual TLS: %v", err)

@@ -28,15 +28,7 @@ func TestPeerResetReachesTheOtherSide(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
-		}
-	}()
+	go agenttest.ServeEcho(ln)
 	cli := appClient(t, a, "cli", 8)
 	roundTrip := func(c *vconn.Conn, msg string) error {
 		if _, err := c.Write([]byte(msg)); err != nil {

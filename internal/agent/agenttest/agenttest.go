@@ -237,6 +237,21 @@ func ServeDiscard(ln *vconn.Listener) {
 	}
 }
 
+// ServeEcho accepts vconns on ln until it closes, writing back what each
+// reads until EOF, then closing it.
+func ServeEcho(ln *vconn.Listener) {
+	for {
+		c, err := ln.AcceptVConn()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
 // Stop stops the node's agent (a crash, as far as peers can tell).
 func (n *Node) Stop() error {
 	if n.Agent == nil {
