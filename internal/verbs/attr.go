@@ -30,6 +30,9 @@ type DeviceAttr struct {
 	MaxCQE    int
 	MaxMR     int
 	MaxMRSize uint64
+	// MaxMW is how many memory windows the device supports; 0 when it has
+	// no type 2 windows (max_mw, and IBV_DEVICE_MEM_WINDOW_TYPE_2A or _2B).
+	MaxMW     int
 	MaxPD     int
 	MaxSRQ    int
 	MaxSRQWR  int

@@ -100,6 +100,12 @@ const (
 	AccessRemoteWrite  Access = 1 << 1
 	AccessRemoteRead   Access = 1 << 2
 	AccessRemoteAtomic Access = 1 << 3
+	// AccessMWBind lets memory windows be bound to an MR.
+	AccessMWBind Access = 1 << 4
+	// AccessZeroBased, in SendWR.MWAccess, makes a window's remote
+	// addresses offsets from 0 within the window instead of virtual
+	// addresses.
+	AccessZeroBased Access = 1 << 5
 )
 
 // WROpcode is enum ibv_wr_opcode.
@@ -111,6 +117,11 @@ const (
 	WRSend             WROpcode = 2
 	WRSendWithImm      WROpcode = 3
 	WRRDMARead         WROpcode = 4
+	// WRLocalInv invalidates the memory window whose current key is
+	// SendWR.RKey.
+	WRLocalInv WROpcode = 7
+	// WRBindMW binds memory window SendWR.MW (see SendWR).
+	WRBindMW WROpcode = 8
 )
 
 func (o WROpcode) String() string {
@@ -125,6 +136,10 @@ func (o WROpcode) String() string {
 		return "SEND_WITH_IMM"
 	case WRRDMARead:
 		return "RDMA_READ"
+	case WRLocalInv:
+		return "LOCAL_INV"
+	case WRBindMW:
+		return "BIND_MW"
 	}
 	return fmt.Sprintf("WROpcode(%d)", uint8(o))
 }
@@ -146,6 +161,8 @@ const (
 	WCSend            WCOpcode = 0
 	WCRDMAWrite       WCOpcode = 1
 	WCRDMARead        WCOpcode = 2
+	WCBindMW          WCOpcode = 5
+	WCLocalInv        WCOpcode = 6
 	WCRecv            WCOpcode = 128
 	WCRecvRDMAWithImm WCOpcode = 129
 )
@@ -158,6 +175,10 @@ func (o WCOpcode) String() string {
 		return "RDMA_WRITE"
 	case WCRDMARead:
 		return "RDMA_READ"
+	case WCBindMW:
+		return "BIND_MW"
+	case WCLocalInv:
+		return "LOCAL_INV"
 	case WCRecv:
 		return "RECV"
 	case WCRecvRDMAWithImm:

@@ -25,10 +25,15 @@ type PD interface {
 	CreateQP(attr *QPInitAttr) (QP, error)
 	CreateSRQ(attr *SRQInitAttr) (SRQ, error)
 	CreateAH(attr *AHAttr) (AH, error)
+	// AllocMW allocates a type 2 memory window (ibv_alloc_mw with
+	// IBV_MW_TYPE_2), free until a WRBindMW binds it. A device without
+	// type 2 windows (DeviceAttr.MaxMW 0) refuses with ErrInvalid.
+	AllocMW() (MW, error)
 	Close() error
 }
 
-// MR is a registered memory region. Its memory belongs to the verbs layer:
+// MR is a registered memory region. Close fails with ErrBusy while a
+// memory window is bound to it (IBA 10.6.7.2.6). Its memory belongs to the verbs layer:
 // Bytes is valid until Close, and the device may read or write it at any time
 // a work request or a remote key allows.
 type MR interface {
@@ -37,6 +42,26 @@ type MR interface {
 	// remote addresses.
 	Addr() uint64
 	LKey() uint32
+	RKey() uint32
+	Close() error
+}
+
+// MW is a type 2 memory window: a remote key for a range of an MR, valid
+// only on the QP it was bound on, from its bind until it is invalidated.
+//
+// A WRBindMW on an RC or UC QP binds it, in send queue order; a WRLocalInv
+// on that QP, or Close, invalidates it, after which it can be bound again
+// with a new key. A remote READ or WRITE through it on any other QP, with
+// an old key, outside the bound range or without the access bound, fails
+// with a remote access error. Invalidate or close windows before closing
+// the QP they are bound on: the kernel's rxe holds the QP while a window
+// is bound to it (the soft provider invalidates them).
+type MW interface {
+	// Handle names the window in a WRBindMW work request (SendWR.MW).
+	Handle() uint32
+	// RKey is the window's key as allocated; a bind gives it new low 8
+	// bits (SendWR.RKey), as ibv_inc_rkey does. Once a bind is posted,
+	// RKey is the key that bind gives (as libibverbs keeps ibv_mw.rkey).
 	RKey() uint32
 	Close() error
 }

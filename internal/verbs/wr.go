@@ -17,7 +17,17 @@ type SGE struct {
 }
 
 // SendWR is struct ibv_send_wr without its pointers: the list is an array,
-// the UD address handle a number (AH.Handle).
+// the UD address handle a number (AH.Handle), a memory window its Handle.
+//
+// A WRBindMW binds window MW to SG[0] (Addr and Length inside the MR whose
+// LKey is SG[0].LKey; NumSGE 1) with access MWAccess and gives it key RKey:
+// the window's key, MW.RKey, with new low 8 bits (they must differ from
+// the current key's). A WRLocalInv invalidates the window whose current
+// key is RKey. Both are refused at post on UD QPs, and a bind naming a
+// window or an lkey that is not this QP's PD's is refused at post; both
+// complete (if signaled) with WCBindMW or WCLocalInv, or WCMWBindErr (bind)
+// / WCLocQPOpErr (invalidate) when the device refuses to execute them, and
+// the QP goes to ERR.
 type SendWR struct {
 	WRID   uint64
 	SG     [MaxSGE]SGE
@@ -33,6 +43,11 @@ type SendWR struct {
 	AH         uint32
 	RemoteQPN  uint32
 	RemoteQKey uint32
+	// WRBindMW: the window (MW.Handle) and what the bind grants:
+	// AccessRemoteRead, AccessRemoteWrite, AccessRemoteAtomic, optionally
+	// AccessZeroBased.
+	MW       uint32
+	MWAccess Access
 }
 
 // Len returns the total length of the work request's scatter/gather list.

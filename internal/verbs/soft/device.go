@@ -57,7 +57,9 @@ type Device struct {
 	nextQPN uint32         // guarded by qpMu
 
 	// keys maps MR keys to regions (keys.go).
-	keys keyTable
+	keys mrKeys
+	// mws maps memory window keys and handles to windows (mw.go).
+	mws mwKeys
 
 	ahMu   sync.RWMutex
 	ahs    map[uint32]*ah // guarded by ahMu
@@ -108,6 +110,7 @@ func Open(cfg Config) (*Device, error) {
 		nextAH:  1,
 		rxDone:  make(chan struct{}),
 	}
+	d.mws.first, d.mws.limit = mwIndexBase, 1<<24
 	d.port = cfg.Port
 	if p, ok := cfg.Wire.(interface{ Port() uint16 }); ok && d.port == 0 {
 		d.port = p.Port()
@@ -133,7 +136,8 @@ func (d *Device) Attr() verbs.DeviceAttr {
 		MaxSGE:    verbs.MaxSGE,
 		MaxCQ:     1 << 20,
 		MaxCQE:    maxCQE,
-		MaxMR:     1 << 24,
+		MaxMR:     mwIndexBase - 1,
+		MaxMW:     1<<24 - mwIndexBase,
 		MaxMRSize: maxMRSize,
 		MaxPD:     1 << 20,
 		MaxSRQ:    1 << 20,

@@ -8,7 +8,7 @@ import (
 // so the stale key reaches nothing; many regions live at once; the table
 // is updated in place (one slot per registration, no copy of the table).
 func TestKeyTable(t *testing.T) {
-	var kt keyTable
+	var kt mrKeys
 	ms := make([]*mr, 20000)
 	for i := range ms {
 		ms[i] = &mr{}
@@ -51,7 +51,7 @@ func TestKeyTable(t *testing.T) {
 }
 
 func BenchmarkRegMRWithManyRegions(b *testing.B) {
-	var kt keyTable
+	var kt mrKeys
 	for range 100000 {
 		if err := kt.add(&mr{}); err != nil {
 			b.Fatal(err)

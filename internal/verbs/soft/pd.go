@@ -3,6 +3,7 @@ package soft
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -40,6 +41,9 @@ type mr struct {
 	access verbs.Access
 	closed atomic.Bool
 	use    atomic.Int32 // copies in progress
+
+	bindMu  sync.Mutex
+	windows int // memory windows bound to it; guarded by bindMu
 }
 
 // acquire counts a copy into or out of the region; false once it is
@@ -90,9 +94,17 @@ func (m *mr) LKey() uint32  { return m.key }
 func (m *mr) RKey() uint32  { return m.key }
 
 func (m *mr) Close() error {
+	m.bindMu.Lock()
+	if n := m.windows; n > 0 && !m.closed.Load() {
+		m.bindMu.Unlock()
+		// IBA 10.6.7.2.6: a region with bound windows is not deregistered.
+		return fmt.Errorf("soft: dereg mr: %w: %d memory windows are bound to it", verbs.ErrBusy, n)
+	}
 	if m.closed.Swap(true) {
+		m.bindMu.Unlock()
 		return fmt.Errorf("soft: dereg mr: %w", verbs.ErrClosed)
 	}
+	m.bindMu.Unlock()
 	var err error
 	{
 		m.pd.dev.keys.remove(m)

@@ -32,6 +32,9 @@ type qp struct {
 	closed  bool // guarded by mu
 	ackNext *qp  // receive loop's list of QPs owing an ACK; owned by that loop
 	ackOwed bool // owned by the receive loop
+
+	mwMu sync.Mutex
+	mws  map[*mw]struct{} // windows bound on this QP; guarded by mwMu
 }
 
 var _ verbs.QP = (*qp)(nil)
@@ -148,6 +151,7 @@ func (q *qp) Close() error {
 	q.state = verbs.QPStateErr
 	q.mu.Unlock()
 	q.timer.Stop()
+	q.dropWindows()
 	d := q.dev
 	d.qpMu.Lock()
 	delete(d.qps, q.qpn)
@@ -431,6 +435,16 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 		slot := r.tail % uint64(len(r.sq))
 		w := &r.sq[slot]
 		*w = swqe{wr: *wr, length: uint32(wr.Len()), signaled: q.sigAll || wr.Flags&verbs.SendSignaled != 0}
+		if isLocalOp(wr.Opcode) {
+			w.length = 0
+			if wr.Opcode == verbs.WRBindMW {
+				// RKey shows the key of the last bind posted, as
+				// libibverbs keeps ibv_mw.rkey.
+				if m := q.dev.mws.at(wr.MW); m != nil {
+					m.posted.Store(m.key.Load()&^0xff | wr.RKey&0xff)
+				}
+			}
+		}
 		if wr.Flags&verbs.SendInline != 0 {
 			// Inline data is copied now: the caller may reuse its buffer
 			// as soon as PostSend returns, and its lkey is not checked.
@@ -480,10 +494,16 @@ func (q *qp) checkSendWR(wr *verbs.SendWR) error {
 			return fmt.Errorf("%w: UD message of %d bytes exceeds the %d-byte MTU", verbs.ErrInvalid, n, q.mtu)
 		}
 	case verbs.QPTypeUC:
+		if isLocalOp(wr.Opcode) {
+			return q.checkLocalOp(wr)
+		}
 		if wr.Opcode == verbs.WRRDMARead || wr.Opcode > verbs.WRRDMARead {
 			return fmt.Errorf("%w: %v on a UC QP", verbs.ErrInvalid, wr.Opcode)
 		}
 	default:
+		if isLocalOp(wr.Opcode) {
+			return q.checkLocalOp(wr)
+		}
 		if wr.Opcode > verbs.WRRDMARead {
 			return fmt.Errorf("%w: opcode %v", verbs.ErrInvalid, wr.Opcode)
 		}
@@ -549,6 +569,10 @@ func (q *qp) completeSend(w *swqe, status verbs.WCStatus) {
 		wc.Opcode = verbs.WCRDMAWrite
 	case verbs.WRRDMARead:
 		wc.Opcode = verbs.WCRDMARead
+	case verbs.WRBindMW:
+		wc.Opcode = verbs.WCBindMW
+	case verbs.WRLocalInv:
+		wc.Opcode = verbs.WCLocalInv
 	default:
 		wc.Opcode = verbs.WCSend
 	}

@@ -16,6 +16,7 @@ type swqe struct {
 	readDone uint32 // bytes of a read's response received so far
 	signaled bool
 	inl      []byte // inline data copied at post time, or nil
+	done     bool   // a bind or invalidate that executed (go-back-N passes it again)
 }
 
 // requester is the send side of a QP. WQE indices grow without bound; the
@@ -64,6 +65,21 @@ func (q *qp) pump(tx *txq) {
 			break
 		}
 		w := q.wqe(r.cur)
+		if isLocalOp(w.wr.Opcode) {
+			// Executed when the requester reaches it, in order; it has no
+			// packets, and completes once every WR before it has.
+			if !w.done {
+				if st := q.execLocal(&w.wr); st != verbs.WCSuccess {
+					q.toErrAt(r.cur, st)
+					return
+				}
+				w.done = true
+				w.firstPSN, w.npsn = r.psn, 0
+			}
+			r.cur++
+			q.completeLocalOps()
+			continue
+		}
 		if r.off == 0 && w.readDone == 0 {
 			w.firstPSN = r.psn
 			w.npsn = q.npackets(w.length)
@@ -407,9 +423,24 @@ func (q *qp) onReadResponse(tx *txq, h *roce.Header, payload []byte) {
 		}
 		q.completeSend(w, verbs.WCSuccess)
 		r.head++
+		q.completeLocalOps()
 	}
 	q.progress()
 	q.pump(tx)
+}
+
+// completeLocalOps completes the executed binds and invalidates at the
+// head of the send queue: nothing before them is outstanding.
+func (q *qp) completeLocalOps() {
+	r := &q.req
+	for r.head < r.cur {
+		w := q.wqe(r.head)
+		if !isLocalOp(w.wr.Opcode) || !w.done {
+			return
+		}
+		q.completeSend(w, verbs.WCSuccess)
+		r.head++
+	}
 }
 
 // goBack restarts transmission at PSN p (go-back-N).

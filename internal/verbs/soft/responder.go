@@ -46,8 +46,8 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 			// A read may be asked again when its response was lost: it is
 			// executed again (IBA 9.9.2.1), with the PSNs it had.
 			// If its region is gone, it is dropped, as rxe drops it.
-			if m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead); ok {
-				q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN)
+			if m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead); ok {
+				q.sendReadResponses(rx.tx, m, va, h.DMALen, h.PSN)
 			}
 			return
 		}
@@ -99,9 +99,10 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 		// The first packet's RETH is checked before a receive is taken for
 		// the immediate, and takes effect only once one is held.
 		var m *mr
+		var va uint64
 		if op.HasRETH() {
 			var ok bool
-			if m, ok = q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite); !ok {
+			if m, va, ok = q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite); !ok {
 				q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
 				return
 			}
@@ -110,7 +111,7 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 			return
 		}
 		if op.HasRETH() {
-			r.wmr, r.wva, r.wleft, r.wlen = m, h.VA, h.DMALen, h.DMALen
+			r.wmr, r.wva, r.wleft, r.wlen = m, va, h.DMALen, h.DMALen
 		}
 		if !q.writePayload(rx, h, payload, last) {
 			return
@@ -120,7 +121,7 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
 		}
 	case op.IsReadRequest():
-		m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead)
+		m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead)
 		if !ok {
 			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
 			return
@@ -128,7 +129,7 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 		// The read is a message: its responses carry the MSN that counts
 		// it, as rxe's do.
 		r.msn = psnAdd(r.msn, 1)
-		if !q.sendReadResponses(rx.tx, m, h.VA, h.DMALen, h.PSN) {
+		if !q.sendReadResponses(rx.tx, m, va, h.DMALen, h.PSN) {
 			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
 			return
 		}
@@ -192,22 +193,27 @@ func (q *qp) writePayload(rx *rxState, h *roce.Header, payload []byte, last bool
 
 // checkRemote validates an rkey for len bytes at va with the given access:
 // the region exists, belongs to this QP's PD, allows the access, contains
-// the range, and the QP itself allows remote access of that kind.
-func (q *qp) checkRemote(rkey uint32, va uint64, n uint32, access verbs.Access) (*mr, bool) {
+// the range, and the QP itself allows remote access of that kind. A
+// window's key is checked against its binding (checkWindow). It returns
+// the region and the virtual address in it the request starts at.
+func (q *qp) checkRemote(rkey uint32, va uint64, n uint32, access verbs.Access) (*mr, uint64, bool) {
 	if n == 0 {
-		return nil, true // IBA C9-88: a zero-length RDMA request is not validated
+		return nil, va, true // IBA C9-88: a zero-length RDMA request is not validated
 	}
 	if q.attr.AccessFlags&access == 0 {
-		return nil, false
+		return nil, 0, false
+	}
+	if isMWKey(rkey) {
+		return q.checkWindow(rkey, va, n, access)
 	}
 	m := q.dev.lookupKey(rkey)
 	if m == nil || m.pd != q.pd || m.access&access == 0 {
-		return nil, false
+		return nil, 0, false
 	}
 	if _, ok := m.span(va, uint64(n)); !ok {
-		return nil, false
+		return nil, 0, false
 	}
-	return m, true
+	return m, va, true
 }
 
 // completeRecv completes the held receive WR.
@@ -378,14 +384,14 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 		}
 	default:
 		if starts {
-			m, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite)
+			m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite)
 			if !ok {
 				// UC has no NAK: the message is dropped.
 				q.dev.stats.rxWrongSource.Add(1)
 				r.ucDrop = true
 				return
 			}
-			r.wmr, r.wva, r.wleft, r.wlen = m, h.VA, h.DMALen, h.DMALen
+			r.wmr, r.wva, r.wleft, r.wlen = m, va, h.DMALen, h.DMALen
 		}
 		imm := op.HasImm()
 		if imm && !r.hasRecv {

@@ -90,6 +90,11 @@ var cases = []testCase{
 	{"CloseOrder", testCloseOrder},
 	{"RCExactlyOnceUnderFaults", testRCExactlyOnceUnderFaults},
 	{"UCLosesWholeMessages", testUCLosesWholeMessages},
+	{"MWReadWrite", testMWReadWrite},
+	{"MWRefused", testMWRefused},
+	{"MWBindErrors", testMWBindErrors},
+	{"MWLocalInvErrors", testMWLocalInvErrors},
+	{"MWLifetime", testMWLifetime},
 }
 
 // Run runs every case of the suite against the devices f returns, each as a
