@@ -53,7 +53,9 @@ type MR interface {
 // on that QP, or Close, invalidates it, after which it can be bound again
 // with a new key. A remote READ or WRITE through it on any other QP, with
 // an old key, outside the bound range or without the access bound, fails
-// with a remote access error. Invalidate or close windows before closing
+// with a remote access error (the kernel's rxe checks the range against
+// the window's region only, not the window: bind windows over whole
+// regions where that matters). Invalidate or close windows before closing
 // the QP they are bound on: the kernel's rxe holds the QP while a window
 // is bound to it (the soft provider invalidates them).
 type MW interface {

@@ -22,7 +22,8 @@ type SGE struct {
 // A WRBindMW binds window MW to SG[0] (Addr and Length inside the MR whose
 // LKey is SG[0].LKey; NumSGE 1) with access MWAccess and gives it key RKey:
 // the window's key, MW.RKey, with new low 8 bits (they must differ from
-// the current key's). A WRLocalInv invalidates the window whose current
+// the current key's; the kernel's rxe and the soft provider do not check).
+// A WRLocalInv invalidates the window whose current
 // key is RKey. Both are refused at post on UD QPs, and a bind naming a
 // window or an lkey that is not this QP's PD's is refused at post; both
 // complete (if signaled) with WCBindMW or WCLocalInv, or WCMWBindErr (bind)

@@ -292,6 +292,10 @@ func (d *device) setup(cfg Config) error {
 		// A verbs.Device is one port of the hardware device.
 		PortCount: 1, NUMANode: d.numaNode(),
 	}
+	// Type 2 windows only: a device with type 1 alone has none to offer.
+	if a.device_cap_flags&(C.IBV_DEVICE_MEM_WINDOW_TYPE_2A|C.IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 {
+		d.attr.MaxMW = int(a.max_mw)
+	}
 	return nil
 }
 

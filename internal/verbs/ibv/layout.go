@@ -37,6 +37,7 @@ func init() {
 		{"WC.VendorErr", unsafe.Offsetof(w.VendorErr), 10},
 		{"WC.SrcQP", unsafe.Offsetof(w.SrcQP), 11},
 		{"WC.PKeyIndex", unsafe.Offsetof(w.PKeyIndex), 12},
+		{"SendWR.MW", unsafe.Offsetof(s.MW), 13},
 	}
 	for _, c := range checks {
 		if got := uintptr(C.rv_layout(c.cIndex)); got != c.goVal {

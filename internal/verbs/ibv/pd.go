@@ -23,6 +23,12 @@ type pd struct {
 	ahMu   sync.RWMutex
 	ahs    []*C.struct_ibv_ah
 	ahFree []uint32
+	// mws maps MW handles (index+1) to windows, mrs lkeys to regions, for
+	// binds; mwMu guards both, read-locked while a post uses them.
+	mwMu   sync.RWMutex
+	mws    []*C.struct_ibv_mw
+	mwFree []uint32
+	mrs    map[uint32]*C.struct_ibv_mr
 }
 
 var _ verbs.PD = (*pd)(nil)
@@ -80,6 +86,12 @@ func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
 		p.release()
 		return nil, wrap(what, errnoOf(0, cerr), false)
 	}
+	p.mwMu.Lock()
+	if p.mrs == nil {
+		p.mrs = make(map[uint32]*C.struct_ibv_mr)
+	}
+	p.mrs[uint32(m.lkey)] = m
+	p.mwMu.Unlock()
 	return &mr{pd: p, mr: m, mem: mem}, nil
 }
 
@@ -90,9 +102,13 @@ func (m *mr) RKey() uint32  { return uint32(m.mr.rkey) }
 
 func (m *mr) Close() error {
 	return m.life.close("MR", func() error {
+		lkey := uint32(m.mr.lkey)
+		m.pd.mwMu.Lock()
+		defer m.pd.mwMu.Unlock()
 		if rc := C.ibv_dereg_mr(m.mr); rc != 0 {
-			return wrap("deregister MR", errnoOf(int(rc), nil), false)
+			return deregErr(errnoOf(int(rc), nil))
 		}
+		delete(m.pd.mrs, lkey)
 		err := verbs.FreeMemory(m.mem)
 		m.pd.release()
 		return err

@@ -289,10 +289,12 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 		if len(p.ahs) > 0 {
 			ahs = &p.ahs[0]
 		}
-		r = C.rv_post_send(q.qp, &q.lim, ahs, C.uint32_t(len(p.ahs)), wp, C.int(len(wrs)))
+		r = C.rv_post_send(q.qp, &q.lim, ahs, C.uint32_t(len(p.ahs)), nil, wp, C.int(len(wrs)))
 		p.ahMu.RUnlock()
+	} else if hasBind(wrs) {
+		r = q.postBinds(wp, wrs)
 	} else {
-		r = C.rv_post_send(q.qp, &q.lim, nil, 0, wp, C.int(len(wrs)))
+		r = C.rv_post_send(q.qp, &q.lim, nil, 0, nil, wp, C.int(len(wrs)))
 	}
 	n, e := postResult(r)
 	if e != 0 {

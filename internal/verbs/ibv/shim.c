@@ -9,6 +9,7 @@ enum {
 	RV_SIZE_SGE, RV_SIZE_SEND, RV_SIZE_RECV, RV_SIZE_WC,
 	RV_OFF_SEND_NUMSGE, RV_OFF_SEND_FLAGS, RV_OFF_SEND_IMM, RV_OFF_SEND_RADDR, RV_OFF_SEND_QKEY,
 	RV_OFF_RECV_NUMSGE, RV_OFF_WC_VENDOR, RV_OFF_WC_SRCQP, RV_OFF_WC_PKEY,
+	RV_OFF_SEND_MW,
 };
 
 size_t rv_layout(int what)
@@ -27,6 +28,7 @@ size_t rv_layout(int what)
 	case RV_OFF_WC_VENDOR: return offsetof(struct rv_wc, vendor_err);
 	case RV_OFF_WC_SRCQP: return offsetof(struct rv_wc, src_qp);
 	case RV_OFF_WC_PKEY: return offsetof(struct rv_wc, pkey_index);
+	case RV_OFF_SEND_MW: return offsetof(struct rv_send_wr, mw);
 	}
 	return 0;
 }
@@ -36,11 +38,22 @@ int rv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a
 	return ibv_query_port(ctx, port, attr);
 }
 
+struct ibv_mw *rv_alloc_mw(struct ibv_pd *pd)
+{
+	return ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+}
+
+int rv_dealloc_mw(struct ibv_mw *mw)
+{
+	return ibv_dealloc_mw(mw);
+}
+
 // The chain is built on the C stack in chunks: no allocation, and no state
 // shared between threads posting to the same QP (libibverbs allows that).
 #define RV_CHUNK 64
 
-static int check_send(const struct rv_qp_limits *lim, const struct rv_send_wr *w, struct ibv_ah **ahs, uint32_t nah)
+static int check_send(const struct rv_qp_limits *lim, const struct rv_send_wr *w, struct ibv_ah **ahs, uint32_t nah,
+		      const struct rv_bind *bind)
 {
 	if (w->num_sge > RV_MAX_SGE || w->num_sge > lim->max_send_sge)
 		return EINVAL;
@@ -62,6 +75,18 @@ static int check_send(const struct rv_qp_limits *lim, const struct rv_send_wr *w
 		if (w->flags & IBV_SEND_INLINE)
 			return EINVAL;
 		break;
+	case IBV_WR_BIND_MW:
+		if (lim->type == IBV_QPT_UD || (w->flags & IBV_SEND_INLINE) || w->num_sge != 1)
+			return EINVAL;
+		if (bind == NULL || bind->mw == NULL || bind->mr == NULL)
+			return EINVAL;
+		if (w->mw_access & ~(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED))
+			return EINVAL;
+		return 0;
+	case IBV_WR_LOCAL_INV:
+		if (lim->type == IBV_QPT_UD || (w->flags & IBV_SEND_INLINE))
+			return EINVAL;
+		return 0;
 	default:
 		return EINVAL;
 	}
@@ -79,7 +104,7 @@ static int check_send(const struct rv_qp_limits *lim, const struct rv_send_wr *w
 #define RV_RESULT(posted, err) (((int64_t)(err) << 32) | (int64_t)(uint32_t)(posted))
 
 int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct ibv_ah **ahs, uint32_t nah,
-		     const struct rv_send_wr *wrs, int n)
+		     const struct rv_bind *binds, const struct rv_send_wr *wrs, int n)
 {
 	struct ibv_send_wr chain[RV_CHUNK];
 	struct ibv_sge sges[RV_CHUNK * RV_MAX_SGE];
@@ -88,7 +113,8 @@ int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct i
 		int err = 0, k;
 		for (k = 0; k < m; k++) {
 			const struct rv_send_wr *w = &wrs[base + k];
-			if ((err = check_send(lim, w, ahs, nah)) != 0)
+			const struct rv_bind *bind = binds ? &binds[base + k] : NULL;
+			if ((err = check_send(lim, w, ahs, nah, bind)) != 0)
 				break;
 			struct ibv_send_wr *c = &chain[k];
 			memset(c, 0, sizeof(*c));
@@ -104,7 +130,21 @@ int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct i
 			c->opcode = (enum ibv_wr_opcode)w->opcode;
 			c->send_flags = w->flags;
 			c->imm_data = htonl(w->imm_data);
-			if (lim->type == IBV_QPT_UD) {
+			if (w->opcode == IBV_WR_BIND_MW) {
+				// The region and range go in bind_info, not the SGE list.
+				c->sg_list = NULL;
+				c->num_sge = 0;
+				c->bind_mw.mw = bind->mw;
+				c->bind_mw.rkey = w->rkey;
+				c->bind_mw.bind_info.mr = bind->mr;
+				c->bind_mw.bind_info.addr = w->sg[0].addr;
+				c->bind_mw.bind_info.length = w->sg[0].length;
+				c->bind_mw.bind_info.mw_access_flags = w->mw_access;
+			} else if (w->opcode == IBV_WR_LOCAL_INV) {
+				c->sg_list = NULL;
+				c->num_sge = 0;
+				c->invalidate_rkey = w->rkey; // shares a union with imm_data
+			} else if (lim->type == IBV_QPT_UD) {
 				c->wr.ud.ah = ahs[w->ah - 1];
 				c->wr.ud.remote_qpn = w->remote_qpn;
 				c->wr.ud.remote_qkey = w->remote_qkey;
@@ -117,8 +157,14 @@ int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct i
 			struct ibv_send_wr *badwr = NULL;
 			chain[k - 1].next = NULL;
 			int rc = ibv_post_send(qp, chain, &badwr);
+			int posted = rc != 0 ? (badwr ? (int)(badwr - chain) : 0) : k;
+			// libibverbs leaves a type 2 window's rkey to the caller:
+			// the provider (rxe) names the window by it in the next bind.
+			for (int i = 0; binds && i < posted; i++)
+				if (chain[i].opcode == IBV_WR_BIND_MW)
+					chain[i].bind_mw.mw->rkey = chain[i].bind_mw.rkey;
 			if (rc != 0)
-				return RV_RESULT(base + (badwr ? (int)(badwr - chain) : 0), rc);
+				return RV_RESULT(base + posted, rc);
 		}
 		if (err != 0)
 			return RV_RESULT(base + k, err);

@@ -29,6 +29,15 @@ struct rv_send_wr {
 	uint32_t ah;
 	uint32_t remote_qpn;
 	uint32_t remote_qkey;
+	uint32_t mw;        // WRBindMW: the window's handle (resolved in Go)
+	uint32_t mw_access; // WRBindMW: mw_access_flags
+};
+
+// rv_bind is what a WRBindMW names, resolved from its handle and lkey by
+// the Go side: the provider wants pointers.
+struct rv_bind {
+	struct ibv_mw *mw;
+	struct ibv_mr *mr;
 };
 
 struct rv_recv_wr {
@@ -67,9 +76,16 @@ int rv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a
 
 // rv_post_send posts n WRs. It returns how many were posted in the low 32
 // bits and the errno that stopped it (0: none) in the high 32 bits, so Go
-// passes no pointer to a result (which would escape and allocate).
+// passes no pointer to a result (which would escape and allocate). binds,
+// when not NULL, has n entries: the window and region of each WRBindMW
+// (NULL where unknown: the WR is refused). A posted bind sets the window's
+// ibv_mw.rkey to the new key, which the provider reads as the window's
+// current key in the next bind.
 int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct ibv_ah **ahs, uint32_t nah,
-		     const struct rv_send_wr *wrs, int n);
+		     const struct rv_bind *binds, const struct rv_send_wr *wrs, int n);
+// rv_alloc_mw and rv_dealloc_mw wrap the static inline libibverbs calls.
+struct ibv_mw *rv_alloc_mw(struct ibv_pd *pd);
+int rv_dealloc_mw(struct ibv_mw *mw);
 // rv_post_recv posts n receives to qp, or to srq when it is not NULL; the
 // result is rv_post_send's.
 int64_t rv_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, uint32_t max_sge, const struct rv_recv_wr *wrs, int n);

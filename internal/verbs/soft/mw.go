@@ -162,9 +162,10 @@ func (q *qp) bindMW(wr *verbs.SendWR) bool {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	cur := m.key.Load()
-	key := cur&^0xff | wr.RKey&0xff
-	if m.closed || m.bind.Load() != nil || key == cur {
+	// Only the low 8 bits of the key are the consumer's. As on rxe, a bind
+	// that leaves them as they were is not refused.
+	key := m.key.Load()&^0xff | wr.RKey&0xff
+	if m.closed || m.bind.Load() != nil {
 		return false
 	}
 	if !r.addWindow() {
