@@ -114,7 +114,7 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 		return nil, status.Error(codes.InvalidArgument, "bad QP type or MTU")
 	}
 	rep, err := s.a.eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
-		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch})
+		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch, Pool: int(min(req.Pool, 1<<16))})
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
@@ -472,7 +472,7 @@ type link struct{ cl controlpb.ControlClient }
 
 func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPReply, error) {
 	rep, err := l.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
-		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch})
+		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool)})
 	if err != nil {
 		return engine.QPReply{}, statusError(err)
 	}

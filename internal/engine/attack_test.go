@@ -29,6 +29,8 @@ type hostile struct {
 	// in is its RC QP connected to the engine's ingress QP (AcceptQP),
 	// as a peer's pool QP is: what it sends arrives as from this peer.
 	in verbs.QP
+	// ins are all the QPs it connected to the engine's ingress QPs.
+	ins []verbs.QP
 	// out are the QPs it made for the engine's own send QPs toward it
 	// (hostileLink.ConnectQP).
 	out []verbs.QP
@@ -47,7 +49,7 @@ func newHostile(t testing.TB, fb *wire.Fabric, ip string) *hostile {
 	}
 	h := &hostile{t: t, gid: gid}
 	t.Cleanup(func() {
-		for _, q := range append(h.out, h.in, h.ud) {
+		for _, q := range append(append(h.out, h.ins...), h.ud) {
 			if q != nil {
 				_ = q.Close()
 			}
@@ -114,23 +116,33 @@ func (l hostileLink) ConnectQP(_ context.Context, req QPRequest) (QPReply, error
 }
 
 // join makes the hostile node e's peer: e holds a peer for it whose link
-// it answers, and an ingress QP it made, as a peer agent's ConnectQP does.
+// it answers, and an ingress QP it made, as a peer agent's ConnectQP does
+// (with a pool of one, so every vconn of the hostile's sends on it).
 func (h *hostile) join(e *Engine) *Peer {
 	h.t.Helper()
 	p, err := e.Peer(h.gid, hostileLink{h})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.in = h.qp(verbs.QPTypeRC)
-	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: verbs.QPTypeRC, QPN: h.in.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}})
+	h.in = h.ingress(e, 1, 0)
+	return p
+}
+
+// ingress makes an RC QP toward e as QP index of a pool of pool, connects
+// and fills it.
+func (h *hostile) ingress(e *Engine, pool, index int) verbs.QP {
+	h.t.Helper()
+	qp := h.qp(verbs.QPTypeRC)
+	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: verbs.QPTypeRC, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	if err := verbs.ConnectQP(h.in, verbs.Remote{GID: e.GID(), QPN: rep.QPN, PSN: rep.PSN}, verbs.PathOptions{MTU: verbs.MTU1024, SQPSN: 3}); err != nil {
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: e.GID(), QPN: rep.QPN, PSN: rep.PSN}, verbs.PathOptions{MTU: verbs.MTU1024, SQPSN: 3}); err != nil {
 		h.t.Fatal(err)
 	}
-	h.fill(h.in)
-	return p
+	h.fill(qp)
+	h.ins = append(h.ins, qp)
+	return qp
 }
 
 // send posts one message with the engine's header on qp (to a UD QP of
@@ -329,6 +341,51 @@ func testAttacks(t *testing.T, tr Transport) {
 	_ = byA.Close()
 	_ = byB.Close()
 	closeAll(t, a, b, victimA, victimB)
+}
+
+// TestMessagesScopedToQP: a peer's vconn of vQPN v sends on its QPs of
+// index v mod its pool size; the same message on another of the peer's
+// QPs is refused, so a tenant's traffic cannot be injected through a QP
+// that another vconn of the same peer sends on.
+func TestMessagesScopedToQP(t *testing.T) {
+	fb := wire.NewFabric(wire.Faults{})
+	t.Cleanup(func() { _ = fb.Close() })
+	a, _ := testEnginesOn(t, fb, Config{})
+	h := newHostile(t, fb, "10.9.0.68")
+	hp, err := a.Peer(h.gid, hostileLink{h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in0, in1 := h.ingress(a, 2, 0), h.ingress(a, 2, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	vc, err := a.NewVConn(ctx, hp, VConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vc.Connect(vqpn.MakeID(7, 1)); err != nil { // 7 mod 2: index 1
+		t.Fatal(err)
+	}
+	data := func(n uint32) header {
+		d := dataHeader(5, n, 0, false)
+		d.flags |= flagFirst | flagLast
+		return d
+	}
+	before := a.RejectStats()[RejectPeer]
+	h.send(in0, a, vc.ID(), data(0), []byte("wrong"))
+	waitRejected(t, a, RejectPeer, before+1)
+	h.send(in1, a, vc.ID(), data(0), []byte("right"))
+	m, err := vc.Recv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Release()
+	if string(m.Data) != "right" {
+		t.Fatalf("received %q, want only the message sent on the vconn's QP", m.Data)
+	}
+	if n := a.RejectStats()[RejectPeer]; n != before+1 {
+		t.Fatalf("%d peer rejections, want %d", n, before+1)
+	}
 }
 
 // TestStaleGenerationIgnored: a FIN or RESET that names a vconn's vQPN

@@ -18,7 +18,7 @@ func TestIngressIsBounded(t *testing.T) {
 	gid := verbs.GIDFromAddr(netip.MustParseAddr("10.9.9.9"))
 	var qpns []uint32
 	for i := range 20 {
-		rep, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: uint32(100 + i), PSN: 1, MTU: verbs.MTU1024, Index: i % 4})
+		rep, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: uint32(100 + i), PSN: 1, MTU: verbs.MTU1024, Index: i % 4, Pool: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,8 +37,13 @@ func TestIngressIsBounded(t *testing.T) {
 			t.Errorf("QP %d of 20 (%#x): routed %v, want %v", k, qpn, routed, want)
 		}
 	}
-	if _, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: 999, PSN: 1, MTU: verbs.MTU1024, Index: maxIndex}); !errors.Is(err, verbs.ErrInvalid) {
+	if _, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: 999, PSN: 1, MTU: verbs.MTU1024, Index: maxIndex, Pool: maxIndex}); !errors.Is(err, verbs.ErrInvalid) {
 		t.Fatalf("index %d: %v, want ErrInvalid", maxIndex, err)
+	}
+	for _, pool := range []int{0, 1, maxIndex + 1} {
+		if _, err := e.AcceptQP(QPRequest{GID: gid, Type: verbs.QPTypeRC, QPN: 999, PSN: 1, MTU: verbs.MTU1024, Index: 1, Pool: pool}); !errors.Is(err, verbs.ErrInvalid) {
+			t.Fatalf("index 1 of a pool of %d: %v, want ErrInvalid", pool, err)
+		}
 	}
 }
 

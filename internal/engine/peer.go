@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
 // QPRequest asks a peer engine to create a QP connected to ours.
@@ -25,6 +26,11 @@ type QPRequest struct {
 	Index int
 	// Epoch names the requester's side of the connection (Peer.Epoch).
 	Epoch uint64
+	// Pool is the size of the requester's pools (its QPsPerPeer): its
+	// vconn of vQPN v sends on the QPs of index v mod Pool, so this
+	// engine knows which of the peer's QPs may carry that vconn's
+	// messages and its one-sided requests.
+	Pool int
 }
 
 // maxIndex bounds QPRequest.Index: config.MaxQPsPerPeer.
@@ -35,6 +41,13 @@ const maxIndex = 64
 type ingressSlot struct {
 	t verbs.QPType
 	i int
+}
+
+// ingressQP is what the receive path finds by the QPN a message arrived
+// on: the peer that made the QP toward us, and the QP's index in its pool.
+type ingressQP struct {
+	peer  *Peer
+	index int
 }
 
 // QPReply is the peer's side of the new connection.
@@ -79,6 +92,7 @@ type Peer struct {
 	list    *VConn                   // vconns to this peer, linked by VConn.prev/next; guarded by mu
 	dead    []*sendQP                // failed QPs awaiting their last completions; guarded by mu
 	remote  uint64                   // the peer's epoch for us, once known; guarded by mu
+	pool    atomic.Int32             // the peer's QPRequest.Pool, once it made a QP toward us
 	// setup serialises QP creation per index without holding mu across
 	// the control-plane call.
 	setup []sync.Mutex
@@ -311,7 +325,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch})
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer})
 	if err != nil {
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
@@ -354,7 +368,8 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		req.Type = verbs.QPTypeRC
 	}
 	if req.MTU.Bytes() == 0 || req.QPN == 0 || req.QPN >= 1<<24 || req.PSN >= 1<<24 ||
-		req.Type != verbs.QPTypeRC && req.Type != verbs.QPTypeUC || len(req.UDQPNs) > 64 || req.Index < 0 || req.Index >= maxIndex {
+		req.Type != verbs.QPTypeRC && req.Type != verbs.QPTypeUC || len(req.UDQPNs) > 64 ||
+		req.Pool < 1 || req.Pool > maxIndex || req.Index < 0 || req.Index >= req.Pool {
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w: bad request %+v", req.GID, verbs.ErrInvalid, req)
 	}
 	p, err := e.Peer(req.GID, nil)
@@ -398,6 +413,9 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		p.ingress = make(map[ingressSlot]verbs.QP)
 	}
 	p.ingress[slot] = qp
+	// A peer's pool size is its configuration: a new one (it restarted
+	// with another) applies to the vconns made after it.
+	p.pool.Store(int32(req.Pool))
 	if len(req.UDQPNs) > 0 {
 		p.udQPNs = req.UDQPNs
 	}
@@ -406,8 +424,27 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		e.ingress.Delete(evicted.QPN())
 		_ = evicted.Close()
 	}
-	e.ingress.Store(qp.QPN(), p)
+	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index})
 	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch}, nil
+}
+
+// ingressIndex is the index of the peer's QPs that its vconn remote sends
+// on, or -1 before the peer made any QP toward us.
+func (p *Peer) ingressIndex(remote vqpn.ID) int {
+	n := p.pool.Load()
+	if n <= 0 {
+		return -1
+	}
+	return int(remote.VQPN()) % int(n)
+}
+
+// ingressQP returns the QP of type t the peer's vconn remote sends on
+// toward us, or nil.
+func (p *Peer) ingressQP(t verbs.QPType, remote vqpn.ID) verbs.QP {
+	i := p.ingressIndex(remote)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ingress[ingressSlot{t, i}]
 }
 
 // Fail marks the peer gone: every vconn to it fails with ErrPeerGone

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
 // onRecv handles a receive; vc is the vconn its imm_data named, looked up
@@ -29,7 +30,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		return
 	}
 	b := e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
-	from := p.peerOf(wc.QPN)
+	from, index := p.ingressOf(wc.QPN)
 	ud := p.isUD(wc.QPN)
 	if ud {
 		// A datagram: the sender's GID is in the GRH space. (Only UD
@@ -41,10 +42,11 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 			b = b[verbs.GRHSize:]
 		}
 	}
-	if vc.peer.gid != from {
-		// A node naming a vconn that is not connected to it, or a
+	if vc.peer.gid != from || !ud && index != vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())) {
+		// A node naming a vconn that is not connected to it, a
 		// message on a QP no peer made toward us (our own send QPs
-		// receive nothing): dropped.
+		// receive nothing), or on one of the peer's QPs other than
+		// those its vconn sends on: dropped.
 		p.reject(RejectPeer)
 		p.reposts = append(p.reposts, slot)
 		return
@@ -144,12 +146,14 @@ func (p *poller) isUD(qpn uint32) bool {
 	return false
 }
 
-// peerOf returns the GID of the peer whose QP qpn received a message.
-func (p *poller) peerOf(qpn uint32) (g verbs.GID) {
+// ingressOf returns the GID of the peer whose QP qpn received a message,
+// and the QP's index in the peer's pool (-1: no peer made it).
+func (p *poller) ingressOf(qpn uint32) (g verbs.GID, index int) {
 	if v, ok := p.e.ingress.Load(qpn); ok {
-		return v.(*Peer).gid
+		in := v.(*ingressQP)
+		return in.peer.gid, in.index
 	}
-	return g
+	return g, -1
 }
 
 // onData delivers a whole message or adds a chunk to the one being

@@ -74,7 +74,8 @@ type RejectReason uint8
 
 const (
 	// RejectPeer: the message came from a node other than the vconn's
-	// peer, or on a QP no peer made toward this engine.
+	// peer, on a QP no peer made toward this engine, or on one of the
+	// peer's QPs other than those the peer's vconn sends on.
 	RejectPeer RejectReason = iota
 	// RejectTransport: the message came on a QP its kind never travels
 	// on: control, or an RC vconn's data, as a datagram (control always

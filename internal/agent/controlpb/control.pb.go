@@ -221,7 +221,10 @@ type QPRequest struct {
 	Index uint32 `protobuf:"varint,7,opt,name=index,proto3" json:"index,omitempty"`
 	// epoch names the requester's side of the connection (engine.Peer.Epoch):
 	// a new one means the QPs it had connected are gone.
-	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// pool is the size of the requester's pools (its QPs per peer): its vconn
+	// of vQPN v sends on the QPs of index v mod pool.
+	Pool          uint32 `protobuf:"varint,9,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -308,6 +311,13 @@ func (x *QPRequest) GetIndex() uint32 {
 func (x *QPRequest) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *QPRequest) GetPool() uint32 {
+	if x != nil {
+		return x.Pool
 	}
 	return 0
 }
@@ -573,7 +583,7 @@ const file_control_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x04node\x12\x17\n" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
-	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xac\x01\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xc0\x01\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -582,7 +592,8 @@ const file_control_proto_rawDesc = "" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12\x17\n" +
 	"\aud_qpns\x18\x06 \x03(\rR\x06udQpns\x12\x14\n" +
 	"\x05index\x18\a \x01(\rR\x05index\x12\x14\n" +
-	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\\\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04pool\x18\t \x01(\rR\x04pool\"\\\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
