@@ -29,6 +29,7 @@ func FuzzControl(f *testing.F) {
 	for _, seed := range [][]byte{
 		m(0, &controlpb.IdentityRequest{Caller: caller}),
 		m(1, &controlpb.QPRequest{Gid: gid, Type: 2, Qpn: 0x11, Psn: 5, Mtu: 3}),
+		m(1, &controlpb.QPRequest{Gid: gid, Type: 2, Qpn: 0x13, Psn: 5, Mtu: 3, Index: 1, Pool: 2}),
 		m(1, &controlpb.QPRequest{Gid: gid, Type: 4, Qpn: 0x12, Mtu: 5, UdQpns: []uint32{1, 2, 3}}),
 		m(1, &controlpb.QPRequest{Gid: []byte{1}, Type: 999}),
 		m(2, &controlpb.DialRequest{Caller: caller, Port: 7, Vconn: 0x101}),

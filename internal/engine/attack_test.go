@@ -343,29 +343,37 @@ func testAttacks(t *testing.T, tr Transport) {
 	closeAll(t, a, b, victimA, victimB)
 }
 
-// TestMessagesScopedToQP: a peer's vconn of vQPN v sends on its QPs of
-// index v mod its pool size; the same message on another of the peer's
-// QPs is refused, so a tenant's traffic cannot be injected through a QP
-// that another vconn of the same peer sends on.
-func TestMessagesScopedToQP(t *testing.T) {
+// twoQPPeer is an engine a and a hostile node h at ip, peers, h with a
+// pool of two QPs toward a (in0, in1), and a's vconn to h's vconn of vQPN
+// 7, which sends on in1.
+func twoQPPeer(ctx context.Context, t *testing.T, ip string) (a *Engine, h *hostile, vc *VConn, in0, in1 verbs.QP) {
+	t.Helper()
 	fb := wire.NewFabric(wire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
-	a, _ := testEnginesOn(t, fb, Config{})
-	h := newHostile(t, fb, "10.9.0.68")
+	a, _ = testEnginesOn(t, fb, Config{})
+	h = newHostile(t, fb, ip)
 	hp, err := a.Peer(h.gid, hostileLink{h})
 	if err != nil {
 		t.Fatal(err)
 	}
-	in0, in1 := h.ingress(a, 2, 0), h.ingress(a, 2, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	vc, err := a.NewVConn(ctx, hp, VConnOptions{})
-	if err != nil {
+	in0, in1 = h.ingress(a, 2, 0), h.ingress(a, 2, 1)
+	if vc, err = a.NewVConn(ctx, hp, VConnOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := vc.Connect(vqpn.MakeID(7, 1)); err != nil { // 7 mod 2: index 1
 		t.Fatal(err)
 	}
+	return a, h, vc, in0, in1
+}
+
+// TestMessagesScopedToQP: a peer's vconn of vQPN v sends on its QPs of
+// index v mod its pool size; the same message on another of the peer's
+// QPs is refused, so a tenant's traffic cannot be injected through a QP
+// that another vconn of the same peer sends on.
+func TestMessagesScopedToQP(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, h, vc, in0, in1 := twoQPPeer(ctx, t, "10.9.0.68")
 	data := func(n uint32) header {
 		d := dataHeader(5, n, 0, false)
 		d.flags |= flagFirst | flagLast

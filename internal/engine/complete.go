@@ -94,6 +94,12 @@ func (p *poller) free(slot bufSlot, gather bool) {
 
 func (p *poller) onSend(wc *verbs.WC) {
 	e := p.e
+	if wc.WRID>>32 == 0 {
+		// No vconn's: a memory-window bind, posted on an ingress QP
+		// outside the poller's accounting.
+		e.windowDone(wc)
+		return
+	}
 	p.budget++
 	v, _ := p.sendQPs.Load(wc.QPN)
 	q, _ := v.(*sendQP)

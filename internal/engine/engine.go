@@ -62,6 +62,14 @@ type Engine struct {
 	// durations since it, on the monotonic clock.
 	epoch time.Time
 
+	// windows says the device has type 2 memory windows: exports go
+	// through one bound to the QP their peer vconn's requests arrive on
+	// (region.go bindWindow); winMu guards the binds awaiting completion.
+	windows bool
+	winMu   sync.Mutex
+	winSeq  uint32
+	winWait map[uint64]*windowBind
+
 	// graceMu guards grace: regions of ended vconns, deregistered when
 	// their timer fires (region.go releaseLater) or the engine closes.
 	graceMu sync.Mutex
@@ -99,6 +107,9 @@ func New(cfg Config) (_ *Engine, err error) {
 	}
 	if e.pd, err = e.dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if e.windows = e.dev.Attr().MaxMW > 0; !e.windows {
+		e.log.Info("The device has no type 2 memory windows: an exported region is reachable with its key on any QP of the device")
 	}
 	// Send classes for small messages, control messages and whole chunks,
 	// then the receive buffers, all chunk-sized.

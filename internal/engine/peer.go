@@ -520,6 +520,7 @@ func (p *Peer) destroy() error {
 		errs = append(errs, q.qp.Close())
 	}
 	p.dead = nil
+	p.e.releaseGracedOf(p)
 	for _, qp := range p.ingress {
 		errs = append(errs, qp.Close())
 	}
@@ -599,6 +600,7 @@ func (p *Peer) retire() {
 			_ = q.qp.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.QPAttrState)
 		}
 	}
+	p.e.releaseGracedOf(p)
 	for _, qp := range p.ingress {
 		p.e.ingress.Delete(qp.QPN())
 		_ = qp.Close()

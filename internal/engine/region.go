@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
 // Access says what a peer may do to an exported region.
@@ -36,6 +39,8 @@ type Region struct {
 	vc     *VConn
 	id     uint32
 	mr     verbs.MR
+	mw     verbs.MW // the window the peer reaches mr through; nil without windows
+	peer   *Peer    // the peer mw's QP belongs to
 	access Access
 	once   sync.Once
 
@@ -105,20 +110,28 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access) (*Region, 
 		return nil, fmt.Errorf("engine: export on vconn %v: %w", vc.id, vc.stateErr())
 	}
 	va := verbs.AccessLocalWrite
-	if access&AccessRead != 0 {
-		va |= verbs.AccessRemoteRead
-	}
-	if access&AccessWrite != 0 {
-		va |= verbs.AccessRemoteWrite
+	if vc.e.windows {
+		// The MR grants nothing remotely: its key is no use to anyone.
+		va |= verbs.AccessMWBind
+	} else {
+		va |= remoteAccess(access)
 	}
 	mr, err := vc.e.pd.RegMR(size, va)
 	if err != nil {
 		return nil, fmt.Errorf("engine: export on vconn %v: %w", vc.id, err)
 	}
+	addr, rkey := mr.Addr(), mr.RKey()
+	var mw verbs.MW
+	if vc.e.windows {
+		if mw, rkey, err = vc.bindWindow(ctx, mr, access); err != nil {
+			return nil, errors.Join(err, mr.Close())
+		}
+		addr = 0 // zero-based: the peer learns nothing of our address space
+	}
 	rg := vc.rg()
 	rg.mu.Lock()
 	rg.next++
-	r := &Region{vc: vc, id: rg.next, mr: mr, access: access}
+	r := &Region{vc: vc, id: rg.next, mr: mr, mw: mw, peer: vc.peer, access: access}
 	if rg.exports == nil {
 		rg.exports = make(map[uint32]*Region)
 	}
@@ -126,17 +139,123 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access) (*Region, 
 	rg.mu.Unlock()
 
 	var ad [regionAdLen]byte
-	binary.BigEndian.PutUint64(ad[0:], mr.Addr())
-	binary.BigEndian.PutUint32(ad[8:], mr.RKey())
+	binary.BigEndian.PutUint64(ad[0:], addr)
+	binary.BigEndian.PutUint32(ad[8:], rkey)
 	binary.BigEndian.PutUint64(ad[12:], uint64(size))
 	ad[20] = byte(access)
 	if err := vc.sendControl(ctx, msgExport, r.id, ad[:]); err != nil {
 		rg.mu.Lock()
 		delete(rg.exports, r.id)
 		rg.mu.Unlock()
-		return nil, errors.Join(err, mr.Close())
+		return nil, errors.Join(err, r.release())
 	}
 	return r, nil
+}
+
+// remoteAccess is the verbs access that grants a peer a.
+func remoteAccess(a Access) verbs.Access {
+	var va verbs.Access
+	if a&AccessRead != 0 {
+		va |= verbs.AccessRemoteRead
+	}
+	if a&AccessWrite != 0 {
+		va |= verbs.AccessRemoteWrite
+	}
+	return va
+}
+
+// windowBind is a bind awaiting its completion.
+type windowBind struct {
+	done chan error
+	mw   verbs.MW // closed on completion if the binder gave up waiting
+	gone bool     // guarded by Engine.winMu: the binder gave up
+}
+
+// bindWindow allocates a type 2 memory window on mr, zero-based, with a
+// fresh random key, and binds it on the RC QP that the peer vconn's
+// requests arrive on: the NIC then refuses the window's key on any other
+// QP, so of all the peer's vconns, and all other nodes, only the one
+// sharing that QP could use it, and only if the engine there let it (the
+// export reaches only this vconn's peer). It waits for the bind to
+// complete, so the peer never uses the key before it is valid.
+func (vc *VConn) bindWindow(ctx context.Context, mr verbs.MR, access Access) (verbs.MW, uint32, error) {
+	e := vc.e
+	n := len(mr.Bytes())
+	if uint64(n) > math.MaxUint32 {
+		return nil, 0, fmt.Errorf("engine: export of %d bytes on vconn %v: a window covers at most 4 GiB: %w", n, vc.id, verbs.ErrInvalid)
+	}
+	qp := vc.peer.ingressQP(verbs.QPTypeRC, vqpn.ID(vc.remote.Load()))
+	if qp == nil {
+		return nil, 0, fmt.Errorf("engine: export on vconn %v: the peer has no QP toward us for it: %w", vc.id, ErrNotOpen)
+	}
+	mw, err := e.pd.AllocMW()
+	if err != nil {
+		return nil, 0, fmt.Errorf("engine: export on vconn %v: %w", vc.id, err)
+	}
+	key := byte(rand.Uint32())
+	if key == byte(mw.RKey()) {
+		key++ // a bind must change the key
+	}
+	rkey := mw.RKey()&^0xff | uint32(key)
+	w := &windowBind{done: make(chan error, 1), mw: mw}
+	e.winMu.Lock()
+	e.winSeq++
+	if e.winSeq == 0 {
+		e.winSeq = 1
+	}
+	wrid := uint64(e.winSeq) // vconn ID 0: no vconn's (poller.onSend)
+	if e.winWait == nil {
+		e.winWait = make(map[uint64]*windowBind)
+	}
+	e.winWait[wrid] = w
+	e.winMu.Unlock()
+	wr := verbs.SendWR{
+		WRID: wrid, Opcode: verbs.WRBindMW, Flags: verbs.SendSignaled,
+		MW: mw.Handle(), RKey: rkey, MWAccess: verbs.AccessZeroBased | remoteAccess(access),
+		NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{{Addr: mr.Addr(), Length: uint32(n), LKey: mr.LKey()}},
+	}
+	if _, err := qp.PostSend([]verbs.SendWR{wr}); err != nil {
+		e.winMu.Lock()
+		delete(e.winWait, wrid)
+		e.winMu.Unlock()
+		return nil, 0, errors.Join(fmt.Errorf("engine: export on vconn %v: bind: %w", vc.id, err), mw.Close())
+	}
+	select {
+	case err := <-w.done:
+		if err != nil {
+			return nil, 0, errors.Join(fmt.Errorf("engine: export on vconn %v: bind: %w", vc.id, err), mw.Close())
+		}
+		return mw, rkey, nil
+	case <-ctx.Done():
+		e.winMu.Lock()
+		_, waiting := e.winWait[wrid]
+		w.gone = waiting
+		e.winMu.Unlock()
+		if !waiting { // completed meanwhile
+			if err := <-w.done; err == nil {
+				return mw, rkey, nil
+			}
+			_ = mw.Close()
+		}
+		return nil, 0, fmt.Errorf("engine: export on vconn %v: bind: %w", vc.id, ctx.Err())
+	}
+}
+
+// windowDone hands a bind's completion to its waiter, or closes the
+// window of one whose waiter gave up.
+func (e *Engine) windowDone(wc *verbs.WC) {
+	e.winMu.Lock()
+	w := e.winWait[wc.WRID]
+	delete(e.winWait, wc.WRID)
+	gone := w != nil && w.gone
+	e.winMu.Unlock()
+	switch {
+	case w == nil:
+	case gone:
+		_ = w.mw.Close()
+	default:
+		w.done <- wc.Err()
+	}
 }
 
 // ID names the region to the peer.
@@ -178,7 +297,8 @@ func (r *Region) copyAt(p []byte, off int64, write bool) (int, error) {
 	return copy(p, b[off:]), nil
 }
 
-// release deregisters the memory once no ReadAt or WriteAt is inside it.
+// release deregisters the memory once no ReadAt or WriteAt is inside it,
+// after closing its window, which invalidates the peer's key.
 func (r *Region) release() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -186,7 +306,11 @@ func (r *Region) release() error {
 		return nil
 	}
 	r.gone = true
-	return r.mr.Close()
+	var err error
+	if r.mw != nil {
+		err = r.mw.Close()
+	}
+	return errors.Join(err, r.mr.Close())
 }
 
 // Close withdraws the export. The memory is deregistered once the peer has
@@ -337,6 +461,22 @@ func (e *Engine) releaseLater(r *Region) {
 			_ = r.release()
 		}
 	})
+}
+
+// releaseGracedOf deregisters now the regions of p's vconns still in their
+// grace period: p's QPs are about to go, and with them any use of the
+// regions' windows (a window should not outlive its QP: a NIC's may hold
+// the QP's destruction back).
+func (e *Engine) releaseGracedOf(p *Peer) {
+	e.graceMu.Lock()
+	defer e.graceMu.Unlock()
+	for r, t := range e.grace {
+		if r.peer == p {
+			t.Stop()
+			delete(e.grace, r)
+			_ = r.release()
+		}
+	}
 }
 
 // releaseGraced deregisters every region still in its grace period.
