@@ -310,11 +310,10 @@ func (r *remote) observe(inc uint64) {
 	old := r.incarnation
 	r.incarnation = inc
 	r.mu.Unlock()
-	if old == 0 && r.conn != nil {
-		// The peer is up: the heartbeat need not wait out gRPC's
-		// backoff from the attempts made while it was starting.
-		r.conn.ResetConnectBackoff()
-	}
+	// (gRPC's backoff is capped at a second (dial), so the heartbeat does
+	// not wait long once the peer is up. ResetConnectBackoff would cut
+	// that, but in grpc-go 1.85 it ranges over the connection's subchannel
+	// map outside its lock, racing a dial that adds one: grpc-go#9155.)
 	if old != 0 && old != inc {
 		r.fail(errRestarted)
 	}
