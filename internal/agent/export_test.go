@@ -11,3 +11,16 @@ func (a *Agent) Remotes() int {
 	defer a.mu.Unlock()
 	return len(a.remotes)
 }
+
+// QueuedBytes reports allocation id's queued bytes (limits.queuedBytes),
+// received and sent; ok is false if there is no such allocation.
+func (a *Agent) QueuedBytes(id string) (rx, tx int64, ok bool) {
+	a.mu.Lock()
+	al := a.allocs[id]
+	a.mu.Unlock()
+	if al == nil {
+		return 0, 0, false
+	}
+	rx, tx = al.queued()
+	return rx, tx, true
+}

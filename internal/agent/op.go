@@ -12,12 +12,15 @@ import (
 func (h *vconnHandle) work() {
 	defer h.s.wg.Done()
 	defer h.dropRegions()
+	defer h.workerDone()
 	for {
 		select {
 		case <-h.ctx.Done():
 			return
 		case o := <-h.ops:
-			if err := h.do(o.f); err != nil {
+			err := h.do(o.f)
+			h.doneOp(o)
+			if err != nil {
 				if h.ctx.Err() != nil {
 					return
 				}

@@ -143,10 +143,18 @@ func (s *session) dispatch(f frame.Frame) bool {
 		if h == nil {
 			return s.reply(f.Req, f.Handle, frame.CodeNoHandle, fmt.Sprintf("%v: no such vconn", f.Op)) == nil
 		}
-		f.Payload = append([]byte(nil), f.Payload...)
+		// A payload past the allocation's limits.queuedBytes fails
+		// with the limit code, as one past the window with its own.
+		o := op{f: f}
+		var err error
+		if o.claimed, err = h.claimOp(f); err != nil {
+			return s.reply(f.Req, f.Handle, frame.CodeLimit, err.Error()) == nil
+		}
+		o.f.Payload = append([]byte(nil), f.Payload...)
 		select {
-		case h.ops <- op{f: f}:
+		case h.ops <- o:
 		default:
+			h.doneOp(o)
 			return s.reply(f.Req, f.Handle, frame.CodeWindow, fmt.Sprintf("more than %d operations outstanding", SendWindow)) == nil
 		}
 	default:

@@ -275,8 +275,16 @@ func (x *shmVConn) serveRX() {
 		if m.HasImm {
 			flags = shm.FlagImm
 		}
+		// Past the allocation's limits.queuedBytes the message waits
+		// here unreleased, as in the socket's pump.
+		n := int64(len(m.Data))
+		if err := h.s.al.claimRx(h.ctx, n); err != nil {
+			m.Release()
+			return
+		}
 		ok := x.push(m.Data, m.Imm, flags)
 		m.Release()
+		h.s.al.releaseRx(n)
 		if !ok {
 			return
 		}

@@ -27,10 +27,65 @@ type vconnHandle struct {
 	granted chan struct{} // signalled when window grows
 
 	regions map[uint32]*engine.Region // worker-owned
+
+	qmu      sync.Mutex
+	txQueued int64 // payload bytes of ops claimed against the allocation (claimTx); guarded by qmu
+	workDone bool  // the worker returned and gave txQueued back; guarded by qmu
+	// txRefused: an op met limits.queuedBytes; every later op with a
+	// payload is refused too (guarded by qmu). The client pipelines its
+	// sends and takes the first error as the end of the vconn's send
+	// side: refusing only the one would leave a hole in the stream, the
+	// sends after it, made before the client learned, carried on.
+	txRefused error
 }
 
 type op struct {
-	f frame.Frame // Payload owned by the op
+	f       frame.Frame // Payload owned by the op
+	claimed int64       // bytes of the allocation's limits.queuedBytes the op holds
+}
+
+// claimOp counts an op's payload against the allocation (claimTx) until
+// doneOp; once the worker returned, nothing is claimed (the op will not
+// run).
+func (h *vconnHandle) claimOp(f frame.Frame) (int64, error) {
+	n := int64(len(f.Payload))
+	h.qmu.Lock()
+	defer h.qmu.Unlock()
+	if h.workDone || n == 0 {
+		return 0, nil
+	}
+	if h.txRefused != nil {
+		return 0, h.txRefused
+	}
+	if err := h.s.al.claimTx(f.Op, n); err != nil {
+		h.txRefused = err
+		return 0, err
+	}
+	h.txQueued += n
+	return n, nil
+}
+
+// doneOp gives back an op's claim: it ran, or was never queued.
+func (h *vconnHandle) doneOp(o op) {
+	if o.claimed == 0 {
+		return
+	}
+	h.qmu.Lock()
+	defer h.qmu.Unlock()
+	if h.workDone {
+		return // given back with the rest
+	}
+	h.txQueued -= o.claimed
+	h.s.al.releaseTx(o.claimed)
+}
+
+// workerDone gives back the claims of the ops the worker will not run.
+func (h *vconnHandle) workerDone() {
+	h.qmu.Lock()
+	defer h.qmu.Unlock()
+	h.workDone = true
+	h.s.al.releaseTx(h.txQueued)
+	h.txQueued = 0
 }
 
 // add registers a vconn and starts its worker and pump; nil if the
@@ -87,7 +142,8 @@ func (h *vconnHandle) grant(n int) {
 
 // pump delivers messages while the client has window: the agent reads
 // from the engine only then, so an application that does not read holds
-// its vconn's engine credits, not agent memory.
+// its vconn's engine credits, not agent memory. The message it holds
+// counts against the allocation's limits.queuedBytes (claimRx).
 func (h *vconnHandle) pump() {
 	defer h.s.wg.Done()
 	s := h.s
@@ -130,8 +186,16 @@ func (h *vconnHandle) pump() {
 			h.vc.Abort()
 			return
 		}
+		// Past the allocation's limits.queuedBytes the message waits
+		// here unreleased: its credit holds the peer back.
+		n := int64(len(m.Data))
+		if err := s.al.claimRx(h.ctx, n); err != nil {
+			m.Release() // the vconn ended
+			return
+		}
 		werr := s.write(&f)
 		m.Release()
+		s.al.releaseRx(n)
 		if werr != nil {
 			return
 		}

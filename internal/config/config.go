@@ -153,6 +153,15 @@ type Limits struct {
 	Regions int `json:"regions"`
 	// RegionBytes: memory those regions register, in bytes.
 	RegionBytes int64 `json:"regionBytes"`
+	// QueuedBytes: message bytes the agent holds in its own memory for
+	// the allocation, in each direction: received messages taken from
+	// the engine and not yet handed to the pod (over its socket or a
+	// shared-memory ring), and payloads the pod sent that wait for the
+	// engine. A received message that does not fit waits in the engine,
+	// holding its receive credit, so the peer's sender stops; a send that
+	// does not fit fails with the limit code, and so do the later sends
+	// of its vconn.
+	QueuedBytes int64 `json:"queuedBytes"`
 }
 
 // Default limits, and the largest allowed.
@@ -161,10 +170,24 @@ const (
 	DefaultListeners   = 256
 	DefaultRegions     = 1024
 	DefaultRegionBytes = 1 << 30
+	// DefaultQueuedBytes: 64 MiB a direction. A vconn holds at most one
+	// received message (of at most 64 KiB, the pod protocol's largest
+	// payload) on its way to the pod, and the pod's send window (16
+	// operations of at most 64 KiB) on the way out: 64 MiB lets the
+	// default vconnsPerNode (1024) all receive at once, and 64 vconns
+	// stream at full window at once, while a pod whose peer or
+	// application stalls holds at most this much of the agent's memory.
+	DefaultQueuedBytes = 64 << 20
 	MaxSessions        = 4096
 	MaxListeners       = 65535
 	MaxRegions         = 1 << 20
 	MaxRegionBytes     = 64 << 30
+	// MinQueuedBytes is the largest message the agent hands to a pod or
+	// takes from it (frame.MaxPayload): a smaller limit would refuse it.
+	MinQueuedBytes = 64 << 10
+	// MaxQueuedBytes: the most one allocation may hold; past 16 GiB the
+	// limit no longer protects a node's memory.
+	MaxQueuedBytes = 16 << 30
 )
 
 // TLSConfig names the agent's node certificate, its key and the cluster's
@@ -249,7 +272,7 @@ func Default() *AgentConfig {
 		ControlPort:     DefaultControlPort,
 		MetricsAddress:  DefaultMetricsAddress,
 		PeerDiscovery:   PeerDiscovery{Mode: DiscoveryKubernetes},
-		Limits:          Limits{Sessions: DefaultSessions, Listeners: DefaultListeners, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes},
+		Limits:          Limits{Sessions: DefaultSessions, Listeners: DefaultListeners, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes, QueuedBytes: DefaultQueuedBytes},
 	}
 }
 

@@ -126,11 +126,23 @@ peerDiscovery:
 		{name: "bad device port", doc: minimal + "device: {port: 256}\n", errs: []string{"device.port"}},
 		{name: "no sessions", doc: minimal + "limits: {sessions: 0}\n", errs: []string{"limits.sessions: must be between 1 and 4096, got 0"}},
 		{name: "too many region bytes", doc: minimal + "limits: {regionBytes: 68719476737}\n", errs: []string{"limits.regionBytes"}},
+		{name: "queued bytes under a message", doc: minimal + "limits: {queuedBytes: 65535}\n", errs: []string{"limits.queuedBytes: must be between 65536 and 17179869184, got 65535"}},
+		{name: "too many queued bytes", doc: minimal + "limits: {queuedBytes: 17179869185}\n", errs: []string{"limits.queuedBytes: must be between 65536 and 17179869184, got 17179869185"}},
+		{name: "no queued bytes", doc: minimal + "limits: {queuedBytes: -1}\n", errs: []string{"limits.queuedBytes: must be between 65536"}},
+		{
+			name: "queued bytes",
+			doc:  minimal + "limits: {queuedBytes: 65536}\n",
+			check: func(t *testing.T, c *AgentConfig) {
+				if c.Limits.QueuedBytes != MinQueuedBytes || c.Limits.RegionBytes != DefaultRegionBytes {
+					t.Errorf("limits %+v: want queuedBytes 65536 and the other defaults", c.Limits)
+				}
+			},
+		},
 		{
 			name: "limits",
 			doc:  minimal + "limits: {listeners: 3}\n",
 			check: func(t *testing.T, c *AgentConfig) {
-				if c.Limits != (Limits{Sessions: DefaultSessions, Listeners: 3, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes}) {
+				if c.Limits != (Limits{Sessions: DefaultSessions, Listeners: 3, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes, QueuedBytes: DefaultQueuedBytes}) {
 					t.Errorf("limits %+v: want listeners 3 and the other defaults", c.Limits)
 				}
 			},

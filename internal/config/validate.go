@@ -147,16 +147,17 @@ func (c *AgentConfig) Validate() error {
 	}
 
 	for _, l := range []struct {
-		name     string
-		v, limit int64
+		name           string
+		v, least, most int64
 	}{
-		{"sessions", int64(c.Limits.Sessions), MaxSessions},
-		{"listeners", int64(c.Limits.Listeners), MaxListeners},
-		{"regions", int64(c.Limits.Regions), MaxRegions},
-		{"regionBytes", c.Limits.RegionBytes, MaxRegionBytes},
+		{"sessions", int64(c.Limits.Sessions), 1, MaxSessions},
+		{"listeners", int64(c.Limits.Listeners), 1, MaxListeners},
+		{"regions", int64(c.Limits.Regions), 1, MaxRegions},
+		{"regionBytes", c.Limits.RegionBytes, 1, MaxRegionBytes},
+		{"queuedBytes", c.Limits.QueuedBytes, MinQueuedBytes, MaxQueuedBytes},
 	} {
-		if l.v < 1 || l.v > l.limit {
-			add(fieldErr("limits."+l.name, "must be between 1 and %d, got %d", l.limit, l.v))
+		if l.v < l.least || l.v > l.most {
+			add(fieldErr("limits."+l.name, "must be between %d and %d, got %d", l.least, l.most, l.v))
 		}
 	}
 
