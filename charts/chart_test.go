@@ -487,8 +487,8 @@ func TestTemplateDefaultService(t *testing.T) {
 		s.BufferPoolSize.String() != "64Mi" || s.ResourceName != "rdmavisor.io/vconn" {
 		t.Errorf("spec %+v: want the values.yaml defaults", s)
 	}
-	if s.NodeSelector != nil || s.Tolerations != nil {
-		t.Errorf("spec %+v: want no node selector and no tolerations", s)
+	if s.NodeSelector != nil || s.Tolerations != nil || s.SocketGroup != nil {
+		t.Errorf("spec %+v: want no node selector, no tolerations and no socket group", s)
 	}
 	if svc.Namespace != "" {
 		t.Errorf("RDMAService is cluster-scoped, rendered in namespace %q", svc.Namespace)
@@ -510,7 +510,8 @@ func TestTemplateDefaultServiceHardware(t *testing.T) {
 		"string:defaultService.nodeSelector.matchLabels.rdmavisor\\.io/rdma=true",
 		"defaultService.tolerations[0].key=rdmavisor.io/rdma",
 		"defaultService.tolerations[0].operator=Exists",
-		"defaultService.agent.resources.limits.memory=1Gi")
+		"defaultService.agent.resources.limits.memory=1Gi",
+		"defaultService.socketGroup=2147483647")
 	var svc v1alpha1.RDMAService
 	find(t, objs, "RDMAService", "fabric", &svc)
 	s := svc.Spec
@@ -526,19 +527,24 @@ func TestTemplateDefaultServiceHardware(t *testing.T) {
 	if s.Agent.Resources == nil || s.Agent.Resources.Limits.Memory().String() != "1Gi" {
 		t.Errorf("agent resources %+v", s.Agent.Resources)
 	}
+	if s.SocketGroup == nil || *s.SocketGroup != v1alpha1.MaxSocketGroup {
+		t.Errorf("socketGroup %v, want %d", s.SocketGroup, v1alpha1.MaxSocketGroup)
+	}
 }
 
 func TestSchemaRejects(t *testing.T) {
 	for name, set := range map[string]string{
-		"pull policy":     "image.pullPolicy=Sometimes",
-		"transport":       "defaultService.transport=tcp",
-		"provider":        "defaultService.device.provider=verbs",
-		"qps per peer":    "defaultService.qpsPerPeer=65",
-		"resource name":   "defaultService.resourceName=vconn",
-		"service name":    "defaultService.name=Default",
-		"replicas":        "operator.replicas=-1",
-		"unknown key":     "imageTag=dev",
-		"soft with names": "defaultService.device.provider=soft,defaultService.device.names={mlx5_0}",
+		"pull policy":      "image.pullPolicy=Sometimes",
+		"transport":        "defaultService.transport=tcp",
+		"provider":         "defaultService.device.provider=verbs",
+		"qps per peer":     "defaultService.qpsPerPeer=65",
+		"resource name":    "defaultService.resourceName=vconn",
+		"service name":     "defaultService.name=Default",
+		"replicas":         "operator.replicas=-1",
+		"unknown key":      "imageTag=dev",
+		"soft with names":  "defaultService.device.provider=soft,defaultService.device.names={mlx5_0}",
+		"socket group":     "defaultService.socketGroup=-1",
+		"socket group big": "defaultService.socketGroup=2147483648",
 	} {
 		t.Run(name, func(t *testing.T) {
 			out, err := runHelm(t, "template", release, chartDir, "--set", set)

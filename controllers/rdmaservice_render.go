@@ -124,6 +124,9 @@ func renderConfig(svc *v1alpha1.RDMAService) (*config.AgentConfig, []byte, error
 	if s.ResourceName != "" {
 		cfg.ResourceName = s.ResourceName
 	}
+	if s.SocketGroup != nil {
+		cfg.SocketGID = int(*s.SocketGroup)
+	}
 	cfg.Pollers = pollersFor(s.Agent.Resources)
 	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryKubernetes}
 	// Agents always authenticate each other: there is no opt-out.

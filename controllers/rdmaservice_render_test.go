@@ -207,3 +207,37 @@ func TestRenderHardened(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderSocketGroup: spec.socketGroup reaches the agents as the
+// configuration file's socketGID, the group of every allocation's socket
+// (the owner stays root); absent, the file leaves both to root.
+func TestRenderSocketGroup(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		group *int64
+		want  int
+	}{
+		{"absent: root", nil, 0},
+		{"root's group", ptr[int64](0), 0},
+		{"a group", ptr[int64](3000), 3000},
+		{"the largest group", ptr[int64](v1alpha1.MaxSocketGroup), v1alpha1.MaxSocketGroup},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"},
+				Spec: v1alpha1.RDMAServiceSpec{Device: v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderSoft}, SocketGroup: tt.group}}
+			_, data, err := renderConfig(svc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What the agent reads: the ConfigMap's file.
+			cm := renderConfigMap(svc, "ns", data)
+			cfg, err := config.Load([]byte(cm.Data[configKey]))
+			if err != nil {
+				t.Fatalf("rendered config does not load: %v", err)
+			}
+			if cfg.SocketGID != tt.want || cfg.SocketUID != 0 {
+				t.Errorf("socketUID %d, socketGID %d; want 0, %d\n%s", cfg.SocketUID, cfg.SocketGID, tt.want, cm.Data[configKey])
+			}
+		})
+	}
+}

@@ -121,7 +121,7 @@ func TestRenderConfig(t *testing.T) {
 			name: "unset fields take the defaults",
 			spec: v1alpha1.RDMAServiceSpec{},
 			check: func(c *config.AgentConfig) bool {
-				return c.Device.Provider == config.ProviderIBVerbs && c.QPsPerPeer == 2
+				return c.Device.Provider == config.ProviderIBVerbs && c.QPsPerPeer == 2 && c.SocketUID == 0 && c.SocketGID == 0
 			},
 		},
 		{
@@ -129,11 +129,12 @@ func TestRenderConfig(t *testing.T) {
 			spec: v1alpha1.RDMAServiceSpec{
 				Device:    v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderIBVerbs, Names: []string{"mlx5_0"}, Vendors: []string{"mellanox"}},
 				Transport: v1alpha1.TransportRC, QPsPerPeer: ptr[int32](3), BufferPoolSize: &q, VConnsPerNode: ptr[int32](10),
-				ResourceName: "example.com/x",
+				ResourceName: "example.com/x", SocketGroup: ptr[int64](2000),
 			},
 			check: func(c *config.AgentConfig) bool {
 				return c.Device.Names[0] == "mlx5_0" && c.Device.Vendors[0] == "mellanox" && c.Transport == config.TransportRC &&
-					c.QPsPerPeer == 3 && c.BufferPoolBytes == 128<<20 && c.VConnsPerNode == 10 && c.ResourceName == "example.com/x"
+					c.QPsPerPeer == 3 && c.BufferPoolBytes == 128<<20 && c.VConnsPerNode == 10 && c.ResourceName == "example.com/x" &&
+					c.SocketGID == 2000 && c.SocketUID == 0
 			},
 		},
 		{

@@ -52,6 +52,9 @@ const (
 	// MaxServiceNameLength keeps the names derived from an RDMAService
 	// ("rdmavisor-agent-" + name) within the 63 characters of a label value.
 	MaxServiceNameLength = 40
+	// MaxSocketGroup is the largest group id a pod's
+	// securityContext.supplementalGroups may hold.
+	MaxSocketGroup = 2147483647
 )
 
 // Condition types of an RDMAService.
@@ -188,6 +191,18 @@ type RDMAServiceSpec struct {
 	// +kubebuilder:validation:MaxItems=32
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// SocketGroup is the group of every allocation's socket, which is mode
+	// 0660 and owned by root: a pod that does not run as root connects to
+	// its allocation's socket only with this group id among its
+	// securityContext.supplementalGroups (a pod running as root connects
+	// anyway). Each pod still sees only its own allocation's socket, which
+	// the device plugin mounts into it. Absent: 0, root's group. A group
+	// id from 0 to 2147483647, as supplementalGroups accepts.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	// +optional
+	SocketGroup *int64 `json:"socketGroup,omitempty"`
 }
 
 // RDMAServiceStatus is what the operator observed, aggregated from the

@@ -70,6 +70,9 @@ func TestSchemaMatchesConstants(t *testing.T) {
 			t.Errorf("buffer pool bound %s = %d bytes, agent config has %d", c.api, q.Value(), c.config)
 		}
 	}
+	if min, max := num(spec["socketGroup"].Minimum), num(spec["socketGroup"].Maximum); min != 0 || max != v1alpha1.MaxSocketGroup {
+		t.Errorf("socketGroup: schema min %v max %v, want 0 %d", min, max, v1alpha1.MaxSocketGroup)
+	}
 	if got := string(spec["resourceName"].Default.Raw); got != `"`+v1alpha1.DefaultResourceName+`"` {
 		t.Errorf("resourceName default %s", got)
 	}

@@ -82,6 +82,8 @@ func TestRDMAServiceValidation(t *testing.T) {
 		}},
 		{name: "buffer pool as a plain integer", mutate: func(s *v1alpha1.RDMAService) { s.Spec.BufferPoolSize = quantity("1048576") }},
 		{name: "resource name of another domain", mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "example.com/rdma-conn" }},
+		{name: "socket group 0", mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](0) }},
+		{name: "largest socket group", mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](v1alpha1.MaxSocketGroup) }},
 		{name: "valid selector expressions", mutate: func(s *v1alpha1.RDMAService) {
 			s.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 				{Key: "a", Operator: metav1.LabelSelectorOpIn, Values: []string{"x"}},
@@ -107,6 +109,16 @@ func TestRDMAServiceValidation(t *testing.T) {
 			name:   "vconnsPerNode too big",
 			mutate: func(s *v1alpha1.RDMAService) { s.Spec.VConnsPerNode = ptr[int32](65537) },
 			want:   []string{"spec.vconnsPerNode", "should be less than or equal to 65536"},
+		},
+		{
+			name:   "negative socket group",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](-1) },
+			want:   []string{"spec.socketGroup", "should be greater than or equal to 0"},
+		},
+		{
+			name:   "socket group past what a pod may have",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](v1alpha1.MaxSocketGroup + 1) },
+			want:   []string{"spec.socketGroup", "should be less than or equal to 2147483647"},
 		},
 		{
 			name:   "unknown transport",
