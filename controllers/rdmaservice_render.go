@@ -248,6 +248,10 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		hostPathVolume("pod-resources", hostPodResourcesDir, corev1.HostPathDirectory),
 		hostPathVolume("cni-bin", hostCNIBinDir, corev1.HostPathDirectoryOrCreate),
 		hostPathVolume("cni-conf", hostCNIConfDir, corev1.HostPathDirectoryOrCreate),
+		// Persistent, unlike the sockets' directory (a tmpfs on most
+		// nodes): the device plugin's key of allocation ids must outlive
+		// reboots, as the kubelet's record of the pods' mounts does.
+		hostPathVolume("state", cfg.StateDir, corev1.HostPathDirectoryOrCreate),
 		corev1ac.Volume().WithName("tls").WithEmptyDir(corev1ac.EmptyDirVolumeSource().
 			WithMedium(corev1.StorageMediumMemory).WithSizeLimit(resource.MustParse("1Mi"))),
 		// The reconciler publishes the ConfigMap before it applies the
@@ -325,6 +329,9 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 			// Pod resources map allocations to pods, so the plugin can
 			// collect the quota of pods that are gone.
 			mount("pod-resources", hostPodResourcesDir, true),
+			// The key that allocation ids derive from (deviceplugin.KeyFile),
+			// made by the plugin on first start; no other container mounts it.
+			mount("state", cfg.StateDir, false),
 		).
 		WithSecurityContext(hardened())
 

@@ -241,3 +241,50 @@ func TestRenderSocketGroup(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderStateDir: the device plugin, and only it, mounts the config's
+// stateDir from the host, writable, at the same path: it keeps there the
+// key its allocation ids derive from, which must survive the pod and the
+// node's reboots (the sockets' directory is usually a tmpfs).
+func TestRenderStateDir(t *testing.T) {
+	svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"},
+		Spec: v1alpha1.RDMAServiceSpec{Device: v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderSoft}}}
+	cfg, data, err := renderConfig(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StateDir != config.DefaultStateDir {
+		t.Fatalf("stateDir %q, want %q", cfg.StateDir, config.DefaultStateDir)
+	}
+	spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil).Spec.Template.Spec
+	var vol string
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil && *v.HostPath.Path == cfg.StateDir {
+			if *v.HostPath.Type != corev1.HostPathDirectoryOrCreate {
+				t.Errorf("stateDir volume type %s, want DirectoryOrCreate", *v.HostPath.Type)
+			}
+			vol = *v.Name
+		}
+	}
+	if vol == "" {
+		t.Fatalf("no hostPath volume of %s", cfg.StateDir)
+	}
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		var got []string
+		for _, m := range c.VolumeMounts {
+			if *m.Name == vol {
+				got = append(got, *m.MountPath)
+				if m.ReadOnly != nil && *m.ReadOnly {
+					t.Errorf("%s mounts %s read-only", *c.Name, vol)
+				}
+			}
+		}
+		want := []string(nil)
+		if *c.Name == "device-plugin" {
+			want = []string{cfg.StateDir}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s mounts the state directory at %v, want %v", *c.Name, got, want)
+		}
+	}
+}

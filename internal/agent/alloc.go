@@ -64,8 +64,10 @@ func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
-	// Ids are predictable (a hash of the pod's devices): the directory
-	// of all allocations may be crossed, not listed, but by root.
+	// The directory of all allocations may be crossed, not listed, but
+	// by root: reaching a socket takes its id, which the device plugin
+	// derives with a key only root on the node knows
+	// (deviceplugin.AllocationID).
 	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}

@@ -70,6 +70,7 @@ const (
 	DefaultResourceName    = "rdmavisor.io/vconn"
 	DefaultSocketDir       = "/var/run/rdmavisor"
 	DefaultAdminSocket     = DefaultSocketDir + "/admin.sock"
+	DefaultStateDir        = "/var/lib/rdmavisor"
 )
 
 // Bounds checked by Validate. They match the RDMAService schema.
@@ -139,6 +140,12 @@ type AgentConfig struct {
 	// TLS authenticates the agent-to-agent control plane. Empty: no
 	// authentication (a test or a lab; the agent says so in its log).
 	TLS TLSConfig `json:"tls,omitempty"`
+
+	// StateDir holds what must outlive the node's processes and reboots
+	// (socketDir is usually on a tmpfs): the device plugin's key of
+	// allocation ids, which a pod's mount names for as long as the pod
+	// lives.
+	StateDir string `json:"stateDir"`
 }
 
 // Limits bound what one allocation may hold of its agent, so that one
@@ -273,6 +280,7 @@ func Default() *AgentConfig {
 		MetricsAddress:  DefaultMetricsAddress,
 		PeerDiscovery:   PeerDiscovery{Mode: DiscoveryKubernetes},
 		Limits:          Limits{Sessions: DefaultSessions, Listeners: DefaultListeners, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes, QueuedBytes: DefaultQueuedBytes},
+		StateDir:        DefaultStateDir,
 	}
 }
 

@@ -130,6 +130,9 @@ func (c *AgentConfig) Validate() error {
 	if !filepath.IsAbs(c.SocketDir) {
 		add(fieldErr("socketDir", "must be an absolute path, got %q", c.SocketDir))
 	}
+	if !filepath.IsAbs(c.StateDir) {
+		add(fieldErr("stateDir", "must be an absolute path, got %q", c.StateDir))
+	}
 	switch {
 	case !filepath.IsAbs(c.AdminSocket):
 		add(fieldErr("adminSocket", "must be an absolute path, got %q", c.AdminSocket))

@@ -99,7 +99,7 @@ func testPlugin(t *testing.T, a Agent, cdi bool) *Plugin {
 	cfg := config.Default()
 	cfg.VConnsPerNode = 4
 	cfg.SocketDir = "/run/rv"
-	p, err := New(Options{Config: cfg, Agent: a, CDI: cdi})
+	p, err := New(Options{Config: cfg, Agent: a, CDI: cdi, Key: &testKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,15 +127,15 @@ func TestAllocate(t *testing.T) {
 		allocs   []string // allocation ids afterwards
 	}{
 		{name: "one device", capacity: 8, req: containers(ids(0)), vconns: []int{1},
-			allocs: []string{AllocationID(ids(0))}},
+			allocs: []string{AllocationID(&testKey, ids(0))}},
 		{name: "several devices", capacity: 8, req: containers(ids(3, 1, 2)), vconns: []int{3},
-			allocs: []string{AllocationID(ids(1, 2, 3))}},
+			allocs: []string{AllocationID(&testKey, ids(1, 2, 3))}},
 		{name: "two containers", capacity: 8, req: containers(ids(0), ids(1, 2)), vconns: []int{1, 2},
-			allocs: slices.Sorted(slices.Values([]string{AllocationID(ids(0)), AllocationID(ids(1, 2))}))},
+			allocs: slices.Sorted(slices.Values([]string{AllocationID(&testKey, ids(0)), AllocationID(&testKey, ids(1, 2))}))},
 		{name: "retried", capacity: 8, before: [][]string{ids(2, 0)}, req: containers(ids(0, 2)), vconns: []int{2},
-			allocs: []string{AllocationID(ids(0, 2))}},
+			allocs: []string{AllocationID(&testKey, ids(0, 2))}},
 		{name: "cdi", capacity: 8, cdi: true, req: containers(ids(0)), vconns: []int{1},
-			allocs: []string{AllocationID(ids(0))}},
+			allocs: []string{AllocationID(&testKey, ids(0))}},
 		{name: "unknown device", capacity: 8, req: containers(ids(0), []string{"vconn-0004"}), code: codes.InvalidArgument},
 		{name: "foreign device", capacity: 8, req: containers([]string{"nvidia0"}), code: codes.InvalidArgument},
 		{name: "more than advertised", capacity: 8, req: containers(ids(0, 1, 2, 3, 0)), code: codes.InvalidArgument},
@@ -177,7 +177,7 @@ func TestAllocate(t *testing.T) {
 				t.Fatalf("%d container responses, want %d", len(rep.ContainerResponses), len(tc.vconns))
 			}
 			for i, cr := range rep.ContainerResponses {
-				id := AllocationID(tc.req.ContainerRequests[i].DevicesIds)
+				id := AllocationID(&testKey, tc.req.ContainerRequests[i].DevicesIds)
 				if got := cr.Envs["RDMAVISOR_VCONNS"]; got != []string{"", "1", "2", "3"}[tc.vconns[i]] {
 					t.Errorf("RDMAVISOR_VCONNS=%q, want %d", got, tc.vconns[i])
 				}

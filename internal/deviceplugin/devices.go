@@ -1,8 +1,6 @@
 package deviceplugin
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -31,17 +29,6 @@ func deviceIndex(id string, n int) (int, bool) {
 		return 0, false
 	}
 	return i, true
-}
-
-// AllocationID is the id of the allocation of a container's devices: the
-// same for the same set of IDs in any order, so a retried Allocate finds
-// the allocation it made, and garbage collection can tell from a pod's
-// devices which allocation is its.
-func AllocationID(deviceIDs []string) string {
-	ids := slices.Clone(deviceIDs)
-	slices.Sort(ids)
-	h := sha256.Sum256([]byte(strings.Join(ids, ",")))
-	return allocPrefix + hex.EncodeToString(h[:10])
 }
 
 // checkDevices validates the device IDs of one container of n advertised

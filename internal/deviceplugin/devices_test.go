@@ -29,21 +29,6 @@ func TestDeviceIndex(t *testing.T) {
 	}
 }
 
-func TestAllocationID(t *testing.T) {
-	a := AllocationID([]string{"vconn-0002", "vconn-0001"})
-	b := AllocationID([]string{"vconn-0001", "vconn-0002"})
-	c := AllocationID([]string{"vconn-0001"})
-	if a != b {
-		t.Errorf("order matters: %s != %s", a, b)
-	}
-	if a == c {
-		t.Errorf("different devices, same id %s", a)
-	}
-	if len(a) > 63 || a[:3] != allocPrefix {
-		t.Errorf("bad id %q", a)
-	}
-}
-
 func TestCheckDevices(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -17,7 +17,9 @@
 // # Allocate
 //
 // Allocate creates, per container, an allocation whose id is derived from
-// the sorted device IDs (AllocationID: "dp-" and a hash), with a quota of
+// the sorted device IDs (AllocationID: "dp-" and an HMAC-SHA256 keyed by
+// the node's secret Key, in <stateDir>/allocation-id.key, made once and
+// kept across restarts and reboots), with a quota of
 // as many vconns as devices. A retried Allocate for the same devices finds
 // the allocation already there and returns the same answer. The container
 // gets the allocation's directory, <socketDir>/alloc/<id> on the host,

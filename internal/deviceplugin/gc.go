@@ -25,7 +25,7 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 	live := make(map[string]int, len(held)) // id -> vconns
 	for _, ids := range held {
 		if checkDevices(ids, p.n) == nil {
-			live[AllocationID(ids)] = len(ids)
+			live[AllocationID(&p.key, ids)] = len(ids)
 		}
 	}
 	als, err := p.opts.Agent.ListAllocations(ctx)

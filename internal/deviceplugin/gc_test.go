@@ -28,17 +28,17 @@ func TestCollect(t *testing.T) {
 	}{
 		{name: "gone pod collected, live and foreign kept",
 			pods:    &fakePods{held: [][]string{live}},
-			before:  []string{AllocationID(live), AllocationID(gone), "other"},
-			deleted: []string{AllocationID(gone)},
-			after:   slices.Sorted(slices.Values([]string{AllocationID(live), "other"}))},
+			before:  []string{AllocationID(&testKey, live), AllocationID(&testKey, gone), "other"},
+			deleted: []string{AllocationID(&testKey, gone)},
+			after:   slices.Sorted(slices.Values([]string{AllocationID(&testKey, live), "other"}))},
 		{name: "pod resources unreachable: nothing deleted",
 			pods:   &fakePods{err: errors.New("connection refused")},
-			before: []string{AllocationID(gone)},
-			after:  []string{AllocationID(gone)},
+			before: []string{AllocationID(&testKey, gone)},
+			after:  []string{AllocationID(&testKey, gone)},
 			err:    true},
 		{name: "lost allocation of a live pod re-created",
 			pods:  &fakePods{held: [][]string{live, {"vconn-9999"}}},
-			after: []string{AllocationID(live)}},
+			after: []string{AllocationID(&testKey, live)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fa := newFakeAgent("/run/rv", 8)

@@ -62,6 +62,9 @@ type Options struct {
 	// RequestTimeout bounds every call to the agent, the kubelet and the
 	// plugin's own socket.
 	RequestTimeout time.Duration
+	// Key derives the allocation ids (AllocationID). Nil: the key in
+	// KeyFile of Config.StateDir, made there if missing (LoadOrCreateKey).
+	Key *Key
 	// CDI adds a CDI device "<resourceName>=<allocation id>" to every
 	// container.
 	CDI bool
@@ -73,6 +76,7 @@ type Options struct {
 // Plugin is the device plugin. Run serves it.
 type Plugin struct {
 	opts    Options
+	key     Key // derives the allocation ids
 	n       int // devices advertised
 	log     logr.Logger
 	health  *health
@@ -135,11 +139,25 @@ func New(o Options) (*Plugin, error) {
 	if o.Log.GetSink() == nil {
 		o.Log = logr.Discard()
 	}
+	var key Key
+	if o.Key != nil {
+		key = *o.Key
+	} else {
+		path := filepath.Join(o.Config.StateDir, KeyFile)
+		k, created, err := LoadOrCreateKey(path)
+		if err != nil {
+			return nil, fmt.Errorf("device plugin: %w", err)
+		}
+		if created {
+			o.Log.Info("Created the node's key of allocation ids", "file", path)
+		}
+		key = k
+	}
 	m, err := newMetrics(o.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, sockBase: base, sock: o.SocketName,
+	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, sockBase: base, sock: o.SocketName,
 		born:    strconv.FormatInt(time.Now().UnixNano(), 36),
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))

@@ -40,7 +40,11 @@ type env struct {
 	reg     *prometheus.Registry
 	reg0    *pluginapi.RegisterRequest // the first registration
 	client  pluginapi.DevicePluginClient
+	key     deviceplugin.Key // the node's key, made before the plugin starts
 }
+
+// id is the allocation id the plugin derives from devs.
+func (e *env) id(devs []string) string { return deviceplugin.AllocationID(&e.key, devs) }
 
 const devices = 8
 
@@ -69,6 +73,11 @@ func setup(t *testing.T, o deviceplugin.Options, before func(*env)) *env {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	e := &env{cl: cl, dir: dir, reg: prometheus.NewRegistry()}
+	// The key a plugin that ran before made: this one reads it.
+	stateDir := filepath.Join(dir, "state")
+	if e.key, _, err = deviceplugin.LoadOrCreateKey(filepath.Join(stateDir, deviceplugin.KeyFile)); err != nil {
+		t.Fatal(err)
+	}
 	e.kubelet = startKubelet(t, dir)
 	e.pods = startPodResources(t, filepath.Join(dir, "pod-resources.sock"))
 	if before != nil {
@@ -76,6 +85,7 @@ func setup(t *testing.T, o deviceplugin.Options, before func(*env)) *env {
 	}
 	cfg := *cl.Nodes[0].Config
 	cfg.VConnsPerNode = devices
+	cfg.StateDir = stateDir
 	o.Config = &cfg
 	o.KubeletDir = dir
 	o.PodResourcesSocket = filepath.Join(dir, "pod-resources.sock")
@@ -242,7 +252,7 @@ func TestAllocateWorks(t *testing.T) {
 				t.Fatal(err)
 			}
 			cr := rep.ContainerResponses[0]
-			id := deviceplugin.AllocationID(devs)
+			id := e.id(devs)
 			if len(cr.Mounts) != 1 {
 				t.Fatalf("mounts %v, want one", cr.Mounts)
 			}
@@ -407,10 +417,11 @@ func TestReregister(t *testing.T) {
 
 func TestGarbageCollection(t *testing.T) {
 	ctx := testCtx(t)
-	stale := deviceplugin.AllocationID(ids(5))
+	var stale string
 	e := setup(t, deviceplugin.Options{GCInterval: 50 * time.Millisecond, GCGrace: time.Millisecond}, func(e *env) {
 		// Left by an earlier plugin whose pod is gone, and one the device
 		// plugin did not make.
+		stale = e.id(ids(5))
 		for _, id := range []string{stale, "other"} {
 			if _, err := e.cl.Nodes[0].Allocate(ctx, id, 1); err != nil {
 				t.Fatal(err)
@@ -436,7 +447,7 @@ func TestGarbageCollection(t *testing.T) {
 	if _, err := e.client.Allocate(ctx, allocReq(podB)); err != nil {
 		t.Fatal(err)
 	}
-	idA, idB := deviceplugin.AllocationID(podA), deviceplugin.AllocationID(podB)
+	idA, idB := e.id(podA), e.id(podB)
 	time.Sleep(300 * time.Millisecond) // several passes
 	have := e.allocations(t)
 	for _, id := range []string{idA, idB, "other"} {
@@ -479,7 +490,7 @@ func TestAgentRestartRecreatesAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.pods.set("a", devs) // the kubelet records the devices after Allocate
-	id := deviceplugin.AllocationID(devs)
+	id := e.id(devs)
 	w := watch(t, e.client)
 	w.waitAll(t, devices, pluginapi.Healthy)
 	if err := e.cl.Nodes[0].Restart(); err != nil {
@@ -530,6 +541,7 @@ func TestLateKubeletAndCleanStop(t *testing.T) {
 	cfg := config.Default()
 	cfg.VConnsPerNode = devices
 	cfg.AdminSocket = filepath.Join(dir, "agent", "admin.sock")
+	cfg.StateDir = filepath.Join(dir, "state")
 	reg := prometheus.NewRegistry()
 	p, err := deviceplugin.New(deviceplugin.Options{Config: cfg, KubeletDir: dir, PodResourcesSocket: pods, Registerer: reg,
 		Agent: readyAgent{}, HealthInterval: 50 * time.Millisecond, RetryInterval: time.Hour})

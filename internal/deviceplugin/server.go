@@ -114,7 +114,7 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	var created []string
 	for _, cr := range crs {
 		ids := cr.GetDevicesIds()
-		id := AllocationID(ids)
+		id := AllocationID(&p.key, ids)
 		isNew, err := p.ensureAllocation(ctx, id, len(ids))
 		if err != nil {
 			if rerr := p.rollback(created); rerr != nil {
