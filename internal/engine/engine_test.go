@@ -246,6 +246,18 @@ func TestOneSided(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Release()
+	// Both providers have type 2 windows: the exports are zero-based
+	// windows, not the MRs' keys.
+	if !b.windows {
+		t.Fatalf("device %s has no memory windows", b.dev.Attr().Name)
+	}
+	rg := va.rg()
+	rg.mu.Lock()
+	ad := rg.remote[r.ID()]
+	rg.mu.Unlock()
+	if ad.addr != 0 || ad.rkey == r.mr.RKey() {
+		t.Fatalf("export %+v: want a zero-based window, not the MR's key %#x", ad, r.mr.RKey())
+	}
 
 	data := bytes.Repeat([]byte("0123456789abcdef"), 3000) // 48000 bytes: three chunks
 	if err := va.Write(ctx, r.ID(), 1000, data); err != nil {
