@@ -65,6 +65,27 @@ func NewAgentClusterRole() *rbacv1.ClusterRole {
 	}
 }
 
+// newPolicy is a policy that fails closed, for the ops on resources of
+// group made by requests that meet match; the caller adds its variables and
+// validations.
+func newPolicy(name, group string, resources []string, match admissionregistrationv1.MatchCondition, ops ...admissionregistrationv1.OperationType) *admissionregistrationv1.ValidatingAdmissionPolicy {
+	fail := admissionregistrationv1.Fail
+	return &admissionregistrationv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: ops,
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{"*"}, Resources: resources},
+				},
+			}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{match},
+		},
+	}
+}
+
 // NewAgentPolicy confines the agents of every RDMAService whose objects live
 // in namespace: a request from an agent's service account may create or
 // update only the RDMANode named after the node its token is bound to (the
@@ -74,46 +95,27 @@ func NewAgentClusterRole() *rbacv1.ClusterRole {
 func NewAgentPolicy(namespace string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
 	prefix := agentUserPrefix(namespace)
 	nodeExtra := fmt.Sprintf("request.userInfo.extra[%q]", nodeNameExtra)
-	fail := admissionregistrationv1.Fail
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: AgentPolicy},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: &fail,
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-					Rule: admissionregistrationv1.Rule{
-						APIGroups:   []string{v1alpha1.GroupVersion.Group},
-						APIVersions: []string{"*"},
-						Resources:   []string{"rdmanodes", "rdmanodes/status"},
-					},
-				},
-			}}},
-			MatchConditions: []admissionregistrationv1.MatchCondition{{
-				Name:       "agent",
-				Expression: fmt.Sprintf("request.userInfo.username.startsWith(%q)", prefix),
-			}},
-			Variables: []admissionregistrationv1.Variable{
-				{Name: "service", Expression: fmt.Sprintf("request.userInfo.username.substring(size(%q))", prefix)},
-				{Name: "nodeName", Expression: fmt.Sprintf("has(request.userInfo.extra) && %q in request.userInfo.extra && size(%s) == 1 ? %s[0] : ''",
-					nodeNameExtra, nodeExtra, nodeExtra)},
-			},
-			Validations: []admissionregistrationv1.Validation{
-				{
-					Expression: "variables.nodeName != '' && object.metadata.name == variables.nodeName",
-					Message:    "an RDMAvisor agent may write only the RDMANode of its own node",
-					MessageExpression: "variables.nodeName == '' ? 'an RDMAvisor agent may write only the RDMANode of its own node, and its token names no node' : " +
-						"'the RDMAvisor agent on node ' + variables.nodeName + ' may write only RDMANode ' + variables.nodeName + ', not ' + object.metadata.name",
-					Reason: new(metav1.StatusReasonForbidden),
-				},
-				{
-					Expression:        "object.spec.serviceName == variables.service",
-					Message:           "the agents of an RDMAService may write only RDMANodes with their service's spec.serviceName",
-					MessageExpression: "'agents of RDMAService ' + variables.service + ' may write only RDMANodes with spec.serviceName ' + variables.service",
-					Reason:            new(metav1.StatusReasonForbidden),
-				},
-			},
+	policy := newPolicy(AgentPolicy, v1alpha1.GroupVersion.Group, []string{"rdmanodes", "rdmanodes/status"},
+		admissionregistrationv1.MatchCondition{Name: "agent", Expression: fmt.Sprintf("request.userInfo.username.startsWith(%q)", prefix)},
+		admissionregistrationv1.Create, admissionregistrationv1.Update)
+	policy.Spec.Variables = []admissionregistrationv1.Variable{
+		{Name: "service", Expression: fmt.Sprintf("request.userInfo.username.substring(size(%q))", prefix)},
+		{Name: "nodeName", Expression: fmt.Sprintf("has(request.userInfo.extra) && %q in request.userInfo.extra && size(%s) == 1 ? %s[0] : ''",
+			nodeNameExtra, nodeExtra, nodeExtra)},
+	}
+	policy.Spec.Validations = []admissionregistrationv1.Validation{
+		{
+			Expression: "variables.nodeName != '' && object.metadata.name == variables.nodeName",
+			Message:    "an RDMAvisor agent may write only the RDMANode of its own node",
+			MessageExpression: "variables.nodeName == '' ? 'an RDMAvisor agent may write only the RDMANode of its own node, and its token names no node' : " +
+				"'the RDMAvisor agent on node ' + variables.nodeName + ' may write only RDMANode ' + variables.nodeName + ', not ' + object.metadata.name",
+			Reason: new(metav1.StatusReasonForbidden),
+		},
+		{
+			Expression:        "object.spec.serviceName == variables.service",
+			Message:           "the agents of an RDMAService may write only RDMANodes with their service's spec.serviceName",
+			MessageExpression: "'agents of RDMAService ' + variables.service + ' may write only RDMANodes with spec.serviceName ' + variables.service",
+			Reason:            new(metav1.StatusReasonForbidden),
 		},
 	}
 	return policy, policyBinding(AgentPolicy)
@@ -127,39 +129,21 @@ func NewAgentPolicy(namespace string) (*admissionregistrationv1.ValidatingAdmiss
 // binding: create and delete cannot be restricted by name.
 func NewOperatorBindingsPolicy(namespace, operatorUser string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
 	prefix := agentObjectPrefix
-	fail := admissionregistrationv1.Fail
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: OperatorBindingsPolicy},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: &fail,
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete},
-					Rule: admissionregistrationv1.Rule{
-						APIGroups:   []string{rbacv1.GroupName},
-						APIVersions: []string{"*"},
-						Resources:   []string{"clusterrolebindings"},
-					},
-				},
-			}}},
-			MatchConditions: []admissionregistrationv1.MatchCondition{{
-				Name:       "operator",
-				Expression: fmt.Sprintf("request.userInfo.username == %q", operatorUser),
-			}},
-			Validations: []admissionregistrationv1.Validation{{
-				// On DELETE object is null: the name is oldObject's.
-				Expression: fmt.Sprintf("request.operation == 'DELETE' ? oldObject.metadata.name.startsWith(%q) : "+
-					"object.metadata.name.startsWith(%q) && object.roleRef.kind == 'ClusterRole' && object.roleRef.name == %q && "+
-					"has(object.subjects) && size(object.subjects) == 1 && object.subjects[0].kind == 'ServiceAccount' && "+
-					"object.subjects[0].namespace == %q && object.subjects[0].name == object.metadata.name",
-					prefix, prefix, AgentClusterRole, namespace),
-				Message: fmt.Sprintf("the RDMAvisor operator may write only ClusterRoleBindings %s<service> of ClusterRole %s to ServiceAccount %s/%s<service>",
-					prefix, AgentClusterRole, namespace, prefix),
-				Reason: new(metav1.StatusReasonForbidden),
-			}},
-		},
-	}
+	policy := newPolicy(OperatorBindingsPolicy, rbacv1.GroupName, []string{"clusterrolebindings"},
+		admissionregistrationv1.MatchCondition{Name: "operator", Expression: fmt.Sprintf("request.userInfo.username == %q", operatorUser)},
+		admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete)
+	policy.Spec.Validations = []admissionregistrationv1.Validation{{
+		// On DELETE object is null: the name is oldObject's.
+		Expression: fmt.Sprintf("request.operation == 'DELETE' ? oldObject.metadata.name.startsWith(%q) : "+
+			"object.metadata.name.startsWith(%q) && object.roleRef.kind == 'ClusterRole' && object.roleRef.name == %q && "+
+			"has(object.subjects) && size(object.subjects) == 1 && object.subjects[0].kind == 'ServiceAccount' && "+
+			"object.subjects[0].namespace == %q && object.subjects[0].name == object.metadata.name",
+			prefix, prefix, AgentClusterRole, namespace),
+		Message: fmt.Sprintf("the RDMAvisor operator may write only ClusterRoleBindings %s<service> of ClusterRole %s to ServiceAccount %s/%s<service>",
+			prefix, AgentClusterRole, namespace, prefix),
+		Reason: new(metav1.StatusReasonForbidden),
+	}}
+
 	return policy, policyBinding(OperatorBindingsPolicy)
 }
 
@@ -172,45 +156,25 @@ func NewOperatorBindingsPolicy(namespace, operatorUser string) (*admissionregist
 // code as root there. A field left as it was passes, so other users may
 // still edit the rest of a service an administrator made.
 func NewServicePolicy(defaultImage string, users, groups []string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
-	fail := admissionregistrationv1.Fail
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: ServicePolicy},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: &fail,
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-					Rule: admissionregistrationv1.Rule{
-						APIGroups:   []string{v1alpha1.GroupVersion.Group},
-						APIVersions: []string{"*"},
-						Resources:   []string{"rdmaservices"},
-					},
-				},
-			}}},
-			MatchConditions: []admissionregistrationv1.MatchCondition{{
-				Name: "not-allowed",
-				Expression: fmt.Sprintf("!(request.userInfo.username in %s || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in %s)))",
-					celList(users), celList(groups)),
-			}},
-			Variables: []admissionregistrationv1.Variable{
-				{Name: "image", Expression: "has(object.spec.agent) && has(object.spec.agent.image) ? object.spec.agent.image : ''"},
-				{Name: "oldImage", Expression: "oldObject != null && has(oldObject.spec.agent) && has(oldObject.spec.agent.image) ? oldObject.spec.agent.image : ''"},
-				{Name: "tolerations", Expression: "has(object.spec.tolerations) ? object.spec.tolerations : []"},
-				{Name: "oldTolerations", Expression: "oldObject != null && has(oldObject.spec.tolerations) ? oldObject.spec.tolerations : []"},
-			},
-			Validations: []admissionregistrationv1.Validation{
-				{
-					Expression: fmt.Sprintf("variables.image == variables.oldImage || variables.image == '' || variables.image == %q", defaultImage),
-					Message:    "spec.agent.image runs as root on every node the RDMAService selects: only the users and groups the rdmavisor chart's rdmaServicePolicy allows may set it",
-					Reason:     new(metav1.StatusReasonForbidden),
-				},
-				{
-					Expression: "variables.tolerations == variables.oldTolerations",
-					Message:    "spec.tolerations put a root agent onto tainted nodes: only the users and groups the rdmavisor chart's rdmaServicePolicy allows may set them",
-					Reason:     new(metav1.StatusReasonForbidden),
-				},
-			},
+	policy := newPolicy(ServicePolicy, v1alpha1.GroupVersion.Group, []string{"rdmaservices"},
+		admissionregistrationv1.MatchCondition{Name: "not-allowed", Expression: fmt.Sprintf("!(request.userInfo.username in %s || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in %s)))", celList(users), celList(groups))},
+		admissionregistrationv1.Create, admissionregistrationv1.Update)
+	policy.Spec.Variables = []admissionregistrationv1.Variable{
+		{Name: "image", Expression: "has(object.spec.agent) && has(object.spec.agent.image) ? object.spec.agent.image : ''"},
+		{Name: "oldImage", Expression: "oldObject != null && has(oldObject.spec.agent) && has(oldObject.spec.agent.image) ? oldObject.spec.agent.image : ''"},
+		{Name: "tolerations", Expression: "has(object.spec.tolerations) ? object.spec.tolerations : []"},
+		{Name: "oldTolerations", Expression: "oldObject != null && has(oldObject.spec.tolerations) ? oldObject.spec.tolerations : []"},
+	}
+	policy.Spec.Validations = []admissionregistrationv1.Validation{
+		{
+			Expression: fmt.Sprintf("variables.image == variables.oldImage || variables.image == '' || variables.image == %q", defaultImage),
+			Message:    "spec.agent.image runs as root on every node the RDMAService selects: only the users and groups the rdmavisor chart's rdmaServicePolicy allows may set it",
+			Reason:     new(metav1.StatusReasonForbidden),
+		},
+		{
+			Expression: "variables.tolerations == variables.oldTolerations",
+			Message:    "spec.tolerations put a root agent onto tainted nodes: only the users and groups the rdmavisor chart's rdmaServicePolicy allows may set them",
+			Reason:     new(metav1.StatusReasonForbidden),
 		},
 	}
 	return policy, policyBinding(ServicePolicy)
