@@ -139,23 +139,29 @@ func TestAdmin(t *testing.T) {
 	}
 }
 
-// TestHealth checks /healthz and /readyz.
-func TestHealth(t *testing.T) {
-	// agenttest serves health on an ephemeral port it does not expose:
-	// start one agent by hand.
+// standaloneAgent starts an agent on the soft provider at ip, with its
+// metrics (and health) served on ml.
+func standaloneAgent(t *testing.T, node, ip string) (*agent.Agent, net.Listener) {
+	t.Helper()
 	dir := t.TempDir()
-	pc, err := net.ListenPacket("udp", "127.0.0.4:0")
+	pc, err := net.ListenPacket("udp", ip+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := pc.LocalAddr().(*net.UDPAddr).Port
 	_ = pc.Close()
-	ctl, _ := net.Listen("tcp", "127.0.0.4:0")
-	ml, _ := net.Listen("tcp", "127.0.0.4:0")
+	ctl, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := config.Default()
-	cfg.NodeName = "node-c"
+	cfg.NodeName = node
 	cfg.Device.Provider = config.ProviderSoft
-	cfg.Soft.BindAddress = "127.0.0.4"
+	cfg.Soft.BindAddress = ip
 	cfg.Soft.UDPPort = port
 	cfg.SocketDir = dir
 	cfg.AdminSocket = dir + "/admin.sock"
@@ -164,6 +170,14 @@ func TestHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a, ml
+}
+
+// TestHealth checks /healthz and /readyz.
+func TestHealth(t *testing.T) {
+	// agenttest serves health on an ephemeral port it does not expose:
+	// start one agent by hand.
+	a, ml := standaloneAgent(t, "node-c", "127.0.0.4")
 	defer a.Close()
 	for _, p := range []string{"/healthz", "/readyz"} {
 		resp, err := httpGet("http://" + ml.Addr().String() + p)

@@ -3,7 +3,6 @@ package agent_test
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"sort"
 	"strings"
@@ -14,10 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
-	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 )
 
@@ -166,27 +163,7 @@ func TestMetrics(t *testing.T) {
 // TestMetricsEndpoint: the agent serves its metrics, with the Go runtime's,
 // on the metrics address next to /healthz.
 func TestMetricsEndpoint(t *testing.T) {
-	dir := t.TempDir()
-	pc, err := net.ListenPacket("udp", "127.0.0.5:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	_ = pc.Close()
-	ctl, _ := net.Listen("tcp", "127.0.0.5:0")
-	ml, _ := net.Listen("tcp", "127.0.0.5:0")
-	cfg := config.Default()
-	cfg.NodeName = "node-m"
-	cfg.Device.Provider = config.ProviderSoft
-	cfg.Soft.BindAddress = "127.0.0.5"
-	cfg.Soft.UDPPort = port
-	cfg.SocketDir = dir
-	cfg.AdminSocket = dir + "/admin.sock"
-	cfg.PeerDiscovery.Mode = config.DiscoveryStatic
-	a, err := agent.New(agent.Options{Config: cfg, OpenDevice: device.Open, ControlListener: ctl, MetricsListener: ml})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, ml := standaloneAgent(t, "node-m", "127.0.0.5")
 	defer a.Close()
 	hc := &http.Client{Timeout: 5 * time.Second}
 	resp, err := hc.Get("http://" + ml.Addr().String() + "/metrics")
