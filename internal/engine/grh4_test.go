@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -16,69 +15,31 @@ import (
 // roce4Device writes a UD receive's GRH space as the kernel does for RoCE
 // v2 over IPv4 (rxe and mlx5 alike): 20 bytes of zeros, then the packet's
 // IPv4 header. The soft provider now writes that layout itself; the
-// wrapper keeps the test independent of it. The engine it serves is set once New returns; the CQ rewrites the receive
-// buffers in its pool.
-type roce4Device struct {
-	verbs.Device
-	e *atomic.Pointer[Engine]
-}
-
-type roce4CQ struct {
-	verbs.CQ
-	e *atomic.Pointer[Engine]
-}
-
-type roce4PD struct{ verbs.PD }
-
-func (d roce4Device) CreateCQ(n int) (verbs.CQ, error) {
-	cq, err := d.Device.CreateCQ(n)
-	if err != nil {
-		return nil, err
-	}
-	return roce4CQ{cq, d.e}, nil
-}
-
-func (d roce4Device) AllocPD() (verbs.PD, error) {
-	pd, err := d.Device.AllocPD()
-	if err != nil {
-		return nil, err
-	}
-	return roce4PD{pd}, nil
-}
-
-func (pd roce4PD) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
-	a := *attr
-	for _, cq := range []*verbs.CQ{&a.SendCQ, &a.RecvCQ} {
-		if c, ok := (*cq).(roce4CQ); ok {
-			*cq = c.CQ
+// wrapper keeps the test independent of it. The engine it serves is set
+// once New returns; the hook rewrites the receive buffers in its pool.
+func roce4Device(d verbs.Device, ep *atomic.Pointer[Engine]) verbs.Device {
+	return hookDevice{d, func(wcs []verbs.WC) {
+		e := ep.Load()
+		for i := range wcs {
+			wc := &wcs[i]
+			if e == nil || wc.Opcode != verbs.WCRecv || wc.Status != verbs.WCSuccess || wc.Flags&verbs.WCWithGRH == 0 {
+				continue
+			}
+			b := e.pool.bytes(recvSlot(wc.WRID))
+			if b[0] != 0x60 { // not a UD receive: RC and UC put no GRH in the buffer
+				continue
+			}
+			src := [4]byte(verbs.GID(b[8:24]).Addr().As4())
+			dst := [4]byte(verbs.GID(b[24:40]).Addr().As4())
+			clear(b[:verbs.GRHSize])
+			ip := b[20:40]
+			ip[0] = 0x45 // IPv4, 20-byte header
+			ip[8] = 64   // TTL
+			ip[9] = 17   // UDP
+			copy(ip[12:16], src[:])
+			copy(ip[16:20], dst[:])
 		}
-	}
-	return pd.PD.CreateQP(&a)
-}
-
-func (c roce4CQ) Poll(wcs []verbs.WC) int {
-	n := c.CQ.Poll(wcs)
-	e := c.e.Load()
-	for i := range wcs[:n] {
-		wc := &wcs[i]
-		if e == nil || wc.Opcode != verbs.WCRecv || wc.Status != verbs.WCSuccess || wc.Flags&verbs.WCWithGRH == 0 {
-			continue
-		}
-		b := e.pool.bytes(recvSlot(wc.WRID))
-		if b[0] != 0x60 { // not a UD receive: RC and UC put no GRH in the buffer
-			continue
-		}
-		src := [4]byte(verbs.GID(b[8:24]).Addr().As4())
-		dst := [4]byte(verbs.GID(b[24:40]).Addr().As4())
-		clear(b[:verbs.GRHSize])
-		ip := b[20:40]
-		ip[0] = 0x45 // IPv4, 20-byte header
-		ip[8] = 64   // TTL
-		ip[9] = 17   // UDP
-		copy(ip[12:16], src[:])
-		copy(ip[16:20], dst[:])
-	}
-	return n
+	}}
 }
 
 // A datagram over RoCE v2 on IPv4 carries the IPv4 header, not a GRH, in
@@ -95,7 +56,7 @@ func TestUDOverIPv4RoCE(t *testing.T) {
 			k := 0
 			a, b := testEnginesOn(t, fb, Config{}, func(d verbs.Device) verbs.Device {
 				k++
-				return roce4Device{d, ptrs[k-1]}
+				return roce4Device(d, ptrs[k-1])
 			})
 			pa.Store(a)
 			pb.Store(b)
@@ -105,20 +66,7 @@ func TestUDOverIPv4RoCE(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i := range 20 {
-				want := []byte(fmt.Sprintf("datagram %d over %v", i, tr))
-				if err := va.Send(ctx, want); err != nil {
-					t.Fatal(err)
-				}
-				m, err := vb.Recv(ctx)
-				if err != nil {
-					t.Fatalf("message %d: %v", i, err)
-				}
-				if !bytes.Equal(m.Data, want) {
-					t.Fatalf("message %d: got %q, want %q", i, m.Data, want)
-				}
-				m.Release()
-			}
+			exchange(ctx, t, va, vb, 20, func(i int) []byte { return []byte(fmt.Sprintf("datagram %d over %v", i, tr)) })
 		})
 	}
 }
