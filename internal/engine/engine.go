@@ -58,6 +58,20 @@ type Engine struct {
 	// of the SRQ's receive buffers (0) and of the datagram SRQ's (1).
 	windowBudget [2]atomic.Int64
 
+	// held counts, per SRQ (0: the RC QPs', 1: the datagram one's), the
+	// receive buffers that messages queued for the application keep
+	// until released; past half an SRQ, queued messages are copied out
+	// of their buffers instead (recv.go, pin). Padded off the fields
+	// around it: the pollers and the readers' releases write it.
+	_    [64]byte
+	held [2]atomic.Int64
+	_    [64]byte
+	// bundleHeld[i] says the datagram buffer of index i, a bundle's
+	// (shared by its messages), counts in held[1]: a bundle's buffer
+	// counts once, whichever of its messages was queued first, until
+	// the last of them is released.
+	bundleHeld []atomic.Bool
+
 	// epoch is when the engine started: times kept in atomics are
 	// durations since it, on the monotonic clock.
 	epoch time.Time
@@ -97,6 +111,7 @@ func New(cfg Config) (_ *Engine, err error) {
 	}
 	e.windowBudget[0].Store(int64(cfg.RecvBuffers / 2))
 	e.windowBudget[1].Store(int64(cfg.DgramBuffers / 2))
+	e.bundleHeld = make([]atomic.Bool, cfg.DgramBuffers)
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.release())
@@ -262,10 +277,19 @@ type Stats struct {
 	Bundled      uint64 // messages sent in bundles (bundle.go)
 	Gathered     uint64 // of those, sent from their own buffers, not copied
 	BuffersInUse []int  // per pool class
+	// RecvBuffersHeld and DgramBuffersHeld are the receive buffers of
+	// the RC QPs' SRQ and of the datagram SRQ that received messages
+	// hold, queued for the application or read and not yet released.
+	// Each stays at or under half its SRQ (plus one per poller, for a
+	// moment): past that, a message is copied out of its buffer, which
+	// goes back to the SRQ at once (RecvCopied).
+	RecvBuffersHeld  int
+	DgramBuffersHeld int
+	RecvCopied       uint64 // messages copied out of their receive buffers so (see above)
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, bundled, gathered atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, bundled, gathered, recvCopied atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -285,6 +309,10 @@ func (e *Engine) Stats() Stats {
 		Bundled:      e.stats.bundled.Load(),
 		Gathered:     e.stats.gathered.Load(),
 		BuffersInUse: e.pool.inUse(),
+
+		RecvBuffersHeld:  int(e.held[0].Load()),
+		DgramBuffersHeld: int(e.held[1].Load()),
+		RecvCopied:       e.stats.recvCopied.Load(),
 	}
 	e.peersMu.Lock()
 	s.Peers = len(e.peers)

@@ -12,6 +12,7 @@ type Message struct {
 	Imm     uint32
 	HasImm  bool
 	shared  bool // slot holds other messages too (a bundle's)
+	held    bool // slot counts in vc.e.held (not shared: see pin)
 	vc      *VConn
 	slot    bufSlot // receive buffer holding Data, or noSlot
 	credits uint32  // credits Release gives back (a bundle's: see dropCredit)
@@ -25,7 +26,9 @@ type Message struct {
 // refuses the rest), has at most the credit window queued, MaxCredits
 // messages (an Auto bundle's, up to maxBundle messages, hold one credit
 // between them). UC and UD datagrams take no credit: one that finds
-// MaxCredits messages queued is dropped, as a datagram may be.
+// MaxCredits messages queued is dropped, as a datagram may be. A queued
+// message keeps its receive buffer only while its SRQ is less than half
+// held (see pin).
 func (vc *VConn) deliver(p *poller, m Message) {
 	if vc.handler != nil {
 		vc.e.stats.msgsReceived.Add(1)
@@ -42,11 +45,14 @@ func (vc *VConn) deliver(p *poller, m Message) {
 	}
 	vc.e.stats.msgsReceived.Add(1)
 	p.st.recv[vc.tr].add(1, len(m.Data))
-	if st := vc.state.Load(); st == stateClosed || st == stateFailed {
+	// Closing too: Close dropped what was queued, and nothing reads
+	// what would come after (it would hold its buffer for good).
+	if st := vc.state.Load(); st == stateClosed || st == stateFailed || st == stateClosing {
 		vc.rxMu.Unlock()
 		m.Release()
 		return
 	}
+	p.pin(&m)
 	if vc.rxN == len(vc.rxq) {
 		grown := make([]Message, max(4, 2*len(vc.rxq)))
 		for i := 0; i < vc.rxN; i++ {
@@ -116,6 +122,73 @@ func (vc *VConn) Recv(ctx context.Context) (Message, error) {
 	}
 }
 
+// pin decides whether m, about to be queued on its vconn, keeps its
+// receive buffer; vc.rxMu is held.
+//
+// A queued message holds its buffer until the application releases it,
+// and the vconns' credit windows together may exceed the SRQ (every
+// vconn starts with Credits, however many there are): readers that never
+// read could take every buffer, and every other vconn's RC traffic would
+// wait on RNR retries. So the buffers queued messages hold are counted
+// per SRQ (e.held), and at half an SRQ a message is copied to memory of
+// its own and its buffer reposted at once. It keeps its receive credit
+// until Release, so the peer is bounded by credits exactly as before;
+// only where the bytes wait changes. Below half nothing is copied or
+// allocated. The count is taken before it is checked (Add, then undo),
+// so it exceeds half by at most one per poller, and only for a moment.
+//
+// A bundle's buffer (shared) counts once, from the first of its
+// messages queued uncopied to the last of them released (bundleHeld); a
+// bundle message copied out drops its reference to the buffer at once,
+// and with it the bundle's credit, unless it was the last reference:
+// then the buffer is reposted and the credit waits for this message's
+// Release, as it would have. (A copied message that is not the last
+// leaves the credit to the buffer: a reader that reads in order has at
+// most the rest of one bundle queued past its credits.)
+//
+// Not counted, as before: the messages Auto holds out of order until a
+// gap fills (bounded by earlyWindow), and those a Handler keeps.
+func (p *poller) pin(m *Message) {
+	if m.slot == noSlot {
+		return
+	}
+	e := p.e
+	i, limit := 0, int64(e.cfg.RecvBuffers/2)
+	if m.slot.class() == e.dgramClass {
+		i, limit = 1, int64(e.cfg.DgramBuffers/2)
+	}
+	if m.shared && e.bundleHeld[m.slot.index()].Load() {
+		return // the bundle's buffer counts already
+	}
+	if e.held[i].Add(1) <= limit {
+		if m.shared {
+			e.bundleHeld[m.slot.index()].Store(true)
+		} else {
+			m.held = true
+		}
+		return
+	}
+	e.held[i].Add(-1)
+	data := make([]byte, len(m.Data))
+	copy(data, m.Data)
+	if !m.shared || e.pool.unshare(m.slot) {
+		e.unholdBundle(m.slot, m.shared)
+		p.reposts = append(p.reposts, m.slot)
+	} else {
+		m.credits = 0 // the bundle's, returned with its buffer
+	}
+	m.Data, m.slot, m.shared = data, noSlot, false
+	e.stats.recvCopied.Add(1)
+}
+
+// unholdBundle stops counting a bundle's buffer (shared) as held, once
+// the last of its messages let it go.
+func (e *Engine) unholdBundle(slot bufSlot, shared bool) {
+	if shared && e.bundleHeld[slot.index()].Swap(false) {
+		e.held[1].Add(-1)
+	}
+}
+
 // Release returns the message's buffer and its receive credits.
 func (m Message) Release() {
 	vc := m.vc
@@ -123,8 +196,16 @@ func (m Message) Release() {
 		return
 	}
 	e := vc.e
+	if m.held {
+		if m.slot.class() == e.dgramClass {
+			e.held[1].Add(-1)
+		} else {
+			e.held[0].Add(-1)
+		}
+	}
 	if m.slot == noSlot || !m.shared || e.pool.unshare(m.slot) {
 		if m.slot != noSlot {
+			e.unholdBundle(m.slot, m.shared)
 			e.pollers[0].repostRecv(m.slot)
 		}
 		// A bundle's credit comes back with its buffer, after the last
