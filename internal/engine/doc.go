@@ -19,7 +19,9 @@
 // completion for a closed vconn whose vQPN was reused is dropped and
 // counted, never delivered to the new owner. A vconn queues its messages in
 // a single-producer ring the poller drains; receive credits bound how many
-// SRQ buffers one vconn may hold, so a slow reader cannot drain the SRQ
+// messages one vconn may have queued, and once half an SRQ is held by
+// queued messages the next are copied out and their buffers reposted
+// (recv.go, pin), so slow readers, however many, cannot drain the SRQ
 // shared by all. A credit is a buffer, not a message: an Auto bundle of
 // several messages takes one. A vconn's credit window starts at
 // Config.Credits and doubles, up to MaxCredits, while its sender uses all

@@ -303,6 +303,11 @@ func (vc *VConn) release() {
 			break
 		}
 	}
+	// A message the poller queued after the reader's queue was last
+	// drained (Abort drains it before the state changes) would hold its
+	// receive buffer for good: deliver queues only while the state, read
+	// under rxMu, is not closed, so draining after the change gets it.
+	vc.dropReceived()
 	if t := vc.closeTimer.Load(); t != nil {
 		t.Stop()
 	}
