@@ -132,8 +132,14 @@ func (h *hostile) join(e *Engine) *Peer {
 // and fills it.
 func (h *hostile) ingress(e *Engine, pool, index int) verbs.QP {
 	h.t.Helper()
-	qp := h.qp(verbs.QPTypeRC)
-	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: verbs.QPTypeRC, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool})
+	return h.ingressOf(e, verbs.QPTypeRC, pool, index)
+}
+
+// ingressOf is ingress for a QP of type t (RC or UC).
+func (h *hostile) ingressOf(e *Engine, t verbs.QPType, pool, index int) verbs.QP {
+	h.t.Helper()
+	qp := h.qp(t)
+	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: t, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool})
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -241,6 +241,10 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message, dgram bool) {
 		for len(r.early) <= i {
 			r.early = append(r.early, Message{})
 		}
+		// A peer that leaves a gap makes the messages after it wait
+		// here, each in its receive buffer: they count against the SRQ
+		// as queued ones do.
+		p.pin(&m)
 		r.early[i] = m
 		gap := r.reportGap(next)
 		r.mu.Unlock()

@@ -3,12 +3,15 @@ package engine
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
 // TestIdleReadersDoNotPinSRQ: vconns whose readers never read, with more
@@ -338,5 +341,61 @@ func waitCtx(ctx context.Context, t *testing.T, what string, cond func() bool) {
 			t.Fatalf("waiting for %s: %v", what, ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
+	}
+}
+
+// TestEarlyArrivalsDoNotPinSRQ: a peer that leaves a gap in an Auto
+// vconn's sequence makes the datagrams after it wait for the gap, each in
+// a receive buffer of the datagram SRQ. They count as queued messages do:
+// past half the SRQ they are copied out, and once the gap fills every one
+// is delivered, in order, and the count returns to 0.
+func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
+	fb := wire.NewFabric(wire.Faults{})
+	t.Cleanup(func() { _ = fb.Close() })
+	a, _ := testEnginesOn(t, fb, Config{DgramBuffers: 32, Credits: 32})
+	h := newHostile(t, fb, "10.9.0.70")
+	hp, err := a.Peer(h.gid, hostileLink{h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.ingress(a, 1, 0)
+	uc := h.ingressOf(a, verbs.QPTypeUC, 1, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	vc, err := a.NewVConn(ctx, hp, VConnOptions{Transport: Auto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vc.Connect(vqpn.MakeID(5, 1)); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30 // within the credit window; nearly the whole SRQ
+	msg := func(seq uint32) []byte { return []byte(fmt.Sprintf("datagram %02d", seq)) }
+	send := func(seq uint32) {
+		d := dataHeader(uint32(len(msg(seq))), seq, 0, false)
+		d.flags |= flagFirst | flagLast
+		h.send(uc, a, vc.ID(), d, msg(seq))
+	}
+	for seq := uint32(1); seq < n; seq++ { // seq 0, the gap, comes last
+		send(seq)
+	}
+	half := a.cfg.DgramBuffers / 2
+	waitFor(t, func() bool { return a.Stats().RecvCopied >= uint64(n-1-half) }, "early arrivals copied out")
+	if held := a.Stats().DgramBuffersHeld; held > half {
+		t.Fatalf("%d datagram buffers held by early arrivals; want at most %d", held, half)
+	}
+	send(0)
+	for seq := uint32(0); seq < n; seq++ {
+		m, err := vc.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(m.Data, msg(seq)) {
+			t.Fatalf("message %d: %q, want %q", seq, m.Data, msg(seq))
+		}
+		m.Release()
+	}
+	if held := a.Stats().DgramBuffersHeld; held != 0 {
+		t.Fatalf("%d datagram buffers still held after every message was released", held)
 	}
 }

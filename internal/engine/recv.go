@@ -122,8 +122,8 @@ func (vc *VConn) Recv(ctx context.Context) (Message, error) {
 	}
 }
 
-// pin decides whether m, about to be queued on its vconn, keeps its
-// receive buffer; vc.rxMu is held.
+// pin decides whether m, about to be queued on its vconn or held by Auto
+// until a gap fills, keeps its receive buffer. The poller p calls it.
 //
 // A queued message holds its buffer until the application releases it,
 // and the vconns' credit windows together may exceed the SRQ (every
@@ -146,10 +146,11 @@ func (vc *VConn) Recv(ctx context.Context) (Message, error) {
 // leaves the credit to the buffer: a reader that reads in order has at
 // most the rest of one bundle queued past its credits.)
 //
-// Not counted, as before: the messages Auto holds out of order until a
-// gap fills (bounded by earlyWindow), and those a Handler keeps.
+// Auto's early arrivals (deliverSeq) are counted when they arrive, and
+// not again when the gap fills and they are queued. Not counted: those
+// a Handler keeps.
 func (p *poller) pin(m *Message) {
-	if m.slot == noSlot {
+	if m.slot == noSlot || m.held {
 		return
 	}
 	e := p.e
