@@ -177,6 +177,10 @@ type BellSet struct {
 	evs  [64]unix.EpollEvent
 	n    int   // events the last poll returned
 	err  error // its error, or Add's
+	// looked is set once this Wait's poll ran: the network poller calls
+	// poll again only once the epoll instance became readable, and then
+	// poll returns at once, leaving what rang to the next Wait.
+	looked bool
 }
 
 // Reset empties the set. Sets change when vconns come and go, not per
@@ -225,6 +229,10 @@ func (s *BellSet) Add(b *Bell) {
 // true when done (events or a failure), false to park until the epoll
 // instance is readable.
 func (s *BellSet) poll(fd uintptr) bool {
+	if s.looked {
+		return true
+	}
+	s.looked = true
 	s.n, s.err = unix.EpollWait(int(fd), s.evs[:], 0)
 	if s.err == unix.EINTR {
 		s.n, s.err = 0, nil
@@ -233,9 +241,13 @@ func (s *BellSet) poll(fd uintptr) bool {
 }
 
 // Wait sleeps until a bell of the set is rung or timeout passes
-// (negative: none), and drains what rang. A bell whose other end closed
-// (or that shut down) leaves the set, so that it cannot keep Wait from
-// sleeping; the set is otherwise kept.
+// (negative: none). It drains what had rung before it was called and
+// returns at once if anything had; a sleep that a ring ends returns
+// without looking which bell rang (no system call between the ring and
+// the caller's look at its rings), and the next Wait drains it. So a
+// caller loops: look at the rings, Arm, Wait. A bell whose other end
+// closed (or that shut down) leaves the set, so that it cannot keep Wait
+// from sleeping; the set is otherwise kept.
 func (s *BellSet) Wait(timeout time.Duration) error {
 	if s.err != nil {
 		return s.err
@@ -243,7 +255,10 @@ func (s *BellSet) Wait(timeout time.Duration) error {
 	if s.ep == nil {
 		return fmt.Errorf("shm: doorbells: empty set")
 	}
-	if !s.try(uintptr(s.epfd)) && timeout != 0 {
+	s.looked = false
+	if timeout == 0 {
+		s.try(uintptr(s.epfd))
+	} else {
 		var dl time.Time
 		if timeout > 0 {
 			dl = time.Now().Add(timeout)
@@ -251,6 +266,8 @@ func (s *BellSet) Wait(timeout time.Duration) error {
 		if err := s.ep.SetReadDeadline(dl); err != nil {
 			return fmt.Errorf("shm: doorbells: %w", err)
 		}
+		// The first poll runs after the network poller forgot earlier
+		// readiness: what rang before is seen there, not lost.
 		if err := s.rc.Read(s.try); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			return fmt.Errorf("shm: doorbells: %w", err)
 		}
