@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,10 +32,12 @@ import (
 // work waits in the network poller itself, so it wakes the sleeper as
 // soon as the kernel says.
 type Bell struct {
-	fd   int          // -1 once closed; guarded by mu for Ring and Close
-	f    *os.File     // fd, registered with the network poller; Wait's
-	mu   sync.RWMutex // Ring holds it shared: no write to a reused descriptor
-	shut bool         // guarded by mu: Shutdown was called
+	fd   int             // -1 once closed; guarded by mu for Ring and Close
+	f    *os.File        // fd, registered with the network poller; Wait's
+	rc   syscall.RawConn // f's, for waitReady
+	mu   sync.RWMutex    // Ring holds it shared: no write to a reused descriptor
+	shut bool            // guarded by mu: Shutdown was called
+	down atomic.Bool     // Shutdown was called: for waitReady's callers
 }
 
 var one = []byte{1}
@@ -51,7 +54,9 @@ func socketpair() ([2]int, error) {
 // newBell takes ownership of fd, a non-blocking stream socket.
 func newBell(fd int) *Bell {
 	// Non-blocking, so os.NewFile registers it with the network poller.
-	return &Bell{fd: fd, f: os.NewFile(uintptr(fd), "shm-doorbell")}
+	b := &Bell{fd: fd, f: os.NewFile(uintptr(fd), "shm-doorbell")}
+	b.rc, _ = b.f.SyscallConn() // fails only for a nil file
+	return b
 }
 
 // newBellPair returns the two ends of a doorbell.
@@ -137,9 +142,67 @@ func (b *Bell) Wait(timeout time.Duration) (bool, error) {
 	}
 }
 
+// waitReady is Wait for a ring's end, which learns from shared memory
+// whether it was rung: after the rings pending since the last wait are
+// drained, it sleeps until the
+// descriptor becomes readable and ready says there is something to look
+// at. ready reads shared memory (and Down) first, so the wake-up costs no
+// read between the ring and the caller's look at the ring, and the byte
+// that woke it is drained by the next wait; only where shared memory
+// shows nothing does ready call rung. ready is called once before the
+// sleep, after the network poller forgot earlier readiness, so a ring
+// that came before is seen there. A bell whose other side closed wakes
+// it (rung sees EOF), and the next wait reports the close.
+func (b *Bell) waitReady(timeout time.Duration, ready func(uintptr) bool) (bool, error) {
+	var buf [64]byte
+	n, err := unix.Read(b.fd, buf[:])
+	switch {
+	case n == 0 && err == nil:
+		return false, fmt.Errorf("shm: doorbell: %w", os.ErrClosed)
+	case n <= 0 && err != unix.EAGAIN:
+		return false, fmt.Errorf("shm: doorbell: %w", err)
+	case timeout == 0:
+		return n > 0, nil
+	}
+	// What rang before is drained: the other side rings only after it
+	// changed shared memory, which ready looks at first, so a ring that
+	// came after the caller's Arm shows there and a ring from before
+	// needs no second look.
+	var dl time.Time
+	if timeout > 0 {
+		dl = time.Now().Add(timeout)
+	}
+	if err := b.f.SetReadDeadline(dl); err != nil {
+		return false, fmt.Errorf("shm: doorbell: %w", err)
+	}
+	switch err := b.rc.Read(ready); {
+	case err == nil && b.Down():
+		return false, fmt.Errorf("shm: doorbell: %w", os.ErrClosed)
+	case err == nil:
+		return true, nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return false, nil
+	default:
+		return false, fmt.Errorf("shm: doorbell: %w", err)
+	}
+}
+
+// rung is the look at the descriptor itself by waitReady's callers'
+// ready, where shared memory shows nothing: true when a ring (which it
+// drains) or EOF is pending.
+func rung(fd uintptr) bool {
+	var buf [64]byte
+	n, err := unix.Read(int(fd), buf[:])
+	return n > 0 || n == 0 && err == nil
+}
+
+// Down reports whether Shutdown was called.
+func (b *Bell) Down() bool { return b.down.Load() }
+
 // Shutdown ends every Wait, now and later (shutdown(2) makes the end
 // readable at EOF), keeping the descriptor until Close.
 func (b *Bell) Shutdown() {
+	b.down.Store(true)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.shut && b.fd >= 0 {

@@ -99,6 +99,7 @@ type Producer struct {
 	// starts. Both private: nothing read back from shared memory.
 	data   uint64
 	starts []uint64
+	room   func(uintptr) bool // for Wait: the consumer released, or the bell is down or rung
 }
 
 // Consumer is the reading end of a ring, with the same rule as Producer.
@@ -107,13 +108,26 @@ type Consumer struct {
 	bell *Bell
 	head uint32 // next descriptor to read; private, published to r.head
 	tail uint32 // the producer's tail, as last checked
+	// For Wait: the producer published a descriptor, or the bell is
+	// down or rung. It reads shared memory, atomics and the descriptor
+	// only: goroutines that take turns on the consumer (a caller's lock)
+	// may wait at once.
+	more func(uintptr) bool
 }
 
 func newProducer(r ring, b *Bell) *Producer {
-	return &Producer{r: r, bell: b, starts: make([]uint64, r.n)}
+	p := &Producer{r: r, bell: b, starts: make([]uint64, r.n)}
+	// Made once, so that Wait allocates nothing. p.head is what the last
+	// Push saw, on the goroutine that waits.
+	p.room = func(fd uintptr) bool { return p.r.head.Load() != p.head || b.Down() || rung(fd) }
+	return p
 }
 
-func newConsumer(r ring, b *Bell) *Consumer { return &Consumer{r: r, bell: b} }
+func newConsumer(r ring, b *Bell) *Consumer {
+	c := &Consumer{r: r, bell: b}
+	c.more = func(fd uintptr) bool { return c.r.tail.Load() != c.r.head.Load() || b.Down() || rung(fd) }
+	return c
+}
 
 // MaxMessage is the largest payload Push takes.
 func (p *Producer) MaxMessage() int { return int(p.r.maxMsg) }
@@ -178,9 +192,15 @@ func (p *Producer) Empty() bool { return p.r.head.Load() == p.tail }
 // tries Push once more after Arm, then waits on the bell.
 func (p *Producer) Arm() { p.r.prodWait.Store(1) }
 
-// Wait sleeps until the consumer rings the bell, the bell shuts down or
-// timeout passes (negative: none); see Bell.Wait.
-func (p *Producer) Wait(timeout time.Duration) (bool, error) { return p.bell.Wait(timeout) }
+// Wait sleeps until the consumer releases a descriptor after Arm (it rings
+// the bell), the bell shuts down or timeout passes (negative: none). It
+// reports whether it was woken before the timeout; an error means the
+// bell is shut or the other side closed its end (a close ends the sleep
+// it interrupts, and the next Wait reports it). The caller loops: Push,
+// Arm, Push, Wait.
+func (p *Producer) Wait(timeout time.Duration) (bool, error) {
+	return p.bell.waitReady(timeout, p.room)
+}
 
 // Ready reports whether a descriptor may be waiting (Peek decides).
 func (c *Consumer) Ready() bool { return c.head != c.tail || c.r.tail.Load() != c.head }
@@ -226,9 +246,12 @@ func (c *Consumer) Arm() bool {
 	return c.Ready()
 }
 
-// Wait sleeps until the producer rings the bell, the bell shuts down or
-// timeout passes (negative: none); see Bell.Wait.
-func (c *Consumer) Wait(timeout time.Duration) (bool, error) { return c.bell.Wait(timeout) }
+// Wait sleeps until the producer publishes a descriptor after Arm (it
+// rings the bell), the bell shuts down or timeout passes (negative:
+// none), as Producer.Wait. The caller loops: Peek, Arm, Wait.
+func (c *Consumer) Wait(timeout time.Duration) (bool, error) {
+	return c.bell.waitReady(timeout, c.more)
+}
 
 // Bell is the consumer's end of the ring's doorbell, for a BellSet.
 func (c *Consumer) Bell() *Bell { return c.bell }

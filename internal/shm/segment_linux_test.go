@@ -299,3 +299,70 @@ func BenchmarkSegmentRTT(b *testing.B) {
 		})
 	}
 }
+
+// TestWaitPeerClose checks that the other side closing its end ends a
+// Wait for room, though shared memory shows none, and that the next Wait
+// reports the close.
+func TestWaitPeerClose(t *testing.T) {
+	agent, pod := pair(t, small)
+	defer agent.Close()
+	_, aRX := agent.Agent()
+	msg := make([]byte, 64)
+	for {
+		ok, err := aRX.Push(msg, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+	}
+	aRX.Arm()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := aRX.Wait(-1)
+		if err == nil {
+			_, err = aRX.Wait(-1)
+		}
+		errc <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	_ = pod.Close()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("Wait after the pod closed returned no error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait did not return after the pod closed")
+	}
+}
+
+// TestWaitAllocs asserts a Wait that finds a descriptor published
+// allocates nothing.
+func TestWaitAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts do not hold under the race detector")
+	}
+	agent, pod := pair(t, small)
+	defer agent.Close()
+	defer pod.Close()
+	pTX, _ := pod.Pod()
+	aTX, _ := agent.Agent()
+	msg := make([]byte, 64)
+	n := testing.AllocsPerRun(100, func() {
+		if ok, err := pTX.Push(msg, 0, 0); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		if ok, err := aTX.Wait(-1); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		if _, _, ok, err := aTX.Peek(); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		aTX.Release()
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per push/wait/peek/release", n)
+	}
+}
