@@ -349,6 +349,37 @@ func (e *env) startServer() {
 	})
 }
 
+// startServerAfterRestart starts the echo server as a controller would
+// just after the device plugin restarted. The node status that
+// allocatableIs reads can lag the kubelet's device manager: it may still
+// show the old plugin's healthy devices while the new plugin's are not
+// yet, and the kubelet then refuses the pod (UnexpectedAdmissionError,
+// final for a bare pod; seen once in CI). Such a pod is made again, up to
+// three times, and each refusal is logged.
+func (e *env) startServerAfterRestart() {
+	for try := 1; ; try++ {
+		e.createPod(e.echoPod("echo-server", 2, "server", fmt.Sprintf("--port=%d", echoPort)))
+		refused := ""
+		e.eventually("echo server listening", 2*time.Minute, func() (bool, string) {
+			p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "echo-server", metav1.GetOptions{})
+			if err == nil && p.Status.Phase == corev1.PodFailed && p.Status.Reason == "UnexpectedAdmissionError" {
+				refused = p.Status.Message
+				return true, ""
+			}
+			l := e.logs("echo-server")
+			return strings.Contains(l, "listening on"), l
+		})
+		if refused == "" {
+			return
+		}
+		e.t.Logf("echo server refused admission (try %d): %s", try, refused)
+		if try == 3 {
+			e.t.Fatalf("echo server refused admission %d times: %s", try, refused)
+		}
+		e.deletePod("echo-server")
+	}
+}
+
 func (e *env) echo() {
 	e.startServer()
 	e.exchange("echo-client")
@@ -517,7 +548,7 @@ func (e *env) agentKilled() {
 	e.eventually("devices healthy: allocatable back", 2*time.Minute, e.allocatableIs(e.capacity))
 	// The old server's agent is gone; a new pair talks through the new one.
 	e.deletePod("echo-server")
-	e.startServer()
+	e.startServerAfterRestart()
 	e.exchange("echo-client-3")
 	for _, p := range []string{"echo-client-3", "echo-server"} {
 		e.deletePod(p)
