@@ -225,21 +225,18 @@ func (c *Cluster) writeCert(dir, node string, ip net.IP) (config.TLSConfig, erro
 // and discarding what it reads, then closing it: a peer for tests that only
 // need their dials answered.
 func ServeDiscard(ln *vconn.Listener) {
-	for {
-		c, err := ln.AcceptVConn()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			_, _ = io.Copy(io.Discard, c)
-		}()
-	}
+	serve(ln, func(c *vconn.Conn) { _, _ = io.Copy(io.Discard, c) })
 }
 
 // ServeEcho accepts vconns on ln until it closes, writing back what each
 // reads until EOF, then closing it.
 func ServeEcho(ln *vconn.Listener) {
+	serve(ln, func(c *vconn.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// serve accepts vconns on ln until it closes, running handle on each in a
+// goroutine of its own and closing the vconn after.
+func serve(ln *vconn.Listener, handle func(*vconn.Conn)) {
 	for {
 		c, err := ln.AcceptVConn()
 		if err != nil {
@@ -247,7 +244,7 @@ func ServeEcho(ln *vconn.Listener) {
 		}
 		go func() {
 			defer c.Close()
-			_, _ = io.Copy(c, c)
+			handle(c)
 		}()
 	}
 }

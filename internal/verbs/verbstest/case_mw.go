@@ -296,15 +296,22 @@ func testMWBindErrors(t *testing.T, f Factory) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			x := newMWFixture(t, devs)
-			p := x.p
-			wr := c.wr(t, x)
-			MustPostSend(t, p.B, wr, SendWR(2, verbs.WRSend, SGE(x.mr, 0, 10)))
-			CheckWCs(t, WaitCQ(t, p.CQB, 2, waitDone),
-				verbs.WC{WRID: 1, Status: verbs.WCMWBindErr, QPN: p.B.QPN()},
-				verbs.WC{WRID: 2, Status: verbs.WCWRFlushErr, QPN: p.B.QPN()})
-			WaitState(t, p.B, verbs.QPStateErr, waitDone)
+			failsLocally(t, x, c.wr(t, x), verbs.WCMWBindErr)
 		})
 	}
+}
+
+// failsLocally posts wr (WRID 1) and a send behind it on the fixture's
+// QP B, and checks that wr completes with st, the send is flushed and the
+// QP goes to ERR.
+func failsLocally(t *testing.T, x *mwFixture, wr verbs.SendWR, st verbs.WCStatus) {
+	t.Helper()
+	p := x.p
+	MustPostSend(t, p.B, wr, SendWR(2, verbs.WRSend, SGE(x.mr, 0, 10)))
+	CheckWCs(t, WaitCQ(t, p.CQB, 2, waitDone),
+		verbs.WC{WRID: 1, Status: st, QPN: p.B.QPN()},
+		verbs.WC{WRID: 2, Status: verbs.WCWRFlushErr, QPN: p.B.QPN()})
+	WaitState(t, p.B, verbs.QPStateErr, waitDone)
 }
 
 // testMWLocalInvErrors: a WRLocalInv whose key is no bound window's (a
@@ -324,11 +331,7 @@ func testMWLocalInvErrors(t *testing.T, f Factory) {
 			x := newMWFixture(t, devs)
 			p := x.p
 			key := BindMW(t, p.B, p.CQB, x.mw, x.mr, 0, 100, mwRW)
-			MustPostSend(t, p.B, LocalInvWR(1, c.key(key)), SendWR(2, verbs.WRSend, SGE(x.mr, 0, 10)))
-			CheckWCs(t, WaitCQ(t, p.CQB, 2, waitDone),
-				verbs.WC{WRID: 1, Status: verbs.WCLocQPOpErr, QPN: p.B.QPN()},
-				verbs.WC{WRID: 2, Status: verbs.WCWRFlushErr, QPN: p.B.QPN()})
-			WaitState(t, p.B, verbs.QPStateErr, waitDone)
+			failsLocally(t, x, LocalInvWR(1, c.key(key)), verbs.WCLocQPOpErr)
 		})
 	}
 }
