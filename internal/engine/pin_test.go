@@ -399,3 +399,49 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 		t.Fatalf("%d datagram buffers still held after every message was released", held)
 	}
 }
+
+// TestFullQueueDropsOnlyDatagrams: a vconn whose reader let MaxCredits
+// messages queue up drops the next UD datagram (it took no credit, and
+// a datagram may be lost), but never an Auto message without a credit
+// of its own: a bundle's message copied out early (pin) is one, and it
+// was sequenced and acknowledged already, so dropping it would lose it
+// for good. (CI caught that: TestIdleReadersDoNotPinSRQ/auto read
+// message 260 where 256 belonged.)
+func TestFullQueueDropsOnlyDatagrams(t *testing.T) {
+	a, b := testEngines(t, wire.Faults{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		tr   Transport
+		kept bool
+	}{{UD, false}, {Auto, true}} {
+		t.Run(tc.tr.String(), func(t *testing.T) {
+			_, vc, err := Pair(ctx, a, b, VConnOptions{Transport: tc.tr}, VConnOptions{Transport: tc.tr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A poller of its own, so the test does not race the engine's.
+			p := &poller{e: b}
+			for i := range b.cfg.MaxCredits + 1 {
+				vc.deliver(p, Message{vc: vc, Data: []byte{byte(i)}, Imm: uint32(i), slot: noSlot})
+			}
+			want := b.cfg.MaxCredits
+			if tc.kept {
+				want++
+			}
+			if n := rxLen(vc); n != want {
+				t.Fatalf("%d messages queued, want %d", n, want)
+			}
+			if got, dropped := p.st.rejected[RejectOverflow].Load(), uint64(b.cfg.MaxCredits+1-want); got != dropped {
+				t.Errorf("%d rejected for overflow, want %d", got, dropped)
+			}
+			for i := range want {
+				m, err := vc.Recv(ctx)
+				if err != nil || m.Imm != uint32(i) {
+					t.Fatalf("message %d: imm %d, %v", i, m.Imm, err)
+				}
+				m.Release()
+			}
+		})
+	}
+}

@@ -26,7 +26,10 @@ type Message struct {
 // refuses the rest), has at most the credit window queued, MaxCredits
 // messages (an Auto bundle's, up to maxBundle messages, hold one credit
 // between them). UC and UD datagrams take no credit: one that finds
-// MaxCredits messages queued is dropped, as a datagram may be. A queued
+// MaxCredits messages queued is dropped, as a datagram may be. Auto's
+// messages never are: they are sequenced and acknowledged, and one
+// without a credit of its own (a bundle's, copied out early: see pin)
+// was counted in its bundle's. A queued
 // message keeps its receive buffer only while its SRQ is less than half
 // held (see pin).
 func (vc *VConn) deliver(p *poller, m Message) {
@@ -37,7 +40,7 @@ func (vc *VConn) deliver(p *poller, m Message) {
 		return
 	}
 	vc.rxMu.Lock()
-	if m.credits == 0 && !m.shared && vc.rxN >= vc.e.cfg.MaxCredits {
+	if m.credits == 0 && !m.shared && vc.tr != Auto && vc.rxN >= vc.e.cfg.MaxCredits {
 		vc.rxMu.Unlock()
 		p.reject(RejectOverflow)
 		m.Release()
