@@ -29,9 +29,8 @@ type Message struct {
 // MaxCredits messages queued is dropped, as a datagram may be. Auto's
 // messages never are: they are sequenced and acknowledged, and one
 // without a credit of its own (a bundle's, copied out early: see pin)
-// was counted in its bundle's. A queued
-// message keeps its receive buffer only while its SRQ is less than half
-// held (see pin).
+// was counted in its bundle's. A queued message keeps its receive buffer
+// only while its SRQ is less than half held (see pin).
 func (vc *VConn) deliver(p *poller, m Message) {
 	if vc.handler != nil {
 		vc.e.stats.msgsReceived.Add(1)
