@@ -179,24 +179,31 @@ func (h *hostile) sendRaw(qp verbs.QP, e *Engine, imm uint32, msg []byte) {
 		defer func() { _ = ah.Close() }()
 		wr.AH, wr.RemoteQPN, wr.RemoteQKey = ah.Handle(), e.UDQPNs()[0], e.cfg.QKey
 	}
+	if st := h.post(qp, wr, 5*time.Second); st != verbs.WCSuccess {
+		h.t.Fatalf("hostile send: %v", st)
+	}
+}
+
+// post posts wr, alone, on qp and returns its completion's status; the
+// receive completions (the engine's grants) that come meanwhile are
+// ignored. It fails the test if none comes within timeout.
+func (h *hostile) post(qp verbs.QP, wr verbs.SendWR, timeout time.Duration) verbs.WCStatus {
+	h.t.Helper()
 	if _, err := qp.PostSend([]verbs.SendWR{wr}); err != nil {
 		h.t.Fatal(err)
 	}
 	wcs := make([]verbs.WC, 16)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		for _, wc := range wcs[:h.cq.Poll(wcs)] {
-			if wc.Opcode&verbs.WCRecv != 0 {
-				continue // the engine's grants: ignored
+			if wc.Opcode&verbs.WCRecv == 0 && wc.WRID == wr.WRID {
+				return wc.Status
 			}
-			if wc.Status != verbs.WCSuccess {
-				h.t.Fatalf("hostile send: %v", wc.Status)
-			}
-			return
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
-	h.t.Fatal("hostile send never completed")
+	h.t.Fatalf("work request %d never completed", wr.WRID)
+	return 0
 }
 
 // echo has a send a random message and b return it, and checks it comes
