@@ -129,12 +129,12 @@ func Start(o Options) (_ *Cluster, err error) {
 				return nil, err
 			}
 		}
-		if o.TuneConfig != nil {
-			o.TuneConfig(cfg)
-		}
 		other := 1 - i
 		cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryStatic,
 			Static: []config.Peer{{NodeName: names[other], Address: ctl[other].Addr().String()}}}
+		if o.TuneConfig != nil {
+			o.TuneConfig(cfg)
+		}
 		c.Nodes = append(c.Nodes, &Node{Name: names[i], IP: ip, Config: cfg, c: c})
 	}
 	for i, n := range c.Nodes {
