@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // allocation is a share of the node's vconns handed to one pod: a quota
@@ -25,10 +26,11 @@ type allocation struct {
 	done  chan struct{} // closed when the accept loop returned
 
 	mu       sync.Mutex
-	used     int                   // vconns open; guarded by mu
-	held     held                  // listeners, regions; guarded by mu (limits.go)
-	sessions map[*session]struct{} // guarded by mu
-	closed   bool                  // guarded by mu
+	used     int                        // vconns open; guarded by mu
+	held     held                       // listeners, regions; guarded by mu (limits.go)
+	sessions map[*session]struct{}      // guarded by mu
+	refusing map[*net.UnixConn]struct{} // connections refuse answers; guarded by mu
+	closed   bool                       // guarded by mu
 }
 
 // socketMode is the mode of every allocation's socket: connecting needs
@@ -88,7 +90,8 @@ func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
 		_ = ln.Close()
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
-	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}), sessions: make(map[*session]struct{})}
+	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}),
+		sessions: make(map[*session]struct{}), refusing: make(map[*net.UnixConn]struct{})}
 	a.allocs[id] = al
 	go al.serve()
 	a.log.Info("Created allocation", "allocation", id, "vconns", k, "socket", path)
@@ -145,6 +148,16 @@ func (al *allocation) give() {
 	al.mu.Unlock()
 }
 
+// maxRefusing bounds, per allocation, the connections past
+// limits.sessions that wait for their first frame to be told why they are
+// refused. Past it they are closed at once: a client flooding its
+// allocation's socket costs the agent no memory and no goroutine per
+// connection, only the fd for as long as the accept takes.
+const maxRefusing = 4
+
+// serve accepts the allocation's connections. A connection past
+// limits.sessions is refused before anything is allocated for a session
+// (a session's read buffer alone is a frame's 64 KiB).
 func (al *allocation) serve() {
 	defer close(al.done)
 	for {
@@ -152,6 +165,24 @@ func (al *allocation) serve() {
 		if err != nil {
 			return
 		}
+		lim := al.a.cfg.Limits.Sessions
+		al.mu.Lock()
+		full, tell := len(al.sessions) >= lim, false
+		if full && len(al.refusing) < maxRefusing && !al.closed {
+			al.refusing[c] = struct{}{}
+			tell = true
+		}
+		al.mu.Unlock()
+		switch {
+		case tell:
+			go al.refuse(c, lim)
+			continue
+		case full:
+			_ = c.Close()
+			continue
+		}
+		// Only this loop adds sessions: the place checked above is
+		// still free.
 		s := newSession(al, c)
 		al.mu.Lock()
 		if al.closed {
@@ -159,16 +190,33 @@ func (al *allocation) serve() {
 			_ = c.Close()
 			return
 		}
-		if lim := al.a.cfg.Limits.Sessions; len(al.sessions) >= lim {
-			// Answered, not dropped: the application learns why at
-			// its hello.
-			s.refused = fmt.Sprintf("allocation %s already has %d connections (limits.sessions)", al.id, lim)
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second)) // no lingering for its hello
-		} else {
-			al.sessions[s] = struct{}{}
-		}
+		al.sessions[s] = struct{}{}
 		al.mu.Unlock()
 		go s.run()
+	}
+}
+
+// refuse answers a connection past limits.sessions with the limit code
+// at its first frame (a hello), so that the application learns why, and
+// closes it; it waits at most 5 s for the frame. A frame header holds a
+// hello, and what the answer needs of a longer frame (its request id).
+func (al *allocation) refuse(c *net.UnixConn, lim int) {
+	defer func() {
+		al.mu.Lock()
+		delete(al.refusing, c)
+		al.mu.Unlock()
+		_ = c.Close()
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf [frame.HeaderLen]byte
+	n, err := c.Read(buf[:])
+	if err != nil || n == 0 {
+		return
+	}
+	msg := fmt.Sprintf("allocation %s already has %d connections (limits.sessions)", al.id, lim)
+	b, err := frame.Append(nil, &frame.Frame{Op: frame.OpError, Req: reqOf(buf[:n]), Arg: uint32(frame.CodeLimit), Payload: []byte(msg)})
+	if err == nil {
+		_, _ = c.Write(b)
 	}
 }
 
@@ -182,6 +230,9 @@ func (al *allocation) shutdown(keepDir bool) {
 	sessions := make([]*session, 0, len(al.sessions))
 	for s := range al.sessions {
 		sessions = append(sessions, s)
+	}
+	for c := range al.refusing {
+		_ = c.Close() // its refuse returns
 	}
 	al.mu.Unlock()
 	_ = al.ln.Close()

@@ -39,7 +39,6 @@ type session struct {
 	shmPoll   *shmPoller              // their TX rings' poller, once one exists; guarded by mu
 	closed    bool                    // guarded by mu
 	hello     bool                    // reader-owned
-	refused   string                  // why the session may not start (a limit), or ""
 	netns     uint64                  // the application's network namespace (inode), 0 if unknown
 }
 
@@ -106,10 +105,6 @@ func (s *session) dispatch(f frame.Frame) bool {
 	}
 	switch f.Op {
 	case frame.OpHello:
-		if s.refused != "" {
-			_ = s.reply(f.Req, 0, frame.CodeLimit, s.refused)
-			return false
-		}
 		if f.Arg != frame.Version {
 			_ = s.reply(f.Req, 0, frame.CodeVersion, fmt.Sprintf("protocol version %d not supported: this agent speaks %d", f.Arg, frame.Version))
 			return false
