@@ -80,7 +80,7 @@ type Agent struct {
 	allocs    map[string]*allocation // guarded by mu
 	pods      map[string]admin.Pod   // by UID; guarded by mu
 	listeners map[uint32]*listener   // by port; guarded by mu
-	remotes   map[string]*remote     // by control address; guarded by mu
+	remotes   map[string]*remote     // by node; guarded by mu
 
 	creds credentials.TransportCredentials // the control plane's, both ways
 	tls   *pki.Source                      // nil without TLS
@@ -104,7 +104,8 @@ func New(opts Options) (_ *Agent, err error) {
 	}
 	a := &Agent{
 		cfg: cfg, opts: opts, log: opts.Log.WithValues("node", cfg.NodeName),
-		disc: opts.Discovery, incarnation: rand.Uint64(),
+		// Never 0: peers refuse a beat without an incarnation.
+		disc: opts.Discovery, incarnation: max(rand.Uint64(), 1),
 		allocs: make(map[string]*allocation), pods: make(map[string]admin.Pod),
 		listeners: make(map[uint32]*listener), remotes: make(map[string]*remote),
 	}

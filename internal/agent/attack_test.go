@@ -3,11 +3,14 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -150,6 +153,195 @@ func TestControlPlaneAuthenticated(t *testing.T) {
 	_, err = x.Dial(ctx, &controlpb.DialRequest{Caller: node("node-x", "127.0.0.9:1", mappedGID("127.0.0.9")), Port: 8, Vconn: 0x501})
 	if status.Code(err) != codes.NotFound {
 		t.Errorf("node-x dialing as itself: %v, want NotFound", err)
+	}
+}
+
+// impostor serves the control plane as a node with a valid certificate of
+// its own (node-x) that answers as another node would: its Identity
+// replies claim whatever as holds, and it counts the QPs it is asked for.
+type impostor struct {
+	controlpb.UnimplementedControlServer
+	as  atomic.Pointer[controlpb.Node]
+	qps atomic.Int64 // ConnectQP calls: QPs a victim routed here
+}
+
+// serveImpostor serves an impostor on ln with the certificate src.
+func serveImpostor(t *testing.T, ln net.Listener, src *pki.Source) *impostor {
+	t.Helper()
+	m := &impostor{}
+	srv := grpc.NewServer(grpc.Creds(src.Credentials()))
+	controlpb.RegisterControlServer(srv, m)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return m
+}
+
+func (m *impostor) Identity(context.Context, *controlpb.IdentityRequest) (*controlpb.IdentityReply, error) {
+	return &controlpb.IdentityReply{Node: m.as.Load(), Qkey: 0x11111111, Mtu: 1024}, nil
+}
+
+func (m *impostor) ConnectQP(context.Context, *controlpb.QPRequest) (*controlpb.QPReply, error) {
+	m.qps.Add(1)
+	return &controlpb.QPReply{Qpn: 0x99, Psn: 1, Epoch: 77}, nil
+}
+
+// Heartbeat answers every beat as a freshly restarted agent whose side of
+// the connection is new, which fails whatever peer the victim holds it for.
+func (m *impostor) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat, controlpb.Beat]) error {
+	for inc := uint64(100); ; inc++ {
+		b, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		if err := stream.Send(&controlpb.Beat{Seq: b.Seq, Incarnation: inc, PeerEpoch: inc}); err != nil {
+			return nil
+		}
+	}
+}
+
+// echoes checks that c echoes a message.
+func echoes(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatalf("echo %q: %v", msg, err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+		t.Fatalf("echo %q: got %q, %v", msg, got, err)
+	}
+}
+
+// TestImpostorIdentity: node-x, with a valid certificate of its own, tries
+// to make node-a route node-b's control link and QPs to itself by
+// answering Identity with node-b's name and GID (or its own name with
+// node-b's GID, or a zero GID): when a pod on node-a dials it, and when it
+// dials node-a with a zero GID, which asked node-a to learn its GID by
+// Identity. No QP is routed to the impostor (figure: 0 ConnectQP calls),
+// and the vconns between node-a and node-b keep working, old and new.
+func TestImpostorIdentity(t *testing.T) {
+	const xIP = "127.0.0.9"
+	xln, err := net.Listen("tcp", xIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xln.Close()
+	cl := startCluster(t, agenttest.Options{TLS: true, TuneConfig: func(c *config.AgentConfig) {
+		if c.NodeName == "node-a" { // node-a lists node-x as a peer, as discovery would
+			c.PeerDiscovery.Static = append(c.PeerDiscovery.Static, config.Peer{NodeName: "node-x", Address: xln.Addr().String()})
+		}
+	}})
+	a, b := cl.Nodes[0], cl.Nodes[1]
+	ctx := ctxT(t)
+	xSrc := certSource(t, cl.CA, "node-x", xIP)
+	x := serveImpostor(t, xln, xSrc)
+
+	// node-a and node-b talk.
+	srv := appClient(t, b, "srv", 8)
+	ln, err := srv.Listen(ctx, ":7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go agenttest.ServeEcho(ln)
+	cli := appClient(t, a, "cli", 8)
+	old, err := cli.Dial(ctx, "node-b:7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	echoes(t, old, "before")
+
+	// A listener on node-a for node-x's dials.
+	victim := appClient(t, a, "victim", 8)
+	vln, err := victim.Listen(ctx, ":8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vln.Close()
+	go agenttest.ServeDiscard(vln)
+	xcl := hostile(t, a.Agent.ControlAddress(), xSrc.Credentials())
+
+	bGID := mappedGID(b.IP)
+	for i, as := range []*controlpb.Node{
+		{Name: "node-b", ControlAddress: b.Agent.ControlAddress(), Gid: bGID, Incarnation: 1},
+		{Name: "node-x", ControlAddress: xln.Addr().String(), Gid: bGID, Incarnation: 1},
+		{Name: "node-x", ControlAddress: xln.Addr().String(), Gid: make([]byte, 16), Incarnation: 1},
+		{Name: "", Gid: bGID},
+	} {
+		x.as.Store(as)
+		// A pod on node-a dials node-x: node-a asks it who it is, and
+		// finds node-x unreachable.
+		if c, err := cli.Dial(ctx, "node-x:9"); !errors.Is(err, vconn.ErrUnreachable) {
+			t.Errorf("dial node-x answering Identity as %+v: %v, want ErrUnreachable", as, err)
+			if err == nil {
+				_ = c.Close()
+			}
+		}
+		// node-x dials node-a with a zero GID: node-a would ask it too.
+		for _, caller := range []*controlpb.Node{
+			{Name: "node-x", ControlAddress: xln.Addr().String(), Gid: make([]byte, 16), Incarnation: 1},
+			{ControlAddress: xln.Addr().String(), Gid: make([]byte, 16)},
+		} {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := xcl.Dial(cctx, &controlpb.DialRequest{Caller: caller, Port: 8, Vconn: uint32(0x501 + i)})
+			cancel()
+			if err == nil {
+				t.Errorf("node-x dialing node-a as %+v (answering Identity as %+v): accepted", caller, as)
+			}
+		}
+	}
+	// Long enough for a few of the impostor's beats, were node-a beating it.
+	time.Sleep(time.Second)
+	if n := x.qps.Load(); n != 0 {
+		t.Errorf("%d QPs routed to the impostor, want 0", n)
+	}
+	echoes(t, old, "after")
+	for i := range 4 { // new vconns, on new QPs of both indexes
+		c, err := cli.Dial(ctx, "node-b:7")
+		if err != nil {
+			t.Fatalf("dial node-b after the impostor: %v", err)
+		}
+		echoes(t, c, fmt.Sprint("new ", i))
+		_ = c.Close()
+	}
+	echoes(t, old, "last")
+	if n := x.qps.Load(); n != 0 {
+		t.Errorf("%d QPs routed to the impostor, want 0", n)
+	}
+}
+
+// TestOnePeerOneRemote: a peer is a node, not an address:port. node-x,
+// with a valid certificate, dials node-a claiming 32 control addresses of
+// its IP with different ports; node-a keeps at most one remote for it
+// (figure: remotes added <= 1, of 32 claims).
+func TestOnePeerOneRemote(t *testing.T) {
+	cl := startCluster(t, agenttest.Options{TLS: true})
+	a := cl.Nodes[0]
+	ctx := ctxT(t)
+	victim := appClient(t, a, "victim", 64)
+	vln, err := victim.Listen(ctx, ":8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vln.Close()
+	go agenttest.ServeDiscard(vln)
+	xcl := hostile(t, a.Agent.ControlAddress(), certSource(t, cl.CA, "node-x", "127.0.0.9").Credentials())
+	before := a.Agent.Remotes()
+	const claims = 32
+	var wg sync.WaitGroup
+	for i := range claims {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			_, _ = xcl.Dial(cctx, &controlpb.DialRequest{Caller: &controlpb.Node{Name: "node-x",
+				ControlAddress: fmt.Sprintf("127.0.0.9:%d", 20000+i), Gid: mappedGID("127.0.0.9"), Incarnation: 1},
+				Port: 8, Vconn: uint32(0x501 + i)})
+		})
+	}
+	wg.Wait()
+	if added := a.Agent.Remotes() - before; added > 1 {
+		t.Errorf("%d claimed control addresses of one node added %d remotes, want at most 1", claims, added)
 	}
 }
 

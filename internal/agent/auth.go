@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -35,43 +37,148 @@ func (a *Agent) controlCreds() (credentials.TransportCredentials, error) {
 	return src.Credentials(), nil
 }
 
-// claim is what a caller says about itself in a control RPC.
+// claim is what a caller says about itself in a control RPC. Each field
+// in of is claimed: it must be present and its certificate's.
 type claim struct {
-	node    string    // "" when the call names no node
-	address string    // control address host:port; "" when none
-	gid     verbs.GID // zero when none
+	node    string    // node name
+	address string    // control address, host:port
+	gid     verbs.GID // the device's GID
+	of      claimed
 }
+
+// claimed says which of a claim's fields an RPC relies on.
+type claimed uint8
+
+const (
+	claimsNode claimed = 1 << iota
+	claimsAddress
+	claimsGID
+	claimsAll = claimsNode | claimsAddress | claimsGID
+)
 
 // authorize checks a caller's claims against its certificate: a peer may
 // speak only for its own node, addresses and GIDs (RoCE v2 GIDs are IP
-// addresses). Without TLS every claim passes.
+// addresses). A claimed field left empty (a zero GID) is refused, not
+// skipped: no agent has it, and an RPC that went on without it would act
+// on what the caller says next (an Identity reply it chooses). Without TLS
+// only that is checked.
 func (a *Agent) authorize(ctx context.Context, c claim) error {
-	if a.tls == nil {
-		return nil
+	switch {
+	case c.of&claimsNode != 0 && c.node == "":
+		return status.Error(codes.InvalidArgument, "caller names no node")
+	case c.of&claimsAddress != 0 && c.address == "":
+		return status.Error(codes.InvalidArgument, "caller names no control address")
+	case c.of&claimsGID != 0 && c.gid == (verbs.GID{}):
+		return status.Error(codes.InvalidArgument, "caller claims the zero GID")
 	}
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return status.Error(codes.Unauthenticated, "no peer")
+	id, err := a.caller(ctx)
+	if err != nil || id == nil {
+		return err
 	}
-	id, isTLS, err := pki.PeerIdentity(p.AuthInfo)
-	if err == nil && !isTLS {
-		err = fmt.Errorf("call without TLS")
-	}
-	if err != nil {
-		return status.Error(codes.Unauthenticated, err.Error())
-	}
-	if c.node != "" && c.node != id.Node {
+	if c.of&claimsNode != 0 && c.node != id.Node {
 		return status.Errorf(codes.PermissionDenied, "caller %s claims to be node %q", id.Node, c.node)
 	}
-	if c.address != "" {
+	if c.of&claimsAddress != 0 {
 		host, _, err := net.SplitHostPort(c.address)
 		ip := net.ParseIP(host)
 		if err != nil || ip == nil || !id.HasIP(ip) {
 			return status.Errorf(codes.PermissionDenied, "caller %s claims control address %q, not one of its certificate's", id.Node, c.address)
 		}
 	}
-	if c.gid != (verbs.GID{}) && !id.HasIP(net.IP(c.gid[:])) {
+	if c.of&claimsGID != 0 && !id.HasIP(net.IP(c.gid[:])) {
 		return status.Errorf(codes.PermissionDenied, "caller %s claims GID %s, not one of its certificate's addresses", id.Node, net.IP(c.gid[:]))
 	}
 	return nil
+}
+
+// caller is the identity in a call's verified client certificate, nil
+// without TLS.
+func (a *Agent) caller(ctx context.Context) (*pki.Identity, error) {
+	if a.tls == nil {
+		return nil, nil
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Unauthenticated, "no peer")
+	}
+	id, isTLS, err := pki.PeerIdentity(p.AuthInfo)
+	if err == nil && !isTLS {
+		err = errors.New("call without TLS")
+	}
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	return &id, nil
+}
+
+// errBadReply: a peer agent's answer is not one its node may give (a
+// name, GID or certificate not its own) or not one an agent gives (out of
+// range). The dial that met it fails as unreachable: the node it was
+// for did not answer.
+var errBadReply = errors.New("peer agent: bad reply")
+
+// answerer is the identity in the certificate of the agent that answered
+// a call (p, from grpc.Peer or a stream's context), nil without TLS.
+func (a *Agent) answerer(p *peer.Peer) (*pki.Identity, error) {
+	if a.tls == nil {
+		return nil, nil
+	}
+	if p == nil {
+		return nil, fmt.Errorf("%w: no peer", errBadReply)
+	}
+	id, isTLS, err := pki.PeerIdentity(p.AuthInfo)
+	if err == nil && !isTLS {
+		err = errors.New("answer without TLS")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadReply, err)
+	}
+	return &id, nil
+}
+
+// nodeIs checks that the agent that answered, of certificate id (nil
+// without TLS), is node's. The certificate already names the address
+// dialed (pki.Source.ClientConfig); this binds the answer to the node
+// it was asked of.
+func nodeIs(id *pki.Identity, node string) error {
+	if id != nil && id.Node != node {
+		return fmt.Errorf("%w: node %s's agent answered for node %q", errBadReply, id.Node, node)
+	}
+	return nil
+}
+
+// vouchFor checks that the agent that answered, of certificate id (nil
+// without TLS), is node's and may speak for the engine peer at gid: a
+// GID of its certificate's addresses (RoCE v2 GIDs are IP addresses),
+// and never the zero GID, which is no one's.
+func vouchFor(id *pki.Identity, node string, gid verbs.GID) error {
+	if err := nodeIs(id, node); err != nil {
+		return err
+	}
+	if gid == (verbs.GID{}) {
+		return fmt.Errorf("%w: node %q: zero GID", errBadReply, node)
+	}
+	if id != nil && !id.HasIP(net.IP(gid[:])) {
+		return fmt.Errorf("%w: node %s: GID %s is not one of its certificate's addresses", errBadReply, id.Node, net.IP(gid[:]))
+	}
+	return nil
+}
+
+// identityOf checks a peer agent's Identity reply, answered with the
+// certificate id (nil without TLS) by the remote for node, and returns the
+// peer's GID: the reply must name node, and its GID be node's (vouchFor).
+func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity) (verbs.GID, error) {
+	n := rep.GetNode()
+	if n.GetName() != node {
+		return verbs.GID{}, fmt.Errorf("%w: node %q answered as %q", errBadReply, node, n.GetName())
+	}
+	var gid verbs.GID
+	if len(n.GetGid()) != len(gid) {
+		return verbs.GID{}, fmt.Errorf("%w: node %q: GID of %d bytes", errBadReply, node, len(n.GetGid()))
+	}
+	copy(gid[:], n.GetGid())
+	if err := vouchFor(id, node, gid); err != nil {
+		return verbs.GID{}, err
+	}
+	return gid, nil
 }

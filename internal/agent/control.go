@@ -6,16 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/internal/discovery"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/pki"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -75,21 +78,25 @@ func (a *Agent) self() *controlpb.Node {
 }
 
 func (s *controlServer) Identity(ctx context.Context, req *controlpb.IdentityRequest) (*controlpb.IdentityReply, error) {
-	if err := s.a.authorize(ctx, claimOf(req.GetCaller())); err != nil {
+	c, err := claimOf(req.GetCaller())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.a.authorize(ctx, c); err != nil {
 		return nil, err
 	}
 	ec := s.a.eng.Config()
 	return &controlpb.IdentityReply{Node: s.a.self(), Qkey: ec.QKey, Mtu: uint32(ec.MTU.Bytes())}, nil
 }
 
-// claimOf is what a Node message claims; nil claims nothing.
-func claimOf(n *controlpb.Node) claim {
+// claimOf is what a Node message claims: all of it, its GID of 16
+// bytes; nil claims nothing.
+func claimOf(n *controlpb.Node) (claim, error) {
 	if n == nil {
-		return claim{}
+		return claim{}, nil
 	}
-	c := claim{node: n.Name, address: n.ControlAddress}
-	c.gid, _ = gidOf(n.Gid)
-	return c
+	gid, err := gidOf(n.Gid)
+	return claim{node: n.Name, address: n.ControlAddress, gid: gid, of: claimsAll}, err
 }
 
 func gidOf(b []byte) (verbs.GID, error) {
@@ -107,7 +114,7 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 		return nil, err
 	}
 	// The QP is set up for gid's node: only that node may ask.
-	if err := s.a.authorize(ctx, claim{gid: gid}); err != nil {
+	if err := s.a.authorize(ctx, claim{gid: gid, of: claimsGID}); err != nil {
 		return nil, err
 	}
 	if req.Type > 255 || req.Mtu > 255 {
@@ -125,16 +132,20 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*controlpb.DialReply, error) {
 	a := s.a
 	c := req.GetCaller()
-	if c == nil || c.ControlAddress == "" || req.Port == 0 || req.Port > 65535 || !vqpn.ID(req.Vconn).Valid() {
+	if c == nil || req.Port == 0 || req.Port > 65535 || !vqpn.ID(req.Vconn).Valid() {
 		return nil, status.Error(codes.InvalidArgument, "dial: caller, port and vconn are required")
 	}
-	gid, err := gidOf(c.Gid)
+	// The caller's whole identity, its GID above all: without one, this
+	// agent would learn it from the caller's Identity reply, which says
+	// what the caller likes.
+	cl, err := claimOf(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := a.authorize(ctx, claim{node: c.Name, address: c.ControlAddress, gid: gid}); err != nil {
+	if err := a.authorize(ctx, cl); err != nil {
 		return nil, err
 	}
+	gid := cl.gid
 	a.mu.Lock()
 	l := a.listeners[req.Port]
 	a.mu.Unlock()
@@ -144,18 +155,18 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 	if !l.sess.al.take() {
 		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: allocation %s has all its %d vconns in use", req.Port, l.sess.al.id, l.sess.al.quota)
 	}
-	r, err := a.remoteAt(c.ControlAddress)
+	r, err := a.remoteFor(c.Name, c.ControlAddress, false)
 	if err != nil {
 		l.sess.al.give()
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	r.observe(c.Incarnation)
-	peer, err := r.enginePeer(ctx, gid, c.Name)
+	ep, err := r.enginePeer(ctx, gid)
 	if err != nil {
 		l.sess.al.give()
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	vc, err := a.eng.NewVConn(ctx, peer, engine.VConnOptions{UseEngineDefault: true})
+	vc, err := a.eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
 	if err != nil {
 		l.sess.al.give()
 		return nil, status.Error(codes.Unavailable, err.Error())
@@ -193,7 +204,7 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 				return err
 			}
 			if !bytes.Equal(b.Gid, caller) {
-				if err := s.a.authorize(stream.Context(), claim{gid: gid}); err != nil {
+				if err := s.a.authorize(stream.Context(), claim{gid: gid, of: claimsGID}); err != nil {
 					return err
 				}
 				caller = bytes.Clone(b.Gid)
@@ -207,9 +218,11 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 }
 
 // remote is a peer agent: its gRPC client, its engine peer once known,
-// and the heartbeat that watches it.
+// and the heartbeat that watches it. A remote is a node's: under TLS,
+// every answer on it must come with that node's certificate.
 type remote struct {
 	a      *Agent
+	node   string
 	addr   string
 	conn   *grpc.ClientConn
 	cl     controlpb.ControlClient
@@ -217,29 +230,35 @@ type remote struct {
 	done   chan struct{}
 
 	mu          sync.Mutex
-	name        string       // guarded by mu
 	peer        *engine.Peer // guarded by mu
 	incarnation uint64       // last seen; guarded by mu
 }
 
 // maxRemotes bounds the peer agents an agent keeps, a cluster's nodes and
-// more, so callers claiming ever new control addresses cannot make it hold
+// more, so callers claiming ever new nodes cannot make it hold
 // connections and heartbeats without end.
 const maxRemotes = 8192
 
-// remoteAt returns the peer agent at a control address, connecting to it
-// and starting its heartbeat on first use.
-func (a *Agent) remoteAt(addr string) (*remote, error) {
+// remoteFor returns node's peer agent, connecting to it at addr and
+// starting its heartbeat on first use. A node has one remote whatever
+// address it is claimed at: a caller's claim (Dial's) gets the one there
+// is, so a peer claiming ever new ports of its address adds nothing;
+// discovery's (move) replaces one at another address, which hands its
+// engine peer over.
+func (a *Agent) remoteFor(node, addr string, move bool) (*remote, error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.closed {
+		a.mu.Unlock()
 		return nil, errors.New("agent: shutting down")
 	}
-	if r := a.remotes[addr]; r != nil {
-		return r, nil
+	old := a.remotes[node]
+	if old != nil && (!move || old.addr == addr) {
+		a.mu.Unlock()
+		return old, nil
 	}
-	if len(a.remotes) >= maxRemotes {
-		return nil, fmt.Errorf("agent: peer %s: already %d peer agents", addr, len(a.remotes))
+	if old == nil && len(a.remotes) >= maxRemotes {
+		a.mu.Unlock()
+		return nil, fmt.Errorf("agent: peer %s at %s: already %d peer agents", node, addr, len(a.remotes))
 	}
 	// Reconnect within a second of a peer coming back (gRPC's default
 	// backoff grows to two minutes).
@@ -247,13 +266,40 @@ func (a *Agent) remoteAt(addr string) (*remote, error) {
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second}))
 	if err != nil {
-		return nil, fmt.Errorf("agent: peer %s: %w", addr, err)
+		a.mu.Unlock()
+		return nil, fmt.Errorf("agent: peer %s at %s: %w", node, addr, err)
 	}
 	ctx, cancel := context.WithCancel(a.ctx)
-	r := &remote{a: a, addr: addr, conn: conn, cl: controlpb.NewControlClient(conn), cancel: cancel, done: make(chan struct{})}
-	a.remotes[addr] = r
+	r := &remote{a: a, node: node, addr: addr, conn: conn, cl: controlpb.NewControlClient(conn), cancel: cancel, done: make(chan struct{})}
+	a.remotes[node] = r
 	go r.heartbeat(ctx)
+	a.mu.Unlock()
+	if old != nil {
+		old.close()
+		r.adopt(old)
+		a.log.Info("Peer agent moved", "peer", node, "from", old.addr, "to", addr)
+	}
 	return r, nil
+}
+
+// adopt takes over the engine peer and incarnation of the remote it
+// replaces: the node is the same, only its address changed.
+func (r *remote) adopt(old *remote) {
+	old.mu.Lock()
+	p, inc := old.peer, old.incarnation
+	old.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.incarnation == 0 {
+		r.incarnation = inc
+	}
+	if p == nil || r.peer != nil || p.Err() != nil {
+		return
+	}
+	// The engine peer's control link moves to this connection.
+	if q, err := r.a.eng.Peer(p.GID(), link{r: r, gid: p.GID()}); err == nil {
+		r.peer = q
+	}
 }
 
 func (r *remote) close() {
@@ -263,8 +309,11 @@ func (r *remote) close() {
 }
 
 // enginePeer returns the engine's peer for this agent, learning its GID
-// with Identity when the caller does not know it.
-func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*engine.Peer, error) {
+// with Identity when the caller does not know it. The Identity reply is
+// bound to the answering agent's certificate (identityOf): a node that
+// answers with another's GID would have this engine route that node's
+// QPs, and its heartbeat's verdicts, to itself.
+func (r *remote) enginePeer(ctx context.Context, gid verbs.GID) (*engine.Peer, error) {
 	r.mu.Lock()
 	p := r.peer
 	r.mu.Unlock()
@@ -272,17 +321,21 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*e
 		return p, nil
 	}
 	if gid == (verbs.GID{}) {
-		rep, err := r.cl.Identity(ctx, &controlpb.IdentityRequest{Caller: r.a.self()})
+		var from peer.Peer
+		rep, err := r.cl.Identity(ctx, &controlpb.IdentityRequest{Caller: r.a.self()}, grpc.Peer(&from))
 		if err != nil {
-			return nil, fmt.Errorf("agent: identity of peer %s: %w", r.addr, err)
+			return nil, fmt.Errorf("agent: identity of peer %s at %s: %w", r.node, r.addr, err)
 		}
-		if gid, err = gidOf(rep.GetNode().GetGid()); err != nil {
-			return nil, fmt.Errorf("agent: identity of peer %s: %w", r.addr, err)
+		id, err := r.a.answerer(&from)
+		if err == nil {
+			gid, err = identityOf(rep, r.node, id)
 		}
-		name = rep.GetNode().GetName()
+		if err != nil {
+			return nil, fmt.Errorf("agent: identity of peer %s at %s: %w", r.node, r.addr, err)
+		}
 		r.observe(rep.GetNode().GetIncarnation())
 	}
-	p, err := r.a.eng.Peer(gid, link{r.cl})
+	p, err := r.a.eng.Peer(gid, link{r: r, gid: gid})
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +343,7 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, name string) (*e
 	if r.peer == nil || r.peer.Err() != nil {
 		// First use, or the peer failed (its agent restarted): the engine
 		// gave a fresh peer with new QPs.
-		r.peer, r.name = p, name
+		r.peer = p
 	}
 	p = r.peer
 	r.mu.Unlock()
@@ -322,13 +375,13 @@ func (r *remote) observe(inc uint64) {
 // fail fails every vconn to the peer.
 func (r *remote) fail(err error) {
 	r.mu.Lock()
-	p, name := r.peer, r.name
+	p := r.peer
 	r.mu.Unlock()
 	if p == nil {
 		return
 	}
-	r.a.log.Info("Peer agent lost: failing its vconns", "peer", name, "address", r.addr, "reason", err.Error())
-	p.Fail(fmt.Errorf("agent %s at %s: %w", name, r.addr, err))
+	r.a.log.Info("Peer agent lost: failing its vconns", "peer", r.node, "address", r.addr, "reason", err.Error())
+	p.Fail(fmt.Errorf("agent %s at %s: %w", r.node, r.addr, err))
 }
 
 // heartbeat keeps a beat stream open to the peer. A stream that breaks,
@@ -371,11 +424,22 @@ func (r *remote) heartbeat(ctx context.Context) {
 var errRestarted = errors.New("peer agent restarted")
 
 // beatOnce runs one heartbeat stream until it fails; beating reports
-// whether the peer answered on it.
+// whether the peer answered on it. The stream must come from the
+// remote's node, and its answers speak for an engine peer only of a GID
+// in the node's certificate: an agent at the address that is not the
+// node can neither keep it alive nor fail it.
 func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) (beating bool, _ error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := r.cl.Heartbeat(sctx)
+	if err != nil {
+		return false, fmt.Errorf("heartbeat: %w", err)
+	}
+	from, _ := peer.FromContext(stream.Context())
+	id, err := r.a.answerer(from)
+	if err == nil {
+		err = nodeIs(id, r.node)
+	}
 	if err != nil {
 		return false, fmt.Errorf("heartbeat: %w", err)
 	}
@@ -384,10 +448,12 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		g := e.GID()
 		gid = g[:]
 	}
+	var sent atomic.Uint64 // the last beat's seq
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for seq := uint64(1); ; seq++ {
+			sent.Store(seq)
 			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid}) != nil {
 				return
 			}
@@ -412,13 +478,16 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 			}
 			return beating, fmt.Errorf("heartbeat: %w", err)
 		}
+		if err := beatOf(b, sent.Load()); err != nil {
+			return beating, fmt.Errorf("heartbeat: %w", err)
+		}
 		beating = true
 		r.mu.Lock()
 		old := r.incarnation
 		r.incarnation = b.Incarnation
 		p := r.peer
 		r.mu.Unlock()
-		if p != nil {
+		if p != nil && vouchFor(id, r.node, p.GID()) == nil {
 			// The peer's side of our connection is new: ours goes too.
 			r.a.eng.ObservePeerEpoch(p.GID(), b.PeerEpoch)
 		}
@@ -428,32 +497,42 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 	}
 }
 
+// beatOf checks a beat the peer answered: the echo of one of the beats
+// sent so far (sent is the last one's seq), from an agent that has an
+// incarnation. Anything else is no answer of an agent's.
+func beatOf(b *controlpb.Beat, sent uint64) error {
+	if b.GetSeq() == 0 || b.GetSeq() > sent {
+		return fmt.Errorf("%w: beat %d answered, %d sent", errBadReply, b.GetSeq(), sent)
+	}
+	if b.GetIncarnation() == 0 {
+		return fmt.Errorf("%w: beat without an incarnation", errBadReply)
+	}
+	return nil
+}
+
 // peersChanged connects to discovered peers so heartbeats watch them, and
 // forgets the ones that left once no vconn uses them: their control
 // connection, heartbeat and engine peer (with its QPs) go.
 func (a *Agent) peersChanged(peers []discovery.Peer) {
 	known := make(map[string]bool, len(peers))
 	for _, p := range peers {
-		known[p.Address] = true
-		if _, err := a.remoteAt(p.Address); err != nil {
+		known[p.NodeName] = true
+		if _, err := a.remoteFor(p.NodeName, p.Address, true); err != nil {
 			a.log.Error(err, "Cannot reach peer agent", "peer", p.NodeName)
 		}
 	}
 	var gone []*remote
 	a.mu.Lock()
-	for addr, r := range a.remotes {
-		if !known[addr] && r.forget() {
-			delete(a.remotes, addr)
+	for node, r := range a.remotes {
+		if !known[node] && r.forget() {
+			delete(a.remotes, node)
 			gone = append(gone, r)
 		}
 	}
 	a.mu.Unlock()
 	for _, r := range gone {
 		r.close()
-		r.mu.Lock()
-		name := r.name
-		r.mu.Unlock()
-		a.log.Info("Forgot a peer agent that left", "peer", name, "address", r.addr)
+		a.log.Info("Forgot a peer agent that left", "peer", r.node, "address", r.addr)
 	}
 }
 
@@ -466,16 +545,61 @@ func (r *remote) forget() bool {
 	return p == nil || r.a.eng.Forget(p.GID(), errors.New("its node left the cluster"))
 }
 
-// link is engine.PeerLink over the control plane.
-type link struct{ cl controlpb.ControlClient }
+// link is engine.PeerLink over the control plane, for the engine peer at
+// gid: its replies must come from the remote's node, with a certificate
+// that holds gid, since the engine connects its QP to what they say.
+type link struct {
+	r   *remote
+	gid verbs.GID
+}
 
 func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPReply, error) {
-	rep, err := l.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
-		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool)})
+	var from peer.Peer
+	rep, err := l.r.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
+		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool)},
+		grpc.Peer(&from))
 	if err != nil {
 		return engine.QPReply{}, statusError(err)
 	}
-	return engine.QPReply{QPN: rep.Qpn, PSN: rep.Psn, UDQPNs: rep.UdQpns, Epoch: rep.Epoch}, nil
+	id, err := l.r.a.answerer(&from)
+	if err == nil {
+		err = vouchFor(id, l.r.node, l.gid)
+	}
+	var qp engine.QPReply
+	if err == nil {
+		qp, err = qpReplyOf(rep)
+	}
+	if err != nil {
+		return engine.QPReply{}, fmt.Errorf("agent: QP of peer %s at %s: %w", l.r.node, l.r.addr, err)
+	}
+	return qp, nil
+}
+
+// maxUDQPNs is the most UD QPs an engine lists, as AcceptQP takes them
+// from a request.
+const maxUDQPNs = 64
+
+// qpReplyOf checks a peer's answer to ConnectQP: QP numbers and PSN of 24
+// bits (QPN 0 is no engine's), at most maxUDQPNs UD QPs, and an epoch,
+// which starts at 1.
+func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
+	const qpnLimit = 1 << 24
+	switch {
+	case rep.GetQpn() == 0 || rep.GetQpn() >= qpnLimit:
+		return engine.QPReply{}, fmt.Errorf("%w: QPN %#x", errBadReply, rep.GetQpn())
+	case rep.GetPsn() >= qpnLimit:
+		return engine.QPReply{}, fmt.Errorf("%w: PSN %#x", errBadReply, rep.GetPsn())
+	case len(rep.GetUdQpns()) > maxUDQPNs:
+		return engine.QPReply{}, fmt.Errorf("%w: %d UD QPs", errBadReply, len(rep.GetUdQpns()))
+	case rep.GetEpoch() == 0:
+		return engine.QPReply{}, fmt.Errorf("%w: epoch 0", errBadReply)
+	}
+	for _, q := range rep.GetUdQpns() {
+		if q == 0 || q >= qpnLimit {
+			return engine.QPReply{}, fmt.Errorf("%w: UD QPN %#x", errBadReply, q)
+		}
+	}
+	return engine.QPReply{QPN: rep.GetQpn(), PSN: rep.GetPsn(), UDQPNs: rep.GetUdQpns(), Epoch: rep.GetEpoch()}, nil
 }
 
 // dialPeer connects a new vconn to a listener on another node. Its
@@ -486,19 +610,30 @@ func (a *Agent) dialPeer(ctx context.Context, p discovery.Peer, port uint32) (*e
 }
 
 func (a *Agent) dialRemote(ctx context.Context, p discovery.Peer, port uint32) (*engine.VConn, error) {
-	r, err := a.remoteAt(p.Address)
+	// Discovery says where a node's agent is (move).
+	r, err := a.remoteFor(p.NodeName, p.Address, true)
 	if err != nil {
 		return nil, err
 	}
-	peer, err := r.enginePeer(ctx, verbs.GID{}, p.NodeName)
+	ep, err := r.enginePeer(ctx, verbs.GID{})
 	if err != nil {
 		return nil, err
 	}
-	vc, err := a.eng.NewVConn(ctx, peer, engine.VConnOptions{UseEngineDefault: true})
+	vc, err := a.eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
 	if err != nil {
 		return nil, err
 	}
-	rep, err := r.cl.Dial(ctx, &controlpb.DialRequest{Caller: a.self(), Port: port, Vconn: uint32(vc.ID())})
+	var from peer.Peer
+	rep, err := r.cl.Dial(ctx, &controlpb.DialRequest{Caller: a.self(), Port: port, Vconn: uint32(vc.ID())}, grpc.Peer(&from))
+	if err == nil {
+		var id *pki.Identity
+		if id, err = a.answerer(&from); err == nil {
+			err = vouchFor(id, r.node, ep.GID())
+		}
+		if err != nil {
+			err = fmt.Errorf("agent: dial of peer %s at %s: %w", r.node, r.addr, err)
+		}
+	}
 	if err != nil {
 		_ = vc.Close()
 		return nil, err

@@ -156,8 +156,8 @@ func (a *Agent) peerNames() map[verbs.GID]string {
 	names := make(map[verbs.GID]string, len(rs))
 	for _, r := range rs {
 		r.mu.Lock()
-		if r.peer != nil && r.name != "" {
-			names[r.peer.GID()] = r.name
+		if r.peer != nil && r.node != "" {
+			names[r.peer.GID()] = r.node
 		}
 		r.mu.Unlock()
 	}

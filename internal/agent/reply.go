@@ -54,7 +54,7 @@ func codeOf(err error) frame.Code {
 		return frame.CodeRefused
 	case errors.Is(err, errPeerQuota):
 		return frame.CodeQuota
-	case errors.Is(err, errUnreachable):
+	case errors.Is(err, errUnreachable), errors.Is(err, errBadReply):
 		return frame.CodeUnreachable
 	case errors.Is(err, errPeerInvalid):
 		return frame.CodeBadRequest
