@@ -1,7 +1,7 @@
 // Package agent is the RDMAvisor node agent: it owns the node's RDMA
 // device, runs the engine (package engine) on it, serves applications over
 // per-allocation unix sockets, and talks to the other nodes' agents over
-// gRPC. The device is opened by the wiring (Options.OpenDevice: cmd/node-agent
+// gRPC, authenticated with mutual TLS when configured. The device is opened by the wiring (Options.OpenDevice: cmd/node-agent
 // chooses the provider by configuration); the agent closes it.
 //
 // # Allocations and the admin socket
@@ -27,7 +27,10 @@
 // one connection, so a socket gives no access to another connection's, let
 // alone another allocation's, vconns. An allocation of k vconns holds at
 // most k open at once, dialled or accepted; the k+1-th gets CodeQuota,
-// and closing one frees its slot. A malformed frame is answered with
+// and closing one frees its slot. A connection past limits.sessions is
+// refused at accept, before anything of a session is allocated: a few
+// (maxRefusing) wait for their first frame to be answered CodeLimit, the
+// rest are closed at once. A malformed frame is answered with
 // CodeBadRequest and the connection is closed; other clients are not
 // affected. Each vconn has a worker that runs its operations in order
 // (at most SendWindow outstanding) and a pump that pushes received
@@ -57,6 +60,25 @@
 // this agent's own). A dial
 // to this node's own name or address makes the agent its own peer: its QPs
 // loop back on the device, as a NIC's do, so two pods on one node talk the
-// same way as pods on two. The control plane is not authenticated yet (mTLS
-// is planned).
+// same way as pods on two.
+//
+// # Who a peer is
+//
+// With Config.TLS (the operator's agents always have it) the control
+// plane is mutual TLS (auth.go): each agent presents its node's
+// certificate (package pki: the node's name and IP addresses, signed by
+// the cluster CA), serves only callers whose certificate the CA signed,
+// and dials a peer only if the peer's certificate names the address
+// dialed. Every call and every answer is bound to a certificate. What a
+// caller claims (node name, control address, GID: RoCE v2 GIDs are IP
+// addresses) must be its certificate's, and a claimed field left empty,
+// a zero GID above all, is refused, not skipped (authorize). What a peer
+// answers (Identity's name and GID, ConnectQP's QP, Dial's vconn, the
+// beats) must come from the node it was asked of, for a GID of that
+// node's certificate (identityOf, vouchFor): no node can make this one
+// route another node's QPs to itself, or fail that node's vconns. A peer
+// is its node: remotes are kept by node name, one per node whatever
+// address a caller claims (discovery's address wins). Without TLS a
+// standalone agent logs that anyone who reaches its control port can
+// pose as a peer; only the form of claims and replies is checked then.
 package agent
