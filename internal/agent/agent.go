@@ -81,6 +81,7 @@ type Agent struct {
 	pods      map[string]admin.Pod   // by UID; guarded by mu
 	listeners map[uint32]*listener   // by port; guarded by mu
 	remotes   map[string]*remote     // by node; guarded by mu
+	gids      map[verbs.GID]string   // the node each engine peer's GID is bound to (bindGID); guarded by mu
 
 	creds credentials.TransportCredentials // the control plane's, both ways
 	tls   *pki.Source                      // nil without TLS
@@ -108,6 +109,7 @@ func New(opts Options) (_ *Agent, err error) {
 		disc: opts.Discovery, incarnation: max(rand.Uint64(), 1),
 		allocs: make(map[string]*allocation), pods: make(map[string]admin.Pod),
 		listeners: make(map[uint32]*listener), remotes: make(map[string]*remote),
+		gids: make(map[verbs.GID]string),
 	}
 	if a.disc == nil {
 		a.disc = discovery.StaticFromConfig(cfg)

@@ -311,6 +311,81 @@ func TestImpostorIdentity(t *testing.T) {
 	}
 }
 
+// TestImpostorSharedAddress: node-x holds a valid certificate that names
+// node-b's address too (a signer that certified an address twice), and
+// serves its control plane there on another port. It dials node-a as
+// itself with node-b's GID, which its certificate allows: node-a must not
+// hand node-b's engine peer, and so its QPs, to node-x's connection
+// (figure: 0 ConnectQP calls to the impostor), and the vconns between
+// node-a and node-b keep working.
+func TestImpostorSharedAddress(t *testing.T) {
+	cl := startCluster(t, agenttest.Options{TLS: true})
+	a, b := cl.Nodes[0], cl.Nodes[1]
+	ctx := ctxT(t)
+	xln, err := net.Listen("tcp", b.IP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	xSrc := certSource(t, cl.CA, "node-x", b.IP)
+	x := serveImpostor(t, xln, xSrc)
+	bGID := mappedGID(b.IP)
+	x.as.Store(&controlpb.Node{Name: "node-x", ControlAddress: xln.Addr().String(), Gid: bGID, Incarnation: 1})
+
+	srv := appClient(t, b, "srv", 8)
+	ln, err := srv.Listen(ctx, ":7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go agenttest.ServeEcho(ln)
+	cli := appClient(t, a, "cli", 8)
+	old, err := cli.Dial(ctx, "node-b:7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	echoes(t, old, "before")
+
+	victim := appClient(t, a, "victim", 8)
+	vln, err := victim.Listen(ctx, ":8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vln.Close()
+	go agenttest.ServeDiscard(vln)
+	xcl := hostile(t, a.Agent.ControlAddress(), xSrc.Credentials())
+	for i := range 4 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := xcl.Dial(cctx, &controlpb.DialRequest{Caller: &controlpb.Node{Name: "node-x",
+			ControlAddress: xln.Addr().String(), Gid: bGID, Incarnation: 1}, Port: 8, Vconn: uint32(0x501 + i)})
+		cancel()
+		if err == nil {
+			t.Errorf("node-x dialing node-a with node-b's GID: accepted")
+		}
+	}
+	time.Sleep(time.Second)
+	for i := range 4 { // new vconns, on new QPs of both indexes
+		c, err := cli.Dial(ctx, "node-b:7")
+		if err != nil {
+			t.Errorf("dial node-b after the impostor: %v", err)
+			continue
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		msg := fmt.Sprint("new ", i)
+		got := make([]byte, len(msg))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Errorf("echo %q: %v", msg, err)
+		} else if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+			t.Errorf("echo %q: got %q, %v", msg, got, err)
+		}
+		_ = c.Close()
+	}
+	if n := x.qps.Load(); n != 0 {
+		t.Errorf("%d QPs routed to the impostor, want 0", n)
+	}
+	echoes(t, old, "after")
+}
+
 // TestOnePeerOneRemote: a peer is a node, not an address:port. node-x,
 // with a valid certificate, dials node-a claiming 32 control addresses of
 // its IP with different ports; node-a keeps at most one remote for it

@@ -182,3 +182,34 @@ func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity) (ve
 	}
 	return gid, nil
 }
+
+// bindGID binds an engine peer's GID to the node whose remote carries its
+// control link, refusing a GID that is another node's: this agent's own,
+// the address of a peer discovery lists, or one bound before to another
+// node whose remote is kept. A certificate says which addresses a node may
+// use; here only one node has each, even if two certificates name it (a
+// signer that certified an address twice): otherwise the second node would
+// take over the first's engine peer, its QPs and its heartbeat's verdicts.
+func (a *Agent) bindGID(gid verbs.GID, node string) error {
+	ip := net.IP(gid[:])
+	owner := ""
+	if gid == a.eng.GID() {
+		owner = a.cfg.NodeName
+	}
+	for _, p := range a.disc.Peers() {
+		if h, _, err := net.SplitHostPort(p.Address); err == nil && ip.Equal(net.ParseIP(h)) {
+			owner = p.NodeName
+			break
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n, ok := a.gids[gid]; owner == "" && ok && a.remotes[n] != nil {
+		owner = n
+	}
+	if owner != "" && owner != node {
+		return fmt.Errorf("%w: GID %s is node %s's, not %s's", errBadReply, ip, owner, node)
+	}
+	a.gids[gid] = node
+	return nil
+}

@@ -335,6 +335,9 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID) (*engine.Peer, e
 		}
 		r.observe(rep.GetNode().GetIncarnation())
 	}
+	if err := r.a.bindGID(gid, r.node); err != nil {
+		return nil, fmt.Errorf("agent: peer %s at %s: %w", r.node, r.addr, err)
+	}
 	p, err := r.a.eng.Peer(gid, link{r: r, gid: gid})
 	if err != nil {
 		return nil, err
@@ -527,6 +530,11 @@ func (a *Agent) peersChanged(peers []discovery.Peer) {
 		if !known[node] && r.forget() {
 			delete(a.remotes, node)
 			gone = append(gone, r)
+		}
+	}
+	for gid, node := range a.gids {
+		if a.remotes[node] == nil {
+			delete(a.gids, gid)
 		}
 	}
 	a.mu.Unlock()
