@@ -75,10 +75,11 @@
 // a zero GID above all, is refused, not skipped (authorize). What a peer
 // answers (Identity's name and GID, ConnectQP's QP, Dial's vconn, the
 // beats) must come from the node it was asked of, for a GID of that
-// node's certificate (identityOf, vouchFor): no node can make this one
-// route another node's QPs to itself, or fail that node's vconns. A peer
-// is its node: remotes are kept by node name, one per node whatever
-// address a caller claims (discovery's address wins). Without TLS a
+// node's certificate (identityOf, vouchFor), and a GID is one node's
+// (bindGID): no node can make this one route another node's QPs to
+// itself, or fail that node's vconns. A peer is its node: remotes are
+// kept by node name, one per node whatever address a caller claims
+// (discovery's address wins). Without TLS a
 // standalone agent logs that anyone who reaches its control port can
 // pose as a peer; only the form of claims and replies is checked then.
 package agent
