@@ -29,7 +29,7 @@ type allocation struct {
 	used     int                        // vconns open; guarded by mu
 	held     held                       // listeners, regions; guarded by mu (limits.go)
 	sessions map[*session]struct{}      // guarded by mu
-	refusing map[*net.UnixConn]struct{} // connections refuse answers; guarded by mu
+	refusing map[*net.UnixConn]struct{} // past the limit, waiting for refuse; guarded by mu
 	closed   bool                       // guarded by mu
 }
 
