@@ -116,15 +116,21 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access) (*Region, 
 	} else {
 		va |= remoteAccess(access)
 	}
+	vc.e.registered.Add(int64(size))
 	mr, err := vc.e.pd.RegMR(size, va)
 	if err != nil {
+		vc.e.registered.Add(-int64(size))
 		return nil, fmt.Errorf("engine: export on vconn %v: %w", vc.id, err)
 	}
 	addr, rkey := mr.Addr(), mr.RKey()
 	var mw verbs.MW
 	if vc.e.windows {
 		if mw, rkey, err = vc.bindWindow(ctx, mr, access); err != nil {
-			return nil, errors.Join(err, mr.Close())
+			if cerr := mr.Close(); cerr != nil {
+				return nil, errors.Join(err, cerr) // still registered: stays counted
+			}
+			vc.e.registered.Add(-int64(size))
+			return nil, err
 		}
 		addr = 0 // zero-based: the peer learns nothing of our address space
 	}
@@ -310,7 +316,13 @@ func (r *Region) release() error {
 	if r.mw != nil {
 		err = r.mw.Close()
 	}
-	return errors.Join(err, r.mr.Close())
+	n := len(r.mr.Bytes())
+	if cerr := r.mr.Close(); cerr != nil {
+		// Still registered: it stays counted.
+		return errors.Join(err, cerr)
+	}
+	r.vc.e.registered.Add(-int64(n))
+	return err
 }
 
 // Close withdraws the export. The memory is deregistered once the peer has
