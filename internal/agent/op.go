@@ -54,7 +54,7 @@ func (h *vconnHandle) do(f frame.Frame) error {
 		if err := s.al.claimRegion(int64(f.Arg2)); err != nil {
 			return err
 		}
-		r, err := vc.Export(h.ctx, int(f.Arg2), engine.Access(f.Arg))
+		r, err := vc.Export(h.ctx, int(f.Arg2), engine.Access(f.Arg), nil)
 		if err != nil {
 			s.al.releaseRegion(int64(f.Arg2))
 			return err
