@@ -191,6 +191,9 @@ func (a *Agent) engineConfig() (engine.Config, error) {
 		RecvBuffers:  clamp(a.cfg.BufferPoolBytes*3/8/chunk, 64, 1<<15),
 		DgramBuffers: clamp(a.cfg.BufferPoolBytes/8/chunk, 32, 1<<15),
 		SendBuffers:  clamp(a.cfg.BufferPoolBytes/2/(256+1024+chunk/4), 64, 1<<15),
+		// The node-wide bound: the engine counts a region until its
+		// memory is deregistered, whoever held it.
+		MaxRegisteredBytes: a.cfg.Limits.RegisteredBytes,
 	}
 	if a.opts.TuneEngine != nil {
 		a.opts.TuneEngine(&ec)

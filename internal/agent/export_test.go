@@ -24,3 +24,17 @@ func (a *Agent) QueuedBytes(id string) (rx, tx int64, ok bool) {
 	rx, tx = al.queued()
 	return rx, tx, true
 }
+
+// RegionsHeld reports what allocation id holds against limits.regions and
+// limits.regionBytes; ok is false if there is no such allocation.
+func (a *Agent) RegionsHeld(id string) (regions int, bytes int64, ok bool) {
+	a.mu.Lock()
+	al := a.allocs[id]
+	a.mu.Unlock()
+	if al == nil {
+		return 0, 0, false
+	}
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	return al.held.regions, al.held.regionBytes, true
+}

@@ -44,16 +44,20 @@ func (al *allocation) releaseListener() {
 }
 
 // claimRegion counts an exported region of size bytes against the
-// allocation's limits.
+// allocation's limits, until releaseRegion: once its memory is
+// deregistered, which a withdrawn region's is only when the peer
+// confirmed it stopped using it, and an ended vconn's after the engine's
+// grace. Counting to the unexport instead let a pod whose peer never
+// confirmed (its send ring stalled) register without bound.
 func (al *allocation) claimRegion(size int64) error {
 	l := al.a.cfg.Limits
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	switch {
 	case al.held.regions >= l.Regions:
-		return fmt.Errorf("export: allocation %s already exports %d regions (limits.regions): %w", al.id, l.Regions, errLimit)
+		return fmt.Errorf("export: allocation %s already has %d regions registered, withdrawn ones until the peer confirmed (limits.regions): %w", al.id, l.Regions, errLimit)
 	case size > l.RegionBytes-al.held.regionBytes:
-		return fmt.Errorf("export %d bytes: allocation %s has %d of its %d bytes of regions registered (limits.regionBytes): %w",
+		return fmt.Errorf("export %d bytes: allocation %s has %d of its %d bytes of regions registered, withdrawn ones until the peer confirmed (limits.regionBytes): %w",
 			size, al.id, al.held.regionBytes, l.RegionBytes, errLimit)
 	}
 	al.held.regions++
@@ -61,6 +65,8 @@ func (al *allocation) claimRegion(size int64) error {
 	return nil
 }
 
+// releaseRegion gives back a region claimRegion counted; the engine calls
+// it (Export's released), on whichever goroutine deregistered the memory.
 func (al *allocation) releaseRegion(size int64) {
 	al.mu.Lock()
 	al.held.regions--

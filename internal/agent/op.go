@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
@@ -51,12 +52,18 @@ func (h *vconnHandle) do(f frame.Frame) error {
 		if f.Arg2 == 0 || f.Arg2 > uint64(s.al.a.cfg.MaxMessageBytes) {
 			return fmt.Errorf("export %d bytes: %w: want 1..%d", f.Arg2, verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
 		}
-		if err := s.al.claimRegion(int64(f.Arg2)); err != nil {
+		size := int64(f.Arg2)
+		if err := s.al.claimRegion(size); err != nil {
 			return err
 		}
-		r, err := vc.Export(h.ctx, int(f.Arg2), engine.Access(f.Arg))
+		// The claim is given back once the memory is deregistered,
+		// not at Unexport or the vconn's end: until the peer confirms
+		// (or the grace ends) it is still registered, and pinned.
+		r, err := vc.Export(h.ctx, int(size), engine.Access(f.Arg), func() { s.al.releaseRegion(size) })
+		if errors.Is(err, engine.ErrRegisteredLimit) {
+			return fmt.Errorf("export %d bytes: the node's regions are at limits.registeredBytes: %w", size, err)
+		}
 		if err != nil {
-			s.al.releaseRegion(int64(f.Arg2))
 			return err
 		}
 		if h.regions == nil {
@@ -70,7 +77,6 @@ func (h *vconnHandle) do(f frame.Frame) error {
 			return fmt.Errorf("unexport region %d: %w", f.Arg, engine.ErrNoRegion)
 		}
 		delete(h.regions, f.Arg)
-		s.al.releaseRegion(int64(r.Len()))
 		if err := r.Close(); err != nil {
 			return err
 		}
@@ -122,9 +128,10 @@ func (h *vconnHandle) do(f frame.Frame) error {
 	return fmt.Errorf("%v: %w", f.Op, verbs.ErrInvalid)
 }
 
+// dropRegions withdraws the vconn's regions; each is given back to the
+// allocation once deregistered (Export's released).
 func (h *vconnHandle) dropRegions() {
 	for id, r := range h.regions {
-		h.s.al.releaseRegion(int64(r.Len()))
 		_ = r.Close()
 		delete(h.regions, id)
 	}

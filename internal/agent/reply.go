@@ -58,7 +58,7 @@ func codeOf(err error) frame.Code {
 		return frame.CodeUnreachable
 	case errors.Is(err, errPeerInvalid):
 		return frame.CodeBadRequest
-	case errors.Is(err, errLimit):
+	case errors.Is(err, errLimit), errors.Is(err, engine.ErrRegisteredLimit):
 		return frame.CodeLimit
 	}
 	return frame.CodeInternal

@@ -149,16 +149,21 @@ type AgentConfig struct {
 }
 
 // Limits bound what one allocation may hold of its agent, so that one
-// tenant cannot exhaust the agent for the others. A request past a limit
-// fails with the protocol's limit code; nothing else is affected.
+// tenant cannot exhaust the agent for the others, and RegisteredBytes
+// what all of them together may. A request past a limit fails with the
+// protocol's limit code; nothing else is affected.
 type Limits struct {
 	// Sessions: connections to the allocation's socket at once.
 	Sessions int `json:"sessions"`
 	// Listeners: ports listened on at once.
 	Listeners int `json:"listeners"`
-	// Regions: regions exported at once, over all its vconns.
+	// Regions: regions exported at once, over all its vconns, each
+	// counted until its memory is deregistered (see RegionBytes).
 	Regions int `json:"regions"`
-	// RegionBytes: memory those regions register, in bytes.
+	// RegionBytes: memory those regions register, in bytes. A region
+	// counts until its memory is deregistered: after its unexport, once
+	// the peer confirmed it stopped using it; after its vconn ended, once
+	// the engine's grace for operations in flight passed (seconds).
 	RegionBytes int64 `json:"regionBytes"`
 	// QueuedBytes: message bytes the agent holds in its own memory for
 	// the allocation, in each direction: received messages taken from
@@ -169,6 +174,12 @@ type Limits struct {
 	// does not fit fails with the limit code, and so do the later sends
 	// of its vconn.
 	QueuedBytes int64 `json:"queuedBytes"`
+	// RegisteredBytes: memory the regions of all the node's allocations
+	// together register, in bytes, counted as RegionBytes is. Registered
+	// memory is pinned (with ibverbs the kernel cannot page or reclaim
+	// it): this bounds what the agent pins for tenants whatever their
+	// number, where RegionBytes bounds each one.
+	RegisteredBytes int64 `json:"registeredBytes"`
 }
 
 // Default limits, and the largest allowed.
@@ -185,16 +196,22 @@ const (
 	// stream at full window at once, while a pod whose peer or
 	// application stalls holds at most this much of the agent's memory.
 	DefaultQueuedBytes = 64 << 20
-	MaxSessions        = 4096
-	MaxListeners       = 65535
-	MaxRegions         = 1 << 20
-	MaxRegionBytes     = 64 << 30
+	// DefaultRegisteredBytes: 4 GiB, four allocations at the default
+	// regionBytes; size it to the memory the node can leave pinned (and
+	// the agent's memlock limit, with ibverbs).
+	DefaultRegisteredBytes = 4 << 30
+	MaxSessions            = 4096
+	MaxListeners           = 65535
+	MaxRegions             = 1 << 20
+	MaxRegionBytes         = 64 << 30
 	// MinQueuedBytes is the largest message the agent hands to a pod or
 	// takes from it (frame.MaxPayload): a smaller limit would refuse it.
 	MinQueuedBytes = 64 << 10
 	// MaxQueuedBytes: the most one allocation may hold; past 16 GiB the
 	// limit no longer protects a node's memory.
 	MaxQueuedBytes = 16 << 30
+	// MaxRegisteredBytes: 1 TiB, more than a node pins in practice.
+	MaxRegisteredBytes = 1 << 40
 )
 
 // TLSConfig names the agent's node certificate, its key and the cluster's
@@ -279,7 +296,7 @@ func Default() *AgentConfig {
 		ControlPort:     DefaultControlPort,
 		MetricsAddress:  DefaultMetricsAddress,
 		PeerDiscovery:   PeerDiscovery{Mode: DiscoveryKubernetes},
-		Limits:          Limits{Sessions: DefaultSessions, Listeners: DefaultListeners, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes, QueuedBytes: DefaultQueuedBytes},
+		Limits:          Limits{Sessions: DefaultSessions, Listeners: DefaultListeners, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes, QueuedBytes: DefaultQueuedBytes, RegisteredBytes: DefaultRegisteredBytes},
 		StateDir:        DefaultStateDir,
 	}
 }

@@ -130,6 +130,17 @@ peerDiscovery:
 		{name: "queued bytes under a message", doc: minimal + "limits: {queuedBytes: 65535}\n", errs: []string{"limits.queuedBytes: must be between 65536 and 17179869184, got 65535"}},
 		{name: "too many queued bytes", doc: minimal + "limits: {queuedBytes: 17179869185}\n", errs: []string{"limits.queuedBytes: must be between 65536 and 17179869184, got 17179869185"}},
 		{name: "no queued bytes", doc: minimal + "limits: {queuedBytes: -1}\n", errs: []string{"limits.queuedBytes: must be between 65536"}},
+		{name: "no registered bytes", doc: minimal + "limits: {registeredBytes: 0}\n", errs: []string{"limits.registeredBytes: must be between 1 and 1099511627776, got 0"}},
+		{name: "too many registered bytes", doc: minimal + "limits: {registeredBytes: 1099511627777}\n", errs: []string{"limits.registeredBytes: must be between 1 and 1099511627776, got 1099511627777"}},
+		{
+			name: "registered bytes",
+			doc:  minimal + "limits: {registeredBytes: 8589934592}\n",
+			check: func(t *testing.T, c *AgentConfig) {
+				if c.Limits.RegisteredBytes != 8<<30 || c.Limits.RegionBytes != DefaultRegionBytes {
+					t.Errorf("limits %+v: want registeredBytes 8 GiB and the other defaults", c.Limits)
+				}
+			},
+		},
 		{
 			name: "queued bytes",
 			doc:  minimal + "limits: {queuedBytes: 65536}\n",
@@ -143,7 +154,7 @@ peerDiscovery:
 			name: "limits",
 			doc:  minimal + "limits: {listeners: 3}\n",
 			check: func(t *testing.T, c *AgentConfig) {
-				if c.Limits != (Limits{Sessions: DefaultSessions, Listeners: 3, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes, QueuedBytes: DefaultQueuedBytes}) {
+				if c.Limits != (Limits{Sessions: DefaultSessions, Listeners: 3, Regions: DefaultRegions, RegionBytes: DefaultRegionBytes, QueuedBytes: DefaultQueuedBytes, RegisteredBytes: DefaultRegisteredBytes}) {
 					t.Errorf("limits %+v: want listeners 3 and the other defaults", c.Limits)
 				}
 			},

@@ -158,6 +158,7 @@ func (c *AgentConfig) Validate() error {
 		{"regions", int64(c.Limits.Regions), 1, MaxRegions},
 		{"regionBytes", c.Limits.RegionBytes, 1, MaxRegionBytes},
 		{"queuedBytes", c.Limits.QueuedBytes, MinQueuedBytes, MaxQueuedBytes},
+		{"registeredBytes", c.Limits.RegisteredBytes, 1, MaxRegisteredBytes},
 	} {
 		if l.v < l.least || l.v > l.most {
 			add(fieldErr("limits."+l.name, "must be between %d and %d, got %d", l.least, l.most, l.v))

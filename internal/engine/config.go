@@ -109,6 +109,13 @@ type Config struct {
 	// SpinPolls is how many empty polls a poller makes before it sleeps on
 	// the completion channel (default 2000).
 	SpinPolls int
+	// MaxRegisteredBytes bounds the memory exported regions keep
+	// registered, all vconns together (default 0: no bound). A region
+	// counts from its export until its memory is deregistered, which may
+	// be well after it was withdrawn (Region.Close) or its vconn ended:
+	// the peer confirms first, or the grace ends. An export past it fails
+	// with ErrRegisteredLimit.
+	MaxRegisteredBytes int64
 
 	// cqDepth is each poller's CQ depth: maxCQDepth, or less where the
 	// device's CQs are smaller (rxe's hold 32,767).
@@ -187,6 +194,7 @@ func (c Config) withDefaults() (Config, error) {
 	check(c.MTU.Bytes() != 0, "MTU %v is not an IB MTU", c.MTU)
 	check(c.Transport <= Auto, "transport %v", c.Transport)
 	check(c.AutoThreshold >= 0, "AutoThreshold %d", c.AutoThreshold)
+	check(c.MaxRegisteredBytes >= 0, "MaxRegisteredBytes %d: want 0 (no bound) or more", c.MaxRegisteredBytes)
 	// What the device holds: a NIC refuses larger queues at creation, so
 	// say which setting does not fit rather than fail there.
 	a := c.Device.Attr()

@@ -89,6 +89,11 @@ type Engine struct {
 	graceMu sync.Mutex
 	grace   map[*Region]*time.Timer
 
+	// registered is the bytes of exported regions' memory registered
+	// now, from before RegMR until the deregistration succeeded: exported,
+	// withdrawn and awaiting the peer's confirmation, or in their grace.
+	registered atomic.Int64
+
 	closed    atomic.Bool
 	stats     counters
 	busyFloor busyFloor // see PollerStats
@@ -286,6 +291,11 @@ type Stats struct {
 	RecvBuffersHeld  int
 	DgramBuffersHeld int
 	RecvCopied       uint64 // messages copied out of their receive buffers so (see above)
+	// RegisteredBytes is the memory of exported regions registered now,
+	// whatever holds it: exported, withdrawn and awaiting the peer's
+	// confirmation, or kept for the grace after its vconn ended. The
+	// engine's buffer pool is not counted (it is fixed).
+	RegisteredBytes int64
 }
 
 type counters struct {
@@ -313,6 +323,7 @@ func (e *Engine) Stats() Stats {
 		RecvBuffersHeld:  int(e.held[0].Load()),
 		DgramBuffersHeld: int(e.held[1].Load()),
 		RecvCopied:       e.stats.recvCopied.Load(),
+		RegisteredBytes:  e.registered.Load(),
 	}
 	e.peersMu.Lock()
 	s.Peers = len(e.peers)

@@ -229,11 +229,11 @@ func TestOneSided(t *testing.T) {
 		t.Fatal(err)
 	}
 	// b exports a 100 KiB region to vb's peer (va) only.
-	r, err := vb.Export(ctx, 100<<10, AccessRead|AccessWrite)
+	r, err := vb.Export(ctx, 100<<10, AccessRead|AccessWrite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ro, err := vb.Export(ctx, 4096, AccessRead)
+	ro, err := vb.Export(ctx, 4096, AccessRead, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

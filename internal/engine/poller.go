@@ -55,6 +55,7 @@ type poller struct {
 	sink    uint32   // what touch read, so the reads are not optimised away
 	popped  int32    // messages serve took from rings, for the QP's backlog
 	recvWRs []verbs.RecvWR
+	confirm []uint32    // unexport confirmations being posted (confirmUnexports)
 	budget  int         // sends this CQ may still have outstanding
 	ud      *sendQP     // this poller's UD QP, shared by every peer
 	udQPN   uint32      // ud's QPN, read on every receive (see isUD)

@@ -29,6 +29,8 @@ var (
 	// ErrRegionAccess is an operation outside the region or not allowed
 	// by its access.
 	ErrRegionAccess = errors.New("engine: region access denied")
+	// ErrRegisteredLimit is an export past Config.MaxRegisteredBytes.
+	ErrRegisteredLimit = errors.New("engine: registered memory limit reached")
 )
 
 // Region is memory a vconn exports to its peer vconn, and only to it: the
@@ -43,6 +45,9 @@ type Region struct {
 	peer   *Peer    // the peer mw's QP belongs to
 	access Access
 	once   sync.Once
+	// released, if set, is called once the memory is deregistered
+	// (Export).
+	released func()
 
 	// mu is held shared while ReadAt or WriteAt touch the memory and
 	// exclusively to deregister it, so no copy ever reaches unmapped
@@ -65,12 +70,24 @@ type remoteRegion struct {
 // regions is a vconn's one-sided state, allocated on first use so vconns
 // that never export or read cost nothing.
 type regions struct {
-	mu           sync.Mutex
-	next         uint32                  // last export id; guarded by mu
-	exports      map[uint32]*Region      // exported by this side; guarded by mu
-	remote       map[uint32]remoteRegion // exported to this side; guarded by mu
-	unexportAcks []uint32                // confirmations to send; guarded by mu
-	op           oneSided
+	mu      sync.Mutex
+	next    uint32                  // last export id; guarded by mu
+	exports map[uint32]*Region      // exported by this side; guarded by mu
+	remote  map[uint32]remoteRegion // exported to this side; guarded by mu
+	// marks counts the one-sided operations' markers pushed into the
+	// vconn's ring, posted those the poller posted; guarded by mu. An
+	// unexport is confirmed once every marker pushed before it arrived
+	// is posted, whatever data still waits in the ring.
+	marks, posted uint64
+	unexportAcks  []unexportAck // confirmations to send; guarded by mu
+	op            oneSided
+}
+
+// unexportAck is the confirmation of region id's unexport, due once the
+// poller posted after markers.
+type unexportAck struct {
+	id    uint32
+	after uint64
 }
 
 // rg returns the vconn's one-sided state, creating it.
@@ -102,36 +119,54 @@ const opMarker = ^bufSlot(0)
 // Export registers size bytes and exports them to the peer vconn with the
 // given access. The export reaches the peer before any message sent after
 // Export returns.
-func (vc *VConn) Export(ctx context.Context, size int, access Access) (*Region, error) {
+//
+// released, if not nil, is called exactly once for each call, once
+// nothing of it is registered any more: when the region's memory is
+// deregistered (after Close, the peer's confirmation or the vconn's end
+// and its grace), or before Export returns an error. A caller that counts
+// the memory against a limit gives it back there, never earlier. It may
+// run on a poller: it must not block.
+func (vc *VConn) Export(ctx context.Context, size int, access Access, released func()) (*Region, error) {
+	e := vc.e
+	fail := func(err error) (*Region, error) {
+		if released != nil {
+			released()
+		}
+		return nil, err
+	}
 	if size <= 0 || access&^(AccessRead|AccessWrite) != 0 || access == 0 {
-		return nil, fmt.Errorf("engine: export %d bytes with access %#x: %w", size, access, verbs.ErrInvalid)
+		return fail(fmt.Errorf("engine: export %d bytes with access %#x: %w", size, access, verbs.ErrInvalid))
 	}
 	if vc.state.Load() != stateOpen {
-		return nil, fmt.Errorf("engine: export on vconn %v: %w", vc.id, vc.stateErr())
+		return fail(fmt.Errorf("engine: export on vconn %v: %w", vc.id, vc.stateErr()))
+	}
+	if err := e.reserve(int64(size)); err != nil {
+		return fail(fmt.Errorf("engine: export of %d bytes on vconn %v: %w", size, vc.id, err))
 	}
 	va := verbs.AccessLocalWrite
-	if vc.e.windows {
+	if e.windows {
 		// The MR grants nothing remotely: its key is no use to anyone.
 		va |= verbs.AccessMWBind
 	} else {
 		va |= remoteAccess(access)
 	}
-	mr, err := vc.e.pd.RegMR(size, va)
+	mr, err := e.pd.RegMR(size, va)
 	if err != nil {
-		return nil, fmt.Errorf("engine: export on vconn %v: %w", vc.id, err)
+		e.registered.Add(-int64(size))
+		return fail(fmt.Errorf("engine: export on vconn %v: %w", vc.id, err))
 	}
+	r := &Region{vc: vc, mr: mr, peer: vc.peer, access: access, released: released}
 	addr, rkey := mr.Addr(), mr.RKey()
-	var mw verbs.MW
-	if vc.e.windows {
-		if mw, rkey, err = vc.bindWindow(ctx, mr, access); err != nil {
-			return nil, errors.Join(err, mr.Close())
+	if e.windows {
+		if r.mw, rkey, err = vc.bindWindow(ctx, mr, access); err != nil {
+			return nil, errors.Join(err, r.release())
 		}
 		addr = 0 // zero-based: the peer learns nothing of our address space
 	}
 	rg := vc.rg()
 	rg.mu.Lock()
 	rg.next++
-	r := &Region{vc: vc, id: rg.next, mr: mr, mw: mw, peer: vc.peer, access: access}
+	r.id = rg.next
 	if rg.exports == nil {
 		rg.exports = make(map[uint32]*Region)
 	}
@@ -297,12 +332,29 @@ func (r *Region) copyAt(p []byte, off int64, write bool) (int, error) {
 	return copy(p, b[off:]), nil
 }
 
+// reserve counts n bytes about to be registered for a region, refusing
+// them past MaxRegisteredBytes.
+func (e *Engine) reserve(n int64) error {
+	lim := e.cfg.MaxRegisteredBytes
+	for {
+		held := e.registered.Load()
+		if lim > 0 && n > lim-held {
+			return fmt.Errorf("%d of the engine's %d bytes of regions are registered: %w", held, lim, ErrRegisteredLimit)
+		}
+		if e.registered.CompareAndSwap(held, held+n) {
+			return nil
+		}
+	}
+}
+
 // release deregisters the memory once no ReadAt or WriteAt is inside it,
-// after closing its window, which invalidates the peer's key.
+// after closing its window, which invalidates the peer's key; then, and
+// only then, the memory stops counting (Engine.registered, and the
+// caller's released).
 func (r *Region) release() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.gone {
+		r.mu.Unlock()
 		return nil
 	}
 	r.gone = true
@@ -310,23 +362,42 @@ func (r *Region) release() error {
 	if r.mw != nil {
 		err = r.mw.Close()
 	}
-	return errors.Join(err, r.mr.Close())
+	n := len(r.mr.Bytes())
+	if cerr := r.mr.Close(); cerr != nil {
+		r.mu.Unlock()
+		// Still registered: it stays counted, against the limits too.
+		err = errors.Join(err, cerr)
+		r.vc.e.log.Error(err, "Deregistering a region failed: its memory stays registered", "vconn", r.vc.id, "region", r.id, "bytes", n)
+		return err
+	}
+	r.mu.Unlock()
+	r.vc.e.registered.Add(-int64(n))
+	if r.released != nil {
+		r.released()
+	}
+	return err
 }
 
 // Close withdraws the export. The memory is deregistered once the peer has
-// confirmed it stopped using the region (or the vconn ends), so an
-// operation already in flight never hits a dead key.
+// confirmed it stopped using the region (or the vconn ended and its grace
+// passed), so an operation already in flight never hits a dead key; it
+// counts as registered until then (Stats.RegisteredBytes, the export's
+// released).
 func (r *Region) Close() error {
 	var err error
 	r.once.Do(func() {
 		vc := r.vc
-		if vc.state.Load() == stateOpen {
+		// A closing vconn still reaches its peer (until its FIN is
+		// answered, or CloseTimeout): withdrawing there too lets the
+		// memory go a round trip after a pod closes its vconn, not
+		// seconds later (its release, then the grace).
+		if st := vc.state.Load(); st == stateOpen || st == stateClosing {
 			err = vc.sendControl(context.Background(), msgUnexport, r.id, nil)
 			if err == nil {
 				return // deregistered on the peer's acknowledgement
 			}
 		}
-		// Not open: the peer may still be using the region until the
+		// Not sent: the peer may still be using the region until the
 		// vconn ends, which withdraws it (releaseRegions).
 		rg := vc.rg()
 		rg.mu.Lock()
@@ -390,15 +461,18 @@ func (vc *VConn) onExport(h *header, payload []byte) error {
 	return nil
 }
 
-// onUnexport forgets a region and confirms; operations this side posted
-// before the confirmation reach the peer first (same QP, in order).
+// onUnexport forgets a region and confirms once the one-sided operations
+// queued before are posted: they reach the peer before the confirmation
+// (same QP, in order), and none can be queued after (oneSided checks the
+// region under rg.mu). Data queued before need not go first: it does not
+// touch the region, and it may wait for the peer's reader indefinitely.
 func (vc *VConn) onUnexport(h *header) {
 	rg := vc.rg()
 	rg.mu.Lock()
 	_, had := rg.remote[h.region()]
 	delete(rg.remote, h.region())
 	if had {
-		rg.unexportAcks = append(rg.unexportAcks, h.region())
+		rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: h.region(), after: rg.marks})
 	}
 	rg.mu.Unlock()
 	if had {
@@ -574,6 +648,7 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 		now, still := rg.remote[id]
 		if still && now == r {
 			vc.push(newEntry(opMarker, 0))
+			rg.marks++
 		} else {
 			err = fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
 		}
@@ -652,15 +727,24 @@ func (vc *VConn) opCompleted(wc *verbs.WC, slot bufSlot) {
 	}
 }
 
-// takeUnexportAcks returns the confirmations the poller must send.
-func (vc *VConn) takeUnexportAcks() []uint32 {
+// takeUnexportAcks appends to ids the confirmations the poller may send
+// now: those whose markers it posted. Only vc's poller calls it.
+func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
 	rg := vc.regions.Load()
 	if rg == nil {
-		return nil
+		return ids
 	}
 	rg.mu.Lock()
 	defer rg.mu.Unlock()
-	acks := rg.unexportAcks
-	rg.unexportAcks = nil
-	return acks
+	k := 0
+	for _, a := range rg.unexportAcks {
+		if a.after <= rg.posted {
+			ids = append(ids, a.id)
+		} else {
+			rg.unexportAcks[k] = a
+			k++
+		}
+	}
+	rg.unexportAcks = rg.unexportAcks[:k]
+	return ids
 }

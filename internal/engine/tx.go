@@ -51,7 +51,8 @@ func (p *poller) serve(vc *VConn) {
 		}
 		slot, n := ent.slot(), ent.len()
 		if slot == opMarker {
-			o := &vc.regions.Load().op
+			rg := vc.regions.Load()
+			o := &rg.op
 			if q.outstanding+len(q.batch)+len(o.wrs) > limit || p.budget < len(o.wrs) {
 				p.later = append(p.later, vc)
 				vc.scheduled.Store(true)
@@ -60,6 +61,9 @@ func (p *poller) serve(vc *VConn) {
 			for _, wr := range o.wrs {
 				p.postWR(q, wr)
 			}
+			rg.mu.Lock()
+			rg.posted++
+			rg.mu.Unlock()
 			vc.ring.pop()
 			p.took(vc)
 			continue
@@ -135,17 +139,33 @@ func (p *poller) serve(vc *VConn) {
 		if stalled && owed {
 			p.control(q, vc, remote, msgCredit)
 		}
+		// Unexport confirmations do not wait behind data either: the
+		// peer's memory stays registered until they arrive, and this
+		// side's reader, or the peer's, may hold that data back for
+		// good (onUnexport).
+		if stalled {
+			p.confirmUnexports(q, vc, remote)
+		}
 		return
 	}
 	if owed {
 		p.control(q, vc, remote, msgCredit)
 	}
-	for _, id := range vc.takeUnexportAcks() {
-		p.controlRegion(q, vc, remote, msgUnexported, id)
-	}
+	p.confirmUnexports(q, vc, remote)
 	if st == stateClosing && vc.finDue.Load() && !vc.finPosted {
 		vc.finPosted = true
 		p.control(q, vc, remote, msgFin)
+	}
+}
+
+// confirmUnexports posts the unexport confirmations that may go now.
+func (p *poller) confirmUnexports(q *sendQP, vc *VConn, remote vqpn.ID) {
+	if vc.regions.Load() == nil {
+		return
+	}
+	p.confirm = vc.takeUnexportAcks(p.confirm[:0])
+	for _, id := range p.confirm {
+		p.controlRegion(q, vc, remote, msgUnexported, id)
 	}
 }
 
@@ -173,7 +193,7 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, 
 		case msgUnexported:
 			rg := vc.rg()
 			rg.mu.Lock()
-			rg.unexportAcks = append(rg.unexportAcks, region)
+			rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: region})
 			rg.mu.Unlock()
 		}
 		p.later = append(p.later, vc)

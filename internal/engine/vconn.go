@@ -201,11 +201,21 @@ func (vc *VConn) Transport() Transport { return vc.tr }
 func (vc *VConn) onPeerFin() {
 	// The peer closed: the regions it exported to this vconn are
 	// withdrawn with it. No one-sided operation starts after this (they
-	// check under rg.mu), and those before it are ahead of our FIN.
+	// check under rg.mu), and those before it are ahead of our FIN and
+	// of the confirmations, which let the peer deregister the memory now
+	// rather than after our FIN and its grace (the application here may
+	// not close for long).
 	if rg := vc.regions.Load(); rg != nil {
 		rg.mu.Lock()
+		for id := range rg.remote {
+			rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: id, after: rg.marks})
+		}
+		confirm := len(rg.remote) > 0
 		rg.remote = nil
 		rg.mu.Unlock()
+		if confirm {
+			vc.schedule()
+		}
 	}
 	vc.rxMu.Lock()
 	vc.peerFin = true

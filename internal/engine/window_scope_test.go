@@ -62,7 +62,7 @@ func TestExportScopedToQP(t *testing.T) {
 	if !a.windows {
 		t.Fatal("the soft provider has no memory windows")
 	}
-	r, err := vc.Export(ctx, 4096, AccessRead|AccessWrite)
+	r, err := vc.Export(ctx, 4096, AccessRead|AccessWrite, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,9 +76,11 @@ var (
 	ErrRegion      error = &Error{Code: CodeRegion}
 	ErrAddrInUse   error = &Error{Code: CodeAddrInUse}
 	// ErrLimit: a limit of the allocation (sessions, listeners, exported
-	// regions or their bytes, bytes of sends queued in the agent) is
-	// reached; closing some frees it. After a send refused for queued
-	// bytes, the vconn sends no more.
+	// regions or their bytes, bytes of sends queued in the agent), or the
+	// node's registered memory for all regions, is reached; closing some
+	// frees it (a region once its memory is deregistered: see
+	// Region.Close). After a send refused for queued bytes, the vconn
+	// sends no more.
 	ErrLimit     error = &Error{Code: CodeLimit}
 	ErrAgentGone error = &Error{Code: CodeAgentGone}
 	ErrNotStream error = &Error{Code: CodeNotStream}

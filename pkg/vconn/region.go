@@ -68,7 +68,11 @@ func (r *Region) WriteAt(ctx context.Context, p []byte, off int64) error {
 	return nil
 }
 
-// Close withdraws the export.
+// Close withdraws the export. Its memory stays registered, and counts
+// against the allocation's limits (ErrLimit), until the peer confirmed it
+// no longer uses the region: a round trip, or, where the confirmation
+// cannot come (the vconn's sends wait for a peer that does not read),
+// until the vconn ends and a grace of seconds passed.
 func (r *Region) Close(ctx context.Context) error {
 	if _, err := r.c.op(ctx, &frame.Frame{Op: frame.OpUnexport, Arg: r.id}); err != nil {
 		return fmt.Errorf("vconn: unexport region %d: %w", r.id, err)
