@@ -101,3 +101,31 @@ func TestOperatorRefusesUnsafeSpec(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderAgentPriority: the agents run at the priority the request
+// bounds are made for, with the requests the spec asks (within them).
+func TestRenderAgentPriority(t *testing.T) {
+	svc := newService("prio", "prio")
+	svc.Spec.Agent.Resources = &corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(v1alpha1.MaxAgentCPURequest)},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("16")}}
+	if err := validateSpec(&svc.Spec); err != nil {
+		t.Fatalf("requests at the bound: %v", err)
+	}
+	cfg, data, err := renderConfig(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := renderDaemonSet(svc, testNamespace, testImage, cfg, data, nil).Spec.Template.Spec
+	if pod.PriorityClassName == nil || *pod.PriorityClassName != "system-node-critical" {
+		t.Errorf("priority class %v, want system-node-critical", pod.PriorityClassName)
+	}
+	for _, c := range pod.Containers {
+		if *c.Name != "agent" {
+			continue
+		}
+		if req := (*c.Resources.Requests)[corev1.ResourceCPU]; req.Cmp(resource.MustParse(v1alpha1.MaxAgentCPURequest)) != 0 {
+			t.Errorf("agent CPU request %s, want %s", req.String(), v1alpha1.MaxAgentCPURequest)
+		}
+	}
+}
