@@ -539,6 +539,8 @@ func TestSchemaRejects(t *testing.T) {
 		"provider":         "defaultService.device.provider=verbs",
 		"qps per peer":     "defaultService.qpsPerPeer=65",
 		"resource name":    "defaultService.resourceName=vconn",
+		"foreign resource": "defaultService.resourceName=nvidia.com/gpu",
+		"agent GPU":        "defaultService.agent.resources.requests.nvidia\\.com/gpu=1",
 		"service name":     "defaultService.name=Default",
 		"replicas":         "operator.replicas=-1",
 		"unknown key":      "imageTag=dev",

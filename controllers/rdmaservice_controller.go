@@ -131,6 +131,9 @@ func (r *RDMAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 // stale RDMANodes, status.
 func (r *RDMAServiceReconciler) reconcileNormal(ctx context.Context, svc *v1alpha1.RDMAService) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
+	if err := validateSpec(&svc.Spec); err != nil {
+		return ctrl.Result{}, r.refuse(ctx, svc, err)
+	}
 	p, err := r.place(ctx, svc)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -184,6 +187,27 @@ func (r *RDMAServiceReconciler) applyObjects(ctx context.Context, svc *v1alpha1.
 	if p.refused {
 		return r.deleteIfPresent(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: objectName(svc), Namespace: r.Namespace}})
 	}
+	return nil
+}
+
+// refuse stops the agents of a service whose spec breaks a rule that keeps
+// other tenants safe (validateSpec), and says why in its conditions. The
+// schema refuses such specs; one stored before its rule existed (validation
+// ratcheting keeps an unchanged field) must not keep its agents running: their
+// device plugin would hold another vendor's resource, or their requests
+// preempt tenant pods. A spec change reconciles the service again.
+func (r *RDMAServiceReconciler) refuse(ctx context.Context, svc *v1alpha1.RDMAService, why error) error {
+	ctrl.LoggerFrom(ctx).Info("Refusing to run agents for an invalid RDMAService", "reason", why.Error())
+	if err := r.deleteIfPresent(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: objectName(svc), Namespace: r.Namespace}}); err != nil {
+		return err
+	}
+	msg := "the operator runs no agents for this service: " + why.Error()
+	r.setCondition(svc, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInvalidSpec, Message: msg})
+	r.setCondition(svc, metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionTrue, Reason: ReasonInvalidSpec, Message: msg})
+	r.setCondition(svc, metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonInvalidSpec})
+	st := &svc.Status
+	st.DesiredNodes, st.ReadyNodes, st.Nodes = 0, 0, "0/0"
+	st.VConnCapacity, st.VConnsInUse, st.QPsInUse = 0, 0, 0
 	return nil
 }
 

@@ -63,6 +63,12 @@ const (
 	hostCNIConfDir      = "/etc/cni/net.d"
 )
 
+// agentPriorityClass is the agent pods' priority: the node's data plane for
+// every pod holding vconns, like its CNI plugin and kube-proxy, which run
+// at the same class. The scheduler preempts any other pod to fit an agent,
+// so the schema and validateSpec bound what an agent may request.
+const agentPriorityClass = "system-node-critical"
+
 // agentObjectPrefix starts the name of every object rendered for an
 // RDMAService; the policies in static.go recognise the agents' service
 // accounts and the operator's bindings by it.
@@ -369,7 +375,7 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		// port), so it lives in the host network namespace.
 		WithHostNetwork(true).
 		WithDNSPolicy(corev1.DNSClusterFirstWithHostNet).
-		WithPriorityClassName("system-node-critical").
+		WithPriorityClassName(agentPriorityClass).
 		WithInitContainers(cniInstall).
 		WithContainers(agent, devicePlugin).
 		WithVolumes(volumes...)

@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -34,6 +36,11 @@ const (
 	// two thirds of it.
 	NodeCertTTL = 24 * time.Hour
 	caTTL       = 10 * 365 * 24 * time.Hour
+	// ReasonAddressNotUnique denies a request naming an address that
+	// another node has too.
+	ReasonAddressNotUnique = "AddressNotUnique"
+	// indexNodeAddress indexes cached Nodes by their IP addresses.
+	indexNodeAddress = "status.addresses.ip"
 )
 
 // CertSigner approves and signs agents' certificate requests: each agent
@@ -69,6 +76,12 @@ func (s *CertSigner) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		log.Info("Denying an agent certificate request", "reason", err.Error())
 		return ctrl.Result{}, s.decide(ctx, csr, certificatesv1.CertificateDenied, "NotAnAgentOfThisNode", err.Error())
+	}
+	if held, err := s.heldElsewhere(ctx, csr.Spec.Request, node); err != nil {
+		return ctrl.Result{}, err
+	} else if held != "" {
+		log.Info("Denying an agent certificate request", "reason", held)
+		return ctrl.Result{}, s.decide(ctx, csr, certificatesv1.CertificateDenied, ReasonAddressNotUnique, held)
 	}
 	ca, err := EnsureCA(ctx, s.Client, s.Namespace)
 	if err != nil {
@@ -132,6 +145,49 @@ func (s *CertSigner) check(ctx context.Context, csr *certificatesv1.CertificateS
 		}
 	}
 	return node.Name, ips, nil
+}
+
+// heldElsewhere says which address the request names that another node
+// also has, or "" when none does. A kubelet writes its own Node's
+// addresses, so one node can claim another's: the signer cannot tell which
+// holds it, and certifies it for neither. The other nodes' addresses come
+// from the cache (indexNodeAddress): a node claiming one long held by
+// another is refused at once; only a claim made in the last moments before
+// a request may be missed. A request the signer cannot read is left to
+// SignCSR to refuse.
+func (s *CertSigner) heldElsewhere(ctx context.Context, request []byte, node string) (string, error) {
+	b, _ := pem.Decode(request)
+	if b == nil {
+		return "", nil
+	}
+	req, err := x509.ParseCertificateRequest(b.Bytes)
+	if err != nil {
+		return "", nil
+	}
+	for _, ip := range req.IPAddresses {
+		var nodes corev1.NodeList
+		if err := s.List(ctx, &nodes, client.MatchingFields{indexNodeAddress: ip.String()}); err != nil {
+			return "", fmt.Errorf("listing the nodes with address %s: %w", ip, err)
+		}
+		for _, n := range nodes.Items {
+			if n.Name != node {
+				return fmt.Sprintf("address %s is also node %s's: a node's kubelet writes its addresses, so the signer cannot tell which node holds it, and certifies it for neither", ip, n.Name), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// nodeAddresses are a Node's addresses that are IPs, as net.IP.String
+// writes them: the keys of indexNodeAddress.
+func nodeAddresses(o client.Object) []string {
+	var out []string
+	for _, a := range o.(*corev1.Node).Status.Addresses {
+		if ip := net.ParseIP(a.Address); ip != nil {
+			out = append(out, ip.String())
+		}
+	}
+	return out
 }
 
 func decided(csr *certificatesv1.CertificateSigningRequest, t certificatesv1.RequestConditionType) bool {
@@ -221,6 +277,11 @@ func (s *CertSigner) SetupWithManager(mgr ctrl.Manager) error {
 		csr, ok := o.(*certificatesv1.CertificateSigningRequest)
 		return ok && csr.Spec.SignerName == SignerName
 	})
+	// The context only bounds the wait for the Node informer, which the
+	// manager starts.
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, indexNodeAddress, nodeAddresses); err != nil {
+		return fmt.Errorf("indexing Nodes by address: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("certsigner").
 		For(&certificatesv1.CertificateSigningRequest{}, builder.WithPredicates(ours)).
 		Complete(s)

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -56,53 +57,8 @@ func TestCertSigner(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	n := 0
-	request := func(c client.Client, reqNode string, ips ...string) *certificatesv1.CertificateSigningRequest {
-		t.Helper()
-		var addrs []net.IP
-		for _, a := range ips {
-			addrs = append(addrs, net.ParseIP(a))
-		}
-		der, _, err := pki.NewRequest(reqNode, addrs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n++
-		csr := &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("signer-test-%d", n)},
-			Spec: certificatesv1.CertificateSigningRequestSpec{Request: der, SignerName: SignerName,
-				ExpirationSeconds: ptr[int32](3600),
-				Usages: []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth,
-					certificatesv1.UsageServerAuth}}}
-		if err := c.Create(ctx, csr); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = k8s.Delete(ctx, csr) })
-		return csr
-	}
-	// outcome waits for the signer's verdict: the certificate, or the
-	// denial's message.
-	outcome := func(csr *certificatesv1.CertificateSigningRequest) (cert []byte, denied string) {
-		t.Helper()
-		eventually(t, "a verdict on "+csr.Name, func() error {
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(csr), csr); err != nil {
-				return err
-			}
-			for _, c := range csr.Status.Conditions {
-				if c.Type == certificatesv1.CertificateDenied {
-					denied = c.Message
-					return nil
-				}
-			}
-			if cert = csr.Status.Certificate; len(cert) == 0 {
-				return errors.New("no certificate yet")
-			}
-			return nil
-		})
-		return cert, denied
-	}
-
 	agent := agentClient(t, svc, "signer-node")
-	cert, denied := outcome(request(agent, "signer-node", "10.1.0.5"))
+	cert, denied := certVerdict(t, requestCert(t, agent, "signer-node", "10.1.0.5"))
 	if denied != "" {
 		t.Fatalf("the agent's own request was denied: %s", denied)
 	}
@@ -149,11 +105,57 @@ func TestCertSigner(t *testing.T) {
 		{"a token not bound to a pod", agentClient(t, svc, ""), "signer-node", []string{"10.1.0.5"}, "no node name"},
 		{"a service account not rendered", saClient(t, plain.Name, "signer-node"), "signer-node", []string{"10.1.0.5"}, "not an agent's"},
 	} {
-		cert, denied := outcome(request(tc.c, tc.node, tc.ips...))
+		cert, denied := certVerdict(t, requestCert(t, tc.c, tc.node, tc.ips...))
 		if len(cert) > 0 || !strings.Contains(denied, tc.want) {
 			t.Errorf("%s: certificate %v, denied %q, want denied with %q", tc.name, len(cert) > 0, denied, tc.want)
 		}
 	}
+}
+
+// requestCert creates, as c, a request to the signer for a certificate of
+// node and ips, deleted when the test ends.
+func requestCert(t *testing.T, c client.Client, node string, ips ...string) *certificatesv1.CertificateSigningRequest {
+	t.Helper()
+	var addrs []net.IP
+	for _, a := range ips {
+		addrs = append(addrs, net.ParseIP(a))
+	}
+	der, _, err := pki.NewRequest(node, addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr := &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{GenerateName: "signer-test-"},
+		Spec: certificatesv1.CertificateSigningRequestSpec{Request: der, SignerName: SignerName,
+			ExpirationSeconds: ptr[int32](3600),
+			Usages: []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth,
+				certificatesv1.UsageServerAuth}}}
+	if err := c.Create(testCtx(t), csr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), csr) })
+	return csr
+}
+
+// certVerdict waits for the signer's verdict on csr: the certificate, or
+// the denial's message.
+func certVerdict(t *testing.T, csr *certificatesv1.CertificateSigningRequest) (cert []byte, denied string) {
+	t.Helper()
+	eventually(t, "a verdict on "+csr.Name, func() error {
+		if err := k8s.Get(testCtx(t), client.ObjectKeyFromObject(csr), csr); err != nil {
+			return err
+		}
+		for _, c := range csr.Status.Conditions {
+			if c.Type == certificatesv1.CertificateDenied {
+				denied = c.Message
+				return nil
+			}
+		}
+		if cert = csr.Status.Certificate; len(cert) == 0 {
+			return errors.New("no certificate yet")
+		}
+		return nil
+	})
+	return cert, denied
 }
 
 // saClient acts as service account name of the test namespace, from a pod
@@ -240,5 +242,88 @@ func TestAgentEnrolls(t *testing.T) {
 	}
 	if _, err := os.Stat(other.CertFile); !os.IsNotExist(err) {
 		t.Fatalf("a denied request left a certificate file: %v", err)
+	}
+}
+
+// TestSignerRefusesSharedAddress: a kubelet writes its own Node's
+// addresses, so a node can claim another's IP. The signer certifies an
+// address only while no other node has it: once node B claims node A's IP,
+// B's request for it is denied (certificates naming A's IP signed for B: 0),
+// and so is A's renewal (the signer cannot tell which node tells the
+// truth); when B gives the address up, A's request is signed again.
+func TestSignerRefusesSharedAddress(t *testing.T) {
+	ctx := testCtx(t)
+	const svc, ip = "shared", "10.1.2.5"
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "rdmavisor-agent-" + svc,
+		Labels: map[string]string{labelManagedBy: FieldOwner, LabelService: svc}}}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "shared-test-csr"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"},
+			Verbs: []string{"create", "get"}}}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "shared-test-csr"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: testNamespace, Name: sa.Name}}}
+	for _, o := range []client.Object{sa, role, binding} {
+		if err := k8s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), o) })
+	}
+	// setAddress plays the node's kubelet, writing its InternalIP.
+	setAddress := func(node *corev1.Node, addr string) {
+		t.Helper()
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
+			t.Fatal(err)
+		}
+		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr}}
+		if err := k8s.Status().Update(ctx, node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "shared-a"}}
+	b := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "shared-b"}}
+	createNode(t, a)
+	createNode(t, b)
+	setAddress(a, ip)
+	setAddress(b, "10.1.2.6")
+	agentA, agentB := agentClient(t, svc, a.Name), agentClient(t, svc, b.Name)
+
+	if cert, denied := certVerdict(t, requestCert(t, agentA, a.Name, ip)); len(cert) == 0 {
+		t.Fatalf("node A's request for its own address, held by no other node: denied %q", denied)
+	}
+
+	setAddress(b, ip)
+	signed := 0
+	cert, denied := certVerdict(t, requestCert(t, agentB, b.Name, ip))
+	if len(cert) > 0 {
+		signed++
+	}
+	if signed != 0 || !strings.Contains(denied, "address "+ip+" is also node shared-a's") {
+		t.Errorf("node B claiming A's address: certificates for it signed %d, want 0; denied %q", signed, denied)
+	}
+	csr := requestCert(t, agentA, a.Name, ip)
+	if cert, denied := certVerdict(t, csr); len(cert) > 0 || !strings.Contains(denied, "also node shared-b's") {
+		t.Errorf("node A's renewal while B claims its address: signed %v, denied %q; want denied", len(cert) > 0, denied)
+	}
+	for _, c := range csr.Status.Conditions {
+		if c.Type == certificatesv1.CertificateDenied && c.Reason != ReasonAddressNotUnique {
+			t.Errorf("denial reason %q, want %s", c.Reason, ReasonAddressNotUnique)
+		}
+	}
+
+	// B gives the address up: once the operator's cache has seen it, A's
+	// request is signed again.
+	setAddress(b, "10.1.2.6")
+	eventually(t, "the operator's cache sees node B's address", func() error {
+		n := &corev1.Node{}
+		if err := mgrCache.Get(ctx, client.ObjectKeyFromObject(b), n); err != nil {
+			return err
+		}
+		if len(n.Status.Addresses) != 1 || n.Status.Addresses[0].Address != "10.1.2.6" {
+			return fmt.Errorf("addresses %v", n.Status.Addresses)
+		}
+		return nil
+	})
+	if cert, denied := certVerdict(t, requestCert(t, agentA, a.Name, ip)); len(cert) == 0 {
+		t.Errorf("node A's request once the address is its alone: denied %q", denied)
 	}
 }

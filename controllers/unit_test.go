@@ -129,11 +129,11 @@ func TestRenderConfig(t *testing.T) {
 			spec: v1alpha1.RDMAServiceSpec{
 				Device:    v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderIBVerbs, Names: []string{"mlx5_0"}, Vendors: []string{"mellanox"}},
 				Transport: v1alpha1.TransportRC, QPsPerPeer: ptr[int32](3), BufferPoolSize: &q, VConnsPerNode: ptr[int32](10),
-				ResourceName: "example.com/x", SocketGroup: ptr[int64](2000),
+				ResourceName: "rdmavisor.io/x", SocketGroup: ptr[int64](2000),
 			},
 			check: func(c *config.AgentConfig) bool {
 				return c.Device.Names[0] == "mlx5_0" && c.Device.Vendors[0] == "mellanox" && c.Transport == config.TransportRC &&
-					c.QPsPerPeer == 3 && c.BufferPoolBytes == 128<<20 && c.VConnsPerNode == 10 && c.ResourceName == "example.com/x" &&
+					c.QPsPerPeer == 3 && c.BufferPoolBytes == 128<<20 && c.VConnsPerNode == 10 && c.ResourceName == "rdmavisor.io/x" &&
 					c.SocketGID == 2000 && c.SocketUID == 0
 			},
 		},

@@ -55,6 +55,18 @@ const (
 	// MaxSocketGroup is the largest group id a pod's
 	// securityContext.supplementalGroups may hold.
 	MaxSocketGroup = 2147483647
+	// ResourceDomain is the only domain of resourceName: the device plugin
+	// of a service takes over whatever resource it names on its nodes (the
+	// kubelet hands the resource to the last plugin that registers it), so a
+	// service may name only resources of RDMAvisor's own domain.
+	ResourceDomain = "rdmavisor.io"
+	// MaxAgentCPURequest and MaxAgentMemoryRequest bound what an agent pod
+	// reserves on its node: it runs at priority system-node-critical, so
+	// the scheduler preempts tenant pods to fit what it requests. Limits
+	// (which preempt nothing, and size the agent's pollers) are not bounded,
+	// but a limit set without a request is the request too.
+	MaxAgentCPURequest    = "4"
+	MaxAgentMemoryRequest = "8Gi"
 )
 
 // Condition types of an RDMAService.
@@ -119,6 +131,13 @@ type AgentSpec struct {
 	// Resources of the node agent container. Its CPU limit sets how many
 	// pollers the agent runs: one per whole CPU (each keeps a core busy
 	// under load); without a limit, one per CPU Go's GOMAXPROCS gives it.
+	// Only cpu and memory, and at most 4 CPUs and 8Gi requested (a limit
+	// without a request counts as the request): the agent runs at priority
+	// system-node-critical, and the scheduler preempts tenant pods to fit
+	// what it requests. Limits may be higher.
+	// +kubebuilder:validation:XValidation:rule="(!has(self.requests) || size(self.requests) == ('cpu' in self.requests ? 1 : 0) + ('memory' in self.requests ? 1 : 0)) && (!has(self.limits) || size(self.limits) == ('cpu' in self.limits ? 1 : 0) + ('memory' in self.limits ? 1 : 0)) && (!has(self.claims) || size(self.claims) == 0)",message="agent resources may name cpu and memory only: the agent uses nothing else, and at its priority a request for another resource would preempt the tenant pods holding it"
+	// +kubebuilder:validation:XValidation:rule="has(self.requests) && 'cpu' in self.requests ? isQuantity(string(self.requests['cpu'])) && quantity(string(self.requests['cpu'])).compareTo(quantity('4')) <= 0 : !has(self.limits) || !('cpu' in self.limits) || isQuantity(string(self.limits['cpu'])) && quantity(string(self.limits['cpu'])).compareTo(quantity('4')) <= 0",message="the agent may request at most 4 CPUs (a limit without a request is the request): it runs at priority system-node-critical, and the scheduler preempts tenant pods to fit its request; set a higher limit with a request for more pollers"
+	// +kubebuilder:validation:XValidation:rule="has(self.requests) && 'memory' in self.requests ? isQuantity(string(self.requests['memory'])) && quantity(string(self.requests['memory'])).compareTo(quantity('8Gi')) <= 0 : !has(self.limits) || !('memory' in self.limits) || isQuantity(string(self.limits['memory'])) && quantity(string(self.limits['memory'])).compareTo(quantity('8Gi')) <= 0",message="the agent may request at most 8Gi of memory (a limit without a request is the request): it runs at priority system-node-critical, and the scheduler preempts tenant pods to fit its request; set a higher limit with a request for more"
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
@@ -170,13 +189,16 @@ type RDMAServiceSpec struct {
 	// +optional
 	VConnsPerNode *int32 `json:"vconnsPerNode,omitempty"`
 
-	// ResourceName is the extended resource pods request to get vconns. It
-	// must be domain-prefixed, outside the kubernetes.io domains, and cannot
-	// change (pods already hold it).
+	// ResourceName is the extended resource pods request to get vconns:
+	// rdmavisor.io/ and a name. It cannot change (pods already hold it).
+	// Only RDMAvisor's own domain: the kubelet gives a resource to the last
+	// plugin that registers it, so a service naming another vendor's
+	// resource (nvidia.com/gpu) would take it over on its nodes. Not its
+	// subdomains either: the name after the slash already tells services
+	// apart, and the device plugin recognises its own sockets by the domain.
 	// +kubebuilder:default="rdmavisor.io/vconn"
-	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')",message="resourceName must be a domain-prefixed name such as rdmavisor.io/vconn"
-	// +kubebuilder:validation:XValidation:rule="!(self.split('/')[0] == 'kubernetes.io' || self.split('/')[0].endsWith('.kubernetes.io') || self.split('/')[0] == 'k8s.io' || self.split('/')[0].endsWith('.k8s.io'))",message="resourceName cannot use the reserved kubernetes.io and k8s.io domains"
+	// +kubebuilder:validation:MaxLength=76
+	// +kubebuilder:validation:XValidation:rule="self.matches('^rdmavisor[.]io/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')",message="resourceName must be rdmavisor.io/ and a name, such as rdmavisor.io/vconn: a service may not take over another domain's resource"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resourceName is immutable"
 	// +optional
 	ResourceName string `json:"resourceName,omitempty"`

@@ -3,6 +3,8 @@ package v1alpha1_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -12,6 +14,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
 )
 
 // TestSchemaMatchesConstants checks the generated CRD's bounds and defaults
@@ -75,5 +78,26 @@ func TestSchemaMatchesConstants(t *testing.T) {
 	}
 	if got := string(spec["resourceName"].Default.Raw); got != `"`+v1alpha1.DefaultResourceName+`"` {
 		t.Errorf("resourceName default %s", got)
+	}
+	// The domain the schema allows is the one the device plugin serves
+	// and recognises its sockets by.
+	if v1alpha1.ResourceDomain != deviceplugin.ResourceDomain ||
+		!strings.HasPrefix(v1alpha1.DefaultResourceName, v1alpha1.ResourceDomain+"/") {
+		t.Errorf("resource domains: API %s, device plugin %s, default %s", v1alpha1.ResourceDomain, deviceplugin.ResourceDomain, v1alpha1.DefaultResourceName)
+	}
+	domainRule := "^" + strings.ReplaceAll(v1alpha1.ResourceDomain, ".", "[.]") + "/"
+	if !slices.ContainsFunc(spec["resourceName"].XValidations, func(r apiextensionsv1.ValidationRule) bool {
+		return strings.Contains(r.Rule, domainRule)
+	}) {
+		t.Errorf("no resourceName rule holds %s", domainRule)
+	}
+	rules := ""
+	for _, r := range spec["agent"].Properties["resources"].XValidations {
+		rules += r.Rule + "\n"
+	}
+	for _, bound := range []string{v1alpha1.MaxAgentCPURequest, v1alpha1.MaxAgentMemoryRequest} {
+		if !strings.Contains(rules, "quantity('"+bound+"')") {
+			t.Errorf("the agent resources' rules do not hold the bound %s", bound)
+		}
 	}
 }

@@ -53,6 +53,10 @@ func ptr[T any](v T) *T { return &v }
 
 func quantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
 
+func resources(cpu, memory string) corev1.ResourceList {
+	return corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(memory)}
+}
+
 func TestRDMAServiceDefaults(t *testing.T) {
 	svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "defaults"}}
 	if err := k8s.Create(ctx(t), svc); err != nil {
@@ -81,7 +85,15 @@ func TestRDMAServiceValidation(t *testing.T) {
 			s.Spec.Device = v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderIBVerbs, Names: []string{"mlx5_0"}, Vendors: []string{"0x02c9"}}
 		}},
 		{name: "buffer pool as a plain integer", mutate: func(s *v1alpha1.RDMAService) { s.Spec.BufferPoolSize = quantity("1048576") }},
-		{name: "resource name of another domain", mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "example.com/rdma-conn" }},
+		{name: "resource name of its own domain", mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "rdmavisor.io/vconn-ib" }},
+		{name: "agent requests at the bounds, limits above", mutate: func(s *v1alpha1.RDMAService) {
+			s.Spec.Agent.Resources = &corev1.ResourceRequirements{
+				Requests: resources(v1alpha1.MaxAgentCPURequest, v1alpha1.MaxAgentMemoryRequest),
+				Limits:   resources("32", "64Gi")}
+		}},
+		{name: "agent limits within the bounds, no requests", mutate: func(s *v1alpha1.RDMAService) {
+			s.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: resources("3500m", "1Gi")}
+		}},
 		{name: "socket group 0", mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](0) }},
 		{name: "largest socket group", mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](v1alpha1.MaxSocketGroup) }},
 		{name: "valid selector expressions", mutate: func(s *v1alpha1.RDMAService) {
@@ -133,12 +145,78 @@ func TestRDMAServiceValidation(t *testing.T) {
 		{
 			name:   "resource name without a domain",
 			mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "vconn" },
-			want:   []string{"spec.resourceName", "resourceName must be a domain-prefixed name such as rdmavisor.io/vconn"},
+			want:   []string{"spec.resourceName", "resourceName must be rdmavisor.io/ and a name, such as rdmavisor.io/vconn"},
 		},
 		{
 			name:   "resource name in kubernetes.io",
 			mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "rdma.kubernetes.io/vconn" },
-			want:   []string{"spec.resourceName", "reserved kubernetes.io and k8s.io domains"},
+			want:   []string{"spec.resourceName", "resourceName must be rdmavisor.io/ and a name"},
+		},
+		// The attack: the kubelet would hand the GPUs of every selected
+		// node to the service's device plugin.
+		{
+			name:   "another vendor's resource",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "nvidia.com/gpu" },
+			want:   []string{"spec.resourceName", "a service may not take over another domain's resource"},
+		},
+		{
+			name:   "resource name of another domain",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "example.com/rdma-conn" },
+			want:   []string{"spec.resourceName", "resourceName must be rdmavisor.io/ and a name"},
+		},
+		{
+			name:   "resource name in a subdomain",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "gpu.rdmavisor.io/vconn" },
+			want:   []string{"spec.resourceName", "resourceName must be rdmavisor.io/ and a name"},
+		},
+		{
+			name:   "resource name that only starts with the domain",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "rdmavisor.io.evil.com/vconn" },
+			want:   []string{"spec.resourceName", "resourceName must be rdmavisor.io/ and a name"},
+		},
+		// At system-node-critical, what the agent requests the scheduler
+		// takes from tenant pods by preemption.
+		{
+			name: "agent CPU request past the bound",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Agent.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4001m")}}
+			},
+			want: []string{"spec.agent.resources", "the agent may request at most 4 CPUs"},
+		},
+		{
+			name: "agent CPU limit past the bound without a request",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64")}}
+			},
+			want: []string{"spec.agent.resources", "the agent may request at most 4 CPUs"},
+		},
+		{
+			name: "agent memory request past the bound",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Agent.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8193Mi")}}
+			},
+			want: []string{"spec.agent.resources", "the agent may request at most 8Gi of memory"},
+		},
+		{
+			name: "agent requests a GPU",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Agent.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}
+			},
+			want: []string{"spec.agent.resources", "agent resources may name cpu and memory only"},
+		},
+		{
+			name: "agent limits vconns",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{"rdmavisor.io/vconn": resource.MustParse("1")}}
+			},
+			want: []string{"spec.agent.resources", "agent resources may name cpu and memory only"},
+		},
+		{
+			name: "agent claims",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Agent.Resources = &corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
+			},
+			want: []string{"spec.agent.resources", "agent resources may name cpu and memory only"},
 		},
 		{
 			name:   "soft provider with device names",
@@ -234,7 +312,7 @@ func TestRDMAServiceResourceNameImmutable(t *testing.T) {
 	if err := k8s.Update(ctx(t), svc); err != nil {
 		t.Fatalf("updating a mutable field: %v", err)
 	}
-	svc.Spec.ResourceName = "example.com/vconn"
+	svc.Spec.ResourceName = "rdmavisor.io/other"
 	checkInvalid(t, k8s.Update(ctx(t), svc), []string{"spec.resourceName", "resourceName is immutable"})
 }
 

@@ -43,8 +43,12 @@
 // Each registration serves a socket of its own (resource name, pid, start
 // time, count): a kubelet keys plugins by resource and socket, and two
 // registrations at one socket close together confused it for good. At
-// start the plugin removes the sockets earlier ones left, and at each new
-// registration and at exit its last.
+// start the plugin removes the sockets earlier ones left (only names its
+// versions give their sockets, never another plugin's), and at each new
+// registration and at exit its last. It serves only resources of the
+// rdmavisor.io domain (ResourceDomain): the kubelet hands a resource to the
+// last plugin that registers it, so serving another vendor's would take it
+// over.
 // It watches the directory (fsnotify): when kubelet.sock is created again
 // (the kubelet restarted) or the plugin's own socket is removed, it stops
 // its server and starts over; a failed registration is retried every

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,11 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/config"
 )
+
+// ResourceDomain is the only domain of the resources a plugin serves (as
+// the RDMAService schema allows only it): the plugin recognises its own
+// sockets by it.
+const ResourceDomain = "rdmavisor.io"
 
 // Defaults of Options.
 const (
@@ -94,9 +100,10 @@ type Plugin struct {
 	// allocatable for good. At a new socket a registration is a new
 	// plugin, and the old one goes when its stream ends.
 	sockBase string
-	sock     string // the socket served now; Run's
-	starts   int    // servers started; Run's
-	born     string // when New ran, base 36: tells this process's sockets from an earlier one's with its pid
+	stale    *regexp.Regexp // matches the names of sockBase's sockets; nil with Options.SocketName
+	sock     string         // the socket served now; Run's
+	starts   int            // servers started; Run's
+	born     string         // when New ran, base 36: tells this process's sockets from an earlier one's with its pid
 
 	mu      sync.Mutex
 	created map[string]time.Time // allocation id -> when this process last allocated it; guarded by mu
@@ -111,12 +118,23 @@ func New(o Options) (*Plugin, error) {
 	if o.Config.VConnsPerNode < 1 || o.Config.ResourceName == "" {
 		return nil, fmt.Errorf("device plugin: want vconnsPerNode > 0 and a resource name, have %d and %q", o.Config.VConnsPerNode, o.Config.ResourceName)
 	}
+	// The kubelet gives a resource to the last plugin that registers it:
+	// a plugin for another vendor's resource would take it over.
+	if !strings.HasPrefix(o.Config.ResourceName, ResourceDomain+"/") {
+		return nil, fmt.Errorf("device plugin: resource %q is not in the %s domain: it would take the resource over from its own plugin", o.Config.ResourceName, ResourceDomain)
+	}
 	if o.KubeletDir == "" {
 		o.KubeletDir = DefaultKubeletDir
 	}
 	base := ""
+	var stale *regexp.Regexp
 	if o.SocketName == "" {
 		base = strings.ReplaceAll(o.Config.ResourceName, "/", "_")
+		// The names this and earlier versions gave their sockets: base,
+		// then "-pid-born-count", "-pid-born" or nothing. Exactly these:
+		// the sockets of another resource whose name starts with this
+		// one's (rdmavisor.io/vconn-ib) are another plugin's.
+		stale = regexp.MustCompile(`^` + regexp.QuoteMeta(base) + `(-[0-9]+-[0-9a-z]+(-[0-9]+)?)?\.sock$`)
 	}
 	if o.PodResourcesSocket == "" {
 		o.PodResourcesSocket = DefaultPodResourcesSocket
@@ -157,7 +175,7 @@ func New(o Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, sockBase: base, sock: o.SocketName,
+	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
 		born:    strconv.FormatInt(time.Now().UnixNano(), 36),
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))
@@ -271,9 +289,11 @@ func (p *Plugin) removeSocket() {
 
 // removeStaleSockets removes the sockets earlier plugins for the resource
 // left in KubeletDir (a killed process removes nothing), as the kubelet's
-// plugin watcher asks plugins to.
+// plugin watcher asks plugins to: only names this plugin's versions give
+// their sockets (p.stale), of a resource in ResourceDomain (New checks it),
+// never another plugin's.
 func (p *Plugin) removeStaleSockets() {
-	if p.sockBase == "" {
+	if p.stale == nil {
 		return
 	}
 	ents, err := os.ReadDir(p.opts.KubeletDir)
@@ -282,8 +302,7 @@ func (p *Plugin) removeStaleSockets() {
 	}
 	for _, e := range ents {
 		name := e.Name()
-		if e.Type()&os.ModeSocket == 0 ||
-			name != p.sockBase+".sock" && !(strings.HasPrefix(name, p.sockBase+"-") && strings.HasSuffix(name, ".sock")) {
+		if e.Type()&os.ModeSocket == 0 || !p.stale.MatchString(name) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(p.opts.KubeletDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {

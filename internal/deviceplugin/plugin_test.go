@@ -337,11 +337,15 @@ func TestAllocateBadInput(t *testing.T) {
 }
 
 // TestStaleSockets: a plugin serves a socket of its own and removes those
-// earlier plugins for its resource left (a killed one removes nothing),
-// and nothing else.
+// earlier plugins for its resource left (a killed one removes nothing), as
+// this and earlier versions named them, and nothing else: not another
+// plugin's, not a socket of another rdmavisor.io resource whose name starts
+// with this one's (another service's plugin, rdmavisor.io/vconn-ib).
 func TestStaleSockets(t *testing.T) {
-	stale := []string{"rdmavisor.io_vconn.sock", "rdmavisor.io_vconn-1-old.sock"}
-	keep := []string{"other.io_dev.sock", "rdmavisor.io_vconn-notes.txt"}
+	stale := []string{"rdmavisor.io_vconn.sock", "rdmavisor.io_vconn-1-old.sock", "rdmavisor.io_vconn-12-k2x9a-3.sock"}
+	keepSockets := []string{"other.io_dev.sock", "rdmavisor.io_vconn-ib-12-k2x9a-3.sock", "rdmavisor.io_vconn-ib.sock",
+		"rdmavisor.io_vconn-2.sock"}
+	keep := append([]string{"rdmavisor.io_vconn-notes.txt"}, keepSockets...)
 	e := setup(t, deviceplugin.Options{}, func(e *env) {
 		for _, name := range stale {
 			ln, err := net.Listen("unix", filepath.Join(e.dir, name))
@@ -351,12 +355,14 @@ func TestStaleSockets(t *testing.T) {
 			ln.(*net.UnixListener).SetUnlinkOnClose(false) // as a killed process leaves it
 			_ = ln.Close()
 		}
-		ln, err := net.Listen("unix", filepath.Join(e.dir, keep[0]))
-		if err != nil {
-			t.Fatal(err)
+		for _, name := range keepSockets {
+			ln, err := net.Listen("unix", filepath.Join(e.dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ln.Close() })
 		}
-		t.Cleanup(func() { _ = ln.Close() })
-		if err := os.WriteFile(filepath.Join(e.dir, keep[1]), nil, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(e.dir, keep[0]), nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -372,6 +378,57 @@ func TestStaleSockets(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(e.dir, name)); err != nil {
 			t.Errorf("%s removed: %v", name, err)
 		}
+	}
+}
+
+// TestForeignResourceRefused: a plugin configured for another vendor's
+// resource (an RDMAService's resourceName before the schema restricted it)
+// does not start, so it neither takes the resource over at the kubelet nor
+// removes that vendor's plugin socket, which is named as this plugin would
+// name its own. Other plugins' sockets removed: 0.
+func TestForeignResourceRefused(t *testing.T) {
+	dir, err := os.MkdirTemp("", "dp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	theirs := []string{"nvidia.com_gpu.sock", "nvidia.com_gpu-1-old-1.sock"}
+	for _, name := range theirs {
+		ln, err := net.Listen("unix", filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+	}
+	key, _, err := deviceplugin.LoadOrCreateKey(filepath.Join(dir, "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.ResourceName = "nvidia.com/gpu"
+	cfg.AdminSocket = filepath.Join(dir, "admin.sock")
+	p, err := deviceplugin.New(deviceplugin.Options{Config: cfg, KubeletDir: dir, Key: &key,
+		PodResourcesSocket: filepath.Join(dir, "pod-resources.sock"), RetryInterval: 50 * time.Millisecond})
+	if err == nil {
+		// What a plugin that starts does first: run it for a moment.
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err = p.Run(ctx)
+		cancel()
+		if err == nil {
+			err = errors.New("New and Run accepted it")
+		}
+		t.Errorf("a plugin for nvidia.com/gpu: %v; want New to refuse it", err)
+	} else if !strings.Contains(err.Error(), "not in the rdmavisor.io domain") {
+		t.Errorf("New: %v, want a refusal naming the domain", err)
+	}
+	removed := 0
+	for _, name := range theirs {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			removed++
+		}
+	}
+	if removed != 0 {
+		t.Errorf("the other plugin's sockets removed: %d, want 0", removed)
 	}
 }
 
