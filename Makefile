@@ -29,7 +29,7 @@ lint: ## go vet and gofmt.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: e2e
-e2e: ## As root: a local single-node cluster, then the end-to-end suite (hack/e2e.sh).
+e2e: ## As root: a local cluster of NODES nodes (default 3), then the end-to-end suite (hack/e2e.sh).
 	hack/e2e.sh
 
 .PHONY: test-rxe
@@ -37,7 +37,7 @@ test-rxe: ## As root: the ibverbs backend's tests and verbstest in qemu VMs on t
 	hack/rxe-vm/test.sh
 
 .PHONY: cluster-up
-cluster-up: ## As root: start the local single-node cluster (hack/local-cluster/up.sh).
+cluster-up: ## As root: start a local cluster of NODES nodes (default 1), each in its own namespaces (hack/local-cluster/up.sh).
 	hack/local-cluster/up.sh
 
 .PHONY: cluster-down

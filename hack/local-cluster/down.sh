@@ -1,75 +1,106 @@
 #!/usr/bin/env bash
-# Stops the cluster hack/local-cluster/up.sh started, by the PIDs it
-# recorded, and removes what it left on the host: pods' containers and
-# mounts, network namespaces, the cni0 bridge, iptables chains of
-# kube-proxy, the kubelet and the bridge plugin, and the cluster's state.
-# Built binaries and certificates stay cached (--purge removes the
-# certificates too). Safe to run twice.
+# Stops the cluster hack/local-cluster/up.sh started and leaves the host as
+# it was: the pods are deleted while the kubelets can still tear them down,
+# the components are stopped by PID, then each node's PID 1, which takes
+# every process left in its PID namespace with it; its network namespace
+# (links, routes, iptables rules, pods' networks) and mount namespace go
+# with the last process. Then the host's own share: the bridge, its
+# FORWARD rule, the nodes' cgroups, the hostPath mount points up.sh made,
+# and the cluster's state. Built binaries and certificates stay cached
+# (--purge removes the certificates too). It checks that nothing is left
+# and fails if something is. Safe to run twice.
 set -uo pipefail
-STATE=${STATE:-/var/tmp/rdmavisor-cluster}
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/local-cluster/lib.sh
+. "$here/lib.sh"
 purge=0
 [ "${1:-}" = --purge ] && purge=1
-log() { echo "local-cluster: $*" >&2; }
-kubectl=("$STATE/bin/kubectl" --kubeconfig "$STATE/pki/admin.kubeconfig")
+[ "$(id -u)" = 0 ] || { echo "local-cluster: run as root" >&2; exit 1; }
+kubectl=("$STATE/bin/kubectl" --kubeconfig "$kubeconfig")
+first=$(node_name 1)
 
-running() { [ -f "$STATE/run/$1.pid" ] && kill -0 "$(cat "$STATE/run/$1.pid")" 2>/dev/null; }
+# The nodes up.sh recorded, whatever NODES says now.
+nodes=()
+for d in "$STATE"/run/*/; do [ -f "$d/init.pid" ] && nodes+=("$(basename "$d")"); done
 
-stop() {
-  local f=$STATE/run/$1.pid pid
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid"
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    # kube-apiserver may need a second SIGTERM to skip its graceful wait.
-    kill -0 "$pid" 2>/dev/null && { kill -TERM "$pid"; sleep 2; }
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
-    log "stopped $1 ($pid)"
-  fi
-  rm -f "$f"
-}
-
-# 1. Let the kubelet tear pods down (CNI DEL, unmounts) while it can.
-if running kube-apiserver && running kubelet; then
+# 1. Let the kubelets tear pods down (CNI DEL, unmounts) while they can.
+#    A frozen node cannot: thaw it first.
+for n in "${nodes[@]}"; do
+  f=$(freezer_dir "$n")
+  [ -f "$f/freezer.state" ] && echo THAWED >"$f/freezer.state" 2>/dev/null
+  [ -f "$f/cgroup.freeze" ] && echo 0 >"$f/cgroup.freeze" 2>/dev/null
+done
+if running "$first" kube-apiserver; then
   timeout 60 "${kubectl[@]}" delete pods --all -A --grace-period=1 --wait=true >/dev/null 2>&1 || true
 fi
-# 2. The components, node side first.
-for n in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$n"; done
-# 3. Remaining containers, then containerd.
-if [ -S /run/containerd/containerd.sock ]; then
-  for t in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1; done
-  sleep 1
-  for t in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks rm -f "$t" >/dev/null 2>&1; done
-  for c in $(ctr -n k8s.io containers ls -q 2>/dev/null); do ctr -n k8s.io containers rm "$c" >/dev/null 2>&1; done
-fi
-stop containerd
-# 4. iptables: rules jumping to KUBE-*/CNI-* chains, then the chains.
-[ -x "$STATE/bin/kube-proxy" ] && "$STATE/bin/kube-proxy" --cleanup >/dev/null 2>&1
-for ipt in iptables ip6tables; do
-  command -v $ipt >/dev/null || continue
-  for t in filter nat mangle; do
-    $ipt -t $t -S 2>/dev/null | grep -E '^-A .* -j (KUBE-|CNI-)' | sed 's/^-A //' | while read -r r; do
-      eval "$ipt -t $t -D $r" 2>/dev/null
-    done
-    for op in -F -X; do
-      for ch in $($ipt -t $t -S 2>/dev/null | awk '/^-N (KUBE-|CNI-)/{print $2}'); do $ipt -t $t $op "$ch" 2>/dev/null; done
-    done
-  done
+# 2. The components, node side first, then each node's containers.
+for n in "${nodes[@]}"; do
+  stop "$n" kube-proxy
+  stop "$n" kubelet
 done
-# 5. Mounts (deepest first) and network namespaces of pods.
-findmnt -rn -o TARGET | grep -E '^(/run/containerd|/var/lib/containerd|/var/lib/kubelet|/run/netns)' | sort -r |
-  while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
-for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do ip netns del "$ns"; done
-# 6. Network and on-disk state.
-ip link del cni0 2>/dev/null
-rm -f /etc/cni/net.d/10-local-bridge.conflist
-# The links up.sh made to Debian's plugins.
-find /opt/cni/bin -maxdepth 1 -type l -lname '/usr/lib/cni/*' -delete 2>/dev/null
-rm -rf /var/lib/cni/networks/local-pods /var/lib/cni/results /var/lib/kubelet /var/lib/containerd /run/containerd
-rm -rf "$STATE/logs" "$STATE/run"
+for c in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$first" "$c"; done
+for n in "${nodes[@]}"; do
+  if node_alive "$n" && running "$n" containerd; then
+    for t in $(in_node "$n" ctr -n k8s.io tasks ls -q 2>/dev/null); do in_node "$n" ctr -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1; done
+  fi
+  stop "$n" containerd
+done
+# 3. Each node's PID 1: the kernel kills what is left in its namespace.
+for n in "${nodes[@]}"; do
+  pid=$(node_pid "$n")
+  [ -n "$pid" ] || continue
+  nsino=$(stat -Lc %i "/proc/$pid/ns/pid" 2>/dev/null)
+  kill -KILL "$pid" 2>/dev/null
+  for _ in $(seq 1 40); do
+    left=0
+    if [ -n "$nsino" ]; then
+      for p in /proc/[0-9]*; do
+        [ "$(stat -Lc %i "$p/ns/pid" 2>/dev/null)" = "$nsino" ] && { left=1; break; }
+      done
+    fi
+    [ $left = 0 ] && break
+    sleep 0.25
+  done
+  [ "$left" = 0 ] || log "processes of $n still alive"
+  log "node $n down"
+done
+# 4. The host's share: cgroups (deepest first), links, the FORWARD rule.
+for ((i = 1; i <= 9; i++)); do
+  n=$(node_name "$i")
+  for cg in $(cgroup_dirs "$n"); do
+    [ -d "$cg" ] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
+  ip link del "rv-$i" 2>/dev/null
+done
+ip link del "$BRIDGE" 2>/dev/null
+while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment rdmavisor-local-cluster 2>/dev/null; do :; done
+# 5. On-disk state: the nodes' files (containerd's snapshots are plain
+#    directories once their mount namespace is gone), the mount points.
+rm -rf "$STATE/nodes" "$STATE/logs" "$STATE/run" "$STATE/cluster.env"
+if [ -f "$STATE/made-dirs" ]; then
+  sort -r "$STATE/made-dirs" | while read -r d; do rmdir "$d" 2>/dev/null; done
+  rm -f "$STATE/made-dirs"
+fi
 [ $purge = 1 ] && rm -rf "$STATE/pki" "$STATE/pause.tar"
 # A later up.sh starts from an empty etcd: stale objects would confuse tests.
 rm -rf "$STATE/etcd"
-left=$(findmnt -rn -o TARGET | grep -E 'containerd|kubelet|/run/netns/cni-' || true)
-[ -z "$left" ] || { log "mounts left behind:"; echo "$left" >&2; exit 1; }
+
+# 6. Nothing may be left.
+problems=()
+for ((i = 1; i <= 9; i++)); do
+  for cg in $(cgroup_dirs "$(node_name "$i")"); do [ -d "$cg" ] && problems+=("cgroup $cg"); done
+done
+ip link show "$BRIDGE" >/dev/null 2>&1 && problems+=("link $BRIDGE")
+iptables -S FORWARD 2>/dev/null | grep -q rdmavisor-local-cluster && problems+=("iptables rule in FORWARD")
+m=$(findmnt -rn -o TARGET | grep -F "$STATE" || true)
+[ -z "$m" ] || problems+=("mounts: $m")
+for p in /proc/[0-9]*; do
+  c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+  case $c in *"$here/node-init.sh"*|*"$STATE/bin/"*) problems+=("process ${p#/proc/}: $c") ;; esac
+done
+if [ ${#problems[@]} -gt 0 ]; then
+  log "left behind:"
+  printf '  %s\n' "${problems[@]}" >&2
+  exit 1
+fi
 log "down"

@@ -1,67 +1,60 @@
 #!/usr/bin/env bash
-# Brings up a single-node Kubernetes cluster built from source, for the
-# end-to-end tests (test/e2e) and for trying RDMAvisor without a cloud:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
-# kube-proxy (built by hack/k8s-build.sh through the Go module proxy and
-# cached), on Debian's containerd, runc and CNI plugins. No Docker, no
-# registry: images are imported into containerd (hack/images.sh).
+# Brings up a Kubernetes cluster of NODES nodes on this one machine, built
+# from source, for the end-to-end tests (test/e2e) and for trying RDMAvisor
+# without a cloud. Each node is its own network, mount, PID and UTS
+# namespaces, as kind's node containers are (lib.sh, node-init.sh), with
+# its own containerd (Debian's), kubelet and kube-proxy, node IP, pod CIDR
+# and hostPath directories; the nodes hang off one bridge on the host and
+# route each other's pod CIDRs. The control plane (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler) runs on the first node. The
+# binaries are built by hack/k8s-build.sh through the Go module proxy and
+# cached. No Docker, no registry: images are imported into each node's
+# containerd (hack/images.sh, then node.sh NODE import TARBALL).
 #
-#   hack/local-cluster/up.sh        # idempotent: starts what is not running
-#   hack/local-cluster/up.sh --restart kubelet   # stop one component, start it again
+#   NODES=3 hack/local-cluster/up.sh   # idempotent: starts what is not running
+#   hack/local-cluster/up.sh --restart kubelet [NODE]   # stop one component, start it again
 #   export KUBECONFIG=$(hack/local-cluster/up.sh --kubeconfig)
-#   hack/local-cluster/down.sh      # stops everything by PID, cleans up
+#   hack/local-cluster/node.sh ...     # a node's shell, freeze, netem, import
+#   hack/local-cluster/down.sh         # stops everything, leaves the host clean
 #
-# Needs root. Every process is recorded in $STATE/run/NAME.pid; logs are in
-# $STATE/logs. The kubeconfig's path is the last line printed.
+# Needs root. Each node's processes are recorded in $STATE/run/NODE/*.pid;
+# logs are in $STATE/logs. The kubeconfig's path is the last line printed.
 #
-# Env: STATE (default /var/tmp/rdmavisor-cluster), NODE_NAME (default the
-# host name), NODE_IP (default the source address of the default route),
+# Env: STATE (default /var/tmp/rdmavisor-cluster), NODES (default 1),
+# NODE_PREFIX (default node: nodes node-1, node-2, ...), NODE_NET (the
+# nodes' /24 on the bridge, default 172.30.213), BRIDGE (default rdmav0),
 # K8S_VERSION and RDMAVISOR_CACHE (see hack/k8s-build.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-STATE=${STATE:-/var/tmp/rdmavisor-cluster}
-NODE_NAME=${NODE_NAME:-$(hostname | tr '[:upper:]' '[:lower:]')}
-NODE_IP=${NODE_IP:-$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") print $(i + 1)}')}
-pki=$STATE/pki
-kubeconfig=$pki/admin.kubeconfig
+want_nodes=${NODES:-}
+# shellcheck source=hack/local-cluster/lib.sh
+. "$here/lib.sh"
 
-restart=
+restart='' restart_node=''
 case "${1:-}" in
   --kubeconfig) echo "$kubeconfig"; exit 0 ;;
-  --restart) restart=${2:?--restart needs a component name} ;;
+  --restart) restart=${2:?--restart needs a component name}; restart_node=${3:-} ;;
   "") ;;
-  *) echo "usage: $0 [--kubeconfig | --restart COMPONENT]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kubeconfig | --restart COMPONENT [NODE]]" >&2; exit 2 ;;
 esac
-[ "$(id -u)" = 0 ] || { echo "local-cluster: run as root (containerd, kubelet, iptables)" >&2; exit 1; }
-[ -n "$NODE_IP" ] || { echo "local-cluster: cannot find the node IP; set NODE_IP" >&2; exit 1; }
-
-log() { echo "local-cluster: $*" >&2; }
-mkdir -p "$STATE"/{logs,run,bin} "$pki"
-
-# running NAME: the recorded process is alive.
-running() { [ -f "$STATE/run/$1.pid" ] && kill -0 "$(cat "$STATE/run/$1.pid")" 2>/dev/null; }
-
-# start NAME CMD...: start CMD in its own session unless NAME runs already.
-start() {
-  local name=$1; shift
-  if running "$name"; then return 0; fi
-  log "starting $name"
-  setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
-  echo $! >"$STATE/run/$name.pid"
-}
-
-# wait_for WHAT SECONDS CMD...: poll CMD once a second.
-wait_for() {
-  local what=$1 secs=$2; shift 2
-  for ((i = 0; i < secs; i++)); do
-    if "$@" >/dev/null 2>&1; then log "$what ready after ${i}s"; return 0; fi
-    sleep 1
-  done
-  log "$what not ready after ${secs}s; last log lines:"
-  tail -n 20 "$STATE/logs/"*"$what"*.log >&2 2>/dev/null || true
-  return 1
-}
+[ "$(id -u)" = 0 ] || { echo "local-cluster: run as root (namespaces, containerd, kubelet)" >&2; exit 1; }
+if [ -n "$want_nodes" ] && [ "$want_nodes" != "$NODES" ] && [ -f "$STATE/cluster.env" ]; then
+  echo "local-cluster: a cluster of $NODES nodes is up in $STATE; run hack/local-cluster/down.sh first" >&2
+  exit 1
+fi
+NODES=${want_nodes:-$NODES}
+[[ $NODES =~ ^[1-9]$ ]] || { echo "local-cluster: NODES must be 1 to 9, not $NODES" >&2; exit 2; }
+first=$(node_name 1)
+api_ip=$(node_ip 1)
+mkdir -p "$STATE"/{logs,run,bin,nodes} "$pki"
+cat >"$STATE/cluster.env" <<EOF
+NODES=$NODES
+NODE_PREFIX=$NODE_PREFIX
+NODE_NET=$NODE_NET
+BRIDGE=$BRIDGE
+MTU=$MTU
+EOF
 
 deps() {
   local missing=()
@@ -71,17 +64,12 @@ deps() {
   command -v iptables >/dev/null || missing+=(iptables)
   command -v openssl >/dev/null || missing+=(openssl)
   command -v conntrack >/dev/null || missing+=(conntrack)
+  command -v curl >/dev/null || missing+=(curl)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
       { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
   fi
-  # CNI plugins where Kubernetes nodes keep them (and where RDMAvisor's
-  # installer puts its own).
-  mkdir -p /opt/cni/bin
-  for p in /usr/lib/cni/*; do
-    [ -e "/opt/cni/bin/$(basename "$p")" ] || ln -s "$p" "/opt/cni/bin/$(basename "$p")"
-  done
 }
 
 binaries() {
@@ -113,14 +101,16 @@ cert() {
     -days 3650 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null
 }
 
-# kubeconfig NAME: a kubeconfig for the client certificate NAME.
+# kubeconfig_for NAME: a kubeconfig for the client certificate NAME. Every
+# client, on any node or on the host, reaches the API server at the first
+# node's address.
 kubeconfig_for() {
   cat >"$pki/$1.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: local
-  cluster: {certificate-authority: $pki/ca.crt, server: "https://127.0.0.1:6443"}
+  cluster: {certificate-authority: $pki/ca.crt, server: "https://$api_ip:6443"}
 users:
 - name: $1
   user: {client-certificate: $pki/$1.crt, client-key: $pki/$1.key}
@@ -132,93 +122,168 @@ EOF
 }
 
 certs() {
-  # Certificates name the node IP: a new IP means new certificates.
-  if [ "$(cat "$pki/.node" 2>/dev/null)" != "$NODE_NAME $NODE_IP" ]; then
-    rm -rf "${pki:?}"/* && echo "$NODE_NAME $NODE_IP" >"$pki/.node"
+  # Certificates name the nodes and their IPs: another layout means new ones.
+  local layout i name ip
+  layout="$NODES $NODE_PREFIX $NODE_NET"
+  if [ "$(cat "$pki/.layout" 2>/dev/null)" != "$layout" ]; then
+    rm -rf "${pki:?}"/* && echo "$layout" >"$pki/.layout"
   fi
   if [ ! -f "$pki/ca.crt" ]; then
     log "generating certificates"
     openssl genrsa -out "$pki/ca.key" 2048 2>/dev/null
     openssl req -x509 -new -nodes -key "$pki/ca.key" -subj /CN=rdmavisor-local-ca -days 3650 -out "$pki/ca.crt"
   fi
-  local sans="DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:$NODE_NAME,IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_IP"
+  local sans="DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:$first,IP:127.0.0.1,IP:10.96.0.1,IP:$api_ip"
   cert apiserver /CN=kube-apiserver serverAuth "$sans"
-  cert kubelet-serving "/CN=$NODE_NAME" serverAuth "DNS:$NODE_NAME,DNS:localhost,IP:127.0.0.1,IP:$NODE_IP"
   cert admin /O=system:masters/CN=kubernetes-admin clientAuth
   cert kcm /CN=system:kube-controller-manager clientAuth
   cert scheduler /CN=system:kube-scheduler clientAuth
-  cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" clientAuth
   cert kube-proxy /CN=system:kube-proxy clientAuth
   cert apiserver-kubelet-client /O=system:masters/CN=kube-apiserver-kubelet-client clientAuth
+  for ((i = 1; i <= NODES; i++)); do
+    name=$(node_name "$i") ip=$(node_ip "$i")
+    cert "kubelet-serving-$name" "/CN=$name" serverAuth "DNS:$name,DNS:localhost,IP:127.0.0.1,IP:$ip"
+    cert "kubelet-$name" "/O=system:nodes/CN=system:node:$name" clientAuth
+    kubeconfig_for "kubelet-$name"
+  done
   [ -f "$pki/sa.key" ] || { openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null && openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null; }
-  for k in admin kcm scheduler kubelet kube-proxy; do kubeconfig_for "$k"; done
+  for k in admin kcm scheduler kube-proxy; do kubeconfig_for "$k"; done
+}
+
+# fabric: the bridge the nodes hang off. With br_netfilter loaded, bridged
+# frames pass the host's FORWARD chain: accept the bridge's own.
+fabric() {
+  modprobe br_netfilter 2>/dev/null || true
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" mtu "$MTU" type bridge
+    ip addr add "$NODE_NET.1/24" dev "$BRIDGE"
+  fi
+  ip link set "$BRIDGE" up
+  iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment rdmavisor-local-cluster 2>/dev/null ||
+    iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment rdmavisor-local-cluster
+}
+
+# boot I: the node's namespaces, its link on the bridge, routes to the
+# other nodes' pod CIDRs, its cgroups and files.
+boot() {
+  local i=$1 name ip dir run cg d j unshare_pid pid
+  name=$(node_name "$i") ip=$(node_ip "$i") dir=$(node_dir "$name") run=$(node_run "$name")
+  node_alive "$name" && return 0
+  log "booting node $name ($ip)"
+  mkdir -p "$dir/root" "$run"
+  # The hostPath directories must exist on the host to be mounted over;
+  # the ones made here are removed by down.sh.
+  for d in "${NODE_DIRS[@]}"; do
+    [ -d "/$d" ] || { mkdir -p "/$d" && echo "/$d" >>"$STATE/made-dirs"; }
+  done
+  # Its cgroups: the kubelet's cgroupRoot in every hierarchy. A cpuset
+  # must have CPUs and memory nodes before it takes a task.
+  for cg in $(cgroup_dirs "$name"); do
+    mkdir -p "$cg"
+    if [ -f "$cg/cpuset.cpus" ] && [ -z "$(cat "$cg/cpuset.cpus")" ]; then
+      cat "$(dirname "$cg")/cpuset.cpus" >"$cg/cpuset.cpus"
+      cat "$(dirname "$cg")/cpuset.mems" >"$cg/cpuset.mems"
+    fi
+  done
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    sed 's/\([a-z_]*\)/+\1/g' /sys/fs/cgroup/cgroup.subtree_control >"$(freezer_dir "$name")/cgroup.subtree_control" 2>/dev/null || true
+  fi
+  rm -f "$run/ready"
+  setsid bash -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' _ "$(freezer_dir "$name")" \
+    unshare --net --mount --pid --uts --fork --propagation private --mount-proc \
+    "$here/node-init.sh" "$name" "$dir/root" "$run/ready" "${NODE_DIRS[@]}" \
+    >"$STATE/logs/$name-init.log" 2>&1 </dev/null &
+  unshare_pid=$!
+  for _ in $(seq 1 100); do [ -f "$run/ready" ] && break; sleep 0.1; done
+  pid=$(pgrep -P "$unshare_pid" | head -n 1)
+  [ -f "$run/ready" ] && [ -n "$pid" ] || { log "node $name did not boot:"; cat "$STATE/logs/$name-init.log" >&2; return 1; }
+  echo "$pid" >"$run/init.pid"
+  # Its link: eth0 inside, rv-NAME on the bridge.
+  ip link del "rv-$i" 2>/dev/null || true
+  ip link add "rv-$i" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "/proc/$pid/ns/net"
+  ip link set "rv-$i" master "$BRIDGE" up
+  in_node "$name" ip addr add "$ip/24" dev eth0
+  in_node "$name" ip link set eth0 up
+  in_node "$name" ip route add default via "$NODE_NET.1"
+  for ((j = 1; j <= NODES; j++)); do
+    [ "$j" = "$i" ] || in_node "$name" ip route add "$(pod_cidr "$j")" via "$(node_ip "$j")"
+  done
+  in_node "$name" sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward; echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true'
+  # Its files: CNI plugins (Debian's), the pod network, containerd, kubelet.
+  mkdir -p "$dir/root/opt/cni/bin" "$dir/root/etc/cni/net.d" "$dir/kubelet"
+  for p in /usr/lib/cni/*; do ln -sfn "$p" "$dir/root/opt/cni/bin/$(basename "$p")"; done
+  sed "s#@SUBNET@#$(pod_cidr "$i")#" "$here/10-local-bridge.conflist" >"$dir/root/etc/cni/net.d/10-local-bridge.conflist"
+  sed -e "s#@PKI@#$pki#g" -e "s#@NODE@#$name#g" -e "s#@CGROUP@#/$(node_cgroup "$name")#g" \
+    "$here/kubelet-config.yaml" >"$dir/kubelet/config.yaml"
 }
 
 control_plane() {
   local b=$STATE/bin
-  start etcd "$b/etcd" --name local --data-dir "$STATE/etcd" \
+  start "$first" etcd "$b/etcd" --name local --data-dir "$STATE/etcd" \
     --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \
     --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
     --initial-cluster local=http://127.0.0.1:23800 --listen-metrics-urls http://127.0.0.1:23810
-  wait_for etcd 60 curl -sf http://127.0.0.1:23790/health
+  wait_for etcd 60 in_node "$first" curl -sf http://127.0.0.1:23790/health
   # The apiserver refuses to advertise 127.0.0.1 (its endpoint reconciler
   # needs a routable address): bind everywhere, advertise the node IP.
-  start kube-apiserver "$b/kube-apiserver" --etcd-servers=http://127.0.0.1:23790 \
-    --bind-address=0.0.0.0 --advertise-address="$NODE_IP" --secure-port=6443 \
+  start "$first" kube-apiserver "$b/kube-apiserver" --etcd-servers=http://127.0.0.1:23790 \
+    --bind-address=0.0.0.0 --advertise-address="$api_ip" --secure-port=6443 \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" --client-ca-file="$pki/ca.crt" \
     --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" --kubelet-client-key="$pki/apiserver-kubelet-client.key" \
-    --kubelet-certificate-authority="$pki/ca.crt" \
+    --kubelet-certificate-authority="$pki/ca.crt" --kubelet-preferred-address-types=InternalIP \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC \
+    --service-cluster-ip-range="$SERVICE_CIDR" --authorization-mode=Node,RBAC \
     --enable-admission-plugins=NodeRestriction --allow-privileged=true
   wait_for kube-apiserver 120 "$b/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
-  start kube-controller-manager "$b/kube-controller-manager" --kubeconfig="$pki/kcm.kubeconfig" \
+  start "$first" kube-controller-manager "$b/kube-controller-manager" --kubeconfig="$pki/kcm.kubeconfig" \
     --authentication-kubeconfig="$pki/kcm.kubeconfig" --authorization-kubeconfig="$pki/kcm.kubeconfig" \
     --bind-address=127.0.0.1 --leader-elect=false --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
-    --service-cluster-ip-range=10.96.0.0/16
-  start kube-scheduler "$b/kube-scheduler" --kubeconfig="$pki/scheduler.kubeconfig" \
+    --service-cluster-ip-range="$SERVICE_CIDR"
+  start "$first" kube-scheduler "$b/kube-scheduler" --kubeconfig="$pki/scheduler.kubeconfig" \
     --authentication-kubeconfig="$pki/scheduler.kubeconfig" --authorization-kubeconfig="$pki/scheduler.kubeconfig" \
     --bind-address=127.0.0.1 --leader-elect=false
 }
 
-node() {
-  echo 1 >/proc/sys/net/ipv4/ip_forward
-  modprobe br_netfilter 2>/dev/null || true
-  echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true
-  mkdir -p /etc/cni/net.d "$STATE/kubelet"
-  [ -f /etc/cni/net.d/10-local-bridge.conflist ] || cp "$here/10-local-bridge.conflist" /etc/cni/net.d/
-  start containerd containerd --config "$here/containerd.toml"
-  wait_for containerd 30 ctr version
-  ctr -n k8s.io images import "$STATE/pause.tar" >&2
-  sed "s#@PKI@#$pki#g" "$here/kubelet-config.yaml" >"$STATE/kubelet/config.yaml"
-  start kubelet "$STATE/bin/kubelet" --config="$STATE/kubelet/config.yaml" --kubeconfig="$pki/kubelet.kubeconfig" \
-    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet -v=2
-  start kube-proxy "$STATE/bin/kube-proxy" --kubeconfig="$pki/kube-proxy.kubeconfig" --hostname-override="$NODE_NAME" \
-    --proxy-mode=iptables --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
+# node_components I: containerd, the kubelet and kube-proxy of node I.
+node_components() {
+  local i=$1 name ip dir
+  name=$(node_name "$i") ip=$(node_ip "$i") dir=$(node_dir "$name")
+  start "$name" containerd containerd --config "$here/containerd.toml"
+  wait_for "$name-containerd" 30 in_node "$name" ctr version
+  in_node "$name" ctr -n k8s.io images import "$STATE/pause.tar" >&2
+  start "$name" kubelet "$STATE/bin/kubelet" --config="$dir/kubelet/config.yaml" \
+    --kubeconfig="$pki/kubelet-$name.kubeconfig" --hostname-override="$name" --node-ip="$ip" \
+    --root-dir=/var/lib/kubelet -v=2
+  start "$name" kube-proxy "$STATE/bin/kube-proxy" --kubeconfig="$pki/kube-proxy.kubeconfig" --hostname-override="$name" \
+    --proxy-mode=iptables --cluster-cidr="$POD_NET.0.0/16" --conntrack-max-per-core=0 \
     --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256
-  local k=("$STATE/bin/kubectl" --kubeconfig "$kubeconfig")
-  wait_for kubelet 120 "${k[@]}" get node "$NODE_NAME"
-  "${k[@]}" wait --for=condition=Ready "node/$NODE_NAME" --timeout=120s >&2
-  wait_for kube-controller-manager 60 "${k[@]}" get serviceaccount default
 }
 
 began=$SECONDS
 if [ -n "$restart" ]; then
-  [ -f "$STATE/run/$restart.pid" ] || { log "$restart was not started by up.sh"; exit 1; }
-  pid=$(cat "$STATE/run/$restart.pid")
-  log "restarting $restart ($pid)"
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$STATE/run/$restart.pid"
+  restart_node=${restart_node:-$first}
+  f="$(node_run "$restart_node")/$restart.pid"
+  [ -f "$f" ] || { log "$restart was not started on $restart_node by up.sh"; exit 1; }
+  log "restarting $restart on $restart_node ($(cat "$f"))"
+  stop "$restart_node" "$restart"
 fi
 deps
 binaries
 certs
+fabric
+for ((i = 1; i <= NODES; i++)); do boot "$i"; done
 control_plane
-node
-log "node $NODE_NAME ($NODE_IP) ready in $((SECONDS - began))s; kubectl: $STATE/bin/kubectl"
+for ((i = 1; i <= NODES; i++)); do node_components "$i"; done
+k=("$STATE/bin/kubectl" --kubeconfig "$kubeconfig")
+for ((i = 1; i <= NODES; i++)); do
+  name=$(node_name "$i")
+  wait_for "$name-kubelet" 120 "${k[@]}" get node "$name"
+done
+"${k[@]}" wait --for=condition=Ready node --all --timeout=180s >&2
+wait_for kube-controller-manager 60 "${k[@]}" get serviceaccount default
+log "$NODES node(s) ready in $((SECONDS - began))s: $(for ((i = 1; i <= NODES; i++)); do echo -n "$(node_name "$i")=$(node_ip "$i") "; done)"
+log "kubectl: $STATE/bin/kubectl; a node's shell: hack/local-cluster/node.sh $first sh"
 echo "$kubeconfig"
