@@ -67,7 +67,11 @@ func inNetns(t *testing.T, name string, f func() error) {
 func buildTool(t *testing.T) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "impair")
-	if b, err := exec.Command("go", "build", "-o", out, ".").CombinedOutput(); err != nil {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	if b, err := exec.Command(goBin, "build", "-o", out, ".").CombinedOutput(); err != nil {
 		t.Fatalf("building impair: %v\n%s", err, b)
 	}
 	return out
@@ -75,10 +79,17 @@ func buildTool(t *testing.T) string {
 
 // TestImpairUDP sends 10,000 numbered datagrams from one namespace to
 // another through the tool's queue, loss 5% reorder 5%, and checks what
-// arrives.
+// arrives: without delay, and with the 1ms delay the e2e suite asks for
+// (the verdicts then go through the tool's delay FIFO).
 func TestImpairUDP(t *testing.T) {
 	requireRoot(t)
 	bin := buildTool(t)
+	for _, delay := range []string{"0", "1ms"} {
+		t.Run("delay="+delay, func(t *testing.T) { testImpairUDP(t, bin, delay) })
+	}
+}
+
+func testImpairUDP(t *testing.T, bin, delay string) {
 	a, b := fmt.Sprintf("impair-a-%d", os.Getpid()), fmt.Sprintf("impair-b-%d", os.Getpid())
 	addNetns(t, a)
 	addNetns(t, b)
@@ -101,7 +112,8 @@ func TestImpairUDP(t *testing.T) {
 	defer errf.Close()
 	stderr := func() string { b, _ := os.ReadFile(errf.Name()); return string(b) }
 	tool := exec.Command("ip", "netns", "exec", a, bin, "--queue", fmt.Sprint(qnum),
-		"--loss", "5%", "--reorder", "5%", "--seed", "3", "--stats", stats, "--interval", "1s")
+		"--loss", "5%", "--reorder", "5%", "--delay", delay,
+		"--seed", "3", "--stats", stats, "--interval", "1s")
 	tool.Stderr = errf
 	if err := tool.Start(); err != nil {
 		t.Fatal(err)
