@@ -32,6 +32,10 @@ lint: ## go vet and gofmt.
 e2e: ## As root: a local cluster of NODES nodes (default 3), then the end-to-end suite (hack/e2e.sh).
 	hack/e2e.sh
 
+.PHONY: soak
+soak: ## As root, not in CI: checkers between all nodes for DURATION (default 10m) under random faults (hack/soak.sh).
+	hack/soak.sh
+
 .PHONY: test-rxe
 test-rxe: ## As root: the ibverbs backend's tests and verbstest in qemu VMs on the kernel's rxe (hack/rxe-vm/test.sh).
 	hack/rxe-vm/test.sh

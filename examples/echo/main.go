@@ -8,11 +8,14 @@
 //	echo client --addr NODE:7000 --conns 2 --messages 1000 --size 4096
 //
 // The client exits 0 and prints "echo: OK ..." when every message came back
-// intact; the end-to-end tests read that line.
+// intact. With --verdict FILE it also writes its outcome there as JSON, with
+// the time it ended: a pod's /dev/termination-log, which the kubelet puts in
+// the pod's status, where the end-to-end tests read it.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,6 +23,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -52,11 +56,17 @@ func main() {
 		size := fs.Int("size", 4096, "bytes per message")
 		timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
 		hold := fs.Bool("hold", false, "after success, keep running until stopped (so the pod stays up)")
+		verdict := fs.String("verdict", "", "write the outcome here as JSON (e.g. /dev/termination-log)")
 		_ = fs.Parse(os.Args[2:])
 		runCtx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
 		var summary string
-		if summary, err = client(runCtx, c, *addr, *conns, *n, *size); err == nil {
+		var count counts
+		summary, err = client(runCtx, c, *addr, *conns, *n, *size, &count)
+		if *verdict != "" {
+			writeVerdict(*verdict, err, &count)
+		}
+		if err == nil {
 			fmt.Println(summary)
 			if *hold {
 				<-ctx.Done()
@@ -111,14 +121,18 @@ func echo(ctx context.Context, conn *vconn.Conn) (int, error) {
 }
 
 // client runs the exchanges and returns the summary line.
-func client(ctx context.Context, c *vconn.Client, addr string, conns, n, size int) (string, error) {
+// counts are the client's messages: sent (SendMsg returned nil) and
+// delivered (echoed back, every byte as sent, in order).
+type counts struct{ sent, delivered atomic.Int64 }
+
+func client(ctx context.Context, c *vconn.Client, addr string, conns, n, size int, count *counts) (string, error) {
 	if addr == "" {
 		return "", errors.New("--addr is required")
 	}
 	start := time.Now()
 	errs := make(chan error, conns)
 	for i := range conns {
-		go func() { errs <- exchange(ctx, c, addr, i, n, size) }()
+		go func() { errs <- exchange(ctx, c, addr, i, n, size, count) }()
 	}
 	var failed error
 	for range conns {
@@ -137,7 +151,7 @@ func client(ctx context.Context, c *vconn.Client, addr string, conns, n, size in
 
 // exchange sends n messages on one vconn, each filled from its vconn,
 // sequence number and offset, and checks each echo byte by byte.
-func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size int) error {
+func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size int, count *counts) error {
 	conn, err := dial(ctx, c, addr)
 	if err != nil {
 		return err
@@ -149,6 +163,7 @@ func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size int
 		if err := conn.SendMsg(ctx, msg); err != nil {
 			return fmt.Errorf("vconn %d: send %d: %w", id, seq, err)
 		}
+		count.sent.Add(1)
 		m, err := conn.RecvMsg(ctx)
 		if err != nil {
 			return fmt.Errorf("vconn %d: receive %d: %w", id, seq, err)
@@ -161,6 +176,7 @@ func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size int
 				return fmt.Errorf("vconn %d: message %d: byte %d is %#x, sent %#x", id, seq, i, b, msg[i])
 			}
 		}
+		count.delivered.Add(1)
 	}
 	return nil
 }
@@ -184,5 +200,27 @@ func dial(ctx context.Context, c *vconn.Client, addr string) (*vconn.Conn, error
 func fill(b []byte, id, seq int) {
 	for i := range b {
 		b[i] = byte(id*131 + seq*7 + i)
+	}
+}
+
+// Verdict is what --verdict writes: whether every message came back, and
+// if not why, and when the client knew; how many messages it sent and how
+// many came back intact.
+type Verdict struct {
+	OK        bool      `json:"ok"`
+	Error     string    `json:"error,omitempty"`
+	At        time.Time `json:"at"`
+	Sent      int64     `json:"sent"`
+	Delivered int64     `json:"delivered"`
+}
+
+func writeVerdict(path string, err error, count *counts) {
+	v := Verdict{OK: err == nil, At: time.Now().UTC(), Sent: count.sent.Load(), Delivered: count.delivered.Load()}
+	if err != nil {
+		v.Error = err.Error()
+	}
+	b, _ := json.Marshal(v)
+	if werr := os.WriteFile(path, b, 0o644); werr != nil {
+		log.Printf("writing the verdict to %s: %v", path, werr)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,11 @@ func TestEcho(t *testing.T) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		out, err := client(ctx, cli, cl.Nodes[1].Name+":7000", 2, 200, 3000)
+		var count counts
+		out, err := client(ctx, cli, cl.Nodes[1].Name+":7000", 2, 200, 3000, &count)
+		if err == nil && (count.sent.Load() != 400 || count.delivered.Load() != 400) {
+			err = fmt.Errorf("counted %d sent, %d delivered; want 400 of each", count.sent.Load(), count.delivered.Load())
+		}
 		res <- result{out, err}
 	}()
 	time.Sleep(300 * time.Millisecond)
@@ -49,7 +54,7 @@ func TestEcho(t *testing.T) {
 		t.Fatalf("client: %q, %v", r.out, r.err)
 	}
 	// A third vconn exceeds the client's allocation of two.
-	if _, err := client(ctx, cli, cl.Nodes[1].Name+":7000", 3, 10, 10); err == nil {
+	if _, err := client(ctx, cli, cl.Nodes[1].Name+":7000", 3, 10, 10, new(counts)); err == nil {
 		t.Fatal("three vconns on an allocation of two")
 	}
 	stop()

@@ -73,7 +73,10 @@ for ((i = 1; i <= 9; i++)); do
   ip link del "rv-$i" 2>/dev/null
 done
 ip link del "$BRIDGE" 2>/dev/null
-while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment rdmavisor-local-cluster 2>/dev/null; do :; done
+# The FORWARD rules up.sh added, by their comment.
+iptables -S FORWARD 2>/dev/null | grep -- '--comment rdmavisor-local-cluster' | sed 's/^-A //' | while read -r r; do
+  eval "iptables -D $r" 2>/dev/null
+done
 # 5. On-disk state: the nodes' files (containerd's snapshots are plain
 #    directories once their mount namespace is gone), the mount points.
 rm -rf "$STATE/nodes" "$STATE/logs" "$STATE/run" "$STATE/cluster.env"
@@ -91,6 +94,8 @@ for ((i = 1; i <= 9; i++)); do
   for cg in $(cgroup_dirs "$(node_name "$i")"); do [ -d "$cg" ] && problems+=("cgroup $cg"); done
 done
 ip link show "$BRIDGE" >/dev/null 2>&1 && problems+=("link $BRIDGE")
+r=$(ip route show | grep -F "$POD_NET." || true)
+[ -z "$r" ] || problems+=("routes: $r")
 iptables -S FORWARD 2>/dev/null | grep -q rdmavisor-local-cluster && problems+=("iptables rule in FORWARD")
 m=$(findmnt -rn -o TARGET | grep -F "$STATE" || true)
 [ -z "$m" ] || problems+=("mounts: $m")

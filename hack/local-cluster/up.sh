@@ -150,17 +150,28 @@ certs() {
   for k in admin kcm scheduler kube-proxy; do kubeconfig_for "$k"; done
 }
 
-# fabric: the bridge the nodes hang off. With br_netfilter loaded, bridged
-# frames pass the host's FORWARD chain: accept the bridge's own.
+# fabric: the bridge the nodes hang off, and the host's routes to the
+# pods (the suite, on the host, reaches pod IPs as it would on a node).
+# Nothing of the cluster leaves the machine: the nodes have no default
+# route, and the host drops what the bridge would forward elsewhere. With
+# br_netfilter loaded, bridged frames pass the host's FORWARD chain:
+# accept the bridge's own.
 fabric() {
+  local i
   modprobe br_netfilter 2>/dev/null || true
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" mtu "$MTU" type bridge
     ip addr add "$NODE_NET.1/24" dev "$BRIDGE"
   fi
   ip link set "$BRIDGE" up
-  iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment rdmavisor-local-cluster 2>/dev/null ||
-    iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment rdmavisor-local-cluster
+  for rule in "-i $BRIDGE ! -o $BRIDGE -j DROP" "-i $BRIDGE -o $BRIDGE -j ACCEPT"; do
+    # shellcheck disable=SC2086 # a rule is words
+    iptables -C FORWARD $rule -m comment --comment rdmavisor-local-cluster 2>/dev/null ||
+      iptables -I FORWARD $rule -m comment --comment rdmavisor-local-cluster
+  done
+  for ((i = 1; i <= NODES; i++)); do
+    ip route replace "$(pod_cidr "$i")" via "$(node_ip "$i")" dev "$BRIDGE"
+  done
 }
 
 # boot I: the node's namespaces, its link on the bridge, routes to the
@@ -204,10 +215,12 @@ boot() {
   ip link set "rv-$i" master "$BRIDGE" up
   in_node "$name" ip addr add "$ip/24" dev eth0
   in_node "$name" ip link set eth0 up
-  in_node "$name" ip route add default via "$NODE_NET.1"
   for ((j = 1; j <= NODES; j++)); do
     [ "$j" = "$i" ] || in_node "$name" ip route add "$(pod_cidr "$j")" via "$(node_ip "$j")"
   done
+  # Service IPs need a route before kube-proxy's DNAT picks an endpoint;
+  # one without an endpoint ends at the host, which drops it.
+  in_node "$name" ip route add "$SERVICE_CIDR" via "$NODE_NET.1"
   in_node "$name" sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward; echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true'
   # Its files: CNI plugins (Debian's), the pod network, containerd, kubelet.
   mkdir -p "$dir/root/opt/cni/bin" "$dir/root/etc/cni/net.d" "$dir/kubelet"

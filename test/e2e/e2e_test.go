@@ -3,10 +3,11 @@
 // Package e2e installs RDMAvisor on a real cluster the way a user does (helm
 // install, kubectl apply) and checks, step by step, what a user relies on:
 // the operator, the agent DaemonSet, RDMANode and RDMAService status, the
-// extended resource, pods exchanging messages over vconns, CNI registration,
-// scheduling limits, recovery from a kubelet restart and an agent crash,
-// and cleanup. hack/e2e.sh runs it on the local cluster
-// (hack/local-cluster); it needs KUBECONFIG, HELM and KUBECTL.
+// extended resource, pods on different nodes exchanging messages over
+// vconns, CNI registration, scheduling limits, recovery from a kubelet
+// restart and an agent crash, and cleanup. hack/e2e.sh runs it on the
+// local cluster (hack/local-cluster, three nodes by default); it needs
+// KUBECONFIG, HELM and KUBECTL, and at least two nodes.
 package e2e
 
 import (
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +57,7 @@ type env struct {
 	repo     string
 	helm     string
 	kubectl  string
-	node     string
+	nodes    []string              // by name, sorted: the first runs the control plane
 	svc      *v1alpha1.RDMAService // the sample, as applied
 	resource corev1.ResourceName
 	capacity int64
@@ -71,12 +73,22 @@ func TestE2E(t *testing.T) {
 		{"helm install: the operator becomes ready", (*env).helmInstall},
 		{"kubectl apply RDMAService: agent, RDMANode and service ready", (*env).applyService},
 		{"the node advertises the vconn resource", (*env).allocatable},
-		{"two pods exchange messages over vconns", (*env).echo},
-		{"metrics: the agent counted the messages, the operator serves a reader only", (*env).metricsMoved},
-		{"the CNI plugin registered both pods", (*env).cniRegistered},
-		{"a pod asking more vconns than the node has stays Pending", (*env).overQuota},
+		{"two pods on different nodes exchange messages over vconns", (*env).echo},
+		{"metrics: both agents counted the messages, the operator serves a reader only", (*env).metricsMoved},
+		{"the CNI plugin registered each pod with its own node's agent", (*env).cniRegistered},
+		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
+		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
+		{"a link losing and reordering 5% of packets: every message once, in order", (*env).lossyLink},
+		{"the operator restarted mid-traffic: the vconns carry on", (*env).operatorRestart},
+		{"a node lost: its peers' vconns fail within 5s, their QPs released; back, it serves again", (*env).nodeLost},
+		{"a pod asking more vconns than any node has stays Pending", (*env).overQuota},
 		{"kubelet restart: the device plugin registers again", (*env).kubeletRestart},
 		{"agent pod killed: recreated, devices healthy again", (*env).agentKilled},
+		{"transport changed to rc: the agents roll one node at a time", func(e *env) { e.rollTo("rc") }},
+		{"1,000 vconns across nodes over rc, every byte checked; QP pools stay at qpsPerPeer", func(e *env) {
+			e.thousandVConns("rc")
+			e.deletePod("echo-server")
+		}},
 		{"RDMAService deleted: agent, RDMANode and node resource gone", (*env).deleteService},
 		{"ibverbs sample on a node without RDMA: the agent waits and says why", (*env).ibverbsWithoutDevice},
 		{"helm uninstall leaves only the CRDs", (*env).helmUninstall},
@@ -123,10 +135,13 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(nodes.Items) != 1 {
-		t.Fatalf("the suite expects a single-node cluster, found %d nodes", len(nodes.Items))
+	if len(nodes.Items) < 2 {
+		t.Fatalf("the suite needs at least two nodes (vconns between nodes), found %d", len(nodes.Items))
 	}
-	e.node = nodes.Items[0].Name
+	for _, n := range nodes.Items {
+		e.nodes = append(e.nodes, n.Name)
+	}
+	slices.Sort(e.nodes)
 	data, err := os.ReadFile(filepath.Join(e.repo, "config", "samples", "rdmavisor_v1alpha1_rdmaservice_soft.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -205,28 +220,33 @@ func (e *env) daemonSet() (*appsv1.DaemonSet, error) {
 	return e.kube.AppsV1().DaemonSets(namespace).Get(e.ctx, "rdmavisor-agent-"+e.svc.Name, metav1.GetOptions{})
 }
 
-// agentReady: the DaemonSet's one pod is ready, the node's RDMANode says
-// Ready, and the RDMAService's Ready condition is True.
+// agentReady: the DaemonSet has a ready, updated pod on every node, every
+// node's RDMANode says Ready, and the RDMAService's Ready condition is True
+// with every node ready.
 func (e *env) agentReady() (bool, string) {
 	ds, err := e.daemonSet()
 	if err != nil {
 		return false, err.Error()
 	}
-	if s := ds.Status; s.DesiredNumberScheduled != 1 || s.NumberReady != 1 || s.UpdatedNumberScheduled != 1 {
+	n := int32(len(e.nodes))
+	if s := ds.Status; s.DesiredNumberScheduled != n || s.NumberReady != n || s.UpdatedNumberScheduled != n ||
+		s.ObservedGeneration != ds.Generation {
 		return false, fmt.Sprintf("DaemonSet status %+v", s)
 	}
-	var rn v1alpha1.RDMANode
-	if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.node}, &rn); err != nil {
-		return false, "RDMANode: " + err.Error()
-	}
-	if !meta.IsStatusConditionTrue(rn.Status.Conditions, v1alpha1.ConditionNodeReady) || rn.Spec.ServiceName != e.svc.Name {
-		return false, fmt.Sprintf("RDMANode %+v", rn.Status)
+	for _, node := range e.nodes {
+		var rn v1alpha1.RDMANode
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: node}, &rn); err != nil {
+			return false, "RDMANode: " + err.Error()
+		}
+		if !meta.IsStatusConditionTrue(rn.Status.Conditions, v1alpha1.ConditionNodeReady) || rn.Spec.ServiceName != e.svc.Name {
+			return false, fmt.Sprintf("RDMANode %s %+v", node, rn.Status)
+		}
 	}
 	var svc v1alpha1.RDMAService
 	if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.svc.Name}, &svc); err != nil {
 		return false, "RDMAService: " + err.Error()
 	}
-	if !meta.IsStatusConditionTrue(svc.Status.Conditions, v1alpha1.ConditionReady) || svc.Status.ReadyNodes != 1 {
+	if !meta.IsStatusConditionTrue(svc.Status.Conditions, v1alpha1.ConditionReady) || svc.Status.ReadyNodes != n {
 		return false, fmt.Sprintf("RDMAService status %+v", svc.Status)
 	}
 	return true, ""
@@ -234,22 +254,24 @@ func (e *env) agentReady() (bool, string) {
 
 func (e *env) applyService() {
 	e.run(e.kubectl, "apply", "-f", "config/samples/rdmavisor_v1alpha1_rdmaservice_soft.yaml")
-	e.eventually("agent ready", 3*time.Minute, e.agentReady)
-	var rn v1alpha1.RDMANode
-	if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.node}, &rn); err != nil {
-		e.t.Fatal(err)
-	}
-	st := rn.Status
-	if st.VConnCapacity != int32(e.capacity) || st.Address == nil || st.Address.ControlPort == 0 ||
-		len(st.Devices) != 1 || st.Devices[0].Provider != v1alpha1.ProviderSoft || st.Devices[0].Health != v1alpha1.DeviceHealthy {
-		e.t.Fatalf("RDMANode status: %+v", st)
+	e.eventually("agents ready on every node", 3*time.Minute, e.agentReady)
+	for _, node := range e.nodes {
+		var rn v1alpha1.RDMANode
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: node}, &rn); err != nil {
+			e.t.Fatal(err)
+		}
+		st := rn.Status
+		if st.VConnCapacity != int32(e.capacity) || st.Address == nil || st.Address.ControlPort == 0 ||
+			len(st.Devices) != 1 || st.Devices[0].Provider != v1alpha1.ProviderSoft || st.Devices[0].Health != v1alpha1.DeviceHealthy {
+			e.t.Fatalf("RDMANode %s status: %+v", node, st)
+		}
 	}
 }
 
-// vconns reads the node's capacity and allocatable of the vconn resource
+// vconns reads a node's capacity and allocatable of the vconn resource
 // (-1 when absent).
-func (e *env) vconns() (capacity, allocatable int64) {
-	n, err := e.kube.CoreV1().Nodes().Get(e.ctx, e.node, metav1.GetOptions{})
+func (e *env) vconns(node string) (capacity, allocatable int64) {
+	n, err := e.kube.CoreV1().Nodes().Get(e.ctx, node, metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -263,23 +285,38 @@ func (e *env) vconns() (capacity, allocatable int64) {
 	return capacity, allocatable
 }
 
-func (e *env) allocatableIs(want int64) func() (bool, string) {
+// allocatableIs: every node in nodes (all when none is named) offers want.
+func (e *env) allocatableIs(want int64, nodes ...string) func() (bool, string) {
+	if len(nodes) == 0 {
+		nodes = e.nodes
+	}
 	return func() (bool, string) {
-		c, a := e.vconns()
-		return a == want, fmt.Sprintf("%s: capacity %d, allocatable %d, want allocatable %d", e.resource, c, a, want)
+		for _, n := range nodes {
+			if c, a := e.vconns(n); a != want {
+				return false, fmt.Sprintf("%s on %s: capacity %d, allocatable %d, want allocatable %d", e.resource, n, c, a, want)
+			}
+		}
+		return true, ""
 	}
 }
 
 func (e *env) allocatable() {
-	e.eventually("allocatable vconns", 2*time.Minute, e.allocatableIs(e.capacity))
+	e.eventually("allocatable vconns on every node", 2*time.Minute, e.allocatableIs(e.capacity))
 }
 
-// echoPod is a pod of the example program requesting vconns.
-func (e *env) echoPod(name string, vconns int64, args ...string) *corev1.Pod {
+// echoPod is a pod of the example program requesting vconns, pinned to
+// node (through the scheduler, which counts the extended resource) unless
+// node is empty.
+func (e *env) echoPod(name, node string, vconns int64, args ...string) *corev1.Pod {
 	q := *resource.NewQuantity(vconns, resource.DecimalSI)
+	var sel map[string]string
+	if node != "" {
+		sel = map[string]string{corev1.LabelHostname: node}
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": "rdmavisor-e2e"}},
 		Spec: corev1.PodSpec{
+			NodeSelector:                  sel,
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: new(int64(2)),
 			Containers: []corev1.Container{{
@@ -322,27 +359,57 @@ func (e *env) logs(name string) string {
 
 var okLine = regexp.MustCompile(`echo: OK (\d+) vconns, (\d+) messages of (\d+) bytes checked`)
 
-// exchange runs a client pod against the echo server and waits for its
-// verdict: 2 vconns, every byte of 1,000 messages of 4 KiB checked.
-func (e *env) exchange(client string) {
-	e.createPod(e.echoPod(client, 2, "client", fmt.Sprintf("--addr=$(NODE_NAME):%d", echoPort),
-		"--conns=2", "--messages=500", "--size=4096", "--timeout=90s", "--hold"))
-	e.eventually("client "+client+" checked every byte", 2*time.Minute, func() (bool, string) {
+// load is what an echo client sends: conns vconns at once, msgs messages
+// of size bytes on each, every byte of every echo checked in order.
+type load struct{ conns, msgs, size int }
+
+// defaultLoad: 2 vconns, 1,000 messages of 4 KiB.
+var defaultLoad = load{conns: 2, msgs: 500, size: 4096}
+
+// exchange runs a client pod on node against the echo server on
+// e.serverNode() and waits for its verdict: every byte checked.
+func (e *env) exchange(client, node string, l load) {
+	e.startClient(client, node, e.serverNode(), l)
+	e.clientOK(client, l, 3*time.Minute)
+}
+
+// startClient starts an echo client pod on node that dials the echo
+// server's port on target.
+func (e *env) startClient(client, node, target string, l load) {
+	e.createPod(e.echoPod(client, node, int64(l.conns), "client", fmt.Sprintf("--addr=%s:%d", target, echoPort),
+		fmt.Sprintf("--conns=%d", l.conns), fmt.Sprintf("--messages=%d", l.msgs), fmt.Sprintf("--size=%d", l.size),
+		"--timeout=5m", "--hold", "--verdict=/dev/termination-log"))
+}
+
+// clientOK waits for the client's verdict: every byte of conns×msgs
+// messages of size came back.
+func (e *env) clientOK(client string, l load, timeout time.Duration) {
+	e.eventually("client "+client+" checked every byte", timeout, func() (bool, string) {
 		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, client, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		if p.Status.Phase == corev1.PodFailed {
-			e.t.Fatalf("client failed: %s", e.logs(client))
+			e.t.Fatalf("client %s failed: %s", client, e.logs(client))
 		}
 		m := okLine.FindStringSubmatch(e.logs(client))
-		return m != nil && m[1] == "2" && m[2] == "1000" && m[3] == "4096", fmt.Sprintf("phase %s, logs %q", p.Status.Phase, e.logs(client))
+		return m != nil && m[1] == fmt.Sprint(l.conns) && m[2] == fmt.Sprint(l.conns*l.msgs) && m[3] == fmt.Sprint(l.size),
+			fmt.Sprintf("phase %s, logs %q", p.Status.Phase, e.logs(client))
 	})
 	e.t.Log(strings.TrimSpace(e.logs(client)))
 }
 
+// serverNode is where the echo server runs; clientNode where the first
+// clients run: different nodes, so every vconn crosses two agents.
+func (e *env) serverNode() string { return e.nodes[1] }
+func (e *env) clientNode() string { return e.nodes[0] }
+
+// serverVConns is the echo server's quota: enough for the clients of the
+// 1,000-vconn steps, which its accepted vconns count against.
+const serverVConns = 1000
+
 func (e *env) startServer() {
-	e.createPod(e.echoPod("echo-server", 2, "server", fmt.Sprintf("--port=%d", echoPort)))
+	e.createPod(e.echoPod("echo-server", e.serverNode(), serverVConns, "server", fmt.Sprintf("--port=%d", echoPort)))
 	e.eventually("echo server listening", 2*time.Minute, func() (bool, string) {
 		l := e.logs("echo-server")
 		return strings.Contains(l, "listening on"), l
@@ -358,7 +425,7 @@ func (e *env) startServer() {
 // three times, and each refusal is logged.
 func (e *env) startServerAfterRestart() {
 	for try := 1; ; try++ {
-		e.createPod(e.echoPod("echo-server", 2, "server", fmt.Sprintf("--port=%d", echoPort)))
+		e.createPod(e.echoPod("echo-server", e.serverNode(), serverVConns, "server", fmt.Sprintf("--port=%d", echoPort)))
 		refused := ""
 		e.eventually("echo server listening", 2*time.Minute, func() (bool, string) {
 			p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "echo-server", metav1.GetOptions{})
@@ -380,28 +447,51 @@ func (e *env) startServerAfterRestart() {
 	}
 }
 
+type allocation struct {
+	ID     string
+	VConns int
+}
+
+func (e *env) allocations(node string) []allocation {
+	var allocs []allocation
+	e.agentState(node, "allocations", &allocs)
+	return allocs
+}
+
 func (e *env) echo() {
 	e.startServer()
-	e.exchange("echo-client")
-	// Each pod got an allocation of its two vconns from the device plugin.
-	var allocs []struct {
-		ID     string
-		VConns int
-	}
-	e.agentState("allocations", &allocs)
-	if len(allocs) != 2 || allocs[0].VConns != 2 || allocs[1].VConns != 2 {
-		e.t.Fatalf("agent allocations: %+v", allocs)
+	e.exchange("echo-client", e.clientNode(), defaultLoad)
+	// Each pod got an allocation of its vconns from its own node's device
+	// plugin; the third node's agent holds none.
+	want := map[string][]allocation{e.clientNode(): {{VConns: defaultLoad.conns}}, e.serverNode(): {{VConns: serverVConns}}}
+	for _, node := range e.nodes {
+		got := e.allocations(node)
+		if len(got) != len(want[node]) || (len(got) == 1 && got[0].VConns != want[node][0].VConns) {
+			e.t.Fatalf("allocations of the agent on %s: %+v, want %+v", node, got, want[node])
+		}
 	}
 }
 
-// agentState runs `rdmavisor agent WHAT` in the agent container.
-func (e *env) agentState(what string, v any) {
+// agentPod is the agent's pod on node.
+func (e *env) agentPod(node string) corev1.Pod {
 	e.t.Helper()
-	pods := e.agentPods()
-	if len(pods) != 1 {
-		e.t.Fatalf("%d agent pods", len(pods))
+	var on []corev1.Pod
+	for _, p := range e.agentPods() {
+		if p.Spec.NodeName == node && p.DeletionTimestamp == nil {
+			on = append(on, p)
+		}
 	}
-	out := e.run(e.kubectl, "exec", "-n", namespace, pods[0].Name, "-c", "agent", "--", "rdmavisor", "agent", what)
+	if len(on) != 1 {
+		e.t.Fatalf("%d agent pods on %s", len(on), node)
+	}
+	return on[0]
+}
+
+// agentState runs `rdmavisor agent WHAT` in the agent container on node.
+func (e *env) agentState(node, what string, v any) {
+	e.t.Helper()
+	pod := e.agentPod(node)
+	out := e.run(e.kubectl, "exec", "-n", namespace, pod.Name, "-c", "agent", "--", "rdmavisor", "agent", what)
 	if err := json.Unmarshal([]byte(out), v); err != nil {
 		e.t.Fatalf("rdmavisor agent %s: %v\n%s", what, err, out)
 	}
@@ -412,9 +502,9 @@ type agentPod struct {
 	IPs                  []string
 }
 
-func (e *env) registered() map[string]agentPod {
+func (e *env) registered(node string) map[string]agentPod {
 	var pods []agentPod
-	e.agentState("pods", &pods)
+	e.agentState(node, "pods", &pods)
 	m := make(map[string]agentPod, len(pods))
 	for _, p := range pods {
 		m[p.UID] = p
@@ -422,41 +512,89 @@ func (e *env) registered() map[string]agentPod {
 	return m
 }
 
-// hostCNI checks, where the suite runs on the node itself (hack/e2e.sh
-// sets E2E_CNI_CONF_DIR and E2E_CNI_BIN_DIR), whether the plugin is in
-// the node's CNI configuration and binary directory.
-func (e *env) hostCNI(want bool) {
+// nodeSH runs hack/local-cluster/node.sh NODE ARGS... (E2E_NODE_SH):
+// a command in a node's namespaces, freezing a node, impairing a link.
+func (e *env) nodeSH(node string, args ...string) string {
 	e.t.Helper()
-	confDir, binDir := os.Getenv("E2E_CNI_CONF_DIR"), os.Getenv("E2E_CNI_BIN_DIR")
-	if confDir == "" || binDir == "" {
-		e.t.Log("E2E_CNI_CONF_DIR or E2E_CNI_BIN_DIR unset: not checking the node's CNI files")
-		return
+	sh := os.Getenv("E2E_NODE_SH")
+	if sh == "" {
+		e.t.Fatal("E2E_NODE_SH is not set: run the suite with hack/e2e.sh")
 	}
-	e.eventually(fmt.Sprintf("rdmavisor-cni installed on the node: %v", want), time.Minute, func() (bool, string) {
-		files, _ := filepath.Glob(filepath.Join(confDir, "*.conflist"))
-		chained := false
-		for _, f := range files {
-			b, err := os.ReadFile(f)
-			if err == nil && strings.Contains(string(b), `"rdmavisor-cni"`) {
-				chained = true
-			}
-		}
-		_, err := os.Stat(filepath.Join(binDir, "rdmavisor-cni"))
-		return chained == want && (err == nil) == want, fmt.Sprintf("chained %v, binary %v", chained, err)
-	})
+	return e.run(sh, append([]string{node}, args...)...)
 }
 
+// nodeDir is the node's copy of its hostPath directories, as the host
+// (where the suite runs) sees it.
+func (e *env) nodeDir(node string) string {
+	return strings.TrimSpace(e.nodeSH(node, "dir"))
+}
+
+// hostCNI checks each node's own CNI directories (hostPath is per node):
+// whether the plugin is in the node's configuration chain and binary
+// directory. The host's, which is no node's, never has it.
+func (e *env) hostCNI(want bool) {
+	e.t.Helper()
+	for _, node := range e.nodes {
+		root := e.nodeDir(node)
+		confDir, binDir := filepath.Join(root, "etc/cni/net.d"), filepath.Join(root, "opt/cni/bin")
+		e.eventually(fmt.Sprintf("rdmavisor-cni installed on %s: %v", node, want), time.Minute, func() (bool, string) {
+			chained := chainedIn(confDir)
+			_, err := os.Stat(filepath.Join(binDir, "rdmavisor-cni"))
+			return chained == want && (err == nil) == want, fmt.Sprintf("chained %v, binary %v", chained, err)
+		})
+	}
+	if chainedIn("/etc/cni/net.d") {
+		e.t.Fatal("the host's /etc/cni/net.d chains rdmavisor-cni: a node's hostPath reached the host")
+	}
+}
+
+func chainedIn(confDir string) bool {
+	files, _ := filepath.Glob(filepath.Join(confDir, "*.conflist"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.Contains(string(b), `"rdmavisor-cni"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// cniRegistered: each pod is registered with its own node's agent only,
+// and each agent's allocation sockets are on its own node only.
 func (e *env) cniRegistered() {
 	e.hostCNI(true)
-	reg := e.registered()
+	regs := map[string]map[string]agentPod{}
+	for _, node := range e.nodes {
+		regs[node] = e.registered(node)
+	}
 	for _, name := range []string{"echo-server", "echo-client"} {
 		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		r, ok := reg[string(p.UID)]
-		if !ok || r.Name != name || r.Namespace != "default" || len(r.IPs) == 0 || r.IPs[0] != p.Status.PodIP {
-			e.t.Fatalf("pod %s (uid %s, IP %s): agent has %+v (all: %+v)", name, p.UID, p.Status.PodIP, r, reg)
+		for _, node := range e.nodes {
+			r, ok := regs[node][string(p.UID)]
+			if node != p.Spec.NodeName {
+				if ok {
+					e.t.Fatalf("pod %s of %s is registered with the agent on %s", name, p.Spec.NodeName, node)
+				}
+				continue
+			}
+			if !ok || r.Name != name || r.Namespace != "default" || len(r.IPs) == 0 || r.IPs[0] != p.Status.PodIP {
+				e.t.Fatalf("pod %s (uid %s, IP %s): agent on %s has %+v (all: %+v)", name, p.UID, p.Status.PodIP, node, r, regs[node])
+			}
+		}
+	}
+	for _, node := range e.nodes {
+		var ids []string
+		for _, a := range e.allocations(node) {
+			ids = append(ids, a.ID)
+		}
+		slices.Sort(ids)
+		// (A node whose agent never allocated has no such directory.)
+		socks := strings.Fields(e.nodeSH(node, "exec", "sh", "-c", "ls /run/rdmavisor/alloc 2>/dev/null || true"))
+		if !slices.Equal(socks, ids) {
+			e.t.Fatalf("allocation sockets on %s: %v; its agent's allocations: %v", node, socks, ids)
 		}
 	}
 	// CNI DEL unregisters a pod that goes.
@@ -466,13 +604,13 @@ func (e *env) cniRegistered() {
 	}
 	e.deletePod("echo-client")
 	e.eventually("client unregistered", time.Minute, func() (bool, string) {
-		_, ok := e.registered()[string(client.UID)]
+		_, ok := e.registered(client.Spec.NodeName)[string(client.UID)]
 		return !ok, "still registered"
 	})
 }
 
 func (e *env) overQuota() {
-	e.createPod(e.echoPod("too-many", e.capacity+1, "server"))
+	e.createPod(e.echoPod("too-many", "", e.capacity+1, "server"))
 	e.eventually("too-many unschedulable", time.Minute, func() (bool, string) {
 		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "too-many", metav1.GetOptions{})
 		if err != nil {
@@ -495,64 +633,57 @@ func (e *env) overQuota() {
 	e.deletePod("too-many")
 }
 
-// registrations counts the device plugin's registrations with the kubelet.
-func (e *env) registrations() int {
-	pods := e.agentPods()
-	if len(pods) != 1 {
-		return -1
-	}
-	out, err := e.kube.CoreV1().Pods(namespace).GetLogs(pods[0].Name, &corev1.PodLogOptions{Container: "device-plugin"}).DoRaw(e.ctx)
+// registrations counts the device plugin's registrations with node's kubelet.
+func (e *env) registrations(node string) int {
+	pod := e.agentPod(node)
+	out, err := e.kube.CoreV1().Pods(namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "device-plugin"}).DoRaw(e.ctx)
 	if err != nil {
 		return -1
 	}
 	return strings.Count(string(out), "Registered with the kubelet")
 }
 
+// kubeletRestart restarts the kubelet of the client's node: its device
+// plugin registers again, and a new client there reaches the server.
 func (e *env) kubeletRestart() {
-	before := e.registrations()
+	node := e.clientNode()
+	before := e.registrations(node)
 	if before < 1 {
-		e.t.Fatalf("device plugin registrations before the restart: %d", before)
+		e.t.Fatalf("device plugin registrations on %s before the restart: %d", node, before)
 	}
-	restart := os.Getenv("E2E_RESTART_KUBELET")
-	if restart == "" {
-		restart = "hack/local-cluster/up.sh --restart kubelet"
-	}
-	e.run("bash", "-c", restart)
+	e.run("hack/local-cluster/up.sh", "--restart", "kubelet", node)
 	e.eventually("device plugin registered again", 2*time.Minute, func() (bool, string) {
-		n := e.registrations()
+		n := e.registrations(node)
 		return n > before, fmt.Sprintf("%d registrations (before the restart: %d)", n, before)
 	})
-	e.eventually("allocatable back", 2*time.Minute, e.allocatableIs(e.capacity))
+	e.eventually("allocatable back", 2*time.Minute, e.allocatableIs(e.capacity, node))
 	// The new kubelet admits and allocates: a new client gets its vconns.
-	e.exchange("echo-client-2")
+	e.exchange("echo-client-2", node, defaultLoad)
 	e.deletePod("echo-client-2")
 }
 
+// agentKilled kills the server's node's agent: a new one comes up, and a
+// new server there serves a client on another node.
 func (e *env) agentKilled() {
-	old := e.agentPods()
-	if len(old) != 1 {
-		e.t.Fatalf("%d agent pods", len(old))
-	}
-	err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, old[0].Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))})
+	old := e.agentPod(e.serverNode())
+	err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.eventually("a new agent pod ready", 3*time.Minute, func() (bool, string) {
-		pods := e.agentPods()
-		if len(pods) != 1 || pods[0].UID == old[0].UID {
-			return false, fmt.Sprintf("%d agent pods", len(pods))
+		for _, p := range e.agentPods() {
+			if p.UID == old.UID {
+				return false, "the old agent pod is still there"
+			}
 		}
-		ok, why := e.agentReady()
-		return ok, why
+		return e.agentReady()
 	})
-	e.eventually("devices healthy: allocatable back", 2*time.Minute, e.allocatableIs(e.capacity))
+	e.eventually("devices healthy: allocatable back", 2*time.Minute, e.allocatableIs(e.capacity, e.serverNode()))
 	// The old server's agent is gone; a new pair talks through the new one.
 	e.deletePod("echo-server")
 	e.startServerAfterRestart()
-	e.exchange("echo-client-3")
-	for _, p := range []string{"echo-client-3", "echo-server"} {
-		e.deletePod(p)
-	}
+	e.exchange("echo-client-3", e.clientNode(), defaultLoad)
+	e.deletePod("echo-client-3")
 }
 
 func (e *env) deleteService() {
@@ -583,8 +714,12 @@ func (e *env) deleteService() {
 	// be scheduled against it. (The kubelet zeroes the capacity itself
 	// five minutes later.)
 	e.eventually("no allocatable vconns", 2*time.Minute, func() (bool, string) {
-		c, a := e.vconns()
-		return a <= 0, fmt.Sprintf("capacity %d, allocatable %d", c, a)
+		for _, n := range e.nodes {
+			if c, a := e.vconns(n); a > 0 {
+				return false, fmt.Sprintf("%s: capacity %d, allocatable %d", n, c, a)
+			}
+		}
+		return true, ""
 	})
 }
 

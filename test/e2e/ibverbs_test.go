@@ -20,7 +20,7 @@ import (
 )
 
 // ibverbsWithoutDevice applies the hardware sample (provider ibverbs) to
-// this node, which has no RDMA device: the image's agent is the ibverbs
+// the first node, which has no RDMA device: the image's agent is the ibverbs
 // one, so it starts, finds no device, and keeps running and saying so
 // rather than crash-looping: the RDMANode's DeviceReady is False with the
 // reason, and the RDMAService is Degraded (DeviceUnavailable) naming the
@@ -41,8 +41,8 @@ func (e *env) ibverbsWithoutDevice() {
 	svc.Spec.Agent.Image = "local.test/rdmavisor:dev"
 	svc.Spec.Agent.ImagePullPolicy = corev1.PullNever
 	for k, v := range svc.Spec.NodeSelector.MatchLabels {
-		e.run(e.kubectl, "label", "node", e.node, "--overwrite", k+"="+v)
-		defer e.run(e.kubectl, "label", "node", e.node, k+"-")
+		e.run(e.kubectl, "label", "node", e.nodes[0], "--overwrite", k+"="+v)
+		defer e.run(e.kubectl, "label", "node", e.nodes[0], k+"-")
 	}
 	if err := e.crs.Create(e.ctx, svc); err != nil {
 		e.t.Fatal(err)
@@ -58,7 +58,7 @@ func (e *env) ibverbsWithoutDevice() {
 
 	e.eventually("the RDMANode says the device does not open", 3*time.Minute, func() (bool, string) {
 		var rn v1alpha1.RDMANode
-		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.node}, &rn); err != nil {
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.nodes[0]}, &rn); err != nil {
 			return false, err.Error()
 		}
 		c := meta.FindStatusCondition(rn.Status.Conditions, "DeviceReady")
@@ -74,7 +74,7 @@ func (e *env) ibverbsWithoutDevice() {
 			return false, err.Error()
 		}
 		c := meta.FindStatusCondition(s.Status.Conditions, v1alpha1.ConditionDegraded)
-		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != "DeviceUnavailable" || !strings.Contains(c.Message, e.node) {
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != "DeviceUnavailable" || !strings.Contains(c.Message, e.nodes[0]) {
 			return false, fmt.Sprintf("Degraded %+v", c)
 		}
 		e.t.Logf("RDMAService %s: Degraded=True, %s: %s", s.Name, c.Reason, c.Message)
