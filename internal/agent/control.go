@@ -407,6 +407,7 @@ func (r *remote) heartbeat(ctx context.Context) {
 		// before, and failing the peer would retire the QPs it just
 		// connected to us, which its UC traffic would then vanish into.
 		if !beating && !errors.Is(err, errRestarted) {
+			r.release()
 			select {
 			case <-ctx.Done():
 				return
@@ -415,12 +416,31 @@ func (r *remote) heartbeat(ctx context.Context) {
 			continue
 		}
 		r.fail(err)
+		r.release()
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(interval):
 		}
 	}
+}
+
+// release gives back the engine peer of a node that was lost, once its
+// applications closed the failed vconns: its QPs, regions and credits go
+// now, not when the node comes back, which may be never. Until then the
+// heartbeat calls it again every interval.
+func (r *remote) release() {
+	r.mu.Lock()
+	p := r.peer
+	r.mu.Unlock()
+	if p == nil || p.Err() == nil || !r.a.eng.Release(p) {
+		return
+	}
+	r.mu.Lock()
+	if r.peer == p {
+		r.peer = nil
+	}
+	r.mu.Unlock()
 }
 
 // errRestarted: the peer's beats carry a new incarnation.

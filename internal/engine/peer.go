@@ -179,6 +179,28 @@ func (e *Engine) Forget(gid verbs.GID, err error) bool {
 	return true
 }
 
+// Release retires p, a failed peer, once no vconn uses it, if it is still
+// the engine's peer for its GID: its QPs, and the regions and credits they
+// held, go now rather than when the node comes back. It reports whether p
+// is gone from the engine (released now, or replaced or forgotten before).
+func (e *Engine) Release(p *Peer) bool {
+	e.peersMu.Lock()
+	defer e.peersMu.Unlock()
+	if e.peers[p.gid] != p {
+		return true
+	}
+	p.mu.Lock()
+	idle := p.err != nil && p.list == nil
+	p.mu.Unlock()
+	if !idle {
+		return false
+	}
+	delete(e.peers, p.gid)
+	e.retired = append(e.retired, p)
+	p.retire()
+	return true
+}
+
 // GID is the peer's address.
 func (p *Peer) GID() verbs.GID { return p.gid }
 
