@@ -308,6 +308,37 @@ func TestStatus(t *testing.T) {
 
 	reportNode(t, "stat-2", "stat", metav1.ConditionTrue, "Serving", "")
 	waitCondition(t, "stat", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
+
+	// stat-1's agent says stat-2's stopped answering (stat-2 frozen: its
+	// own report still says Ready until its heartbeat goes stale).
+	setUnreachable(t, "stat-1", "stat-2")
+	for _, cond := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionDegraded} {
+		status := metav1.ConditionFalse
+		if cond == v1alpha1.ConditionDegraded {
+			status = metav1.ConditionTrue
+		}
+		c = waitCondition(t, "stat", cond, status, ReasonNodeUnreachable)
+		if c.Message != "node stat-2 unreachable from stat-1" {
+			t.Errorf("%s message %q, want it to name the unreachable node and who says so", cond, c.Message)
+		}
+	}
+	setUnreachable(t, "stat-1")
+	waitCondition(t, "stat", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
+	waitCondition(t, "stat", v1alpha1.ConditionDegraded, metav1.ConditionFalse, ReasonAsExpected)
+}
+
+// setUnreachable writes the peers node's agent reports unreachable.
+func setUnreachable(t *testing.T, node string, peers ...string) {
+	t.Helper()
+	rn := &v1alpha1.RDMANode{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	if err := k8s.Get(testCtx(t), client.ObjectKeyFromObject(rn), rn); err != nil {
+		t.Fatal(err)
+	}
+	rn.Status.UnreachablePeers = peers
+	rn.Status.HeartbeatTime = ptr(metav1.Now())
+	if err := k8s.Status().Update(testCtx(t), rn); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // resourceVersions maps every object of a service to its resourceVersion.

@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +22,7 @@ const (
 	ReasonAllNodesReady   = "AllNodesReady"
 	ReasonNodesNotReady   = "NodesNotReady"
 	ReasonNodeUnhealthy   = "NodeUnhealthy"
+	ReasonNodeUnreachable = "NodeUnreachable"
 	ReasonDeviceUnhealthy = "DeviceUnhealthy"
 	// ReasonDeviceUnavailable: some nodes' agents cannot open their RDMA
 	// device (none there, no such name, port down, GID index out of
@@ -106,6 +109,9 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	var unhealthy, pending, badDevices []string
 	var noDevice int // of the unhealthy nodes, those whose device does not open
 	var requeue time.Duration
+	// unreachableFrom: the nodes whose agents stopped answering, and the
+	// ready nodes whose agents say so.
+	unreachableFrom := map[string][]string{}
 	for _, name := range p.desired {
 		rn := byName[name]
 		rep := assess(name, rn, now, r.heartbeatTimeout())
@@ -126,6 +132,11 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 		for _, d := range rep.badDevices {
 			badDevices = append(badDevices, "node "+name+" device "+d)
 		}
+		if rn != nil && rep.ready {
+			for _, peer := range rn.Status.UnreachablePeers {
+				unreachableFrom[peer] = append(unreachableFrom[peer], name)
+			}
+		}
 		if rn != nil {
 			st.VConnCapacity += int64(rn.Status.VConnCapacity)
 			st.VConnsInUse += int64(rn.Status.VConnsOpen)
@@ -133,6 +144,10 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 		}
 	}
 	st.Nodes = fmt.Sprintf("%d/%d", st.ReadyNodes, st.DesiredNodes)
+	var unreachable []string
+	for _, peer := range slices.Sorted(maps.Keys(unreachableFrom)) {
+		unreachable = append(unreachable, fmt.Sprintf("node %s unreachable from %s", peer, strings.Join(unreachableFrom[peer], ", ")))
+	}
 
 	ready := metav1.Condition{Type: v1alpha1.ConditionReady}
 	switch {
@@ -144,6 +159,8 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	case len(unhealthy) > 0:
 		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodeUnhealthy
 		ready.Message = summarize(unhealthy)
+	case len(unreachable) > 0:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonNodeUnreachable, summarize(unreachable)
 	case len(pending) > 0:
 		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodesNotReady
 		ready.Message = fmt.Sprintf("%s nodes ready; waiting for %s", st.Nodes, summarize(pending))
@@ -169,6 +186,8 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 		degraded.Message = fmt.Sprintf("the RDMA device does not open on %d of %d nodes: %s", noDevice, len(p.desired), summarize(unhealthy))
 	case len(unhealthy) > 0:
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnhealthy, summarize(unhealthy)
+	case len(unreachable) > 0:
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnreachable, summarize(unreachable)
 	case len(badDevices) > 0:
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonDeviceUnhealthy, summarize(badDevices)+" unhealthy"
 	}

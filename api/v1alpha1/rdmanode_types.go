@@ -19,6 +19,11 @@ const (
 // True when it serves pods and peers.
 const ConditionNodeReady = "Ready"
 
+// ConditionPeersReachable is the condition type an agent sets on its
+// RDMANode: False, naming them, while peer agents it talked to stop
+// answering its heartbeats (their nodes lost, frozen or cut off).
+const ConditionPeersReachable = "PeersReachable"
+
 // RDMADevice is one RDMA device an agent uses.
 type RDMADevice struct {
 	// Name of the device (mlx5_0, or the soft provider's name).
@@ -81,7 +86,7 @@ type RDMANodeSpec struct {
 // RDMANodeStatus is what the agent reports of its node.
 // +kubebuilder:validation:XValidation:rule="!has(self.vconnsOpen) || !has(self.vconnCapacity) || self.vconnsOpen <= self.vconnCapacity",message="vconnsOpen cannot exceed vconnCapacity"
 type RDMANodeStatus struct {
-	// Conditions: Ready.
+	// Conditions: Ready, DeviceReady, PeersReachable.
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=8
@@ -118,6 +123,15 @@ type RDMANodeStatus struct {
 	// counts a node whose heartbeat is too old as not ready.
 	// +optional
 	HeartbeatTime *metav1.Time `json:"heartbeatTime,omitempty"`
+
+	// UnreachablePeers are the nodes whose agents stopped answering this
+	// agent's heartbeats: their vconns with this node failed. A node comes
+	// off the list when its agent answers again.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=253
+	// +optional
+	UnreachablePeers []string `json:"unreachablePeers,omitempty"`
 }
 
 // RDMANode is one node's RDMAvisor agent, as the agent reports it. Its name is

@@ -99,6 +99,9 @@ type Status struct {
 	Device  string `json:"device,omitempty"`
 	GID     string `json:"gid,omitempty"`
 	Control string `json:"control,omitempty"`
+	// Unreachable are the peer nodes whose agents stopped answering this
+	// one's heartbeats, sorted.
+	Unreachable []string `json:"unreachable,omitempty"`
 }
 
 // DecodeRequest parses one admin request strictly: unknown fields and

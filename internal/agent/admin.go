@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
@@ -22,6 +23,14 @@ func (a *Agent) Status() admin.Status {
 	for _, al := range a.allocs {
 		s.Allocated += al.quota
 	}
+	for node, r := range a.remotes {
+		r.mu.Lock()
+		if r.lost {
+			s.Unreachable = append(s.Unreachable, node)
+		}
+		r.mu.Unlock()
+	}
+	slices.Sort(s.Unreachable)
 	return s
 }
 

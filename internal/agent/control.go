@@ -232,6 +232,9 @@ type remote struct {
 	mu          sync.Mutex
 	peer        *engine.Peer // guarded by mu
 	incarnation uint64       // last seen; guarded by mu
+	// lost: the peer answered beats, then stopped; cleared by its next
+	// answer. Guarded by mu.
+	lost bool
 }
 
 // maxRemotes bounds the peer agents an agent keeps, a cluster's nodes and
@@ -415,6 +418,11 @@ func (r *remote) heartbeat(ctx context.Context) {
 			}
 			continue
 		}
+		if !errors.Is(err, errRestarted) {
+			r.mu.Lock()
+			r.lost = true
+			r.mu.Unlock()
+		}
 		r.fail(err)
 		r.release()
 		select {
@@ -506,6 +514,7 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		}
 		beating = true
 		r.mu.Lock()
+		r.lost = false
 		old := r.incarnation
 		r.incarnation = b.Incarnation
 		p := r.peer

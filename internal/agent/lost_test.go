@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -59,6 +60,10 @@ func TestLostPeerReleased(t *testing.T) {
 			t.Fatalf("vconn %d after the peer's node stopped: %v, want ErrPeerGone", i, err)
 		}
 	}
+	// The agent reports the node unreachable (its RDMANode says so).
+	if got := a.Agent.Status().Unreachable; !slices.Equal(got, []string{b.Name}) {
+		t.Fatalf("unreachable peers once the node stopped: %v, want [%s]", got, b.Name)
+	}
 	// While one failed vconn is still open, its QPs stay: the application
 	// has not seen the end of it yet.
 	for _, c := range conns[1:] {
@@ -73,4 +78,24 @@ func TestLostPeerReleased(t *testing.T) {
 		_, ok := towardB()
 		return !ok
 	})
+	// The node comes back: reachable again, and vconns to it work.
+	if err := b.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyT(t, "the node reachable again", func() bool { return len(a.Agent.Status().Unreachable) == 0 })
+	ln, err = appClient(t, b, "srv2", 4).Listen(ctx, ":9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go agenttest.ServeEcho(ln)
+	c, err := pod.Dial(ctx, b.Name+":9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendMsg(ctx, []byte("again")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := c.RecvMsg(ctx); err != nil || string(m.Data) != "again" {
+		t.Fatalf("echo from the node that came back: %q, %v", m.Data, err)
+	}
 }

@@ -175,3 +175,21 @@ func TestStoppingReporterDoesNotRecreate(t *testing.T) {
 		t.Fatalf("a stopping agent created %+v", rn)
 	}
 }
+
+// TestReportUnreachablePeers: the peers the agent says stopped answering
+// are listed and named in PeersReachable; with none it is True.
+func TestReportUnreachablePeers(t *testing.T) {
+	r := &Reporter{Node: "n1", Provider: v1alpha1.ProviderSoft}
+	st := r.status(admin.Status{Ready: true, Capacity: 1, Unreachable: []string{"n2", "n3"}}, nil, metav1.Now())
+	c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionPeersReachable)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonPeerUnreachable || c.Message != "no answer from the agents of n2, n3" {
+		t.Errorf("PeersReachable %+v", c)
+	}
+	if !slices.Equal(st.UnreachablePeers, []string{"n2", "n3"}) {
+		t.Errorf("UnreachablePeers %v", st.UnreachablePeers)
+	}
+	st = r.status(admin.Status{Ready: true, Capacity: 1}, nil, metav1.Now())
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionPeersReachable); c == nil || c.Status != metav1.ConditionTrue || len(st.UnreachablePeers) != 0 {
+		t.Errorf("with every peer answering: PeersReachable %+v, UnreachablePeers %v", c, st.UnreachablePeers)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +40,9 @@ const (
 	ReasonStopped          = "AgentStopped"
 	ReasonDeviceOpen       = "DeviceOpen"
 	ReasonDeviceOpenFailed = "DeviceOpenFailed"
+	// PeersReachable's reasons.
+	ReasonPeersAnswer     = "PeersAnswer"
+	ReasonPeerUnreachable = "PeerUnreachable"
 )
 
 // ConditionDeviceReady is the RDMANode condition that says whether the
@@ -203,6 +207,14 @@ func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha
 			Status: metav1.ConditionTrue, Reason: ReasonDeviceOpen, Message: fmt.Sprintf("device %s, GID %s", s.Device, s.GID)})
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
+	peers := metav1.Condition{Type: v1alpha1.ConditionPeersReachable, Status: metav1.ConditionTrue, Reason: ReasonPeersAnswer,
+		Message: "every peer agent answers"}
+	if len(s.Unreachable) > 0 {
+		st.UnreachablePeers = s.Unreachable
+		peers.Status, peers.Reason = metav1.ConditionFalse, ReasonPeerUnreachable
+		peers.Message = "no answer from the agents of " + strings.Join(s.Unreachable, ", ")
+	}
+	meta.SetStatusCondition(&st.Conditions, peers)
 	return st
 }
 
