@@ -24,7 +24,10 @@ func (a *Agent) RegisterPod(p admin.Pod) error {
 	}
 	a.mu.Lock()
 	a.pods[p.UID] = p
+	a.podsVer++
+	a.podSeq[p.UID] = a.podsVer
 	a.mu.Unlock()
+	a.announceSoon()
 	a.log.Info("Registered pod", "pod", p.Namespace+"/"+p.Name, "uid", p.UID, "ips", p.IPs)
 	return nil
 }
@@ -39,6 +42,10 @@ func (a *Agent) UnregisterPod(uid string) {
 	a.mu.Lock()
 	p, ok := a.pods[uid]
 	delete(a.pods, uid)
+	delete(a.podSeq, uid)
+	if ok {
+		a.podsVer++
+	}
 	var victims []*session
 	if ino, err := netnsInode(p.Netns); ok && p.Netns != "" && err == nil {
 		for _, al := range a.allocs {
@@ -54,6 +61,9 @@ func (a *Agent) UnregisterPod(uid string) {
 	a.mu.Unlock()
 	for _, s := range victims {
 		s.close()
+	}
+	if ok {
+		a.announceSoon()
 	}
 	if ok {
 		a.log.Info("Unregistered pod", "pod", p.Namespace+"/"+p.Name, "uid", uid, "connectionsClosed", len(victims))
