@@ -32,10 +32,14 @@ var (
 )
 
 // podWait bounds how long a Listen or Dial of a pod's allocation waits for
-// the agent to learn the pod (CNI ADD, the device plugin's binding), and a
-// Dial for a peer to announce the pod IP dialed: at a pod's start, its
-// container may run before either is known.
-const podWait = 5 * time.Second
+// the agent to learn the pod (CNI ADD, the device plugin's binding): at a
+// pod's start, its container may run before either is known. routeWait
+// bounds how long a Dial waits for a peer to announce the pod IP dialed
+// (a pod that just started; announcements go out at once).
+const (
+	podWait   = 5 * time.Second
+	routeWait = 2 * time.Second
+)
 
 // scope is the port space the allocation listens and dials in, and the
 // IPs that name it (none for host services). A pod's allocation waits up
@@ -156,7 +160,7 @@ func parseDialAddr(addr string) (host string, port uint32, err error) {
 }
 
 // route finds where a dial's host is served: an IP of one of this node's
-// pods or of a pod a peer announced (waiting up to podWait for the
+// pods or of a pod a peer announced (waiting up to routeWait for the
 // announcement), a node's address, or a node's name. A name that is no
 // node's is errUnknownHost: the client resolves it and dials the IPs.
 func (a *Agent) route(ctx context.Context, host string) (target, error) {
@@ -188,7 +192,7 @@ func (a *Agent) route(ctx context.Context, host string) (target, error) {
 			return target{peer: p}, nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, podWait)
+	ctx, cancel := context.WithTimeout(ctx, routeWait)
 	defer cancel()
 	for {
 		t, err := a.routePod(ip)
@@ -219,7 +223,7 @@ func (a *Agent) routePod(ip netip.Addr) (target, error) {
 	}
 	switch len(nodes) {
 	case 0:
-		return target{}, fmt.Errorf("%w: no node serves pod IP %s", errUnreachable, ip)
+		return target{}, fmt.Errorf("%w: no node serves pod IP %s (a Service's ClusterIP is no pod's: a vconn server's Service must be headless)", errUnreachable, ip)
 	case 1:
 		r := a.remotes[nodes[0]]
 		if r == nil {
