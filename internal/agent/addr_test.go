@@ -314,3 +314,70 @@ func TestPodNotKnownYet(t *testing.T) {
 		t.Error("bind a host allocation to a pod: no error")
 	}
 }
+
+// TestPodsSurviveAgentRestart: the pods the CNI plugin registered are kept
+// across an agent restart (their ADD does not come again), so a pod's
+// allocation, re-created by the device plugin, listens as its pod again,
+// and the peers learn again where its IP is. A pod registered with an IP
+// another registered pod had takes it: that pod is gone (its DEL missed).
+func TestPodsSurviveAgentRestart(t *testing.T) {
+	cl := startCluster(t, agenttest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nodeA, nodeB := cl.Nodes[0], cl.Nodes[1]
+	srv := podClient(t, ctx, nodeB, "ns", "srv", "10.244.1.40", 4)
+	cli := podClient(t, ctx, nodeA, "ns", "cli", "10.244.0.40", 4)
+	if err := nodeB.Agent.RegisterPod(admin.Pod{UID: "uid-stale", Namespace: "ns", Name: "stale", IPs: []string{"10.244.1.41"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeB.Agent.RegisterPod(admin.Pod{UID: "uid-new", Namespace: "ns", Name: "new", IPs: []string{"10.244.1.41"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeB.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	pods := map[string]bool{}
+	for _, p := range nodeB.Agent.Pods() {
+		pods[p.Name] = true
+	}
+	if !pods["srv"] || !pods["new"] || pods["stale"] || len(pods) != 2 {
+		t.Fatalf("pods after the restart %v, want srv and new", pods)
+	}
+	// The device plugin re-creates the allocation the agent lost.
+	if _, err := nodeB.Agent.CreatePodAllocation("alloc-srv", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeB.Agent.BindAllocation("alloc-srv", "ns", "srv"); err != nil {
+		t.Fatal(err)
+	}
+	var ln *vconn.Listener
+	var err error
+	for i := 0; i < 50; i++ { // the client's session to the old agent is gone: the next call reconnects
+		if ln, err = srv.Listen(ctx, ":7"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || ln.Addr().String() != "10.244.1.40:7" {
+		t.Fatalf("listen after the restart: %v, %v; want 10.244.1.40:7", ln, err)
+	}
+	defer ln.Close()
+	go agenttest.ServeEcho(ln)
+	var c *vconn.Conn
+	for i := 0; i < 100; i++ { // node-a sees node-b's new incarnation and its announcement
+		if c, err = cli.Dial(ctx, "10.244.1.40:7"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("dial the pod after its agent restarted: %v", err)
+	}
+	defer c.Close()
+	if err := c.SendMsg(ctx, []byte("again")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := c.RecvMsg(ctx); err != nil || string(m.Data) != "again" {
+		t.Fatalf("echo %q, %v", m.Data, err)
+	}
+}

@@ -118,6 +118,7 @@ func New(opts Options) (_ *Agent, err error) {
 	if a.disc == nil {
 		a.disc = discovery.StaticFromConfig(cfg)
 	}
+	a.loadPods()
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {

@@ -1,9 +1,13 @@
 package agent
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"syscall"
 
@@ -23,11 +27,23 @@ func (a *Agent) RegisterPod(p admin.Pod) error {
 		}
 	}
 	a.mu.Lock()
+	// An IP is one pod's at a time: a pod that held one of p's is gone,
+	// its DEL missed (the agent was down).
+	for uid, q := range a.pods {
+		if uid != p.UID && sharesIP(q.IPs, p.IPs) {
+			delete(a.pods, uid)
+			delete(a.podSeq, uid)
+		}
+	}
 	a.pods[p.UID] = p
 	a.podsVer++
 	a.podSeq[p.UID] = a.podsVer
+	err := a.savePodsLocked()
 	a.mu.Unlock()
 	a.announceSoon()
+	if err != nil {
+		a.log.Error(err, "Cannot save the pods: an agent restart will not know them", "file", a.podsFile())
+	}
 	a.log.Info("Registered pod", "pod", p.Namespace+"/"+p.Name, "uid", p.UID, "ips", p.IPs)
 	return nil
 }
@@ -45,6 +61,9 @@ func (a *Agent) UnregisterPod(uid string) {
 	delete(a.podSeq, uid)
 	if ok {
 		a.podsVer++
+		if err := a.savePodsLocked(); err != nil {
+			a.log.Error(err, "Cannot save the pods: an agent restart will not know them", "file", a.podsFile())
+		}
 	}
 	var victims []*session
 	if ino, err := netnsInode(p.Netns); ok && p.Netns != "" && err == nil {
@@ -93,4 +112,69 @@ func (a *Agent) Pods() []admin.Pod {
 		out = append(out, p)
 	}
 	return out
+}
+
+func sharesIP(a, b []string) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// podsFile keeps the registered pods across agent restarts: a pod's IPs
+// come only with its CNI ADD, and its allocation listens only as the pod.
+// It is in the socket directory, which outlives the agent's container as
+// the allocations' directories do, and not a reboot, after which the
+// pods' sandboxes are made again.
+func (a *Agent) podsFile() string { return filepath.Join(a.cfg.SocketDir, "pods.json") }
+
+// savePodsLocked writes the registered pods (a.mu held), atomically.
+func (a *Agent) savePodsLocked() error {
+	pods := make([]admin.Pod, 0, len(a.pods))
+	for _, p := range a.pods {
+		pods = append(pods, p)
+	}
+	b, err := json.Marshal(pods)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(a.cfg.SocketDir, 0o755); err != nil {
+		return err
+	}
+	tmp := a.podsFile() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, a.podsFile())
+}
+
+// loadPods reads the pods a previous run of the agent saved; a missing
+// file is no pods, a damaged one is logged and ignored.
+func (a *Agent) loadPods() {
+	b, err := os.ReadFile(a.podsFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	var pods []admin.Pod
+	if err == nil {
+		err = json.Unmarshal(b, &pods)
+	}
+	if err != nil {
+		a.log.Error(err, "Cannot read the pods a previous run saved; the CNI plugin registers them again only with new sandboxes", "file", a.podsFile())
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range pods {
+		if podUID.MatchString(p.UID) && p.Namespace != "" && p.Name != "" {
+			a.pods[p.UID] = p
+			a.podsVer++
+			a.podSeq[p.UID] = a.podsVer
+		}
+	}
+	a.log.Info("Loaded the pods a previous run registered", "pods", len(a.pods))
 }
