@@ -101,16 +101,20 @@ func ipsOf(ss []string) []netip.Addr {
 }
 
 // podOfIPLocked returns the UID of the registered pod with ip; "" if none.
-// a.mu is held.
+// Of two that have it, the later registered: an IP is one pod's at a
+// time, so the other is gone and its DEL was missed (the agent was down;
+// the CNI plugin's GC drops it later). a.mu is held.
 func (a *Agent) podOfIPLocked(ip netip.Addr) string {
-	for uid, p := range a.pods {
+	var uid string
+	var seq uint64
+	for u, p := range a.pods {
 		for _, q := range ipsOf(p.IPs) {
-			if q == ip {
-				return uid
+			if q == ip && a.podSeq[u] >= seq {
+				uid, seq = u, a.podSeq[u]
 			}
 		}
 	}
-	return ""
+	return uid
 }
 
 // podIPsLocked returns every registered pod's IPs and the version of that

@@ -318,8 +318,8 @@ func TestPodNotKnownYet(t *testing.T) {
 // TestPodsSurviveAgentRestart: the pods the CNI plugin registered are kept
 // across an agent restart (their ADD does not come again), so a pod's
 // allocation, re-created by the device plugin, listens as its pod again,
-// and the peers learn again where its IP is. A pod registered with an IP
-// another registered pod had takes it: that pod is gone (its DEL missed).
+// and the peers learn again where its IP is. Of two registered pods with
+// one IP, the later has it: the other is gone (its DEL missed).
 func TestPodsSurviveAgentRestart(t *testing.T) {
 	cl := startCluster(t, agenttest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -340,8 +340,8 @@ func TestPodsSurviveAgentRestart(t *testing.T) {
 	for _, p := range nodeB.Agent.Pods() {
 		pods[p.Name] = true
 	}
-	if !pods["srv"] || !pods["new"] || pods["stale"] || len(pods) != 2 {
-		t.Fatalf("pods after the restart %v, want srv and new", pods)
+	if !pods["srv"] || !pods["new"] || !pods["stale"] || len(pods) != 3 {
+		t.Fatalf("pods after the restart %v, want srv, stale and new", pods)
 	}
 	// The device plugin re-creates the allocation the agent lost.
 	if _, err := nodeB.Agent.CreatePodAllocation("alloc-srv", 4); err != nil {
@@ -380,4 +380,55 @@ func TestPodsSurviveAgentRestart(t *testing.T) {
 	if m, err := c.RecvMsg(ctx); err != nil || string(m.Data) != "again" {
 		t.Fatalf("echo %q, %v", m.Data, err)
 	}
+	// The IP "stale" and "new" both registered is the later's: every dial
+	// to it reaches new's listener.
+	if _, err := nodeB.Agent.CreatePodAllocation("alloc-new", 16); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeB.Agent.BindAllocation("alloc-new", "ns", "new"); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := vconn.NewClient(ctx, vconn.Options{Socket: allocSocket(t, nodeB, "alloc-new")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nl, err := nc.Listen(ctx, ":8")
+	if err != nil || nl.Addr().String() != "10.244.1.41:8" {
+		t.Fatalf("new's listen: %v, %v; want 10.244.1.41:8", nl, err)
+	}
+	defer nl.Close()
+	got := drain(nl)
+	const dials = 3 // cli's quota of 4 less the vconn it holds
+	var held []*vconn.Conn
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	for i := range dials {
+		c, err := cli.Dial(ctx, "10.244.1.41:8")
+		if err != nil {
+			t.Fatalf("dial %d of the IP two pods registered: %v", i, err)
+		}
+		held = append(held, c)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for got.accepted.Load() < dials && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := got.accepted.Load(); n != dials {
+		t.Errorf("new's listener accepted %d of %d dials to its IP", n, dials)
+	}
+}
+
+func allocSocket(t *testing.T, n *agenttest.Node, id string) string {
+	t.Helper()
+	for _, al := range n.Agent.Allocations() {
+		if al.ID == id {
+			return al.Socket
+		}
+	}
+	t.Fatalf("no allocation %s on %s", id, n.Name)
+	return ""
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"syscall"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
@@ -27,14 +29,6 @@ func (a *Agent) RegisterPod(p admin.Pod) error {
 		}
 	}
 	a.mu.Lock()
-	// An IP is one pod's at a time: a pod that held one of p's is gone,
-	// its DEL missed (the agent was down).
-	for uid, q := range a.pods {
-		if uid != p.UID && sharesIP(q.IPs, p.IPs) {
-			delete(a.pods, uid)
-			delete(a.podSeq, uid)
-		}
-	}
 	a.pods[p.UID] = p
 	a.podsVer++
 	a.podSeq[p.UID] = a.podsVer
@@ -114,17 +108,6 @@ func (a *Agent) Pods() []admin.Pod {
 	return out
 }
 
-func sharesIP(a, b []string) bool {
-	for _, x := range a {
-		for _, y := range b {
-			if x == y {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // podsFile keeps the registered pods across agent restarts: a pod's IPs
 // come only with its CNI ADD, and its allocation listens only as the pod.
 // It is in the socket directory, which outlives the agent's container as
@@ -134,9 +117,16 @@ func (a *Agent) podsFile() string { return filepath.Join(a.cfg.SocketDir, "pods.
 
 // savePodsLocked writes the registered pods (a.mu held), atomically.
 func (a *Agent) savePodsLocked() error {
-	pods := make([]admin.Pod, 0, len(a.pods))
-	for _, p := range a.pods {
-		pods = append(pods, p)
+	// In the order they registered, which loadPods keeps: of two pods
+	// with one IP, the later has it (podOfIPLocked).
+	uids := make([]string, 0, len(a.pods))
+	for uid := range a.pods {
+		uids = append(uids, uid)
+	}
+	slices.SortFunc(uids, func(x, y string) int { return cmp.Compare(a.podSeq[x], a.podSeq[y]) })
+	pods := make([]admin.Pod, 0, len(uids))
+	for _, uid := range uids {
+		pods = append(pods, a.pods[uid])
 	}
 	b, err := json.Marshal(pods)
 	if err != nil {
