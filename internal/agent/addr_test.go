@@ -10,8 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -431,4 +436,85 @@ func allocSocket(t *testing.T, n *agenttest.Node, id string) string {
 	}
 	t.Fatalf("no allocation %s on %s", id, n.Name)
 	return ""
+}
+
+// thief is a node with a valid certificate of its own (node-x) that
+// announces other nodes' pod IPs; it counts the dials routed to it (each
+// begins with Identity, or reaches Dial).
+type thief struct {
+	controlpb.UnimplementedControlServer
+	contacts atomic.Int64
+}
+
+func (m *thief) Identity(context.Context, *controlpb.IdentityRequest) (*controlpb.IdentityReply, error) {
+	m.contacts.Add(1)
+	return nil, status.Error(codes.Unavailable, "thief")
+}
+
+func (m *thief) Dial(context.Context, *controlpb.DialRequest) (*controlpb.DialReply, error) {
+	m.contacts.Add(1)
+	return nil, status.Error(codes.Unavailable, "thief")
+}
+
+// TestAnnounceCannotTakePodIP: on raw gRPC, a node with a valid
+// certificate announces a pod IP another node serves. Dials to that IP are
+// then refused as contested (ErrUnreachable), never routed to the
+// announcer: 0 dials reach it. An announcement under another node's name
+// is refused (PermissionDenied). What remains (SECURITY): an IP no other
+// node announced goes to whoever claims it.
+func TestAnnounceCannotTakePodIP(t *testing.T) {
+	const xIP = "127.0.0.9"
+	xln, err := net.Listen("tcp", xIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xln.Close()
+	cl := startCluster(t, agenttest.Options{TLS: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nodeA, nodeB := cl.Nodes[0], cl.Nodes[1]
+	xSrc := certSource(t, cl.CA, "node-x", xIP)
+	x := &thief{}
+	srv := grpc.NewServer(grpc.Creds(xSrc.Credentials()))
+	controlpb.RegisterControlServer(srv, x)
+	go func() { _ = srv.Serve(xln) }()
+	defer srv.Stop()
+
+	victim := podClient(t, ctx, nodeB, "tenant-a", "echo", "10.244.1.10", 4)
+	cli := podClient(t, ctx, nodeA, "tenant-a", "cli", "10.244.0.10", 4)
+	ln, err := victim.Listen(ctx, ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go agenttest.ServeEcho(ln)
+	c, err := cli.Dial(ctx, "10.244.1.10:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoes(t, c, "before")
+	_ = c.Close()
+
+	h := hostile(t, nodeA.Agent.ControlAddress(), xSrc.Credentials())
+	me := &controlpb.Node{Name: "node-x", ControlAddress: xln.Addr().String(), Gid: mappedGID(xIP), Incarnation: 1}
+	stolen := [][]byte{{10, 244, 1, 10}, {10, 244, 7, 7}}
+	if _, err := h.Announce(ctx, &controlpb.Announcement{Caller: me, PodIps: stolen}); err != nil {
+		t.Fatalf("node-x's announcement: %v", err)
+	}
+	asB := &controlpb.Node{Name: "node-b", ControlAddress: xln.Addr().String(), Gid: mappedGID(xIP), Incarnation: 1}
+	if _, err := h.Announce(ctx, &controlpb.Announcement{Caller: asB, PodIps: stolen}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("node-x announcing as node-b: %v, want PermissionDenied", err)
+	}
+	if _, err := cli.Dial(ctx, "10.244.1.10:7000"); !errors.Is(err, vconn.ErrUnreachable) {
+		t.Errorf("dial a pod IP two nodes announced: %v, want ErrUnreachable", err)
+	}
+	if n := x.contacts.Load(); n != 0 {
+		t.Errorf("%d dials of the victim's pod IP routed to the node that claimed it, want 0", n)
+	}
+	// An IP only node-x claims is node-x's to answer: the limit of
+	// announcements (SECURITY.md, "Pod IPs are what the agents say").
+	_, _ = cli.Dial(ctx, "10.244.7.7:7000")
+	if n := x.contacts.Load(); n == 0 {
+		t.Errorf("a dial of an IP only node-x announced did not reach node-x")
+	}
 }
