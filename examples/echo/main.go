@@ -50,7 +50,7 @@ func main() {
 		_ = fs.Parse(os.Args[2:])
 		err = serve(ctx, c, *port)
 	case "client":
-		addr := fs.String("addr", "", "server address, node:port")
+		addr := fs.String("addr", "", "server address: the server pod's IP:port (it prints it), or a headless Service's name:port (SERVICE.NAMESPACE.svc:7000)")
 		conns := fs.Int("conns", 2, "vconns to open at once")
 		n := fs.Int("messages", 1000, "messages per vconn")
 		size := fs.Int("size", 4096, "bytes per message")
@@ -181,12 +181,14 @@ func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size int
 	return nil
 }
 
-// dial retries while nothing listens at addr yet: the server's pod may
-// start after the client's.
+// dial retries while nothing listens at addr yet, and while addr's name or
+// pod IP is not known yet (a headless Service without ready pods, a pod
+// its node has not announced): the server's pod may start after the
+// client's.
 func dial(ctx context.Context, c *vconn.Client, addr string) (*vconn.Conn, error) {
 	for {
 		conn, err := c.Dial(ctx, addr)
-		if err == nil || !errors.Is(err, vconn.ErrRefused) {
+		if err == nil || !errors.Is(err, vconn.ErrRefused) && !errors.Is(err, vconn.ErrUnknownHost) && !errors.Is(err, vconn.ErrUnreachable) {
 			return conn, err
 		}
 		select {

@@ -23,6 +23,10 @@ const (
 	OpRegisterPod      = "registerPod"
 	OpUnregisterPod    = "unregisterPod"
 	OpListPods         = "listPods"
+	// OpBindAllocation names the pod a pod-scoped allocation belongs to
+	// (ID, and Pod's namespace and name): the device plugin learns it
+	// from the kubelet's pod-resources API.
+	OpBindAllocation = "bindAllocation"
 )
 
 // Codes of a failed request (Reply.Code, Error.Code).
@@ -74,6 +78,13 @@ type Allocation struct {
 	VConns int    `json:"vconns"`
 	Socket string `json:"socket,omitempty"` // set by the agent
 	InUse  int    `json:"inUse,omitempty"`  // set by the agent
+	// PodScoped: the allocation belongs to a pod (the device plugin's),
+	// and listens and dials only as that pod, once bound to it
+	// (OpBindAllocation). Otherwise it serves host services on the
+	// node's own port space (standalone agents, tests).
+	PodScoped bool `json:"podScoped,omitempty"`
+	// Pod is the pod it is bound to, "namespace/name" (set by the agent).
+	Pod string `json:"pod,omitempty"`
 }
 
 // Pod is a pod the CNI plugin registered.

@@ -88,7 +88,12 @@ func (c *Client) do(ctx context.Context, req Request) (*Reply, error) {
 // CreateAllocation creates an allocation of k vconns; the reply names its
 // socket.
 func (c *Client) CreateAllocation(ctx context.Context, id string, k int) (Allocation, error) {
-	rep, err := c.do(ctx, Request{Op: OpCreateAllocation, Allocation: &Allocation{ID: id, VConns: k}})
+	return c.Create(ctx, Allocation{ID: id, VConns: k})
+}
+
+// Create creates the allocation al describes (ID, VConns, PodScoped).
+func (c *Client) Create(ctx context.Context, al Allocation) (Allocation, error) {
+	rep, err := c.do(ctx, Request{Op: OpCreateAllocation, Allocation: &Allocation{ID: al.ID, VConns: al.VConns, PodScoped: al.PodScoped}})
 	if err != nil {
 		return Allocation{}, err
 	}
@@ -96,6 +101,13 @@ func (c *Client) CreateAllocation(ctx context.Context, id string, k int) (Alloca
 		return Allocation{}, errors.New("agent admin: createAllocation: no allocation in the reply")
 	}
 	return *rep.Allocation, nil
+}
+
+// BindAllocation names the pod (namespace/name) a pod-scoped allocation
+// belongs to.
+func (c *Client) BindAllocation(ctx context.Context, id, namespace, name string) error {
+	_, err := c.do(ctx, Request{Op: OpBindAllocation, ID: id, Pod: &Pod{Namespace: namespace, Name: name}})
+	return err
 }
 
 // DeleteAllocation deletes an allocation, closing its vconns.

@@ -141,7 +141,7 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 		if req.Allocation == nil {
 			return adminErr(admin.CodeInvalid, errors.New("createAllocation: allocation is required"))
 		}
-		al, err := a.CreateAllocation(req.Allocation.ID, req.Allocation.VConns)
+		al, err := a.createAllocation(req.Allocation.ID, req.Allocation.VConns, req.Allocation.PodScoped)
 		if err != nil {
 			return classify(err)
 		}
@@ -153,6 +153,14 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 		return admin.Reply{}
 	case admin.OpListAllocations:
 		return admin.Reply{Allocations: a.Allocations()}
+	case admin.OpBindAllocation:
+		if req.Pod == nil {
+			return adminErr(admin.CodeInvalid, errors.New("bindAllocation: pod is required"))
+		}
+		if err := a.BindAllocation(req.ID, req.Pod.Namespace, req.Pod.Name); err != nil {
+			return classify(err)
+		}
+		return admin.Reply{}
 	case admin.OpRegisterPod:
 		if req.Pod == nil {
 			return adminErr(admin.CodeInvalid, errors.New("registerPod: pod is required"))

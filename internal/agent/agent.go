@@ -76,12 +76,15 @@ type Agent struct {
 	stopping atomic.Bool
 
 	mu        sync.Mutex
-	closed    bool                   // guarded by mu
-	allocs    map[string]*allocation // guarded by mu
-	pods      map[string]admin.Pod   // by UID; guarded by mu
-	listeners map[uint32]*listener   // by port; guarded by mu
-	remotes   map[string]*remote     // by node; guarded by mu
-	gids      map[verbs.GID]string   // the node each engine peer's GID is bound to (bindGID); guarded by mu
+	closed    bool                               // guarded by mu
+	allocs    map[string]*allocation             // guarded by mu
+	pods      map[string]admin.Pod               // by UID; guarded by mu
+	podSeq    map[string]uint64                  // by UID: when each pod registered (the later of two of one name wins); guarded by mu
+	podsVer   uint64                             // counts changes of pods' IPs, which peers are told (announce.go); guarded by mu
+	listeners map[portKey]*listener              // guarded by mu
+	announced map[string]map[netip.Addr]struct{} // the pod IPs each peer node announced; guarded by mu
+	remotes   map[string]*remote                 // by node; guarded by mu
+	gids      map[verbs.GID]string               // the node each engine peer's GID is bound to (bindGID); guarded by mu
 
 	creds credentials.TransportCredentials // the control plane's, both ways
 	tls   *pki.Source                      // nil without TLS
@@ -107,13 +110,15 @@ func New(opts Options) (_ *Agent, err error) {
 		cfg: cfg, opts: opts, log: opts.Log.WithValues("node", cfg.NodeName),
 		// Never 0: peers refuse a beat without an incarnation.
 		disc: opts.Discovery, incarnation: max(rand.Uint64(), 1),
-		allocs: make(map[string]*allocation), pods: make(map[string]admin.Pod),
-		listeners: make(map[uint32]*listener), remotes: make(map[string]*remote),
-		gids: make(map[verbs.GID]string),
+		allocs: make(map[string]*allocation), pods: make(map[string]admin.Pod), podSeq: make(map[string]uint64),
+		listeners: make(map[portKey]*listener), remotes: make(map[string]*remote),
+		announced: make(map[string]map[netip.Addr]struct{}),
+		gids:      make(map[verbs.GID]string),
 	}
 	if a.disc == nil {
 		a.disc = discovery.StaticFromConfig(cfg)
 	}
+	a.loadPods()
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {

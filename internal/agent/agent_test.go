@@ -275,13 +275,13 @@ func goodClient(t *testing.T, sock, tag string) {
 	if _, err := frame.DecodeHello(f.Payload); err != nil {
 		t.Error(err)
 	}
-	// Dial an unknown node: an error reply, the session lives on.
+	// Dial an unknown host: an error reply, the session lives on.
 	d, _ := frame.Append(nil, &frame.Frame{Op: frame.OpDial, Req: 2, Payload: []byte("nowhere:1")})
 	if _, err := c.Write(d); err != nil {
 		t.Error(err)
 		return
 	}
-	if f, err := readFrame(c); err != nil || f.Op != frame.OpError || frame.Code(f.Arg) != frame.CodeUnreachable || f.Req != 2 {
+	if f, err := readFrame(c); err != nil || f.Op != frame.OpError || frame.Code(f.Arg) != frame.CodeUnknownHost || f.Req != 2 {
 		t.Errorf("good client %s: dial: %+v %v", tag, f, err)
 	}
 }

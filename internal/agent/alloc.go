@@ -31,6 +31,12 @@ type allocation struct {
 	sessions map[*session]struct{}      // guarded by mu
 	refusing map[*net.UnixConn]struct{} // past the limit, waiting for refuse; guarded by mu
 	closed   bool                       // guarded by mu
+
+	// podScoped: the allocation is a pod's (the device plugin's): it
+	// listens and dials only as pod, the "namespace/name" BindAllocation
+	// set. Otherwise it serves host services on the node's port space.
+	podScoped bool
+	pod       string // guarded by mu
 }
 
 // socketMode is the mode of every allocation's socket: connecting needs
@@ -39,8 +45,47 @@ const socketMode = 0o660
 
 var allocID = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
-// CreateAllocation creates an allocation of k vconns and its socket.
+// CreateAllocation creates an allocation of k vconns and its socket, for
+// host services: it listens on the node's own port space ("node:port").
 func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
+	return a.createAllocation(id, k, false)
+}
+
+// CreatePodAllocation creates an allocation of k vconns for a pod: it
+// listens and dials as the pod BindAllocation names, and not before.
+func (a *Agent) CreatePodAllocation(id string, k int) (admin.Allocation, error) {
+	return a.createAllocation(id, k, true)
+}
+
+// BindAllocation names the pod (namespace, name) a pod-scoped allocation
+// belongs to. The device plugin calls it with what the kubelet's
+// pod-resources API says; it may change (the same devices held by a new
+// pod of another name), and takes effect for later Listens and Dials.
+func (a *Agent) BindAllocation(id, namespace, name string) error {
+	if namespace == "" || name == "" {
+		return fmt.Errorf("agent: bind allocation %s: namespace and name are required", id)
+	}
+	a.mu.Lock()
+	al := a.allocs[id]
+	a.mu.Unlock()
+	if al == nil {
+		return fmt.Errorf("agent: bind allocation %s: %w", id, admin.ErrNotFound)
+	}
+	if !al.podScoped {
+		return fmt.Errorf("agent: bind allocation %s: it serves host services, not a pod", id)
+	}
+	pod := namespace + "/" + name
+	al.mu.Lock()
+	old := al.pod
+	al.pod = pod
+	al.mu.Unlock()
+	if old != pod {
+		a.log.Info("Bound an allocation to its pod", "allocation", id, "pod", pod, "was", old)
+	}
+	return nil
+}
+
+func (a *Agent) createAllocation(id string, k int, podScoped bool) (admin.Allocation, error) {
 	if !allocID.MatchString(id) {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation id %q: want lower-case letters, digits and '-', at most 63", id)
 	}
@@ -90,11 +135,11 @@ func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
 		_ = ln.Close()
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
-	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}),
+	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}), podScoped: podScoped,
 		sessions: make(map[*session]struct{}), refusing: make(map[*net.UnixConn]struct{})}
 	a.allocs[id] = al
 	go al.serve()
-	a.log.Info("Created allocation", "allocation", id, "vconns", k, "socket", path)
+	a.log.Info("Created allocation", "allocation", id, "vconns", k, "socket", path, "podScoped", podScoped)
 	return al.info(), nil
 }
 
@@ -126,7 +171,7 @@ func (a *Agent) Allocations() []admin.Allocation {
 func (al *allocation) info() admin.Allocation {
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used}
+	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used, PodScoped: al.podScoped, Pod: al.pod}
 }
 
 // take claims a vconn of the quota, for a dial or an accept alike

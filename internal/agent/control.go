@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,11 +147,15 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		return nil, err
 	}
 	gid := cl.gid
+	key, err := a.portOf(req.GetIp(), req.Port)
+	if err != nil {
+		return nil, err
+	}
 	a.mu.Lock()
-	l := a.listeners[req.Port]
+	l := a.listeners[key]
 	a.mu.Unlock()
 	if l == nil {
-		return nil, status.Errorf(codes.NotFound, "nothing listens on port %d of %s", req.Port, a.cfg.NodeName)
+		return nil, status.Errorf(codes.NotFound, "nothing listens on port %d of %s", req.Port, placeOf(req.GetIp(), a.cfg.NodeName))
 	}
 	if !l.sess.al.take() {
 		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: allocation %s has all its %d vconns in use", req.Port, l.sess.al.id, l.sess.al.quota)
@@ -176,7 +181,7 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		l.sess.al.give()
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if !l.sess.accepted(l, vc, fmt.Sprintf("%s:%d", c.Name, 0)) {
+	if !l.sess.accepted(l, vc, remoteOf(req.GetFromIp(), c.Name)) {
 		vc.Abort()
 		l.sess.al.give()
 		return nil, status.Errorf(codes.NotFound, "listener on port %d closed", req.Port)
@@ -229,12 +234,19 @@ type remote struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	kick    chan struct{} // asks the announcer to run now; buffered 1
+	annDone chan struct{} // closed when the announcer returned
+
 	mu          sync.Mutex
 	peer        *engine.Peer // guarded by mu
 	incarnation uint64       // last seen; guarded by mu
 	// lost: the peer answered beats, then stopped; cleared by its next
 	// answer. Guarded by mu.
 	lost bool
+	// annOK: the peer acknowledged this node's pod IPs as of annVer
+	// (Agent.podsVer) in its incarnation annInc; guarded by mu.
+	annOK          bool
+	annVer, annInc uint64
 }
 
 // maxRemotes bounds the peer agents an agent keeps, a cluster's nodes and
@@ -273,9 +285,11 @@ func (a *Agent) remoteFor(node, addr string, move bool) (*remote, error) {
 		return nil, fmt.Errorf("agent: peer %s at %s: %w", node, addr, err)
 	}
 	ctx, cancel := context.WithCancel(a.ctx)
-	r := &remote{a: a, node: node, addr: addr, conn: conn, cl: controlpb.NewControlClient(conn), cancel: cancel, done: make(chan struct{})}
+	r := &remote{a: a, node: node, addr: addr, conn: conn, cl: controlpb.NewControlClient(conn), cancel: cancel, done: make(chan struct{}),
+		kick: make(chan struct{}, 1), annDone: make(chan struct{})}
 	a.remotes[node] = r
 	go r.heartbeat(ctx)
+	go r.announcer(ctx)
 	a.mu.Unlock()
 	if old != nil {
 		old.close()
@@ -308,6 +322,7 @@ func (r *remote) adopt(old *remote) {
 func (r *remote) close() {
 	r.cancel()
 	<-r.done
+	<-r.annDone
 	_ = r.conn.Close()
 }
 
@@ -566,6 +581,11 @@ func (a *Agent) peersChanged(peers []discovery.Peer) {
 			delete(a.gids, gid)
 		}
 	}
+	for node := range a.announced {
+		if a.remotes[node] == nil {
+			delete(a.announced, node)
+		}
+	}
 	a.mu.Unlock()
 	for _, r := range gone {
 		r.close()
@@ -641,12 +661,13 @@ func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 
 // dialPeer connects a new vconn to a listener on another node. Its
 // errors carry their control-plane failure class (statusError).
-func (a *Agent) dialPeer(ctx context.Context, p discovery.Peer, port uint32) (*engine.VConn, error) {
-	vc, err := a.dialRemote(ctx, p, port)
+func (a *Agent) dialPeer(ctx context.Context, t target, from netip.Addr, port uint32) (*engine.VConn, error) {
+	vc, err := a.dialRemote(ctx, t, from, port)
 	return vc, statusError(err)
 }
 
-func (a *Agent) dialRemote(ctx context.Context, p discovery.Peer, port uint32) (*engine.VConn, error) {
+func (a *Agent) dialRemote(ctx context.Context, t target, from netip.Addr, port uint32) (*engine.VConn, error) {
+	p := t.peer
 	// Discovery says where a node's agent is (move).
 	r, err := a.remoteFor(p.NodeName, p.Address, true)
 	if err != nil {
@@ -660,11 +681,18 @@ func (a *Agent) dialRemote(ctx context.Context, p discovery.Peer, port uint32) (
 	if err != nil {
 		return nil, err
 	}
-	var from peer.Peer
-	rep, err := r.cl.Dial(ctx, &controlpb.DialRequest{Caller: a.self(), Port: port, Vconn: uint32(vc.ID())}, grpc.Peer(&from))
+	var answer peer.Peer
+	req := &controlpb.DialRequest{Caller: a.self(), Port: port, Vconn: uint32(vc.ID())}
+	if t.ip.IsValid() {
+		req.Ip = t.ip.AsSlice()
+	}
+	if from.IsValid() {
+		req.FromIp = from.AsSlice()
+	}
+	rep, err := r.cl.Dial(ctx, req, grpc.Peer(&answer))
 	if err == nil {
 		var id *pki.Identity
-		if id, err = a.answerer(&from); err == nil {
+		if id, err = a.answerer(&answer); err == nil {
 			err = vouchFor(id, r.node, ep.GID())
 		}
 		if err != nil {

@@ -35,6 +35,10 @@ func FuzzControl(f *testing.F) {
 		m(2, &controlpb.DialRequest{Caller: caller, Port: 7, Vconn: 0x101}),
 		m(2, &controlpb.DialRequest{Caller: &controlpb.Node{}, Port: 70000, Vconn: 1}),
 		m(3, &controlpb.Beat{Seq: 1, Incarnation: 2}),
+		m(2, &controlpb.DialRequest{Caller: caller, Port: 7, Vconn: 0x101, Ip: []byte{10, 244, 1, 5}, FromIp: []byte{10, 244, 0, 5}}),
+		m(2, &controlpb.DialRequest{Caller: caller, Port: 7, Vconn: 0x101, Ip: []byte{1, 2, 3}}),
+		m(4, &controlpb.Announcement{Caller: caller, PodIps: [][]byte{{10, 244, 0, 5}, gid}}),
+		m(4, &controlpb.Announcement{Caller: caller, PodIps: [][]byte{{0, 0, 0, 0}, {1}}}),
 		{1, 0xff, 0xff},
 	} {
 		f.Add(seed)
@@ -59,7 +63,7 @@ func FuzzControl(f *testing.F) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		body := in[1:]
-		switch in[0] % 4 {
+		switch in[0] % 5 {
 		case 0:
 			var req controlpb.IdentityRequest
 			if proto.Unmarshal(body, &req) == nil {
@@ -87,6 +91,11 @@ func FuzzControl(f *testing.F) {
 						}
 					}
 				}
+			}
+		case 4:
+			var req controlpb.Announcement
+			if proto.Unmarshal(body, &req) == nil {
+				_, _ = c.Announce(ctx, &req)
 			}
 		}
 		if _, err := c.Identity(ctx, &controlpb.IdentityRequest{}); err != nil {

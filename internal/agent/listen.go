@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/discovery"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
@@ -15,17 +15,26 @@ import (
 // dialTimeout bounds a Dial's control-plane work.
 const dialTimeout = 10 * time.Second
 
-// listener is a port this node's vconns accept on.
+// listener is a port this node's vconns accept on, in one port space:
+// its allocation's pod's, or the node's host services'.
 type listener struct {
 	sess *session
 	id   uint32 // its handle in the session
-	port uint32
+	key  portKey
 }
 
+// listen binds a port of the allocation's own port space: its pod's, or
+// the node's for host services. A port taken is reported only within that
+// space, so no pod learns another's ports.
 func (s *session) listen(f frame.Frame) {
 	a := s.al.a
 	if f.Arg == 0 || f.Arg > 65535 {
 		_ = s.reply(f.Req, 0, frame.CodeBadRequest, fmt.Sprintf("listen: port %d: want 1..65535", f.Arg))
+		return
+	}
+	scope, ips, err := s.al.scope(s.ctx)
+	if err != nil {
+		_ = s.replyErr(f.Req, 0, fmt.Errorf("listen on port %d: %w", f.Arg, err))
 		return
 	}
 	if err := s.al.claimListener(); err != nil {
@@ -34,16 +43,16 @@ func (s *session) listen(f frame.Frame) {
 	}
 	s.mu.Lock()
 	s.next++
-	l := &listener{sess: s, id: s.next, port: f.Arg}
+	l := &listener{sess: s, id: s.next, key: portKey{scope: scope, port: f.Arg}}
 	s.mu.Unlock()
 	a.mu.Lock()
-	if a.listeners[l.port] != nil {
+	if a.listeners[l.key] != nil {
 		a.mu.Unlock()
 		s.al.releaseListener()
-		_ = s.reply(f.Req, 0, frame.CodeAddrInUse, fmt.Sprintf("listen: port %d of %s already has a listener", l.port, a.cfg.NodeName))
+		_ = s.reply(f.Req, 0, frame.CodeAddrInUse, fmt.Sprintf("listen: %s already has a listener", boundAddr(a.cfg.NodeName, ips, f.Arg)))
 		return
 	}
-	a.listeners[l.port] = l
+	a.listeners[l.key] = l
 	a.mu.Unlock()
 	s.mu.Lock()
 	if s.closed {
@@ -53,15 +62,31 @@ func (s *session) listen(f frame.Frame) {
 	}
 	s.listeners[l.id] = l
 	s.mu.Unlock()
-	_ = s.ok(f.Req, l.id)
+	_ = s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: l.id, Payload: []byte(boundAddr(a.cfg.NodeName, ips, f.Arg))})
+}
+
+// boundAddr is a listener's address as its application sees it: the
+// pod's first IP (IPv4 first), or the node's name for host services.
+func boundAddr(node string, ips []netip.Addr, port uint32) string {
+	host := node
+	if len(ips) > 0 {
+		host = ips[0].String()
+	}
+	for _, ip := range ips {
+		if ip.Is4() {
+			host = ip.String()
+			break
+		}
+	}
+	return net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 }
 
 func (s *session) unlisten(l *listener) {
 	a := s.al.a
 	a.mu.Lock()
-	mine := a.listeners[l.port] == l
+	mine := a.listeners[l.key] == l
 	if mine {
-		delete(a.listeners, l.port)
+		delete(a.listeners, l.key)
 	}
 	a.mu.Unlock()
 	if mine {
@@ -69,24 +94,24 @@ func (s *session) unlisten(l *listener) {
 	}
 }
 
-// dial connects a vconn to host:port; host is a peer's node name or the
-// host of its control address.
+// dial connects a vconn to host:port: a pod IP (of this node or one a
+// peer announced), a node's address or name (its host services). The
+// allocation dials as its pod: the listener sees the pod's IP.
 func (s *session) dial(req uint32, addr string) {
 	a := s.al.a
-	host, port, err := net.SplitHostPort(addr)
-	p, perr := strconv.ParseUint(port, 10, 16)
-	if err != nil || perr != nil || p == 0 {
-		_ = s.reply(req, 0, frame.CodeBadRequest, fmt.Sprintf("dial: address %q: want host:port", addr))
+	host, port, err := parseDialAddr(addr)
+	if err != nil {
+		_ = s.reply(req, 0, frame.CodeBadRequest, fmt.Sprintf("dial: %v", err))
 		return
 	}
-	var peer discovery.Peer
-	if bind, _ := a.bindAddr(); host == a.cfg.NodeName || bind.IsValid() && host == bind.String() {
-		// Within the node, the agent is its own peer: its QPs loop back
-		// on the device, as they would on a NIC, and the dial takes the
-		// same control-plane path as any other.
-		peer = discovery.Peer{NodeName: a.cfg.NodeName, Address: a.ctlAddr}
-	} else if peer, err = resolve(a.disc, host); err != nil {
-		_ = s.reply(req, 0, frame.CodeUnreachable, fmt.Sprintf("dial %s: %v", addr, err))
+	_, from, err := s.al.scope(s.ctx)
+	if err != nil {
+		_ = s.replyErr(req, 0, fmt.Errorf("dial %s: %w", addr, err))
+		return
+	}
+	t, err := a.route(s.ctx, host)
+	if err != nil {
+		_ = s.replyErr(req, 0, fmt.Errorf("dial %s: %w", addr, err))
 		return
 	}
 	if !s.al.take() {
@@ -95,7 +120,11 @@ func (s *session) dial(req uint32, addr string) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	defer cancel()
-	vc, err := a.dialPeer(ctx, peer, uint32(p))
+	var fromIP netip.Addr
+	if len(from) > 0 {
+		fromIP = from[0]
+	}
+	vc, err := a.dialPeer(ctx, t, fromIP, port)
 	if err != nil {
 		s.al.give()
 		_ = s.reply(req, 0, codeOf(err), fmt.Sprintf("dial %s: %v", addr, err))

@@ -1,10 +1,16 @@
 package agent
 
 import (
+	"cmp"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"syscall"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
@@ -24,7 +30,14 @@ func (a *Agent) RegisterPod(p admin.Pod) error {
 	}
 	a.mu.Lock()
 	a.pods[p.UID] = p
+	a.podsVer++
+	a.podSeq[p.UID] = a.podsVer
+	err := a.savePodsLocked()
 	a.mu.Unlock()
+	a.announceSoon()
+	if err != nil {
+		a.log.Error(err, "Cannot save the pods: an agent restart will not know them", "file", a.podsFile())
+	}
 	a.log.Info("Registered pod", "pod", p.Namespace+"/"+p.Name, "uid", p.UID, "ips", p.IPs)
 	return nil
 }
@@ -39,6 +52,13 @@ func (a *Agent) UnregisterPod(uid string) {
 	a.mu.Lock()
 	p, ok := a.pods[uid]
 	delete(a.pods, uid)
+	delete(a.podSeq, uid)
+	if ok {
+		a.podsVer++
+		if err := a.savePodsLocked(); err != nil {
+			a.log.Error(err, "Cannot save the pods: an agent restart will not know them", "file", a.podsFile())
+		}
+	}
 	var victims []*session
 	if ino, err := netnsInode(p.Netns); ok && p.Netns != "" && err == nil {
 		for _, al := range a.allocs {
@@ -54,6 +74,9 @@ func (a *Agent) UnregisterPod(uid string) {
 	a.mu.Unlock()
 	for _, s := range victims {
 		s.close()
+	}
+	if ok {
+		a.announceSoon()
 	}
 	if ok {
 		a.log.Info("Unregistered pod", "pod", p.Namespace+"/"+p.Name, "uid", uid, "connectionsClosed", len(victims))
@@ -83,4 +106,65 @@ func (a *Agent) Pods() []admin.Pod {
 		out = append(out, p)
 	}
 	return out
+}
+
+// podsFile keeps the registered pods across agent restarts: a pod's IPs
+// come only with its CNI ADD, and its allocation listens only as the pod.
+// It is in the socket directory, which outlives the agent's container as
+// the allocations' directories do, and not a reboot, after which the
+// pods' sandboxes are made again.
+func (a *Agent) podsFile() string { return filepath.Join(a.cfg.SocketDir, "pods.json") }
+
+// savePodsLocked writes the registered pods (a.mu held), atomically.
+func (a *Agent) savePodsLocked() error {
+	// In the order they registered, which loadPods keeps: of two pods
+	// with one IP, the later has it (podOfIPLocked).
+	uids := make([]string, 0, len(a.pods))
+	for uid := range a.pods {
+		uids = append(uids, uid)
+	}
+	slices.SortFunc(uids, func(x, y string) int { return cmp.Compare(a.podSeq[x], a.podSeq[y]) })
+	pods := make([]admin.Pod, 0, len(uids))
+	for _, uid := range uids {
+		pods = append(pods, a.pods[uid])
+	}
+	b, err := json.Marshal(pods)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(a.cfg.SocketDir, 0o755); err != nil {
+		return err
+	}
+	tmp := a.podsFile() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, a.podsFile())
+}
+
+// loadPods reads the pods a previous run of the agent saved; a missing
+// file is no pods, a damaged one is logged and ignored.
+func (a *Agent) loadPods() {
+	b, err := os.ReadFile(a.podsFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	var pods []admin.Pod
+	if err == nil {
+		err = json.Unmarshal(b, &pods)
+	}
+	if err != nil {
+		a.log.Error(err, "Cannot read the pods a previous run saved; the CNI plugin registers them again only with new sandboxes", "file", a.podsFile())
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range pods {
+		if podUID.MatchString(p.UID) && p.Namespace != "" && p.Name != "" {
+			a.pods[p.UID] = p
+			a.podsVer++
+			a.podSeq[p.UID] = a.podsVer
+		}
+	}
+	a.log.Info("Loaded the pods a previous run registered", "pods", len(a.pods))
 }

@@ -81,8 +81,8 @@ func TestAcceptQuota(t *testing.T) {
 	if _, err := a.Dial(ctx, "node-b:10"); !errors.Is(err, vconn.ErrRefused) {
 		t.Fatalf("dial to no listener: %v, want ErrRefused", err)
 	}
-	if _, err := a.Dial(ctx, "node-x:10"); !errors.Is(err, vconn.ErrUnreachable) {
-		t.Fatalf("dial to an unknown node: %v, want ErrUnreachable", err)
+	if _, err := a.Dial(ctx, "node-x:10"); !errors.Is(err, vconn.ErrUnknownHost) {
+		t.Fatalf("dial to an unknown host: %v, want ErrUnknownHost", err)
 	}
 	if _, err := b.Listen(ctx, ":9"); !errors.Is(err, vconn.ErrAddrInUse) {
 		t.Fatalf("second listener on a port: %v, want ErrAddrInUse", err)

@@ -60,6 +60,10 @@ func codeOf(err error) frame.Code {
 		return frame.CodeBadRequest
 	case errors.Is(err, errLimit), errors.Is(err, engine.ErrRegisteredLimit):
 		return frame.CodeLimit
+	case errors.Is(err, errNoAddress):
+		return frame.CodeNoAddress
+	case errors.Is(err, errUnknownHost):
+		return frame.CodeUnknownHost
 	}
 	return frame.CodeInternal
 }

@@ -113,7 +113,13 @@ func (s *session) dispatch(f frame.Frame) bool {
 		info := frame.HelloInfo{Quota: uint32(s.al.quota), SendWindow: SendWindow, MaxMessage: s.maxMessage(), Node: s.al.a.cfg.NodeName}
 		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: frame.Version, Payload: frame.AppendHello(nil, info)}) == nil
 	case frame.OpListen:
-		s.listen(f)
+		// Async, as a dial: a pod's first Listen may wait for the agent
+		// to learn the pod (allocation.scope).
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.listen(f)
+		}()
 	case frame.OpDial:
 		s.wg.Add(1)
 		host := string(f.Payload)

@@ -2,6 +2,8 @@ package deviceplugin
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
@@ -14,6 +16,8 @@ type Agent interface {
 	CreateAllocation(ctx context.Context, id string, k int) (admin.Allocation, error)
 	DeleteAllocation(ctx context.Context, id string) error
 	ListAllocations(ctx context.Context) ([]admin.Allocation, error)
+	// BindAllocation names the pod ("namespace/name") an allocation is for.
+	BindAllocation(ctx context.Context, id, pod string) error
 }
 
 // AdminAgent is the Agent behind the admin socket at Path. It connects
@@ -37,10 +41,23 @@ func (a AdminAgent) Status(ctx context.Context) (st admin.Status, err error) {
 	return st, err
 }
 
-// CreateAllocation creates an allocation of k vconns.
+// CreateAllocation creates an allocation of k vconns for a pod: the agent
+// lets it listen and dial only as its pod, once BindAllocation names it.
 func (a AdminAgent) CreateAllocation(ctx context.Context, id string, k int) (al admin.Allocation, err error) {
-	err = a.with(ctx, func(c *admin.Client) (err error) { al, err = c.CreateAllocation(ctx, id, k); return err })
+	err = a.with(ctx, func(c *admin.Client) (err error) {
+		al, err = c.Create(ctx, admin.Allocation{ID: id, VConns: k, PodScoped: true})
+		return err
+	})
 	return al, err
+}
+
+// BindAllocation names the pod ("namespace/name") an allocation is for.
+func (a AdminAgent) BindAllocation(ctx context.Context, id, pod string) error {
+	ns, name, ok := strings.Cut(pod, "/")
+	if !ok {
+		return fmt.Errorf("bind allocation %s: pod %q: want namespace/name", id, pod)
+	}
+	return a.with(ctx, func(c *admin.Client) error { return c.BindAllocation(ctx, id, ns, name) })
 }
 
 // DeleteAllocation deletes an allocation.

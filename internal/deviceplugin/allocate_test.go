@@ -66,6 +66,18 @@ func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin
 	return al, nil
 }
 
+func (f *fakeAgent) BindAllocation(_ context.Context, id, pod string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	al, ok := f.allocs[id]
+	if !ok {
+		return &admin.Error{Code: "notFound", Message: id}
+	}
+	al.Pod = pod
+	f.allocs[id] = al
+	return nil
+}
+
 func (f *fakeAgent) DeleteAllocation(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -23,9 +23,12 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	live := make(map[string]int, len(held)) // id -> vconns
-	for _, ids := range held {
-		if checkDevices(ids, p.n) == nil {
-			live[AllocationID(&p.key, ids)] = len(ids)
+	owner := make(map[string]string, len(held))
+	for _, h := range held {
+		if checkDevices(h.IDs, p.n) == nil {
+			id := AllocationID(&p.key, h.IDs)
+			live[id] = len(h.IDs)
+			owner[id] = h.Pod
 		}
 	}
 	als, err := p.opts.Agent.ListAllocations(ctx)
@@ -46,6 +49,15 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 		p.mu.Unlock()
 		if _, ok := live[al.ID]; ok || recent {
 			allocated += al.VConns
+			// The agent lets a pod's allocation listen and dial only as
+			// its pod, which it learns here.
+			if pod := owner[al.ID]; pod != "" && pod != al.Pod {
+				if err := p.opts.Agent.BindAllocation(ctx, al.ID, pod); err != nil {
+					errs = append(errs, err)
+				} else {
+					p.log.Info("Bound an allocation to its pod", "allocation", al.ID, "pod", pod)
+				}
+			}
 			continue
 		}
 		if err := p.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, admin.ErrNotFound) {
@@ -69,6 +81,9 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 			continue
 		}
 		_, err := p.opts.Agent.CreateAllocation(ctx, id, k)
+		if err == nil {
+			err = p.opts.Agent.BindAllocation(ctx, id, owner[id])
+		}
 		switch {
 		case err == nil:
 			p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k)

@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -14,7 +15,14 @@ type fakePods struct {
 	err  error
 }
 
-func (f *fakePods) Devices(context.Context, string) ([][]string, error) { return f.held, f.err }
+// Devices reports the i-th held slice as pod default/p<i>'s.
+func (f *fakePods) Devices(context.Context, string) ([]Held, error) {
+	out := make([]Held, len(f.held))
+	for i, ids := range f.held {
+		out[i] = Held{Pod: fmt.Sprintf("default/p%d", i), IDs: ids}
+	}
+	return out, f.err
+}
 
 func TestCollect(t *testing.T) {
 	live, gone := ids(0, 1), ids(2)
@@ -25,12 +33,14 @@ func TestCollect(t *testing.T) {
 		deleted []string
 		after   []string
 		err     bool
+		bound   map[string]string // allocation -> the pod it is bound to after
 	}{
 		{name: "gone pod collected, live and foreign kept",
 			pods:    &fakePods{held: [][]string{live}},
 			before:  []string{AllocationID(&testKey, live), AllocationID(&testKey, gone), "other"},
 			deleted: []string{AllocationID(&testKey, gone)},
-			after:   slices.Sorted(slices.Values([]string{AllocationID(&testKey, live), "other"}))},
+			after:   slices.Sorted(slices.Values([]string{AllocationID(&testKey, live), "other"})),
+			bound:   map[string]string{AllocationID(&testKey, live): "default/p0", "other": ""}},
 		{name: "pod resources unreachable: nothing deleted",
 			pods:   &fakePods{err: errors.New("connection refused")},
 			before: []string{AllocationID(&testKey, gone)},
@@ -38,7 +48,8 @@ func TestCollect(t *testing.T) {
 			err:    true},
 		{name: "lost allocation of a live pod re-created",
 			pods:  &fakePods{held: [][]string{live, {"vconn-9999"}}},
-			after: []string{AllocationID(&testKey, live)}},
+			after: []string{AllocationID(&testKey, live)},
+			bound: map[string]string{AllocationID(&testKey, live): "default/p0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fa := newFakeAgent("/run/rv", 8)
@@ -56,6 +67,11 @@ func TestCollect(t *testing.T) {
 			}
 			if got := fa.ids(); !slices.Equal(got, tc.after) {
 				t.Errorf("allocations %v, want %v", got, tc.after)
+			}
+			for id, pod := range tc.bound {
+				if got := fa.allocs[id].Pod; got != pod {
+					t.Errorf("allocation %s bound to pod %q, want %q", id, got, pod)
+				}
 			}
 		})
 	}

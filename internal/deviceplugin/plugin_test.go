@@ -267,6 +267,17 @@ func TestAllocateWorks(t *testing.T) {
 				t.Errorf("allocation %s has %d vconns, want %d", id, al.VConns, k)
 			}
 
+			// The kubelet lists the pod's devices, the CNI plugin registers
+			// it: the device plugin binds the allocation to it, so that
+			// it dials as its pod.
+			pod := fmt.Sprintf("client-%d", k)
+			e.pods.set(pod, devs)
+			if err := e.cl.Nodes[0].Agent.RegisterPod(admin.Pod{UID: "uid-" + pod, Namespace: "default", Name: pod,
+				IPs: []string{fmt.Sprintf("10.244.0.%d", k)}}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the allocation bound to its pod", func() bool { return e.allocations(t)[id].Pod == "default/"+pod })
+
 			// The pod's view: the socket the env names, inside the mount.
 			sock := filepath.Join(m.HostPath, filepath.Base(cr.Envs[vconn.EnvSocket]))
 			a, err := vconn.NewClient(ctx, vconn.Options{Socket: sock})
@@ -581,6 +592,7 @@ func (readyAgent) CreateAllocation(_ context.Context, id string, k int) (admin.A
 }
 func (readyAgent) DeleteAllocation(context.Context, string) error              { return nil }
 func (readyAgent) ListAllocations(context.Context) ([]admin.Allocation, error) { return nil, nil }
+func (readyAgent) BindAllocation(context.Context, string, string) error        { return nil }
 
 // The kubelet comes up after the plugin: registration is retried and
 // succeeds at once when kubelet.sock appears; stopping the plugin leaves

@@ -15,8 +15,16 @@ const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 // PodResources lists, for every container of every pod the kubelet runs,
 // the IDs of the devices of one resource it holds. Tests replace it.
 type PodResources interface {
-	// Devices returns one slice of device IDs per container holding any.
-	Devices(ctx context.Context, resourceName string) ([][]string, error)
+	// Devices returns one Held per container holding any.
+	Devices(ctx context.Context, resourceName string) ([]Held, error)
+}
+
+// Held is what one container holds of a resource: its device IDs, and
+// its pod, "namespace/name" (the agent ties the allocation, and so the
+// pod's vconn addresses, to it).
+type Held struct {
+	Pod string
+	IDs []string
 }
 
 // PodResourcesClient is the PodResources of the kubelet pod-resources API
@@ -40,12 +48,12 @@ func NewPodResourcesClient(path string) (*PodResourcesClient, error) {
 func (p *PodResourcesClient) Close() error { return p.conn.Close() }
 
 // Devices lists the containers' devices of resourceName.
-func (p *PodResourcesClient) Devices(ctx context.Context, resourceName string) ([][]string, error) {
+func (p *PodResourcesClient) Devices(ctx context.Context, resourceName string) ([]Held, error) {
 	rep, err := p.c.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("pod resources: list: %w", err)
 	}
-	var out [][]string
+	var out []Held
 	for _, pod := range rep.GetPodResources() {
 		for _, c := range pod.GetContainers() {
 			var ids []string
@@ -55,7 +63,7 @@ func (p *PodResourcesClient) Devices(ctx context.Context, resourceName string) (
 				}
 			}
 			if len(ids) > 0 {
-				out = append(out, ids)
+				out = append(out, Held{Pod: pod.GetNamespace() + "/" + pod.GetName(), IDs: ids})
 			}
 		}
 	}

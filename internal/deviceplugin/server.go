@@ -129,7 +129,23 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 		p.log.Info("Allocated", "allocation", id, "vconns", len(ids), "devices", ids, "new", isNew)
 	}
 	p.refreshAllocated(ctx)
+	p.bindSoon()
 	return rep, nil
+}
+
+// bindSoon runs collection a few times in the seconds after an Allocate:
+// the kubelet lists the pod's devices once Allocate returned, and the
+// agent lets the allocation listen or dial only once collection named its
+// pod (it waits for that a few seconds).
+func (p *Plugin) bindSoon() {
+	for _, d := range []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second} {
+		time.AfterFunc(d, func() {
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
+		})
+	}
 }
 
 // ensureAllocation creates allocation id of k vconns, or finds it made by

@@ -21,7 +21,7 @@
 //
 //	op         handle    arg       arg2  payload            OK reply
 //	Hello      -         version   -     -                  arg version, payload HelloInfo
-//	Listen     -         port      -     -                  handle listener
+//	Listen     -         port      -     -                  handle listener, payload the address bound
 //	Dial       -         -         -     "host:port"        handle vconn, arg2 VConnInfo, payload remote address
 //	Send       vconn     imm       -     message            -
 //	Grant      vconn     n         -     -                  (none)
@@ -41,6 +41,13 @@
 //	EOF     vconn     -            -        (the peer closed; no more Data)
 //	Accept  listener  new vconn    remote address   (arg2 VConnInfo)
 //	Error   vconn     code         message (the vconn failed)
+//
+// Addresses: a pod's allocation listens on its pod's port space, and the
+// address bound is "podIP:port"; an allocation made for host services
+// (not for a pod) listens on the node's, "node:port". Dial takes an IP
+// (a pod's, or a node's for its host services) or a node name; any other
+// name is answered with CodeUnknownHost, and the client resolves it (DNS)
+// to IPs and dials those.
 //
 // Flow control: the agent pushes Data for a vconn only while the client's
 // window (the sum of its Grants, less what was pushed) is positive, and
@@ -146,6 +153,8 @@ const (
 	CodeWindow       Code = 14 // more Sends outstanding than the window
 	CodeShuttingDown Code = 15 // the agent is stopping
 	CodeLimit        Code = 16 // a limit of the allocation (sessions, listeners, regions) is reached
+	CodeNoAddress    Code = 17 // the allocation's pod has no address (yet): its pod is not known
+	CodeUnknownHost  Code = 18 // the dialed host is no IP and no node name the agent knows
 )
 
 var codeNames = map[Code]string{
@@ -154,7 +163,8 @@ var codeNames = map[Code]string{
 	CodeClosed: "vconn closed", CodeReset: "vconn reset by peer", CodePeerGone: "peer node gone",
 	CodeTooLarge: "message too large", CodeInternal: "internal error", CodeAddrInUse: "address in use",
 	CodeRegion: "region access denied", CodeWindow: "send window exceeded", CodeShuttingDown: "agent shutting down",
-	CodeLimit: "allocation limit reached",
+	CodeLimit: "allocation limit reached", CodeNoAddress: "no address for the allocation's pod",
+	CodeUnknownHost: "unknown host",
 }
 
 func (c Code) String() string {

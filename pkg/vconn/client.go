@@ -29,6 +29,9 @@ type Options struct {
 	// memory shared with the agent (a memfd it passes), where the agent
 	// offers them; a vconn stays on the socket if it does not.
 	SharedMemory bool
+	// Resolver resolves the host names Dial is given that the agent does
+	// not know as nodes' (default net.DefaultResolver: cluster DNS).
+	Resolver Resolver
 }
 
 // OptionsFromEnv reads the options the device plugin put in the
@@ -96,8 +99,8 @@ func Default(ctx context.Context) (*Client, error) {
 	return c, nil
 }
 
-// Dial connects to a listener at addr ("node:port") with the default
-// client.
+// Dial connects to a listener at addr ("podIP:port", "service:port",
+// "node:port": see Client.Dial) with the default client.
 func Dial(ctx context.Context, addr string) (net.Conn, error) {
 	c, err := Default(ctx)
 	if err != nil {
@@ -110,7 +113,8 @@ func Dial(ctx context.Context, addr string) (net.Conn, error) {
 	return vc, nil
 }
 
-// Listen listens at addr (":port" or "node:port") with the default client.
+// Listen listens at addr (":port": see Client.Listen) with the default
+// client.
 func Listen(ctx context.Context, addr string) (net.Listener, error) {
 	c, err := Default(ctx)
 	if err != nil {
@@ -174,9 +178,8 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// Dial connects a vconn to the listener at addr: "node:port", node being
-// a peer's node name or IP.
-func (c *Client) Dial(ctx context.Context, addr string) (*Conn, error) {
+// dial asks the agent for a vconn to addr, as given.
+func (c *Client) dial(ctx context.Context, addr string) (*Conn, error) {
 	s, err := c.session(ctx)
 	if err != nil {
 		return nil, err
@@ -193,17 +196,9 @@ func (c *Client) Dial(ctx context.Context, addr string) (*Conn, error) {
 	return vc, nil
 }
 
-// Listen accepts vconns dialled to port of this node; addr is ":port" or
-// "node:port".
-func (c *Client) Listen(ctx context.Context, addr string) (*Listener, error) {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("vconn: listen %q: %w", addr, err)
-	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil || p == 0 {
-		return nil, fmt.Errorf("vconn: listen %q: port must be 1..65535", addr)
-	}
+// listen asks the agent for a listener on port; addr is what the
+// application asked, for errors.
+func (c *Client) listen(ctx context.Context, addr string, p uint16) (*Listener, error) {
 	s, err := c.session(ctx)
 	if err != nil {
 		return nil, err
@@ -212,7 +207,13 @@ func (c *Client) Listen(ctx context.Context, addr string) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vconn: listen %s: %w", addr, err)
 	}
-	l := &Listener{s: s, h: rep.Handle, addr: Addr(net.JoinHostPort(s.info.Node, port)), notify: make(chan struct{}, 1)}
+	// The agent says where the listener is (its pod's IP); an older one
+	// says nothing, and listened on its node.
+	bound := Addr(rep.Payload)
+	if bound == "" {
+		bound = Addr(net.JoinHostPort(s.info.Node, strconv.Itoa(int(p))))
+	}
+	l := &Listener{s: s, h: rep.Handle, addr: bound, notify: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
@@ -222,14 +223,6 @@ func (c *Client) Listen(ctx context.Context, addr string) (*Listener, error) {
 	s.mu.Unlock()
 	return l, nil
 }
-
-// Addr is a vconn endpoint address, "node:port" or "node".
-type Addr string
-
-// Network is "vconn".
-func (Addr) Network() string { return "vconn" }
-
-func (a Addr) String() string { return string(a) }
 
 // session is one connection to the agent.
 type session struct {

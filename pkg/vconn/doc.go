@@ -4,11 +4,43 @@
 //
 // Dial and Listen return a net.Conn and a net.Listener, so gRPC
 // (grpc.WithContextDialer) and net/http (http.Serve, Transport.DialContext)
-// run over RDMAvisor unchanged. Addresses are "node:port", node being a
-// peer's node name or IP. A Conn is also message-oriented: SendMsg and
+// run over RDMAvisor unchanged. A Conn is also message-oriented: SendMsg and
 // RecvMsg keep boundaries and carry an optional immediate; and one-sided:
 // Export a region to the peer vconn, which may then WriteRegion and
 // ReadRegion it without the exporting application's involvement.
+//
+// # Addresses
+//
+// A vconn address names a pod and a port, as a TCP address does: each pod
+// has its own port space. Listen(ctx, ":7000") listens on port 7000 of
+// the pod's own IP (Listener.Addr says which, "10.244.1.5:7000"); another
+// pod's listener on 7000 is no conflict, and no pod can listen on, learn
+// of or receive another's ports. Dial takes:
+//
+//   - a pod IP and port, "10.244.1.5:7000": that pod's listener, on
+//     whichever node serves the pod (agents announce their pods' IPs to
+//     each other);
+//   - a name, "echo.default.svc:7000": resolved with Options.Resolver
+//     (default net.DefaultResolver, the cluster's DNS in a pod) to IPs,
+//     dialed in turn until one answers. A headless Service
+//     (clusterIP: None) resolves to its ready pods' IPs; a ClusterIP is
+//     no pod's and is unreachable over vconns, so a vconn server's
+//     Service must be headless. gRPC's own resolver works too:
+//     grpc.NewClient("dns:///echo.default.svc:7000",
+//     grpc.WithContextDialer(...)) hands the dialer pod IPs;
+//   - a node's name or IP, "node-b:7000": the node's host services, the
+//     port space of allocations made for no pod (standalone agents
+//     without Kubernetes, rdmavisor demo, tests). A pod never listens
+//     there. Node names come before DNS: the agent knows them.
+//
+// A pod's first Listen or Dial may wait a few seconds for the agent to
+// learn the pod (its IP from the CNI plugin, its allocation from the
+// device plugin), and fails with ErrNoAddress if it does not; a hostNetwork
+// pod has no address of its own and cannot listen. An accepted vconn's
+// RemoteAddr is the dialing pod's IP with port 0 ("node:0" for a host
+// service).
+//
+// # Transports
 //
 // What a vconn carries depends on its transport, which the RDMAService
 // sets for the node (Conn.Transport): rc and auto are reliable, so Read

@@ -27,6 +27,8 @@ const (
 	CodeWindow       = Code(frame.CodeWindow)
 	CodeShuttingDown = Code(frame.CodeShuttingDown)
 	CodeLimit        = Code(frame.CodeLimit)
+	CodeNoAddress    = Code(frame.CodeNoAddress)
+	CodeUnknownHost  = Code(frame.CodeUnknownHost)
 	// CodeAgentGone: the connection to the local agent broke.
 	CodeAgentGone Code = 1000
 	// CodeNotStream: Read or Write on a vconn whose transport (uc, ud)
@@ -81,9 +83,16 @@ var (
 	// frees it (a region once its memory is deregistered: see
 	// Region.Close). After a send refused for queued bytes, the vconn
 	// sends no more.
-	ErrLimit     error = &Error{Code: CodeLimit}
-	ErrAgentGone error = &Error{Code: CodeAgentGone}
-	ErrNotStream error = &Error{Code: CodeNotStream}
+	ErrLimit error = &Error{Code: CodeLimit}
+	// ErrNoAddress: the allocation belongs to a pod the agent does not
+	// know yet (the CNI plugin registers it, the device plugin names the
+	// allocation's pod); Listen and Dial wait a while before they fail so.
+	ErrNoAddress error = &Error{Code: CodeNoAddress}
+	// ErrUnknownHost: a host name that neither the agent (node names) nor
+	// the resolver (DNS) knows.
+	ErrUnknownHost error = &Error{Code: CodeUnknownHost}
+	ErrAgentGone   error = &Error{Code: CodeAgentGone}
+	ErrNotStream   error = &Error{Code: CodeNotStream}
 )
 
 func errOf(f *frame.Frame) error {

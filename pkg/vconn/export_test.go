@@ -32,3 +32,6 @@ func (c *Conn) PushRaw(b []byte, imm, flags uint32) (bool, error) {
 	defer c.shm.tmu.Unlock()
 	return c.shm.tx.Push(b, imm, flags)
 }
+
+// SplitAddr is splitAddr, for the fuzz target.
+func SplitAddr(addr string) (string, uint16, error) { return splitAddr(addr) }

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -60,6 +62,10 @@ type Node struct {
 // Cluster is a set of agents that know each other.
 type Cluster struct {
 	Nodes []*Node
+	// Hosts is the DNS of the clients Node.Client and Node.PodClient
+	// make: empty until a test sets names (a Service's), so that no test
+	// asks the machine's resolver.
+	Hosts *Hosts
 	// CA signed the nodes' certificates when Options.TLS is set.
 	CA   *pki.CA
 	opts Options
@@ -85,7 +91,7 @@ func Start(o Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{opts: o, dir: dir}
+	c := &Cluster{opts: o, dir: dir, Hosts: &Hosts{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.Close())
@@ -200,7 +206,52 @@ func (n *Node) Client(ctx context.Context, id string, k int) (*vconn.Client, err
 	if err != nil {
 		return nil, err
 	}
-	return vconn.NewClient(ctx, vconn.Options{Socket: sock})
+	return vconn.NewClient(ctx, vconn.Options{Socket: sock, Resolver: n.c.Hosts})
+}
+
+// PodClient is Client for a pod: it registers the pod with the node's
+// agent (as the CNI plugin's ADD does), allocates k vconns for a pod as
+// id, binds them to the pod (as the device plugin does with what the
+// kubelet's pod-resources API says) and connects a client to them. The
+// client listens and dials as the pod: its port space, its IPs.
+func (n *Node) PodClient(ctx context.Context, pod admin.Pod, id string, k int) (*vconn.Client, error) {
+	if err := n.Agent.RegisterPod(pod); err != nil {
+		return nil, err
+	}
+	al, err := n.Agent.CreatePodAllocation(id, k)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Agent.BindAllocation(id, pod.Namespace, pod.Name); err != nil {
+		return nil, err
+	}
+	return vconn.NewClient(ctx, vconn.Options{Socket: al.Socket, Resolver: n.c.Hosts})
+}
+
+// Hosts is a vconn.Resolver that knows the names it is given.
+type Hosts struct {
+	mu sync.Mutex
+	m  map[string][]netip.Addr
+}
+
+// Set makes name resolve to ips.
+func (h *Hosts) Set(name string, ips ...netip.Addr) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = make(map[string][]netip.Addr)
+	}
+	h.m[name] = ips
+}
+
+// LookupNetIP answers from the names set, and "no such host" for others.
+func (h *Hosts) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ips, ok := h.m[host]; ok {
+		return append([]netip.Addr(nil), ips...), nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 }
 
 // writeCert issues node's certificate for ip into dir.

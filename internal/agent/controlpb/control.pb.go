@@ -396,7 +396,13 @@ type DialRequest struct {
 	Caller *Node                  `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
 	Port   uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
 	// vconn is the caller's vconn (vqpn.ID).
-	Vconn         uint32 `protobuf:"varint,3,opt,name=vconn,proto3" json:"vconn,omitempty"`
+	Vconn uint32 `protobuf:"varint,3,opt,name=vconn,proto3" json:"vconn,omitempty"`
+	// ip is the pod IP dialed, 4 or 16 bytes: the port is that pod's. Empty,
+	// or the callee's own node address, dials the node's host services.
+	Ip []byte `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
+	// from_ip is the dialing pod's IP (empty for a host service): what the
+	// listener sees as the remote address.
+	FromIp        []byte `protobuf:"bytes,5,opt,name=from_ip,json=fromIp,proto3" json:"from_ip,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -450,6 +456,20 @@ func (x *DialRequest) GetVconn() uint32 {
 		return x.Vconn
 	}
 	return 0
+}
+
+func (x *DialRequest) GetIp() []byte {
+	if x != nil {
+		return x.Ip
+	}
+	return nil
+}
+
+func (x *DialRequest) GetFromIp() []byte {
+	if x != nil {
+		return x.FromIp
+	}
+	return nil
 }
 
 type DialReply struct {
@@ -567,6 +587,104 @@ func (x *Beat) GetPeerEpoch() uint64 {
 	return 0
 }
 
+type Announcement struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Caller *Node                  `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	// pod_ips are 4 or 16 bytes each, at most 65536.
+	PodIps        [][]byte `protobuf:"bytes,2,rep,name=pod_ips,json=podIps,proto3" json:"pod_ips,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Announcement) Reset() {
+	*x = Announcement{}
+	mi := &file_control_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Announcement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Announcement) ProtoMessage() {}
+
+func (x *Announcement) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Announcement.ProtoReflect.Descriptor instead.
+func (*Announcement) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Announcement) GetCaller() *Node {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *Announcement) GetPodIps() [][]byte {
+	if x != nil {
+		return x.PodIps
+	}
+	return nil
+}
+
+type AnnounceReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// incarnation is the callee's: a new one means it lost the announcement.
+	Incarnation   uint64 `protobuf:"varint,1,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AnnounceReply) Reset() {
+	*x = AnnounceReply{}
+	mi := &file_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnnounceReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnnounceReply) ProtoMessage() {}
+
+func (x *AnnounceReply) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnnounceReply.ProtoReflect.Descriptor instead.
+func (*AnnounceReply) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AnnounceReply) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 var File_control_proto protoreflect.FileDescriptor
 
 const file_control_proto_rawDesc = "" +
@@ -598,11 +716,13 @@ const file_control_proto_rawDesc = "" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
 	"\aud_qpns\x18\x03 \x03(\rR\x06udQpns\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"i\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\x92\x01\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
-	"\x05vconn\x18\x03 \x01(\rR\x05vconn\"!\n" +
+	"\x05vconn\x18\x03 \x01(\rR\x05vconn\x12\x0e\n" +
+	"\x02ip\x18\x04 \x01(\fR\x02ip\x12\x17\n" +
+	"\afrom_ip\x18\x05 \x01(\fR\x06fromIp\"!\n" +
 	"\tDialReply\x12\x14\n" +
 	"\x05vconn\x18\x01 \x01(\rR\x05vconn\"k\n" +
 	"\x04Beat\x12\x10\n" +
@@ -610,12 +730,18 @@ const file_control_proto_rawDesc = "" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
 	"\x03gid\x18\x03 \x01(\fR\x03gid\x12\x1d\n" +
 	"\n" +
-	"peer_epoch\x18\x04 \x01(\x04R\tpeerEpoch2\xb3\x02\n" +
+	"peer_epoch\x18\x04 \x01(\x04R\tpeerEpoch\"Y\n" +
+	"\fAnnouncement\x120\n" +
+	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x17\n" +
+	"\apod_ips\x18\x02 \x03(\fR\x06podIps\"1\n" +
+	"\rAnnounceReply\x12 \n" +
+	"\vincarnation\x18\x01 \x01(\x04R\vincarnation2\x84\x03\n" +
 	"\aControl\x12R\n" +
 	"\bIdentity\x12#.rdmavisor.agent.v1.IdentityRequest\x1a!.rdmavisor.agent.v1.IdentityReply\x12G\n" +
 	"\tConnectQP\x12\x1d.rdmavisor.agent.v1.QPRequest\x1a\x1b.rdmavisor.agent.v1.QPReply\x12F\n" +
 	"\x04Dial\x12\x1f.rdmavisor.agent.v1.DialRequest\x1a\x1d.rdmavisor.agent.v1.DialReply\x12C\n" +
-	"\tHeartbeat\x12\x18.rdmavisor.agent.v1.Beat\x1a\x18.rdmavisor.agent.v1.Beat(\x010\x01B9Z7github.com/rdmavisor/rdmavisor/internal/agent/controlpbb\x06proto3"
+	"\tHeartbeat\x12\x18.rdmavisor.agent.v1.Beat\x1a\x18.rdmavisor.agent.v1.Beat(\x010\x01\x12O\n" +
+	"\bAnnounce\x12 .rdmavisor.agent.v1.Announcement\x1a!.rdmavisor.agent.v1.AnnounceReplyB9Z7github.com/rdmavisor/rdmavisor/internal/agent/controlpbb\x06proto3"
 
 var (
 	file_control_proto_rawDescOnce sync.Once
@@ -629,7 +755,7 @@ func file_control_proto_rawDescGZIP() []byte {
 	return file_control_proto_rawDescData
 }
 
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_control_proto_goTypes = []any{
 	(*Node)(nil),            // 0: rdmavisor.agent.v1.Node
 	(*IdentityRequest)(nil), // 1: rdmavisor.agent.v1.IdentityRequest
@@ -639,24 +765,29 @@ var file_control_proto_goTypes = []any{
 	(*DialRequest)(nil),     // 5: rdmavisor.agent.v1.DialRequest
 	(*DialReply)(nil),       // 6: rdmavisor.agent.v1.DialReply
 	(*Beat)(nil),            // 7: rdmavisor.agent.v1.Beat
+	(*Announcement)(nil),    // 8: rdmavisor.agent.v1.Announcement
+	(*AnnounceReply)(nil),   // 9: rdmavisor.agent.v1.AnnounceReply
 }
 var file_control_proto_depIdxs = []int32{
 	0, // 0: rdmavisor.agent.v1.IdentityRequest.caller:type_name -> rdmavisor.agent.v1.Node
 	0, // 1: rdmavisor.agent.v1.IdentityReply.node:type_name -> rdmavisor.agent.v1.Node
 	0, // 2: rdmavisor.agent.v1.DialRequest.caller:type_name -> rdmavisor.agent.v1.Node
-	1, // 3: rdmavisor.agent.v1.Control.Identity:input_type -> rdmavisor.agent.v1.IdentityRequest
-	3, // 4: rdmavisor.agent.v1.Control.ConnectQP:input_type -> rdmavisor.agent.v1.QPRequest
-	5, // 5: rdmavisor.agent.v1.Control.Dial:input_type -> rdmavisor.agent.v1.DialRequest
-	7, // 6: rdmavisor.agent.v1.Control.Heartbeat:input_type -> rdmavisor.agent.v1.Beat
-	2, // 7: rdmavisor.agent.v1.Control.Identity:output_type -> rdmavisor.agent.v1.IdentityReply
-	4, // 8: rdmavisor.agent.v1.Control.ConnectQP:output_type -> rdmavisor.agent.v1.QPReply
-	6, // 9: rdmavisor.agent.v1.Control.Dial:output_type -> rdmavisor.agent.v1.DialReply
-	7, // 10: rdmavisor.agent.v1.Control.Heartbeat:output_type -> rdmavisor.agent.v1.Beat
-	7, // [7:11] is the sub-list for method output_type
-	3, // [3:7] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	0, // 3: rdmavisor.agent.v1.Announcement.caller:type_name -> rdmavisor.agent.v1.Node
+	1, // 4: rdmavisor.agent.v1.Control.Identity:input_type -> rdmavisor.agent.v1.IdentityRequest
+	3, // 5: rdmavisor.agent.v1.Control.ConnectQP:input_type -> rdmavisor.agent.v1.QPRequest
+	5, // 6: rdmavisor.agent.v1.Control.Dial:input_type -> rdmavisor.agent.v1.DialRequest
+	7, // 7: rdmavisor.agent.v1.Control.Heartbeat:input_type -> rdmavisor.agent.v1.Beat
+	8, // 8: rdmavisor.agent.v1.Control.Announce:input_type -> rdmavisor.agent.v1.Announcement
+	2, // 9: rdmavisor.agent.v1.Control.Identity:output_type -> rdmavisor.agent.v1.IdentityReply
+	4, // 10: rdmavisor.agent.v1.Control.ConnectQP:output_type -> rdmavisor.agent.v1.QPReply
+	6, // 11: rdmavisor.agent.v1.Control.Dial:output_type -> rdmavisor.agent.v1.DialReply
+	7, // 12: rdmavisor.agent.v1.Control.Heartbeat:output_type -> rdmavisor.agent.v1.Beat
+	9, // 13: rdmavisor.agent.v1.Control.Announce:output_type -> rdmavisor.agent.v1.AnnounceReply
+	9, // [9:14] is the sub-list for method output_type
+	4, // [4:9] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_control_proto_init() }
@@ -670,7 +801,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

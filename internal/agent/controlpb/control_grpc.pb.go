@@ -26,6 +26,7 @@ const (
 	Control_ConnectQP_FullMethodName = "/rdmavisor.agent.v1.Control/ConnectQP"
 	Control_Dial_FullMethodName      = "/rdmavisor.agent.v1.Control/Dial"
 	Control_Heartbeat_FullMethodName = "/rdmavisor.agent.v1.Control/Heartbeat"
+	Control_Announce_FullMethodName  = "/rdmavisor.agent.v1.Control/Announce"
 )
 
 // ControlClient is the client API for Control service.
@@ -43,6 +44,10 @@ type ControlClient interface {
 	// Heartbeat echoes every beat the caller sends; a peer that stops
 	// answering is declared gone and its vconns fail.
 	Heartbeat(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Beat, Beat], error)
+	// Announce tells the callee every pod IP the caller's node serves (its
+	// pods the CNI plugin registered), replacing what it announced before:
+	// a Dial to a pod IP goes to the node that announced it.
+	Announce(ctx context.Context, in *Announcement, opts ...grpc.CallOption) (*AnnounceReply, error)
 }
 
 type controlClient struct {
@@ -96,6 +101,16 @@ func (c *controlClient) Heartbeat(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Control_HeartbeatClient = grpc.BidiStreamingClient[Beat, Beat]
 
+func (c *controlClient) Announce(ctx context.Context, in *Announcement, opts ...grpc.CallOption) (*AnnounceReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AnnounceReply)
+	err := c.cc.Invoke(ctx, Control_Announce_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControlServer is the server API for Control service.
 // All implementations must embed UnimplementedControlServer
 // for forward compatibility.
@@ -111,6 +126,10 @@ type ControlServer interface {
 	// Heartbeat echoes every beat the caller sends; a peer that stops
 	// answering is declared gone and its vconns fail.
 	Heartbeat(grpc.BidiStreamingServer[Beat, Beat]) error
+	// Announce tells the callee every pod IP the caller's node serves (its
+	// pods the CNI plugin registered), replacing what it announced before:
+	// a Dial to a pod IP goes to the node that announced it.
+	Announce(context.Context, *Announcement) (*AnnounceReply, error)
 	mustEmbedUnimplementedControlServer()
 }
 
@@ -132,6 +151,9 @@ func (UnimplementedControlServer) Dial(context.Context, *DialRequest) (*DialRepl
 }
 func (UnimplementedControlServer) Heartbeat(grpc.BidiStreamingServer[Beat, Beat]) error {
 	return status.Errorf(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedControlServer) Announce(context.Context, *Announcement) (*AnnounceReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Announce not implemented")
 }
 func (UnimplementedControlServer) mustEmbedUnimplementedControlServer() {}
 func (UnimplementedControlServer) testEmbeddedByValue()                 {}
@@ -215,6 +237,24 @@ func _Control_Heartbeat_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Control_HeartbeatServer = grpc.BidiStreamingServer[Beat, Beat]
 
+func _Control_Announce_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Announcement)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServer).Announce(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Control_Announce_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServer).Announce(ctx, req.(*Announcement))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Control_ServiceDesc is the grpc.ServiceDesc for Control service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -233,6 +273,10 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Dial",
 			Handler:    _Control_Dial_Handler,
+		},
+		{
+			MethodName: "Announce",
+			Handler:    _Control_Announce_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
