@@ -51,7 +51,7 @@ func (e *env) thousandVConns(transport string) {
 	for i, node := range e.otherNodes() {
 		name := fmt.Sprintf("many-%s-%d", transport, i)
 		clients[name] = node
-		e.startClient(name, node, e.serverNode(), manyLoad)
+		e.startClient(name, node, e.podIP("echo-server"), manyLoad)
 	}
 	for name := range clients {
 		e.clientOK(name, manyLoad, 4*time.Minute)
@@ -257,7 +257,7 @@ func (e *env) lossyLink() {
 // client's vconns carry on, and a new operator takes over the service.
 func (e *env) operatorRestart() {
 	l := load{conns: 10, msgs: 3000, size: 4096}
-	e.startClient("during-operator-restart", e.clientNode(), e.serverNode(), l)
+	e.startClient("during-operator-restart", e.clientNode(), e.podIP("echo-server"), l)
 	e.eventually("the client is exchanging", time.Minute, func() (bool, string) {
 		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "during-operator-restart", metav1.GetOptions{})
 		return err == nil && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("%v", err)
@@ -407,7 +407,7 @@ func (e *env) nodeLost() {
 		return err == nil && podReady(p), fmt.Sprintf("%v", err)
 	})
 	endless := load{conns: 4, msgs: 1 << 30, size: 1024}
-	e.startClient("lost-client", from, lost, endless)
+	e.startClient("lost-client", from, e.podIP("lost-server"), endless)
 	peerVConns := `rdmavisor_peer_vconns{peer="` + lost + `"}`
 	e.eventually("the client's vconns open toward "+lost, 2*time.Minute, func() (bool, string) {
 		n := e.agentMetrics(from).sum(peerVConns)
@@ -436,11 +436,33 @@ func (e *env) nodeLost() {
 		return open == 0 && qps == 0, fmt.Sprintf("%s = %v, QPs toward it %v", peerVConns, open, qps)
 	})
 	e.deletePod("lost-client")
+	// The surviving agents say which node they lost, and the operator
+	// says it on the service.
+	e.eventually("the RDMANode of "+from+" and the RDMAService name "+lost+" unreachable", time.Minute, func() (bool, string) {
+		var rn v1alpha1.RDMANode
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: from}, &rn); err != nil {
+			return false, err.Error()
+		}
+		pc := meta.FindStatusCondition(rn.Status.Conditions, v1alpha1.ConditionPeersReachable)
+		if pc == nil || pc.Status != metav1.ConditionFalse || !strings.Contains(pc.Message, lost) || !slices.Contains(rn.Status.UnreachablePeers, lost) {
+			return false, fmt.Sprintf("RDMANode %s: PeersReachable %+v, unreachable %v", from, pc, rn.Status.UnreachablePeers)
+		}
+		var svc v1alpha1.RDMAService
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.svc.Name}, &svc); err != nil {
+			return false, err.Error()
+		}
+		dc := meta.FindStatusCondition(svc.Status.Conditions, v1alpha1.ConditionDegraded)
+		if dc == nil || dc.Status != metav1.ConditionTrue || dc.Reason != "NodeUnreachable" || !strings.Contains(dc.Message, "node "+lost+" unreachable") {
+			return false, fmt.Sprintf("RDMAService Degraded %+v", dc)
+		}
+		e.t.Logf("RDMANode %s: %s; RDMAService Degraded: %s", from, pc.Message, dc.Message)
+		return true, ""
+	})
 	e.nodeSH(lost, "thaw")
 	thawed = true
 	e.eventually("every agent ready again", 3*time.Minute, e.agentReady)
 	l := load{conns: 4, msgs: 200, size: 4096}
-	e.startClient("back-client", from, lost, l)
+	e.startClient("back-client", from, e.podIP("lost-server"), l)
 	e.clientOK("back-client", l, 3*time.Minute)
 	for _, p := range []string{"back-client", "lost-server"} {
 		e.deletePod(p)

@@ -369,12 +369,28 @@ var defaultLoad = load{conns: 2, msgs: 500, size: 4096}
 // exchange runs a client pod on node against the echo server on
 // e.serverNode() and waits for its verdict: every byte checked.
 func (e *env) exchange(client, node string, l load) {
-	e.startClient(client, node, e.serverNode(), l)
+	e.startClient(client, node, e.podIP("echo-server"), l)
 	e.clientOK(client, l, 3*time.Minute)
 }
 
+// podIP is the IP of a running pod in the default namespace: a vconn
+// address names a pod by its IP, as a TCP address does.
+func (e *env) podIP(name string) string {
+	e.t.Helper()
+	var ip string
+	e.eventually("pod "+name+" has an IP", 2*time.Minute, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		ip = p.Status.PodIP
+		return ip != "", "no IP yet"
+	})
+	return ip
+}
+
 // startClient starts an echo client pod on node that dials the echo
-// server's port on target.
+// server's port at target, the server pod's IP.
 func (e *env) startClient(client, node, target string, l load) {
 	e.createPod(e.echoPod(client, node, int64(l.conns), "client", fmt.Sprintf("--addr=%s:%d", target, echoPort),
 		fmt.Sprintf("--conns=%d", l.conns), fmt.Sprintf("--messages=%d", l.msgs), fmt.Sprintf("--size=%d", l.size),

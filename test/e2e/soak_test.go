@@ -203,7 +203,11 @@ func (e *env) soakServer(node string) {
 // verdict; a run that cannot even start (its pod refused while an agent
 // restarts) is a failure with the reason.
 func (e *env) soakRun(name, from, to string) soakVerdict {
-	pod := e.echoPod(name, from, int64(soakLoad.conns), "client", fmt.Sprintf("--addr=%s:%d", to, echoPort),
+	server, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "soak-server-"+to, metav1.GetOptions{})
+	if err != nil || server.Status.PodIP == "" {
+		return soakVerdict{Error: fmt.Sprintf("the server on %s has no IP: %v", to, err)}
+	}
+	pod := e.echoPod(name, from, int64(soakLoad.conns), "client", fmt.Sprintf("--addr=%s:%d", server.Status.PodIP, echoPort),
 		fmt.Sprintf("--conns=%d", soakLoad.conns), fmt.Sprintf("--messages=%d", soakLoad.msgs),
 		fmt.Sprintf("--size=%d", soakLoad.size), "--timeout=90s", "--verdict=/dev/termination-log")
 	if _, err := e.kube.CoreV1().Pods("default").Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
