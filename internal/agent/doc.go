@@ -35,7 +35,8 @@
 // affected. Each vconn has a worker that runs its operations in order
 // (at most SendWindow outstanding) and a pump that pushes received
 // messages only within the window the application granted. Data crosses
-// the socket by copy; the memfd fast path is future work.
+// the socket by copy, or, for a vconn whose client asked (frame's Shm),
+// the rings of a memfd the agent made and passed (package shm, shm.go).
 //
 // One file per job: session.go reads and dispatches a connection's frames,
 // listen.go listens, dials and accepts, addr.go says which port space an

@@ -56,6 +56,8 @@
 // restarts, open vconns fail with ErrAgentGone and the next call
 // reconnects.
 //
-// Data crosses the unix socket to the agent by copy; a shared-memory fast
-// path (memfd rings registered once by the agent) is future work.
+// Data crosses the unix socket to the agent by copy, or, with
+// Options.SharedMemory, rings in a memfd the agent shares with the pod
+// (package shm), where doorbells ring only for a side that sleeps. Region
+// data (LocalRead, LocalWrite) still crosses the socket.
 package vconn
