@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,7 +110,7 @@ func (vc *VConn) reliability() *rel {
 // a datagram on this Auto vconn.
 func (vc *VConn) autoDgram(n uint32) bool {
 	e := vc.e
-	return n-headerLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
+	return n-wire.HeaderLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
 }
 
 // ackValue is the cumulative acknowledgement to stamp on outgoing messages.
@@ -127,7 +128,7 @@ func (vc *VConn) ackValue() uint32 {
 // when it next serves the vconn.
 func (p *poller) onAck(vc *VConn, ack uint32) {
 	r := vc.reliability()
-	if !advance(&r.peerAck, ack) {
+	if !wire.Advance(&r.peerAck, ack) {
 		return
 	}
 	r.peerAckAt.Store(int64(p.clock().Sub(p.e.epoch)))
@@ -447,7 +448,7 @@ func (p *poller) dropUnacked(vc *VConn) {
 func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u relMsg) {
 	p.e.pool.share(u.slot, 2) // the unacknowledged list and the post
 	wr := p.bundleWR(vc, remote, &u)
-	wr.WRID = retag(wr.WRID, tagShared, 0)
+	wr.WRID = wire.Retag(wr.WRID, wire.TagShared, 0)
 	p.postWR(vc.dq, wr)
 	r := vc.reliability()
 	u.sent = p.clock()
@@ -494,7 +495,7 @@ func (p *poller) retransmit(now time.Time) bool {
 			// may not have been read would race with the device.
 			e.pool.ref(u.slot)
 			wr := p.bundleWR(vc, remote, u)
-			wr.WRID = retag(wr.WRID, tagShared, tagSent) // counted sent the first time
+			wr.WRID = wire.Retag(wr.WRID, wire.TagShared, wire.TagSent) // counted sent the first time
 			p.postWR(vc.dq, wr)
 			if age < r.timeout(u.tries) {
 				e.stats.gapResends.Add(1)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -61,9 +62,9 @@ func (p *poller) completeAll(n int) {
 }
 
 // sent gives back the buffer of a SEND whose wr_id carried tag.
-func (p *poller) sent(tag sendTag) {
-	slot, gather := tag.slot(), tag.has(tagGather)
-	if !tag.has(tagShared) {
+func (p *poller) sent(tag wire.Tag) {
+	slot, gather := bufSlot(tag.Slot()), tag.Has(wire.TagGather)
+	if !tag.Has(wire.TagShared) {
 		p.free(slot, gather)
 		return
 	}
@@ -84,7 +85,7 @@ func (p *poller) free(slot bufSlot, gather bool) {
 	e := p.e
 	if gather {
 		b := e.pool.bytes(slot)
-		for i := range int(rawHeader(b).count()) {
+		for i := range int(wire.Raw(b).Count()) {
 			s, _ := gathered(b, i)
 			e.pool.put(s)
 		}
@@ -106,8 +107,8 @@ func (p *poller) onSend(wc *verbs.WC) {
 	if q != nil {
 		q.outstanding--
 	}
-	id, tag := splitWRID(wc.WRID)
-	slot := tag.slot()
+	id, tag := wire.SplitWRID(wc.WRID)
+	slot := bufSlot(tag.Slot())
 	if !e.pool.valid(slot) {
 		return
 	}
@@ -128,10 +129,10 @@ func (p *poller) onSend(wc *verbs.WC) {
 		}
 		return
 	}
-	if tag.has(tagSent) {
+	if tag.Has(wire.TagSent) {
 		e.stats.msgsSent.Add(1)
 	}
-	if tag.has(tagFin) {
+	if tag.Has(wire.TagFin) {
 		if vc, ok := e.vconns.Lookup(id); ok {
 			vc.onFinSent()
 		}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"sync/atomic"
 )
 
@@ -16,7 +17,7 @@ func (vc *VConn) grant(credit uint32) bool {
 	if max := uint32(vc.e.cfg.MaxCredits); int32(credit-lim) > int32(max) {
 		credit, ok = lim+max, false
 	}
-	if advance(&vc.limit, credit) && !vc.ring.empty() {
+	if wire.Advance(&vc.limit, credit) && !vc.ring.empty() {
 		vc.schedule()
 	}
 	return ok
@@ -38,20 +39,6 @@ func (vc *VConn) takeCredit() bool {
 func (p *poller) overrun(vc *VConn) {
 	p.reject(RejectCredit)
 	vc.fail(ErrCreditOverrun)
-}
-
-// advance sets a to v if v is later in serial-number order (RFC 1982, as
-// grants and acknowledgements wrap), and reports whether it did.
-func advance(a *atomic.Uint32, v uint32) bool {
-	for {
-		old := a.Load()
-		if int32(v-old) <= 0 {
-			return false
-		}
-		if a.CompareAndSwap(old, v) {
-			return true
-		}
-	}
 }
 
 func (vc *VConn) returnCredits(n uint32) {
@@ -124,17 +111,17 @@ func (vc *VConn) stampCredit(b []byte) {
 		vc.creditDue.Store(false)
 	}
 	g := vc.consumed.Load() + vc.window.Load()
-	h := rawHeader(b)
-	h.setCredit(g)
+	h := wire.Raw(b)
+	h.SetCredit(g)
 	// Stores only on change: an atomic store is a full barrier, which
 	// waits for every store before it, cache misses included.
 	if vc.advertised.Load() != g {
 		vc.advertised.Store(g)
 	}
-	if t := h.typ(); vc.tr == Auto && (t == msgData || t == msgCredit || t == msgBundle) {
+	if t := h.Type(); vc.tr == Auto && (t == wire.Data || t == wire.Credit || t == wire.Bundle) {
 		if vc.ackDue.Load() {
 			vc.ackDue.Store(false)
 		}
-		h.setAck(vc.ackValue())
+		h.SetAck(vc.ackValue())
 	}
 }

@@ -52,10 +52,10 @@
 //     vconns it serves, and of the vconns a polled batch of receives names,
 //     before handling them, so their misses overlap.
 //   - A SEND's wr_id tells its completion whether it counts as a message
-//     sent or is a FIN (sendTag, tag.go), so completions need neither the
+//     sent or is a FIN (wire.Tag), so completions need neither the
 //     buffer nor the vconn.
 //
-// Message framing: every SEND carries a 24-byte header (header.go) with the
+// Message framing: every SEND carries a 24-byte header (package wire) with the
 // message type, the sender's credit grant, the message length and sequence,
 // and the application's own immediate (imm_data itself is the vQPN). A
 // message longer than a receive buffer travels as several chunks on the same

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,7 +187,7 @@ func New(cfg Config) (_ *Engine, err error) {
 }
 
 func (e *Engine) recvWR(slot bufSlot) verbs.RecvWR {
-	return verbs.RecvWR{WRID: recvWRID(slot), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
+	return verbs.RecvWR{WRID: wire.RecvWRID(uint32(slot)), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
 }
 
 // UDQPNs lists the engine's UD QPs, one per poller, for peers.

@@ -3,13 +3,14 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
 // roce4Device writes a UD receive's GRH space as the kernel does for RoCE
@@ -25,7 +26,7 @@ func roce4Device(d verbs.Device, ep *atomic.Pointer[Engine]) verbs.Device {
 			if e == nil || wc.Opcode != verbs.WCRecv || wc.Status != verbs.WCSuccess || wc.Flags&verbs.WCWithGRH == 0 {
 				continue
 			}
-			b := e.pool.bytes(recvSlot(wc.WRID))
+			b := e.pool.bytes(bufSlot(wire.RecvSlot(wc.WRID)))
 			if b[0] != 0x60 { // not a UD receive: RC and UC put no GRH in the buffer
 				continue
 			}
@@ -50,7 +51,7 @@ func TestUDOverIPv4RoCE(t *testing.T) {
 	for _, tr := range []Transport{UD, Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			var pa, pb atomic.Pointer[Engine]
-			fb := wire.NewFabric(wire.Faults{})
+			fb := softwire.NewFabric(softwire.Faults{})
 			t.Cleanup(func() { _ = fb.Close() })
 			ptrs := []*atomic.Pointer[Engine]{&pa, &pb}
 			k := 0

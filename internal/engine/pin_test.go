@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -57,7 +58,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 	}} {
 		t.Run(tc.tr.String(), func(t *testing.T) {
 			cfg := Config{RecvBuffers: 256, DgramBuffers: 64, SendBuffers: 1024, Pollers: pollers}
-			a, b := testEngines(t, wire.Faults{}, cfg)
+			a, b := testEngines(t, softwire.Faults{}, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			var senders sync.WaitGroup
 			stop, sampled := make(chan struct{}), make(chan struct{})
@@ -245,7 +246,7 @@ func TestQueuedRecvAllocatesNothing(t *testing.T) {
 	}
 	for _, tr := range []Transport{RC, Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
-			a, b := testEngines(t, wire.Faults{}, Config{SpinPolls: 1 << 30})
+			a, b := testEngines(t, softwire.Faults{}, Config{SpinPolls: 1 << 30})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
@@ -285,7 +286,7 @@ func TestQueuedRecvAllocatesNothing(t *testing.T) {
 // not queued where nothing reads them: their buffers go back to the SRQ
 // and the held count to zero.
 func TestCloseDropsLateMessages(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
+	a, b := testEngines(t, softwire.Faults{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
@@ -358,7 +359,7 @@ func waitCtx(ctx context.Context, t *testing.T, what string, cond func() bool) {
 // past half the SRQ they are copied out, and once the gap fills every one
 // is delivered, in order, and the count returns to 0.
 func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
-	fb := wire.NewFabric(wire.Faults{})
+	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, _ := testEnginesOn(t, fb, Config{DgramBuffers: 32, Credits: 32})
 	h := newHostile(t, fb, "10.9.0.70")
@@ -380,8 +381,8 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 	const n = 30 // within the credit window; nearly the whole SRQ
 	msg := func(seq uint32) []byte { return []byte(fmt.Sprintf("datagram %02d", seq)) }
 	send := func(seq uint32) {
-		d := dataHeader(uint32(len(msg(seq))), seq, 0, false)
-		d.flags |= flagFirst | flagLast
+		d := wire.DataHeader(uint32(len(msg(seq))), seq, 0, false)
+		d.Flags |= wire.FlagFirst | wire.FlagLast
 		h.send(uc, a, vc.ID(), d, msg(seq))
 	}
 	for seq := uint32(1); seq < n; seq++ { // seq 0, the gap, comes last
@@ -416,7 +417,7 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 // for good. (CI caught that: TestIdleReadersDoNotPinSRQ/auto read
 // message 260 where 256 belonged.)
 func TestFullQueueDropsOnlyDatagrams(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
+	a, b := testEngines(t, softwire.Faults{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, tc := range []struct {

@@ -2,9 +2,9 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -18,8 +18,8 @@ import (
 type Access uint8
 
 const (
-	AccessRead  Access = 1 << 0
-	AccessWrite Access = 1 << 1
+	AccessRead  Access = wire.AccessRead
+	AccessWrite Access = wire.AccessWrite
 )
 
 var (
@@ -56,16 +56,9 @@ type Region struct {
 	gone bool // guarded by mu: deregistered
 }
 
-// regionAd is what an export message carries after its header.
-const regionAdLen = 8 + 4 + 8 + 1
-
-// remoteRegion is a region the peer exported to this vconn.
-type remoteRegion struct {
-	addr   uint64
-	rkey   uint32
-	length uint64
-	access Access
-}
+// remoteRegion is a region the peer exported to this vconn: what its
+// export message carried.
+type remoteRegion = wire.Ad
 
 // regions is a vconn's one-sided state, allocated on first use so vconns
 // that never export or read cost nothing.
@@ -173,12 +166,9 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access, released f
 	rg.exports[r.id] = r
 	rg.mu.Unlock()
 
-	var ad [regionAdLen]byte
-	binary.BigEndian.PutUint64(ad[0:], addr)
-	binary.BigEndian.PutUint32(ad[8:], rkey)
-	binary.BigEndian.PutUint64(ad[12:], uint64(size))
-	ad[20] = byte(access)
-	if err := vc.sendControl(ctx, msgExport, r.id, ad[:]); err != nil {
+	var ad [wire.AdLen]byte
+	(&wire.Ad{Addr: addr, RKey: rkey, Length: uint64(size), Access: uint8(access)}).Put(ad[:])
+	if err := vc.sendControl(ctx, wire.Export, r.id, ad[:]); err != nil {
 		rg.mu.Lock()
 		delete(rg.exports, r.id)
 		rg.mu.Unlock()
@@ -392,7 +382,7 @@ func (r *Region) Close() error {
 		// memory go a round trip after a pod closes its vconn, not
 		// seconds later (its release, then the grace).
 		if st := vc.state.Load(); st == stateOpen || st == stateClosing {
-			err = vc.sendControl(context.Background(), msgUnexport, r.id, nil)
+			err = vc.sendControl(context.Background(), wire.Unexport, r.id, nil)
 			if err == nil {
 				return // deregistered on the peer's acknowledgement
 			}
@@ -416,47 +406,39 @@ func (r *Region) Close() error {
 
 // sendControl queues a control message (export, unexport) in order with the
 // vconn's data.
-func (vc *VConn) sendControl(ctx context.Context, t msgType, arg uint32, payload []byte) error {
+func (vc *VConn) sendControl(ctx context.Context, t wire.Type, arg uint32, payload []byte) error {
 	e := vc.e
 	vc.sendMu.Lock()
 	defer vc.sendMu.Unlock()
-	slot, err := vc.getBuffer(ctx, headerLen+len(payload), true)
+	slot, err := vc.getBuffer(ctx, wire.HeaderLen+len(payload), true)
 	if err != nil {
 		return err
 	}
 	b := e.pool.bytes(slot)
-	h := regionHeader(t, arg)
-	h.put(b)
-	copy(b[headerLen:], payload)
+	h := wire.RegionHeader(t, arg)
+	h.Put(b)
+	copy(b[wire.HeaderLen:], payload)
 	if err := vc.waitRing(ctx, true); err != nil {
 		e.pool.put(slot)
 		return err
 	}
-	vc.push(newEntry(slot, uint32(headerLen+len(payload))))
+	vc.push(newEntry(slot, uint32(wire.HeaderLen+len(payload))))
 	vc.schedule()
 	return nil
 }
 
 // onExport records a region the peer exported to this vconn.
-func (vc *VConn) onExport(h *header, payload []byte) error {
-	if len(payload) != regionAdLen {
-		return fmt.Errorf("engine: export message of %d bytes", len(payload))
-	}
-	r := remoteRegion{
-		addr:   binary.BigEndian.Uint64(payload[0:]),
-		rkey:   binary.BigEndian.Uint32(payload[8:]),
-		length: binary.BigEndian.Uint64(payload[12:]),
-		access: Access(payload[20]),
-	}
-	if r.length == 0 || r.access&^(AccessRead|AccessWrite) != 0 || r.addr+r.length < r.addr {
-		return fmt.Errorf("engine: bad export %+v", r)
+func (vc *VConn) onExport(h *wire.Header, payload []byte) error {
+	r, err := wire.ParseAd(payload)
+	if err != nil {
+		return err
 	}
 	rg := vc.rg()
 	rg.mu.Lock()
 	if rg.remote == nil {
 		rg.remote = make(map[uint32]remoteRegion)
 	}
-	rg.remote[h.region()] = r
+	rg.remote[h.Region()] = r
 	rg.mu.Unlock()
 	return nil
 }
@@ -466,13 +448,13 @@ func (vc *VConn) onExport(h *header, payload []byte) error {
 // (same QP, in order), and none can be queued after (oneSided checks the
 // region under rg.mu). Data queued before need not go first: it does not
 // touch the region, and it may wait for the peer's reader indefinitely.
-func (vc *VConn) onUnexport(h *header) {
+func (vc *VConn) onUnexport(h *wire.Header) {
 	rg := vc.rg()
 	rg.mu.Lock()
-	_, had := rg.remote[h.region()]
-	delete(rg.remote, h.region())
+	_, had := rg.remote[h.Region()]
+	delete(rg.remote, h.Region())
 	if had {
-		rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: h.region(), after: rg.marks})
+		rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: h.Region(), after: rg.marks})
 	}
 	rg.mu.Unlock()
 	if had {
@@ -592,10 +574,10 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 	switch {
 	case !ok:
 		return fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
-	case r.access&need == 0:
+	case Access(r.Access)&need == 0:
 		return fmt.Errorf("engine: vconn %v region %d: %w: not exported for %v", vc.id, id, ErrRegionAccess, op)
-	case off > r.length || uint64(len(buf)) > r.length-off:
-		return fmt.Errorf("engine: vconn %v region %d: %w: %d bytes at %d outside its %d", vc.id, id, ErrRegionAccess, len(buf), off, r.length)
+	case off > r.Length || uint64(len(buf)) > r.Length-off:
+		return fmt.Errorf("engine: vconn %v region %d: %w: %d bytes at %d outside its %d", vc.id, id, ErrRegionAccess, len(buf), off, r.Length)
 	}
 	o := &rg.op
 	o.mu.Lock()
@@ -624,9 +606,9 @@ func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off
 			o.cmu.Unlock()
 		}
 		o.wrs = append(o.wrs, verbs.SendWR{
-			WRID: tagOf(slot).wrID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
+			WRID: wire.TagOf(uint32(slot)).WRID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
 			NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(n))},
-			RemoteAddr: r.addr + off + uint64(pos), RKey: r.rkey,
+			RemoteAddr: r.Addr + off + uint64(pos), RKey: r.RKey,
 		})
 		if len(buf) == 0 {
 			break

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"net/netip"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -12,7 +13,7 @@ import (
 // by completeAll (nil: none, or a stale generation).
 func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	e := p.e
-	slot := recvSlot(wc.WRID)
+	slot := bufSlot(wire.RecvSlot(wc.WRID))
 	if !e.pool.valid(slot) {
 		return
 	}
@@ -51,50 +52,50 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		p.reposts = append(p.reposts, slot)
 		return
 	}
-	var h header
-	if err := h.parse(b); err != nil {
+	var h wire.Header
+	if err := h.Parse(b); err != nil {
 		e.stats.malformed.Add(1)
 		p.reposts = append(p.reposts, slot)
 		return
 	}
-	if slot.class() == e.dgramClass && !dgramAllowed(h.typ, vc.tr, ud) {
+	if slot.class() == e.dgramClass && !dgramAllowed(h.Type, vc.tr, ud) {
 		p.reject(RejectTransport)
 		p.reposts = append(p.reposts, slot)
 		return
 	}
-	if !vc.grant(h.credit) {
+	if !vc.grant(h.Credit) {
 		p.reject(RejectGrant)
 	}
-	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit || h.typ == msgBundle) {
-		p.onAck(vc, h.ack())
-		if end, ok := h.gap(); ok {
+	if vc.tr == Auto && (h.Type == wire.Data || h.Type == wire.Credit || h.Type == wire.Bundle) {
+		p.onAck(vc, h.Ack())
+		if end, ok := h.Gap(); ok {
 			vc.onGap(end)
 		}
 	}
-	switch h.typ {
-	case msgData:
-		p.onData(vc, &h, slot, b[headerLen:])
-	case msgBundle:
-		p.onBundle(vc, &h, slot, b[headerLen:])
-	case msgFin:
+	switch h.Type {
+	case wire.Data:
+		p.onData(vc, &h, slot, b[wire.HeaderLen:])
+	case wire.Bundle:
+		p.onBundle(vc, &h, slot, b[wire.HeaderLen:])
+	case wire.Fin:
 		p.reposts = append(p.reposts, slot)
 		vc.onPeerFin()
-	case msgReset:
+	case wire.Reset:
 		p.reposts = append(p.reposts, slot)
 		vc.fail(ErrReset)
-	case msgExport:
-		err := vc.onExport(&h, b[headerLen:])
+	case wire.Export:
+		err := vc.onExport(&h, b[wire.HeaderLen:])
 		p.reposts = append(p.reposts, slot)
 		if err != nil {
 			e.stats.malformed.Add(1)
 			vc.fail(err)
 		}
-	case msgUnexport:
+	case wire.Unexport:
 		p.reposts = append(p.reposts, slot)
 		vc.onUnexport(&h)
-	case msgUnexported:
+	case wire.Unexported:
 		p.reposts = append(p.reposts, slot)
-		vc.onUnexported(h.region())
+		vc.onUnexported(h.Region())
 	default:
 		p.reposts = append(p.reposts, slot)
 	}
@@ -106,14 +107,14 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 // (FIN, RESET, grants, exports) always travel over RC, whose source is
 // the connected QP; an RC vconn's data too, and it takes receive credits,
 // which a datagram would bypass.
-func dgramAllowed(t msgType, tr Transport, ud bool) bool {
+func dgramAllowed(t wire.Type, tr Transport, ud bool) bool {
 	switch t {
-	case msgData:
+	case wire.Data:
 		if ud {
 			return tr == UD
 		}
 		return tr == UC || tr == Auto
-	case msgBundle:
+	case wire.Bundle:
 		return !ud && tr == Auto
 	}
 	return false
@@ -158,14 +159,14 @@ func (p *poller) ingressOf(qpn uint32) (g verbs.GID, index int) {
 
 // onData delivers a whole message or adds a chunk to the one being
 // reassembled.
-func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
+func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
 	e := p.e
-	first, last := h.flags&flagFirst != 0, h.flags&flagLast != 0
-	imm, hasImm := h.appImm()
+	first, last := h.First(), h.Last()
+	imm, hasImm := h.AppImm()
 	m := Message{vc: vc, Imm: imm, HasImm: hasImm, slot: noSlot, credits: 1}
 	if slot.class() == e.dgramClass {
 		// Unreliable transports: whole messages only, no credits.
-		if !first || !last || uint32(len(payload)) != h.length {
+		if !first || !last || uint32(len(payload)) != h.Length {
 			e.stats.malformed.Add(1)
 			p.reposts = append(p.reposts, slot)
 			return
@@ -173,7 +174,7 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 		m.Data, m.slot, m.credits = payload, slot, 0
 		if vc.tr == Auto {
 			m.credits = 1
-			vc.deliverSeq(p, h.seq, m, true)
+			vc.deliverSeq(p, h.Seq, m, true)
 			return
 		}
 		vc.deliver(p, m)
@@ -186,7 +187,7 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 		return
 	}
 	if first && last {
-		if uint32(len(payload)) != h.length {
+		if uint32(len(payload)) != h.Length {
 			p.malformed(vc, slot)
 			return
 		}
@@ -195,13 +196,13 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 		return
 	}
 	if first {
-		if vc.asm != nil || h.length > uint32(e.cfg.MaxMessage) {
+		if vc.asm != nil || h.Length > uint32(e.cfg.MaxMessage) {
 			p.malformed(vc, slot)
 			return
 		}
 		// Reassembly copies into a buffer of its own so the chunks'
 		// receive buffers (and credits) come back at once.
-		vc.asm, vc.asmOff = make([]byte, h.length), 0
+		vc.asm, vc.asmOff = make([]byte, h.Length), 0
 	}
 	if vc.asm == nil || vc.asmOff+uint32(len(payload)) > uint32(len(vc.asm)) {
 		p.malformed(vc, slot)
@@ -224,9 +225,9 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 	p.deliver(vc, h, m)
 }
 
-func (p *poller) deliver(vc *VConn, h *header, m Message) {
+func (p *poller) deliver(vc *VConn, h *wire.Header, m Message) {
 	if vc.tr == Auto {
-		vc.deliverSeq(p, h.seq, m, false)
+		vc.deliverSeq(p, h.Seq, m, false)
 		return
 	}
 	vc.deliver(p, m)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 )
 
 // enqueue puts a vconn on the run queue and wakes the poller if it sleeps.
@@ -148,7 +149,7 @@ func (p *poller) touch(vcs []*VConn) {
 	pool := p.e.pool
 	for _, vc := range vcs {
 		if ent, ok := vc.ring.peek(&vc.ents); ok && ent.slot() != opMarker {
-			x += uint32(rawHeader(pool.bytes(ent.slot())).typ())
+			x += uint32(wire.Raw(pool.bytes(ent.slot())).Type())
 		}
 	}
 	p.sink += x

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -31,7 +32,7 @@ func (p *poller) serve(vc *VConn) {
 		}
 		vc.wakeSender()
 		if vc.rstDue.Swap(false) {
-			p.control(q, vc, remote, msgReset)
+			p.control(q, vc, remote, wire.Reset)
 		}
 		return
 	}
@@ -68,8 +69,8 @@ func (p *poller) serve(vc *VConn) {
 			p.took(vc)
 			continue
 		}
-		b := rawHeader(e.pool.bytes(slot))
-		data := b.typ() == msgData
+		b := wire.Raw(e.pool.bytes(slot))
+		data := b.Type() == wire.Data
 		// Data goes on the vconn's transport; control always on RC.
 		// Only reliable data consumes receive credits: a lost datagram
 		// would take its credit with it.
@@ -84,7 +85,7 @@ func (p *poller) serve(vc *VConn) {
 		}
 		// Only whole messages go as datagrams: the chunks of a long one
 		// all travel on RC, in order.
-		auto := data && vc.tr == Auto && b.whole() && vc.autoDgram(n)
+		auto := data && vc.tr == Auto && b.Whole() && vc.autoDgram(n)
 		if auto {
 			dq = vc.dq
 		}
@@ -113,11 +114,11 @@ func (p *poller) serve(vc *VConn) {
 			}
 		}
 		vc.stampCredit(b)
-		if data && b.last() {
-			p.countSent(vc.tr, 1, int(b.length()))
+		if data && b.Last() {
+			p.countSent(vc.tr, 1, int(b.Length()))
 		}
 		if auto {
-			seq := b.seq()
+			seq := b.Seq()
 			p.sendReliable(vc, remote, relMsg{seq: seq, last: seq, slot: slot, n: n})
 		} else if dq == p.ud {
 			p.postUD(vc, remote, slot, n)
@@ -137,7 +138,7 @@ func (p *poller) serve(vc *VConn) {
 		// for the peer's grant: then it goes alone, or, with both ends
 		// sending, each would wait for the other's grant forever.
 		if stalled && owed {
-			p.control(q, vc, remote, msgCredit)
+			p.control(q, vc, remote, wire.Credit)
 		}
 		// Unexport confirmations do not wait behind data either: the
 		// peer's memory stays registered until they arrive, and this
@@ -149,12 +150,12 @@ func (p *poller) serve(vc *VConn) {
 		return
 	}
 	if owed {
-		p.control(q, vc, remote, msgCredit)
+		p.control(q, vc, remote, wire.Credit)
 	}
 	p.confirmUnexports(q, vc, remote)
 	if st == stateClosing && vc.finDue.Load() && !vc.finPosted {
 		vc.finPosted = true
-		p.control(q, vc, remote, msgFin)
+		p.control(q, vc, remote, wire.Fin)
 	}
 }
 
@@ -165,18 +166,18 @@ func (p *poller) confirmUnexports(q *sendQP, vc *VConn, remote vqpn.ID) {
 	}
 	p.confirm = vc.takeUnexportAcks(p.confirm[:0])
 	for _, id := range p.confirm {
-		p.controlRegion(q, vc, remote, msgUnexported, id)
+		p.controlRegion(q, vc, remote, wire.Unexported, id)
 	}
 }
 
 // control posts a credit grant, FIN or RST.
-func (p *poller) control(q *sendQP, vc *VConn, remote vqpn.ID, t msgType) {
+func (p *poller) control(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type) {
 	p.controlRegion(q, vc, remote, t, 0)
 }
 
 // controlRegion posts a control message; one about a region (an
 // unexported) names it.
-func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, region uint32) {
+func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type, region uint32) {
 	e := p.e
 	var slot bufSlot
 	ok := q.outstanding+len(q.batch) < e.cfg.SQDepth && p.budget > 0
@@ -186,11 +187,11 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, 
 	if !ok {
 		// No room or no buffer now: try again next round.
 		switch t {
-		case msgFin:
+		case wire.Fin:
 			vc.finPosted = false
-		case msgReset:
+		case wire.Reset:
 			vc.rstDue.Store(true)
-		case msgUnexported:
+		case wire.Unexported:
 			rg := vc.rg()
 			rg.mu.Lock()
 			rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: region})
@@ -200,36 +201,36 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, 
 		vc.scheduled.Store(true)
 		return
 	}
-	h := regionHeader(t, region)
-	b := rawHeader(e.pool.bytes(slot))
-	h.put(b)
+	h := wire.RegionHeader(t, region)
+	b := wire.Raw(e.pool.bytes(slot))
+	h.Put(b)
 	vc.stampCredit(b)
-	if t == msgCredit && vc.nackDue.Swap(false) {
+	if t == wire.Credit && vc.nackDue.Swap(false) {
 		// The gap goes with the acknowledgement just stamped, unless a
 		// resend filled it meanwhile.
 		r := vc.reliability()
-		if end := r.gapEnd.Load(); int32(end-b.ack()) > 0 {
-			b.setGap(end)
+		if end := r.gapEnd.Load(); int32(end-b.Ack()) > 0 {
+			b.SetGap(end)
 		}
 	}
-	p.post(q, vc, remote, slot, headerLen)
+	p.post(q, vc, remote, slot, wire.HeaderLen)
 }
 
 // sendWR is the SEND_WITH_IMM of n bytes of buffer slot for vc: wr_id
 // names the vconn and the buffer its completion frees, imm_data the
 // peer's vconn.
 func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs.SendWR {
-	tag := tagOf(slot)
-	switch b := rawHeader(p.e.pool.bytes(slot)); b.typ() {
-	case msgData, msgBundle:
-		if b.last() {
-			tag |= tagSent
+	tag := wire.TagOf(uint32(slot))
+	switch b := wire.Raw(p.e.pool.bytes(slot)); b.Type() {
+	case wire.Data, wire.Bundle:
+		if b.Last() {
+			tag |= wire.TagSent
 		}
-	case msgFin:
-		tag |= tagFin
+	case wire.Fin:
+		tag |= wire.TagFin
 	}
 	return verbs.SendWR{
-		WRID:    tag.wrID(vc.id),
+		WRID:    tag.WRID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
 		ImmData: vqpn.Imm(remote),
@@ -289,7 +290,7 @@ func (p *poller) flushSends() bool {
 			// The QP refused the rest (it failed): their buffers go back,
 			// their vconns fail.
 			for _, wr := range q.batch[n:] {
-				id, tag := splitWRID(wr.WRID)
+				id, tag := wire.SplitWRID(wr.WRID)
 				p.sent(tag)
 				p.budget++
 				if vc, ok := e.vconns.Lookup(id); ok {

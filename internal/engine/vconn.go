@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -187,9 +188,9 @@ func (vc *VConn) stateErr() error {
 func (vc *VConn) MaxMessage() int {
 	switch vc.tr {
 	case UD:
-		return vc.e.cfg.MTU.Bytes() - headerLen
+		return vc.e.cfg.MTU.Bytes() - wire.HeaderLen
 	case UC:
-		return vc.e.cfg.ChunkSize - headerLen
+		return vc.e.cfg.ChunkSize - wire.HeaderLen
 	}
 	return vc.e.cfg.MaxMessage
 }
