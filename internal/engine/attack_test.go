@@ -335,7 +335,7 @@ func testAttacks(t *testing.T, tr Transport) {
 
 	// Sending past credits: the window's worth is queued, the next is
 	// refused and the vconn fails, its queue no longer than the window.
-	window := own.window.Load()
+	window := own.window.Size()
 	for i := range window + 1 {
 		d := wire.DataHeader(4, i, 0, false)
 		d.Flags |= wire.FlagFirst | wire.FlagLast

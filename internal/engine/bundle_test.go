@@ -96,7 +96,7 @@ func TestBundleCredits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	taken, returned := va.sent, vb.consumed.Load()
+	taken, returned := va.sent, vb.window.Consumed()
 	t.Logf("%d messages, %d bundled, %d credits", n, s.Bundled, taken)
 	if s.Bundled == 0 || taken >= n {
 		t.Errorf("%d messages took %d credits (%d bundled): want fewer credits than messages", n, taken, s.Bundled)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -57,7 +58,7 @@ type Engine struct {
 
 	// windowBudget is the credit window growth vconns may still take,
 	// of the SRQ's receive buffers (0) and of the datagram SRQ's (1).
-	windowBudget [2]atomic.Int64
+	windowBudget [2]credit.Budget
 
 	// held counts, per SRQ (0: the RC QPs', 1: the datagram one's), the
 	// receive buffers that messages queued for the application keep
@@ -115,8 +116,8 @@ func New(cfg Config) (_ *Engine, err error) {
 		peers:  make(map[verbs.GID]*Peer),
 		epoch:  time.Now(),
 	}
-	e.windowBudget[0].Store(int64(cfg.RecvBuffers / 2))
-	e.windowBudget[1].Store(int64(cfg.DgramBuffers / 2))
+	e.windowBudget[0].Init(int64(cfg.RecvBuffers / 2))
+	e.windowBudget[1].Init(int64(cfg.DgramBuffers / 2))
 	e.bundleHeld = make([]atomic.Bool, cfg.DgramBuffers)
 	defer func() {
 		if err != nil {

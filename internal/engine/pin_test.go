@@ -120,7 +120,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 			// receive buffer, are queued once the gap is resent.)
 			waitCtx(ctx, t, "the idle vconns' windows", func() bool {
 				for _, vc := range rx {
-					if vc.taken.Load() != vc.advertised.Load() || earlyLen(vc) != 0 {
+					if vc.taken.Load() != vc.window.Advertised() || earlyLen(vc) != 0 {
 						return false
 					}
 				}
@@ -174,7 +174,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 				// or a datagram's) just before the count above queues
 				// its messages just after.
 				n := rxLen(vc)
-				if taken, adv := vc.taken.Load(), vc.advertised.Load(); n < queued[k] || taken != window[k] || adv != window[k] {
+				if taken, adv := vc.taken.Load(), vc.window.Advertised(); n < queued[k] || taken != window[k] || adv != window[k] {
 					t.Fatalf("idle vconn %d: %d messages queued, %d credits taken, %d advertised; before the echo %d queued, %d credits", k, n, taken, adv, queued[k], window[k])
 				}
 				total += n - queued[k]
@@ -210,7 +210,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 			// copied or not (a copied bundle message leaves its
 			// bundle's credit to the buffer unless it is the last).
 			for k, vc := range rx {
-				if taken, returned := vc.taken.Load(), vc.consumed.Load(); taken != returned {
+				if taken, returned := vc.taken.Load(), vc.window.Consumed(); taken != returned {
 					t.Errorf("idle vconn %d: %d credits taken, %d returned", k, taken, returned)
 				}
 			}
