@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/binary"
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -119,26 +120,27 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	if gather {
 		e.stats.gathered.Add(uint64(k))
 	}
-	p.sendReliable(vc, remote, relMsg{seq: seq, last: seq + uint32(k-1), slot: out, n: uint32(size), gather: gather})
+	p.sendReliable(vc, remote, reliable.Datagram{Seq: seq, Last: seq + uint32(k-1), Buf: uint32(out), Len: uint32(size), Gather: gather})
 	return k
 }
 
-// bundleWR is the work request of a bundle (or of one message: see relMsg).
-func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *relMsg) verbs.SendWR {
-	if !u.gather {
-		return p.sendWR(vc, remote, u.slot, u.n)
+// bundleWR is the work request of a datagram: a bundle, or one message.
+func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram) verbs.SendWR {
+	slot := bufSlot(u.Buf)
+	if !u.Gather {
+		return p.sendWR(vc, remote, slot, u.Len)
 	}
 	e := p.e
-	b := e.pool.bytes(u.slot)
+	b := e.pool.bytes(slot)
 	k := int(wire.Raw(b).Count())
 	wr := verbs.SendWR{
-		WRID:    (wire.TagOf(uint32(u.slot)) | wire.TagSent | wire.TagGather).WRID(vc.id),
+		WRID:    (wire.TagOf(u.Buf) | wire.TagSent | wire.TagGather).WRID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
 		ImmData: vqpn.Imm(remote),
 		NumSGE:  uint8(k + 1),
 	}
-	wr.SG[0] = e.pool.sge(u.slot, wire.HeaderLen)
+	wr.SG[0] = e.pool.sge(slot, wire.HeaderLen)
 	for i := range k {
 		wr.SG[i+1] = e.pool.sge(gathered(b, i))
 	}
@@ -170,7 +172,7 @@ func (p *poller) onBundle(vc *VConn, h *wire.Header, slot bufSlot, payload []byt
 	// The bundle took one credit, as it takes one receive buffer: it comes
 	// back with the buffer, after the last of its messages is released.
 	credits := uint32(0)
-	if vc.reliability().firstCopy(h.Seq, p.e.cfg.MaxCredits) {
+	if vc.reliability().rx.FirstCopy(h.Seq, vc.earlyWindow()) {
 		if !vc.takeCredit() {
 			p.overrun(vc)
 			p.reposts = append(p.reposts, slot)

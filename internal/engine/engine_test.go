@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"io"
 	"net/netip"
@@ -393,14 +394,14 @@ func TestAutoAcksOnlyDatagrams(t *testing.T) {
 	size := func(int) int { return 20000 }
 	go sendNumbered(ctx, t, va, n, size)
 	recvNumbered(ctx, t, vb, n, size)
-	time.Sleep(20 * relAckDelay)
+	time.Sleep(20 * reliable.AckDelay)
 	if sent := b.Stats().WRsPosted - before; sent != 0 {
 		t.Errorf("the receiver of %d long messages posted %d work requests: want none (no grant due, no datagram to acknowledge)", n, sent)
 	}
 }
 
 // TestAutoDelayedAcks: a receiver acknowledges Auto datagrams cumulatively
-// (with its credit grants, or after relAckDelay, not once per message),
+// (with its credit grants, or after reliable.AckDelay, not once per message),
 // and a tail that brings no grant is still acknowledged: no
 // retransmission, no buffer held.
 func TestAutoDelayedAcks(t *testing.T) {

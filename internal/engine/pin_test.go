@@ -330,15 +330,7 @@ func earlyLen(vc *VConn) int {
 	if r == nil {
 		return 0
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, m := range r.early {
-		if m.vc != nil {
-			n++
-		}
-	}
-	return n
+	return r.rx.Early()
 }
 
 // waitCtx waits until cond holds; ctx's deadline guards against a hang.

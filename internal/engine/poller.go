@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -55,25 +56,33 @@ type poller struct {
 	sink    uint32   // what touch read, so the reads are not optimised away
 	popped  int32    // messages serve took from rings, for the QP's backlog
 	recvWRs []verbs.RecvWR
-	confirm []uint32    // unexport confirmations being posted (confirmUnexports)
-	budget  int         // sends this CQ may still have outstanding
-	ud      *sendQP     // this poller's UD QP, shared by every peer
-	udQPN   uint32      // ud's QPN, read on every receive (see isUD)
-	deadUD  []*sendQP   // failed UD QPs awaiting their last completions
-	rtx     []*VConn    // Auto vconns with datagrams awaiting ACKs
-	rtxAt   time.Time   // next retransmission scan
-	acks    []ackWaiter // Auto vconns with delayed acknowledgements
-	ackAt   time.Time   // when they go out
-	rtxSoon atomic.Bool // a peer reported a gap: retransmit now (see onGap)
-	now     time.Time   // the coarse clock (see clock)
+	confirm []uint32  // unexport confirmations being posted (confirmUnexports)
+	budget  int       // sends this CQ may still have outstanding
+	ud      *sendQP   // this poller's UD QP, shared by every peer
+	udQPN   uint32    // ud's QPN, read on every receive (see isUD)
+	deadUD  []*sendQP // failed UD QPs awaiting their last completions
+	now     time.Time // the coarse clock (see clock)
 	fds     [2]unix.PollFd
 
 	// sendQPs maps QPNs of send QPs on this CQ to their state, for
 	// completions; written when a QP is created.
 	sendQPs sync.Map // uint32 → *sendQP
 
+	rel pollerRel // Auto's timers (auto.go)
+
 	busy bool           // owned by the poller: in a run of busy rounds
 	st   pollerCounters // written by the poller, read by Stats (stats.go)
+}
+
+// pollerRel is what a poller keeps for the Auto vconns whose send sides
+// it owns: their retransmission and delayed-acknowledgement timers.
+// Owned by the poller goroutine, but for soon.
+type pollerRel struct {
+	rtx   []*VConn    // Auto vconns with datagrams awaiting ACKs
+	rtxAt time.Time   // next retransmission scan
+	acks  []ackWaiter // Auto vconns with delayed acknowledgements
+	ackAt time.Time   // when they go out
+	soon  atomic.Bool // any poller: a peer reported a gap, retransmit now (see onGap)
 }
 
 // pollBatch is the most completions one CQ poll takes.
@@ -155,9 +164,9 @@ func (p *poller) run() {
 		// else to run, or every 10 ms. A UDP device's receive loop is
 		// one: with a send queue full, ACKs then took 5 ms to come in,
 		// and 64 producers on one QP ran at 3-10% of their rate.
-		// Delayed acknowledgements are due within relAckDelay: those
+		// Delayed acknowledgements are due within reliable.AckDelay: those
 		// keep the poller spinning.
-		if idle < p.e.cfg.SpinPolls || len(p.acks) > 0 {
+		if idle < p.e.cfg.SpinPolls || len(p.rel.acks) > 0 {
 			runtime.Gosched()
 			continue
 		}
@@ -211,19 +220,19 @@ func (p *poller) round() bool {
 	n := p.cq.Poll(p.wcs)
 	p.completeAll(n)
 	p.flushReposts()
-	if len(p.acks) > 0 {
-		if now := p.clock(); p.ackAt.IsZero() {
-			p.ackAt = now.Add(relAckDelay)
-		} else if !now.Before(p.ackAt) {
-			p.ackAt = time.Time{}
+	if len(p.rel.acks) > 0 {
+		if now := p.clock(); p.rel.ackAt.IsZero() {
+			p.rel.ackAt = now.Add(reliable.AckDelay)
+		} else if !now.Before(p.rel.ackAt) {
+			p.rel.ackAt = time.Time{}
 			p.flushAcks()
 			busy = true // the acknowledgements go out next round
 		}
 	}
-	if len(p.rtx) > 0 {
-		soon := p.rtxSoon.Load() && p.rtxSoon.Swap(false)
-		if now := p.clock(); soon || now.After(p.rtxAt) {
-			p.rtxAt = now.Add(relMinRTO / 4)
+	if len(p.rel.rtx) > 0 {
+		soon := p.rel.soon.Load() && p.rel.soon.Swap(false)
+		if now := p.clock(); soon || now.After(p.rel.rtxAt) {
+			p.rel.rtxAt = now.Add(reliable.MinRTO / 4)
 			p.retransmit(now)
 			p.flushSends()
 		}
@@ -234,7 +243,7 @@ func (p *poller) round() bool {
 // clock is the poller's coarse time, read again after a round that did
 // work, every clockRounds rounds that did not, and after a sleep: datagram
 // timestamps and the acknowledgement delay need a resolution well under
-// relMinRTO, not a clock read (46 ns here) in each of the millions of
+// reliable.MinRTO, not a clock read (46 ns here) in each of the millions of
 // empty rounds a second a spinning poller makes. Only intervals matter,
 // so it reads the monotonic clock alone, as time.Since does (25 ns here,
 // where time.Now also reads the wall clock); its wall reading is the
@@ -270,7 +279,7 @@ func (p *poller) sleep() {
 	defer func() { p.now = time.Time{} }()
 	p.fds = [2]unix.PollFd{{Fd: int32(p.cq.FD()), Events: unix.POLLIN}, {Fd: int32(p.wake), Events: unix.POLLIN}}
 	timeout := -1
-	if len(p.rtx) > 0 || len(p.active) > 0 || len(p.later) > 0 {
+	if len(p.rel.rtx) > 0 || len(p.active) > 0 || len(p.later) > 0 {
 		// Datagrams await acknowledgement, or vconns room that a
 		// completion should bring: look again within a millisecond.
 		timeout = 1

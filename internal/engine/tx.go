@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -41,7 +42,7 @@ func (p *poller) serve(vc *VConn) {
 	}
 	// (Auto's own fields are off the hot lines: other vconns never read them.)
 	if vc.tr == Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
-		p.freeAcked(vc, vc.reliability()) // another poller received them
+		p.freeAcked(vc.reliability()) // another poller received them
 	}
 	limit := e.cfg.SQDepth
 	stalled := false // data waits for the peer's grant
@@ -119,7 +120,7 @@ func (p *poller) serve(vc *VConn) {
 		}
 		if auto {
 			seq := b.Seq()
-			p.sendReliable(vc, remote, relMsg{seq: seq, last: seq, slot: slot, n: n})
+			p.sendReliable(vc, remote, reliable.Datagram{Seq: seq, Last: seq, Buf: uint32(slot), Len: n})
 		} else if dq == p.ud {
 			p.postUD(vc, remote, slot, n)
 		} else {
@@ -208,8 +209,7 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type
 	if t == wire.Credit && vc.nackDue.Swap(false) {
 		// The gap goes with the acknowledgement just stamped, unless a
 		// resend filled it meanwhile.
-		r := vc.reliability()
-		if end := r.gapEnd.Load(); int32(end-b.Ack()) > 0 {
+		if end := vc.reliability().rx.GapEnd(); int32(end-b.Ack()) > 0 {
 			b.SetGap(end)
 		}
 	}
