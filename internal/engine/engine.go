@@ -101,7 +101,7 @@ type Engine struct {
 	busyFloor busyFloor // see PollerStats
 }
 
-// New opens an engine on cfg.Device: PD, buffer pool, SRQ (filled) and
+// New opens an engine on cfg.Device: PD, buffer pool, SRQs (filled) and
 // pollers.
 func New(cfg Config) (_ *Engine, err error) {
 	cfg, err = cfg.withDefaults()
@@ -124,15 +124,37 @@ func New(cfg Config) (_ *Engine, err error) {
 			err = errors.Join(err, e.release())
 		}
 	}()
+	for _, step := range []func() error{e.openPD, e.openPool, e.openPollers, e.fillSRQs} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range e.pollers {
+		p.started = true
+		go p.run()
+	}
+	e.log.V(1).Info("Engine started", "device", e.dev.Attr().Name, "gid", e.gid, "pollers", cfg.Pollers, "qpsPerPeer", cfg.QPsPerPeer, "recvBuffers", cfg.RecvBuffers)
+	return e, nil
+}
+
+// openPD reads the device's address and allocates the PD.
+func (e *Engine) openPD() (err error) {
 	if e.gid, err = e.dev.GID(0); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+		return fmt.Errorf("engine: %w", err)
 	}
 	if e.pd, err = e.dev.AllocPD(); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+		return fmt.Errorf("engine: %w", err)
 	}
 	if e.windows = e.dev.Attr().MaxMW > 0; !e.windows {
 		e.log.Info("The device has no type 2 memory windows: an exported region is reachable with its key on any QP of the device")
 	}
+	return nil
+}
+
+// openPool registers the buffer pool and creates the two SRQs its
+// receive classes fill.
+func (e *Engine) openPool() (err error) {
+	cfg := &e.cfg
 	// Send classes for small messages, control messages and whole chunks,
 	// then the receive buffers, all chunk-sized.
 	specs := []classSpec{
@@ -144,29 +166,36 @@ func New(cfg Config) (_ *Engine, err error) {
 	}
 	e.recvClass, e.dgramClass = len(specs)-2, len(specs)-1
 	if e.pool, err = newBufPool(e.pd, specs); err != nil {
-		return nil, err
+		return err
 	}
 	if e.srq, err = e.pd.CreateSRQ(&verbs.SRQInitAttr{MaxWR: uint32(cfg.RecvBuffers), MaxSGE: 1}); err != nil {
-		return nil, fmt.Errorf("engine: create SRQ: %w", err)
+		return fmt.Errorf("engine: create SRQ: %w", err)
 	}
 	if e.dsrq, err = e.pd.CreateSRQ(&verbs.SRQInitAttr{MaxWR: uint32(cfg.DgramBuffers), MaxSGE: 1}); err != nil {
-		return nil, fmt.Errorf("engine: create datagram SRQ: %w", err)
+		return fmt.Errorf("engine: create datagram SRQ: %w", err)
 	}
-	for i := 0; i < cfg.Pollers; i++ {
+	return nil
+}
+
+// openPollers creates the pollers, each with its CQ and UD QP; they start
+// once the SRQs are full.
+func (e *Engine) openPollers() error {
+	for i := 0; i < e.cfg.Pollers; i++ {
 		p, err := newPoller(e, i)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		e.pollers = append(e.pollers, p)
 		if err := p.openUD(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// Fill the SRQs.
-	for _, c := range []struct {
-		class int
-		srq   verbs.SRQ
-	}{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}} {
+	return nil
+}
+
+// fillSRQs posts every receive buffer to its SRQ.
+func (e *Engine) fillSRQs() error {
+	for _, c := range e.srqs() {
 		var wrs []verbs.RecvWR
 		for {
 			slot, ok := e.pool.get(c.class)
@@ -176,15 +205,21 @@ func New(cfg Config) (_ *Engine, err error) {
 			wrs = append(wrs, e.recvWR(slot))
 		}
 		if _, err := c.srq.PostRecv(wrs); err != nil {
-			return nil, fmt.Errorf("engine: fill SRQ: %w", err)
+			return fmt.Errorf("engine: fill SRQ: %w", err)
 		}
 	}
-	for _, p := range e.pollers {
-		p.started = true
-		go p.run()
-	}
-	e.log.V(1).Info("Engine started", "device", e.dev.Attr().Name, "gid", e.gid, "pollers", cfg.Pollers, "qpsPerPeer", cfg.QPsPerPeer, "recvBuffers", cfg.RecvBuffers)
-	return e, nil
+	return nil
+}
+
+// srqClass is an SRQ and the pool class of its buffers.
+type srqClass struct {
+	class int
+	srq   verbs.SRQ
+}
+
+// srqs are the engine's SRQs: the RC QPs', then the datagram one.
+func (e *Engine) srqs() [2]srqClass {
+	return [2]srqClass{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}}
 }
 
 func (e *Engine) recvWR(slot bufSlot) verbs.RecvWR {

@@ -73,7 +73,7 @@ type regions struct {
 	// is posted, whatever data still waits in the ring.
 	marks, posted uint64
 	unexportAcks  []unexportAck // confirmations to send; guarded by mu
-	op            oneSided
+	op            rdmaOp
 }
 
 // unexportAck is the confirmation of region id's unexport, due once the
@@ -91,23 +91,6 @@ func (vc *VConn) rg() *regions {
 	vc.regions.CompareAndSwap(nil, &regions{})
 	return vc.regions.Load()
 }
-
-// oneSided is a vconn's one-sided operation in progress (one at a time).
-type oneSided struct {
-	mu  sync.Mutex     // serialises Write and Read on the vconn
-	wrs []verbs.SendWR // the operation's WRs, posted at the ring's marker
-
-	cmu     sync.Mutex // guards the completion state below
-	pending int        // WRs not completed
-	reads   []uint32   // read destination offsets in dst, by post order
-	dst     []byte
-	err     error
-	done    chan struct{} // closed when pending reaches 0
-}
-
-// opMarker in a vconn's ring says "post the pending one-sided WRs here",
-// which keeps one-sided operations in order with the vconn's messages.
-const opMarker = ^bufSlot(0)
 
 // Export registers size bytes and exports them to the peer vconn with the
 // given access. The export reaches the peer before any message sent after
@@ -445,7 +428,7 @@ func (vc *VConn) onExport(h *wire.Header, payload []byte) error {
 
 // onUnexport forgets a region and confirms once the one-sided operations
 // queued before are posted: they reach the peer before the confirmation
-// (same QP, in order), and none can be queued after (oneSided checks the
+// (same QP, in order), and none can be queued after (queueOp checks the
 // region under rg.mu). Data queued before need not go first: it does not
 // touch the region, and it may wait for the peer's reader indefinitely.
 func (vc *VConn) onUnexport(h *wire.Header) {
@@ -544,189 +527,4 @@ func (e *Engine) releaseGraced() {
 		_ = r.release()
 	}
 	e.grace = nil
-}
-
-// Write copies data into the peer's region id at off with RDMA WRITE, and
-// returns when it is placed.
-func (vc *VConn) Write(ctx context.Context, id uint32, off uint64, data []byte) error {
-	return vc.oneSided(ctx, verbs.WRRDMAWrite, id, off, data)
-}
-
-// Read copies len(dst) bytes from the peer's region id at off with RDMA
-// READ.
-func (vc *VConn) Read(ctx context.Context, id uint32, off uint64, dst []byte) error {
-	return vc.oneSided(ctx, verbs.WRRDMARead, id, off, dst)
-}
-
-func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off uint64, buf []byte) error {
-	e := vc.e
-	if vc.state.Load() != stateOpen {
-		return fmt.Errorf("engine: one-sided operation on vconn %v: %w", vc.id, vc.stateErr())
-	}
-	rg := vc.rg()
-	rg.mu.Lock()
-	r, ok := rg.remote[id]
-	rg.mu.Unlock()
-	need := AccessWrite
-	if op == verbs.WRRDMARead {
-		need = AccessRead
-	}
-	switch {
-	case !ok:
-		return fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
-	case Access(r.Access)&need == 0:
-		return fmt.Errorf("engine: vconn %v region %d: %w: not exported for %v", vc.id, id, ErrRegionAccess, op)
-	case off > r.Length || uint64(len(buf)) > r.Length-off:
-		return fmt.Errorf("engine: vconn %v region %d: %w: %d bytes at %d outside its %d", vc.id, id, ErrRegionAccess, len(buf), off, r.Length)
-	}
-	o := &rg.op
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	per := e.cfg.ChunkSize
-	o.cmu.Lock()
-	o.wrs, o.reads, o.err, o.dst = o.wrs[:0], o.reads[:0], nil, buf
-	o.done = make(chan struct{})
-	o.cmu.Unlock()
-	var slots []bufSlot
-	for pos := 0; pos < len(buf) || pos == 0 && len(buf) == 0; pos += per {
-		n := min(per, len(buf)-pos)
-		slot, err := vc.getBuffer(ctx, max(n, 1), true)
-		if err != nil {
-			for _, s := range slots {
-				e.pool.put(s)
-			}
-			return err
-		}
-		slots = append(slots, slot)
-		if op == verbs.WRRDMAWrite {
-			copy(e.pool.bytes(slot), buf[pos:pos+n])
-		} else {
-			o.cmu.Lock()
-			o.reads = append(o.reads, uint32(pos))
-			o.cmu.Unlock()
-		}
-		o.wrs = append(o.wrs, verbs.SendWR{
-			WRID: wire.TagOf(uint32(slot)).WRID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
-			NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(n))},
-			RemoteAddr: r.Addr + off + uint64(pos), RKey: r.RKey,
-		})
-		if len(buf) == 0 {
-			break
-		}
-	}
-	o.cmu.Lock()
-	o.pending = len(o.wrs)
-	done := o.done
-	o.cmu.Unlock()
-	vc.sendMu.Lock()
-	err := vc.waitRing(ctx, true)
-	if err == nil {
-		// The region must still be exported when the marker goes in:
-		// the poller confirms an unexport only once the ring holds no
-		// marker queued before it, so a WR can never reach the peer
-		// after it deregistered the memory (a remote access error
-		// there would fail the shared QP and every vconn on it).
-		rg.mu.Lock()
-		now, still := rg.remote[id]
-		if still && now == r {
-			vc.push(newEntry(opMarker, 0))
-			rg.marks++
-		} else {
-			err = fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
-		}
-		rg.mu.Unlock()
-		if err == nil {
-			vc.schedule()
-		}
-	}
-	vc.sendMu.Unlock()
-	if err != nil {
-		o.cmu.Lock()
-		o.pending = 0
-		o.cmu.Unlock()
-		for _, s := range slots {
-			e.pool.put(s)
-		}
-		return err
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		// The WRs are queued or posted and will complete; their buffers
-		// come back then. The peer cannot be told to stop: the vconn fails.
-		vc.fail(fmt.Errorf("one-sided operation abandoned: %w", ctx.Err()))
-		<-done
-	}
-	o.cmu.Lock()
-	defer o.cmu.Unlock()
-	return o.err
-}
-
-// abandonOp ends an operation whose completions will not be seen: the
-// vconn was released (its vQPN may already have a new owner).
-func (vc *VConn) abandonOp(err error) {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return
-	}
-	o := &rg.op
-	o.cmu.Lock()
-	if o.pending > 0 {
-		o.pending = 0
-		if o.err == nil {
-			o.err = err
-		}
-		close(o.done)
-	}
-	o.cmu.Unlock()
-}
-
-// opCompleted is called by the poller for each one-sided WR's completion.
-func (vc *VConn) opCompleted(wc *verbs.WC, slot bufSlot) {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return
-	}
-	o := &rg.op
-	o.cmu.Lock()
-	defer o.cmu.Unlock()
-	if o.pending == 0 {
-		return // abandoned
-	}
-	if wc.Status != verbs.WCSuccess && o.err == nil {
-		o.err = fmt.Errorf("engine: vconn %v: %w", vc.id, wc.Err())
-	}
-	if wc.Opcode == verbs.WCRDMARead && len(o.reads) > 0 {
-		at := o.reads[0]
-		o.reads = o.reads[1:]
-		if wc.Status == verbs.WCSuccess {
-			copy(o.dst[at:], vc.e.pool.bytes(slot)[:min(uint32(len(o.dst))-at, uint32(vc.e.cfg.ChunkSize))])
-		}
-	}
-	o.pending--
-	if o.pending == 0 {
-		close(o.done)
-	}
-}
-
-// takeUnexportAcks appends to ids the confirmations the poller may send
-// now: those whose markers it posted. Only vc's poller calls it.
-func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return ids
-	}
-	rg.mu.Lock()
-	defer rg.mu.Unlock()
-	k := 0
-	for _, a := range rg.unexportAcks {
-		if a.after <= rg.posted {
-			ids = append(ids, a.id)
-		} else {
-			rg.unexportAcks[k] = a
-			k++
-		}
-	}
-	rg.unexportAcks = rg.unexportAcks[:k]
-	return ids
 }

@@ -25,7 +25,7 @@ type ring struct {
 type ringEntries [ringSize]ringEntry
 
 // ringEntry is a queued send: a buffer's slot and the length of what it
-// holds, or opMarker (region.go).
+// holds, or opMarker (onesided.go).
 type ringEntry uint64
 
 func newEntry(s bufSlot, n uint32) ringEntry { return ringEntry(s)<<32 | ringEntry(n) }

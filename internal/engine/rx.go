@@ -2,12 +2,15 @@ package engine
 
 import (
 	"errors"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"net/netip"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
+
+// The receive path: every function here runs on the poller that polled
+// the receive (any poller may receive for any vconn).
 
 // onRecv handles a receive; vc is the vconn its imm_data named, looked up
 // by completeAll (nil: none, or a stale generation).
@@ -30,24 +33,8 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		p.reposts = append(p.reposts, slot)
 		return
 	}
-	b := e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
-	from, index := p.ingressOf(wc.QPN)
-	ud := p.isUD(wc.QPN)
-	if ud {
-		// A datagram: the sender's GID is in the GRH space. (Only UD
-		// receives have that space; a NIC may flag RC and UC receives
-		// over RoCE with a GRH too, but puts nothing in the buffer.)
-		// Without one, from stays zero, no peer's.
-		if wc.Flags&verbs.WCWithGRH != 0 && len(b) >= verbs.GRHSize {
-			from = grhSource(b[:verbs.GRHSize])
-			b = b[verbs.GRHSize:]
-		}
-	}
-	if vc.peer.gid != from || !ud && index != vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())) {
-		// A node naming a vconn that is not connected to it, a
-		// message on a QP no peer made toward us (our own send QPs
-		// receive nothing), or on one of the peer's QPs other than
-		// those its vconn sends on: dropped.
+	b, ud, ok := p.admit(wc, vc, slot)
+	if !ok {
 		p.reject(RejectPeer)
 		p.reposts = append(p.reposts, slot)
 		return
@@ -72,32 +59,61 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 			vc.onGap(end)
 		}
 	}
+	p.dispatch(vc, &h, slot, b[wire.HeaderLen:])
+}
+
+// admit returns the message a receive holds (past the GRH space of a
+// datagram) and whether it came on a QP of vc's transport (ud: a UD QP),
+// and ok, false for a message from a node or QP that vc does not hear
+// from: a node naming a vconn that is not connected to it, a message on a
+// QP no peer made toward us (our own send QPs receive nothing), or on one
+// of the peer's QPs other than those its vconn sends on.
+func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud, ok bool) {
+	e := p.e
+	b = e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
+	from, index := p.ingressOf(wc.QPN)
+	ud = p.isUD(wc.QPN)
+	if ud {
+		// A datagram: the sender's GID is in the GRH space. (Only UD
+		// receives have that space; a NIC may flag RC and UC receives
+		// over RoCE with a GRH too, but puts nothing in the buffer.)
+		// Without one, from stays zero, no peer's.
+		if wc.Flags&verbs.WCWithGRH != 0 && len(b) >= verbs.GRHSize {
+			from = grhSource(b[:verbs.GRHSize])
+			b = b[verbs.GRHSize:]
+		}
+	}
+	ok = vc.peer.gid == from && (ud || index == vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())))
+	return b, ud, ok
+}
+
+// dispatch hands an admitted message with header h to what its type
+// needs; payload is what follows the header.
+func (p *poller) dispatch(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
 	switch h.Type {
 	case wire.Data:
-		p.onData(vc, &h, slot, b[wire.HeaderLen:])
+		p.onData(vc, h, slot, payload)
+		return
 	case wire.Bundle:
-		p.onBundle(vc, &h, slot, b[wire.HeaderLen:])
+		p.onBundle(vc, h, slot, payload)
+		return
+	}
+	// Control messages are read at once: their buffers go back now.
+	p.reposts = append(p.reposts, slot)
+	switch h.Type {
 	case wire.Fin:
-		p.reposts = append(p.reposts, slot)
 		vc.onPeerFin()
 	case wire.Reset:
-		p.reposts = append(p.reposts, slot)
 		vc.fail(ErrReset)
 	case wire.Export:
-		err := vc.onExport(&h, b[wire.HeaderLen:])
-		p.reposts = append(p.reposts, slot)
-		if err != nil {
-			e.stats.malformed.Add(1)
+		if err := vc.onExport(h, payload); err != nil {
+			p.e.stats.malformed.Add(1)
 			vc.fail(err)
 		}
 	case wire.Unexport:
-		p.reposts = append(p.reposts, slot)
-		vc.onUnexport(&h)
+		vc.onUnexport(h)
 	case wire.Unexported:
-		p.reposts = append(p.reposts, slot)
 		vc.onUnexported(h.Region())
-	default:
-		p.reposts = append(p.reposts, slot)
 	}
 }
 

@@ -111,10 +111,7 @@ func (p *poller) flushReposts() {
 		return
 	}
 	e := p.e
-	for _, c := range []struct {
-		class int
-		srq   verbs.SRQ
-	}{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}} {
+	for _, c := range e.srqs() {
 		wrs := p.recvWRs[:0]
 		for _, slot := range p.reposts {
 			if slot.class() == c.class {
