@@ -280,7 +280,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 			vc.fail(fmt.Errorf("%w: no acknowledgement after %d retransmissions", ErrPeerGone, reliable.MaxTries))
 			return false
 		}
-		if q := vc.dq; q.outstanding+len(q.batch) >= e.cfg.SQDepth || p.budget <= 0 {
+		if q := vc.dq; q.outstanding+len(q.batch) >= e.cfg.SQDepth || p.tx.budget <= 0 {
 			break
 		}
 		// The buffer goes again as it was, with the acknowledgement it

@@ -175,7 +175,7 @@ func (p *poller) onBundle(vc *VConn, h *wire.Header, slot bufSlot, payload []byt
 	if vc.reliability().rx.FirstCopy(h.Seq, vc.earlyWindow()) {
 		if !vc.takeCredit() {
 			p.overrun(vc)
-			p.reposts = append(p.reposts, slot)
+			p.rx.reposts = append(p.rx.reposts, slot)
 			return
 		}
 		credits = 1

@@ -11,50 +11,50 @@ import (
 // udFailed replaces a UD QP that went to ERR (datagrams in flight are
 // lost, as datagrams may be); the dead one is destroyed once drained.
 func (p *poller) udFailed(q *sendQP, err error) {
-	if q == p.ud {
+	if q == p.udq.qp {
 		p.e.log.Info("UD QP failed; replacing it", "qpn", q.qp.QPN(), "err", err)
-		p.deadUD = append(p.deadUD, q)
+		p.udq.dead = append(p.udq.dead, q)
 		if err := p.openUD(); err != nil {
 			p.e.log.Error(err, "Replacing the UD QP failed")
 		}
 	}
-	for i, x := range p.deadUD {
+	for i, x := range p.udq.dead {
 		if x == q && q.outstanding <= 0 {
 			p.sendQPs.Delete(q.qp.QPN())
 			_ = q.qp.Close()
-			p.deadUD = append(p.deadUD[:i], p.deadUD[i+1:]...)
+			p.udq.dead = append(p.udq.dead[:i], p.udq.dead[i+1:]...)
 			break
 		}
 	}
 }
 
-// completeAll dispatches the n completions polled into p.wcs. The vconns
+// completeAll dispatches the n completions polled into p.rx.wcs. The vconns
 // receives name are looked up (and their hot lines read) in a first pass,
 // for the reason touch gives. A vconn found here and released before its
 // message is handled is the old owner still, never a new one: the message
 // is dropped as on any closed vconn.
 func (p *poller) completeAll(n int) {
-	for i := range p.wcs[:n] {
-		wc := &p.wcs[i]
-		p.rxVC[i] = nil
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
+		p.rx.vcs[i] = nil
 		if wc.Opcode&verbs.WCRecv != 0 && wc.Status == verbs.WCSuccess && wc.Flags&verbs.WCWithImm != 0 {
 			if vc, ok := p.e.vconns.Lookup(vqpn.FromImm(wc.ImmData)); ok {
-				p.rxVC[i] = vc
+				p.rx.vcs[i] = vc
 			}
 		}
 	}
 	var x uint32
-	for _, vc := range p.rxVC[:n] {
+	for _, vc := range p.rx.vcs[:n] {
 		if vc != nil {
 			x += vc.state.Load() + vc.remote.Load() // the two hot lines
 		}
 	}
-	p.sink += x
-	for i := range p.wcs[:n] {
-		wc := &p.wcs[i]
+	p.rx.sink += x
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
 		if wc.Opcode&verbs.WCRecv != 0 {
-			p.onRecv(wc, p.rxVC[i])
-			p.rxVC[i] = nil
+			p.onRecv(wc, p.rx.vcs[i])
+			p.rx.vcs[i] = nil
 			continue
 		}
 		p.onSend(wc)
@@ -101,7 +101,7 @@ func (p *poller) onSend(wc *verbs.WC) {
 		e.windowDone(wc)
 		return
 	}
-	p.budget++
+	p.tx.budget++
 	v, _ := p.sendQPs.Load(wc.QPN)
 	q, _ := v.(*sendQP)
 	if q != nil {

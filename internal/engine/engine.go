@@ -130,7 +130,7 @@ func New(cfg Config) (_ *Engine, err error) {
 		}
 	}
 	for _, p := range e.pollers {
-		p.started = true
+		p.loop.started = true
 		go p.run()
 	}
 	e.log.V(1).Info("Engine started", "device", e.dev.Attr().Name, "gid", e.gid, "pollers", cfg.Pollers, "qpsPerPeer", cfg.QPsPerPeer, "recvBuffers", cfg.RecvBuffers)
@@ -230,7 +230,7 @@ func (e *Engine) recvWR(slot bufSlot) verbs.RecvWR {
 func (e *Engine) UDQPNs() []uint32 {
 	q := make([]uint32, len(e.pollers))
 	for i, p := range e.pollers {
-		q[i] = p.ud.qp.QPN()
+		q[i] = p.udq.qp.qp.QPN()
 	}
 	return q
 }

@@ -94,7 +94,7 @@ type sendQP struct {
 	backlog     atomic.Int32
 	maxBacklog  int32
 	throttled   atomic.Bool   // a sender waits on unthrottled
-	unthrottled chan struct{} // guarded by p.mu
+	unthrottled chan struct{} // guarded by p.inbox.mu
 	runHead     int
 	active      bool // poller-owned: on the poller's active list
 	failed      bool // guarded by peer.mu

@@ -176,7 +176,7 @@ func (p *poller) pin(m *Message) {
 	copy(data, m.Data)
 	if !m.shared || e.pool.unshare(m.slot) {
 		e.unholdBundle(m.slot, m.shared)
-		p.reposts = append(p.reposts, m.slot)
+		p.rx.reposts = append(p.rx.reposts, m.slot)
 	} else {
 		m.credits = 0 // the bundle's, returned with its buffer
 	}

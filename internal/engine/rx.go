@@ -24,30 +24,30 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		if wc.Status != verbs.WCWRFlushErr {
 			e.stats.malformed.Add(1)
 		}
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	if vc == nil {
 		// Closed (stale generation) or never opened: counted by the
 		// table's lookup, dropped.
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	b, ud, ok := p.admit(wc, vc, slot)
 	if !ok {
 		p.reject(RejectPeer)
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	var h wire.Header
 	if err := h.Parse(b); err != nil {
 		e.stats.malformed.Add(1)
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	if slot.class() == e.dgramClass && !dgramAllowed(h.Type, vc.tr, ud) {
 		p.reject(RejectTransport)
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	if !vc.grant(h.Credit) {
@@ -99,7 +99,7 @@ func (p *poller) dispatch(vc *VConn, h *wire.Header, slot bufSlot, payload []byt
 		return
 	}
 	// Control messages are read at once: their buffers go back now.
-	p.reposts = append(p.reposts, slot)
+	p.rx.reposts = append(p.rx.reposts, slot)
 	switch h.Type {
 	case wire.Fin:
 		vc.onPeerFin()
@@ -152,10 +152,10 @@ func grhSource(grh []byte) (g verbs.GID) {
 // isUD reports whether qpn is one of the poller's UD QPs, the live one or
 // one failed and draining.
 func (p *poller) isUD(qpn uint32) bool {
-	if p.ud != nil && p.udQPN == qpn {
+	if p.udq.qp != nil && p.udq.qpn == qpn {
 		return true
 	}
-	for _, q := range p.deadUD {
+	for _, q := range p.udq.dead {
 		if q.qp.QPN() == qpn {
 			return true
 		}
@@ -184,7 +184,7 @@ func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte)
 		// Unreliable transports: whole messages only, no credits.
 		if !first || !last || uint32(len(payload)) != h.Length {
 			e.stats.malformed.Add(1)
-			p.reposts = append(p.reposts, slot)
+			p.rx.reposts = append(p.rx.reposts, slot)
 			return
 		}
 		m.Data, m.slot, m.credits = payload, slot, 0
@@ -199,7 +199,7 @@ func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte)
 	// Reliable data: every chunk took a receive credit.
 	if !vc.takeCredit() {
 		p.overrun(vc)
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	if first && last {
@@ -226,7 +226,7 @@ func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte)
 	}
 	copy(vc.asm[vc.asmOff:], payload)
 	vc.asmOff += uint32(len(payload))
-	p.reposts = append(p.reposts, slot)
+	p.rx.reposts = append(p.rx.reposts, slot)
 	if !last {
 		vc.returnCredits(1) // the chunk is copied out: its buffer is free
 		return
@@ -254,7 +254,7 @@ func (p *poller) deliver(vc *VConn, h *wire.Header, m Message) {
 func (p *poller) malformed(vc *VConn, slot bufSlot) {
 	p.e.stats.malformed.Add(1)
 	if slot != noSlot {
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 	}
 	vc.returnCredits(1)
 	vc.fail(errors.New("engine: malformed message from peer"))

@@ -7,20 +7,20 @@ import (
 
 // enqueue puts a vconn on the run queue and wakes the poller if it sleeps.
 func (p *poller) enqueue(vc *VConn) {
-	p.mu.Lock()
-	p.runq = append(p.runq, vc)
-	p.queued.Store(true)
-	p.mu.Unlock()
+	p.inbox.mu.Lock()
+	p.inbox.runq = append(p.inbox.runq, vc)
+	p.inbox.queued.Store(true)
+	p.inbox.mu.Unlock()
 	p.kick()
 }
 
 // repostRecv queues a receive buffer for the SRQ.
 func (p *poller) repostRecv(slot bufSlot) {
-	p.mu.Lock()
-	p.repost = append(p.repost, slot)
-	n := len(p.repost)
-	p.queued.Store(true)
-	p.mu.Unlock()
+	p.inbox.mu.Lock()
+	p.inbox.repost = append(p.inbox.repost, slot)
+	n := len(p.inbox.repost)
+	p.inbox.queued.Store(true)
+	p.inbox.mu.Unlock()
 	if n == 1 || n >= 32 {
 		p.kick()
 	}
@@ -32,7 +32,7 @@ func (p *poller) took(vc *VConn) {
 		vc.uncounted-- // taken off the backlog when vc stalled
 		return
 	}
-	p.popped++
+	p.sched.popped++
 }
 
 // throttle blocks a sender while its QP's backlog is full; it returns
@@ -45,22 +45,22 @@ func (p *poller) took(vc *VConn) {
 // is not full.
 func (q *sendQP) throttle(ctx context.Context) error {
 	p := q.p
-	for q.backlog.Load() >= q.maxBacklog && !p.stopping.Load() {
-		p.mu.Lock()
+	for q.backlog.Load() >= q.maxBacklog && !p.loop.stopping.Load() {
+		p.inbox.mu.Lock()
 		q.throttled.Store(true)
-		if q.backlog.Load() < q.maxBacklog || p.stopping.Load() {
-			p.mu.Unlock()
+		if q.backlog.Load() < q.maxBacklog || p.loop.stopping.Load() {
+			p.inbox.mu.Unlock()
 			return nil
 		}
 		if q.unthrottled == nil {
 			q.unthrottled = make(chan struct{})
 		}
 		ch := q.unthrottled
-		p.mu.Unlock()
+		p.inbox.mu.Unlock()
 		p.kick()
 		select {
 		case <-ch:
-		case <-p.done:
+		case <-p.loop.done:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -77,13 +77,13 @@ func (q *sendQP) dequeued(n int32) {
 	}
 	if b := q.backlog.Add(-n); b <= q.maxBacklog/2 && q.throttled.Load() {
 		p := q.p
-		p.mu.Lock()
+		p.inbox.mu.Lock()
 		q.throttled.Store(false)
 		if q.unthrottled != nil {
 			close(q.unthrottled)
 			q.unthrottled = nil
 		}
-		p.mu.Unlock()
+		p.inbox.mu.Unlock()
 	}
 }
 
@@ -92,15 +92,15 @@ func (p *poller) queue(vc *VConn) {
 	q := vc.sq
 	if !q.active {
 		q.active = true
-		p.active = append(p.active, q)
+		p.sched.active = append(p.sched.active, q)
 	}
 	q.runq = append(q.runq, vc)
 }
 
 // serveQP serves q's run queue in order until a vconn cannot go on for
-// lack of room (it went on p.later, and so to the queue's tail next round).
+// lack of room (it went on p.sched.later, and so to the queue's tail next round).
 func (p *poller) serveQP(q *sendQP) {
-	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.budget <= 0 {
+	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 {
 		return // no room: the queue waits for completions
 	}
 	i := q.runHead
@@ -112,14 +112,14 @@ func (p *poller) serveQP(q *sendQP) {
 		q.runq[i] = nil
 		i++
 		vc.scheduled.Store(false)
-		n := len(p.later)
+		n := len(p.sched.later)
 		p.serve(vc)
-		if len(p.later) > n {
+		if len(p.sched.later) > n {
 			break
 		}
 	}
-	q.dequeued(p.popped)
-	p.popped = 0
+	q.dequeued(p.sched.popped)
+	p.sched.popped = 0
 	switch {
 	case i == len(q.runq):
 		q.runq, q.runHead = q.runq[:0], 0
@@ -152,5 +152,5 @@ func (p *poller) touch(vcs []*VConn) {
 			x += uint32(wire.Raw(pool.bytes(ent.slot())).Type())
 		}
 	}
-	p.sink += x
+	p.rx.sink += x
 }

@@ -54,7 +54,7 @@ func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
 
 // drain moves the vconn's queued buffers into work requests until the ring
 // is empty, the peer's credits run out (it reports stalled then) or the
-// QP has no room (the vconn waits on p.later).
+// QP has no room (the vconn waits on p.sched.later).
 func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 	e := p.e
 	for {
@@ -75,7 +75,7 @@ func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 			p.creditStall(vc)
 			return true // the peer's grant reschedules us
 		}
-		if dq.outstanding+len(dq.batch) >= e.cfg.SQDepth || p.budget <= 0 {
+		if dq.outstanding+len(dq.batch) >= e.cfg.SQDepth || p.tx.budget <= 0 {
 			p.deferVC(vc)
 			return false
 		}
@@ -101,7 +101,7 @@ func (p *poller) route(vc *VConn, b wire.Raw, n uint32) (dq *sendQP, auto, credi
 	if data {
 		switch vc.tr {
 		case UD:
-			dq = p.ud
+			dq = p.udq.qp
 		case UC:
 			dq = vc.dq
 		}
@@ -121,14 +121,14 @@ func (p *poller) creditStall(vc *VConn) {
 	p.e.stats.creditStalls.Add(1)
 	if k := int32(vc.ring.len()) - vc.uncounted; k > 0 {
 		vc.uncounted += k
-		p.popped += k
+		p.sched.popped += k
 	}
 }
 
 // deferVC has a vconn that found no room wait for the next round, behind
 // the QP's run queue.
 func (p *poller) deferVC(vc *VConn) {
-	p.later = append(p.later, vc)
+	p.sched.later = append(p.sched.later, vc)
 	vc.scheduled.Store(true)
 }
 
@@ -138,7 +138,7 @@ func (p *poller) postMarker(vc *VConn) bool {
 	q := vc.sq
 	rg := vc.regions.Load()
 	o := &rg.op
-	if q.outstanding+len(q.batch)+len(o.wrs) > p.e.cfg.SQDepth || p.budget < len(o.wrs) {
+	if q.outstanding+len(q.batch)+len(o.wrs) > p.e.cfg.SQDepth || p.tx.budget < len(o.wrs) {
 		p.deferVC(vc)
 		return false
 	}
@@ -165,7 +165,7 @@ func (p *poller) sendQueued(vc *VConn, remote vqpn.ID, dq *sendQP, auto bool, sl
 	case auto:
 		seq := b.Seq()
 		p.sendReliable(vc, remote, reliable.Datagram{Seq: seq, Last: seq, Buf: uint32(slot), Len: n})
-	case dq == p.ud:
+	case dq == p.udq.qp:
 		p.postUD(vc, remote, slot, n)
 	default:
 		p.post(dq, vc, remote, slot, n)
@@ -212,8 +212,8 @@ func (p *poller) confirmUnexports(q *sendQP, vc *VConn, remote vqpn.ID) {
 	if vc.regions.Load() == nil {
 		return
 	}
-	p.confirm = vc.takeUnexportAcks(p.confirm[:0])
-	for _, id := range p.confirm {
+	p.tx.confirm = vc.takeUnexportAcks(p.tx.confirm[:0])
+	for _, id := range p.tx.confirm {
 		p.controlRegion(q, vc, remote, wire.Unexported, id)
 	}
 }
@@ -228,7 +228,7 @@ func (p *poller) control(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type) {
 func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type, region uint32) {
 	e := p.e
 	var slot bufSlot
-	ok := q.outstanding+len(q.batch) < e.cfg.SQDepth && p.budget > 0
+	ok := q.outstanding+len(q.batch) < e.cfg.SQDepth && p.tx.budget > 0
 	if ok {
 		slot, ok = e.pool.get(0)
 	}

@@ -147,12 +147,12 @@ func (p *poller) countSent(tr Transport, msgs, bytes int) {
 // the poller's coarse clock, which a busy round resets, so a period costs
 // one or two clock reads whatever its length.
 func (p *poller) beginBusy() {
-	p.busy = true
+	p.loop.busy = true
 	p.st.busyFrom.Store(int64(p.clock().Sub(p.e.epoch)) + 1) // never 0
 }
 
 func (p *poller) endBusy() {
-	p.busy = false
+	p.loop.busy = false
 	from := p.st.busyFrom.Load() - 1
 	// Cleared before the period is added, so a reader that sees busyFrom
 	// unchanged on both sides of its busyNs load saw busyNs without it.

@@ -41,15 +41,15 @@ func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	wr := p.sendWR(vc, remote, slot, n)
 	wr.AH, wr.RemoteQPN = vc.peer.udRoute(int(vc.id.VQPN()))
 	wr.RemoteQKey = p.e.cfg.QKey
-	p.postWR(p.ud, wr)
+	p.postWR(p.udq.qp, wr)
 }
 
 func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
 	q.batch = append(q.batch, wr)
-	p.budget--
+	p.tx.budget--
 	if !q.queued {
 		q.queued = true
-		p.dirty = append(p.dirty, q)
+		p.tx.dirty = append(p.tx.dirty, q)
 	}
 }
 
@@ -58,8 +58,8 @@ func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
 func (p *poller) flushSends() bool {
 	e := p.e
 	posted := false
-	for i, q := range p.dirty {
-		p.dirty[i] = nil
+	for i, q := range p.tx.dirty {
+		p.tx.dirty[i] = nil
 		q.queued = false
 		if len(q.batch) == 0 {
 			continue
@@ -76,7 +76,7 @@ func (p *poller) flushSends() bool {
 			clear(q.batch[rest:])
 			q.batch = q.batch[:rest]
 			q.queued = true
-			p.dirty[i] = q
+			p.tx.dirty[i] = q
 			continue
 		}
 		if err != nil {
@@ -85,7 +85,7 @@ func (p *poller) flushSends() bool {
 			for _, wr := range q.batch[n:] {
 				id, tag := wire.SplitWRID(wr.WRID)
 				p.sent(tag)
-				p.budget++
+				p.tx.budget++
 				if vc, ok := e.vconns.Lookup(id); ok {
 					vc.fail(fmt.Errorf("%w: %w", ErrQPFailed, err))
 				}
@@ -96,29 +96,29 @@ func (p *poller) flushSends() bool {
 		q.batch = q.batch[:0]
 	}
 	k := 0
-	for _, q := range p.dirty {
+	for _, q := range p.tx.dirty {
 		if q != nil {
-			p.dirty[k] = q
+			p.tx.dirty[k] = q
 			k++
 		}
 	}
-	p.dirty = p.dirty[:k]
+	p.tx.dirty = p.tx.dirty[:k]
 	return posted
 }
 
 func (p *poller) flushReposts() {
-	if len(p.reposts) == 0 {
+	if len(p.rx.reposts) == 0 {
 		return
 	}
 	e := p.e
 	for _, c := range e.srqs() {
-		wrs := p.recvWRs[:0]
-		for _, slot := range p.reposts {
+		wrs := p.rx.recvWRs[:0]
+		for _, slot := range p.rx.reposts {
 			if slot.class() == c.class {
 				wrs = append(wrs, e.recvWR(slot))
 			}
 		}
-		p.recvWRs = wrs
+		p.rx.recvWRs = wrs
 		if len(wrs) == 0 {
 			continue
 		}
@@ -126,5 +126,5 @@ func (p *poller) flushReposts() {
 			e.log.Error(err, "Reposting receive buffers failed", "buffers", len(wrs))
 		}
 	}
-	p.reposts = p.reposts[:0]
+	p.rx.reposts = p.rx.reposts[:0]
 }
