@@ -32,7 +32,7 @@ func (p *poller) udFailed(q *sendQP, err error) {
 // receives name are looked up (and their hot lines read) in a first pass,
 // for the reason touch gives. A vconn found here and released before its
 // message is handled is the old owner still, never a new one: the message
-// is dropped as on any closed vconn.
+// is dropped as on any closed vconn. The poller only.
 func (p *poller) completeAll(n int) {
 	for i := range p.rx.wcs[:n] {
 		wc := &p.rx.wcs[i]
@@ -61,7 +61,8 @@ func (p *poller) completeAll(n int) {
 	}
 }
 
-// sent gives back the buffer of a SEND whose wr_id carried tag.
+// sent gives back the buffer of a SEND whose wr_id carried tag. The
+// poller that posted it (its completion comes to the same CQ).
 func (p *poller) sent(tag wire.Tag) {
 	slot, gather := bufSlot(tag.Slot()), tag.Has(wire.TagGather)
 	if !tag.Has(wire.TagShared) {
@@ -72,7 +73,7 @@ func (p *poller) sent(tag wire.Tag) {
 }
 
 // unref drops an owner of a shared send buffer (bufPool.share) and frees it
-// after the last.
+// after the last. The poller that owns the buffer's sends.
 func (p *poller) unref(slot bufSlot, gather bool) {
 	if p.e.pool.unshare(slot) {
 		p.free(slot, gather)
@@ -80,7 +81,7 @@ func (p *poller) unref(slot bufSlot, gather bool) {
 }
 
 // free puts a send buffer back; for a gathered bundle's header buffer
-// (gather), the buffers of its messages too.
+// (gather), the buffers of its messages too. The poller only.
 func (p *poller) free(slot bufSlot, gather bool) {
 	e := p.e
 	if gather {
@@ -93,6 +94,8 @@ func (p *poller) free(slot bufSlot, gather bool) {
 	e.pool.put(slot)
 }
 
+// onSend handles a send completion: the buffer back, the message counted,
+// a FIN's or a one-sided operation's waiter told. The poller only.
 func (p *poller) onSend(wc *verbs.WC) {
 	e := p.e
 	if wc.WRID>>32 == 0 {

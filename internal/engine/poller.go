@@ -168,6 +168,7 @@ func (p *poller) openUD() error {
 	return nil
 }
 
+// kick wakes the poller if it sleeps. Any goroutine.
 func (p *poller) kick() {
 	if p.loop.sleeping.Load() {
 		var one [8]byte

@@ -192,7 +192,8 @@ func (e *Engine) unholdBundle(slot bufSlot, shared bool) {
 	}
 }
 
-// Release returns the message's buffer and its receive credits.
+// Release returns the message's buffer and its receive credits. Any
+// goroutine, once per message.
 func (m Message) Release() {
 	vc := m.vc
 	if vc == nil {

@@ -6,6 +6,7 @@ import (
 )
 
 // enqueue puts a vconn on the run queue and wakes the poller if it sleeps.
+// Any goroutine (through VConn.schedule): it takes inbox.mu.
 func (p *poller) enqueue(vc *VConn) {
 	p.inbox.mu.Lock()
 	p.inbox.runq = append(p.inbox.runq, vc)
@@ -14,7 +15,8 @@ func (p *poller) enqueue(vc *VConn) {
 	p.kick()
 }
 
-// repostRecv queues a receive buffer for the SRQ.
+// repostRecv queues a receive buffer for the SRQ. Any goroutine (a
+// reader's Release): it takes inbox.mu.
 func (p *poller) repostRecv(slot bufSlot) {
 	p.inbox.mu.Lock()
 	p.inbox.repost = append(p.inbox.repost, slot)
@@ -26,7 +28,8 @@ func (p *poller) repostRecv(slot bufSlot) {
 	}
 }
 
-// took accounts for an entry taken from vc's ring.
+// took accounts for an entry taken from vc's ring. The poller, which
+// consumes the ring.
 func (p *poller) took(vc *VConn) {
 	if vc.uncounted > 0 {
 		vc.uncounted-- // taken off the backlog when vc stalled
@@ -42,7 +45,7 @@ func (p *poller) took(vc *VConn) {
 // buffer pool (16,384 small buffers) made every message a handful of
 // cache misses. Bounding it keeps what the poller serves warm (as byte
 // queue limits bound a NIC's queue), and costs senders nothing while it
-// is not full.
+// is not full. The sender's goroutine, before it takes sendMu.
 func (q *sendQP) throttle(ctx context.Context) error {
 	p := q.p
 	for q.backlog.Load() >= q.maxBacklog && !p.loop.stopping.Load() {
@@ -71,6 +74,7 @@ func (q *sendQP) throttle(ctx context.Context) error {
 
 // dequeued takes n messages the poller took from the rings of q's vconns
 // off q's backlog, and wakes throttled senders once it is down to half.
+// q's poller only.
 func (q *sendQP) dequeued(n int32) {
 	if n == 0 {
 		return
@@ -87,7 +91,7 @@ func (q *sendQP) dequeued(n int32) {
 	}
 }
 
-// queue appends vc to its QP's run queue.
+// queue appends vc to its QP's run queue. The poller only.
 func (p *poller) queue(vc *VConn) {
 	q := vc.sq
 	if !q.active {
@@ -98,7 +102,8 @@ func (p *poller) queue(vc *VConn) {
 }
 
 // serveQP serves q's run queue in order until a vconn cannot go on for
-// lack of room (it went on p.sched.later, and so to the queue's tail next round).
+// lack of room (it went on p.sched.later, and so to the queue's tail next
+// round). The poller only.
 func (p *poller) serveQP(q *sendQP) {
 	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 {
 		return // no room: the queue waits for completions
@@ -139,7 +144,8 @@ const touchAhead = 16
 // touch reads the hot cache lines of vconns about to be served. With many
 // vconns each is touched about once per message, long after the last time,
 // so it is rarely in cache; loads that do not depend on each other let the
-// CPU wait for those misses together instead of one after another.
+// CPU wait for those misses together instead of one after another. The
+// poller only; it only reads.
 func (p *poller) touch(vcs []*VConn) {
 	var x uint32
 	for _, vc := range vcs {

@@ -85,7 +85,8 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	return true, nil
 }
 
-// push queues a ring entry; the caller holds sendMu and checked free.
+// push queues a ring entry; the caller (the vconn's sender) holds sendMu
+// and checked free.
 func (vc *VConn) push(ent ringEntry) {
 	vc.ring.push(&vc.ents, ent)
 	vc.sq.backlog.Add(1)
@@ -156,7 +157,8 @@ func (vc *VConn) sendable(ctx context.Context) error {
 	return nil
 }
 
-// wakeSender wakes a producer waiting for ring space.
+// wakeSender wakes a producer waiting for ring space. The poller, as it
+// consumes the ring; or whoever fails or releases the vconn.
 func (vc *VConn) wakeSender() {
 	// Load before Swap: the common case (nobody waits) stays a read.
 	if vc.txWaiting.Load() && vc.txWaiting.Swap(false) {
@@ -167,7 +169,8 @@ func (vc *VConn) wakeSender() {
 	}
 }
 
-// schedule puts the vconn on its poller's run queue.
+// schedule puts the vconn on its poller's run queue, once until served.
+// Any goroutine.
 func (vc *VConn) schedule() {
 	if !vc.scheduled.Swap(true) {
 		vc.sq.p.enqueue(vc)

@@ -11,7 +11,7 @@ import (
 
 // sendWR is the SEND_WITH_IMM of n bytes of buffer slot for vc: wr_id
 // names the vconn and the buffer its completion frees, imm_data the
-// peer's vconn.
+// peer's vconn. The poller only, as all of this file.
 func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs.SendWR {
 	tag := wire.TagOf(uint32(slot))
 	switch b := wire.Raw(p.e.pool.bytes(slot)); b.Type() {
@@ -32,6 +32,7 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs
 	}
 }
 
+// post adds the SEND of n bytes of slot to q's batch.
 func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	p.postWR(q, p.sendWR(vc, remote, slot, n))
 }
@@ -44,6 +45,8 @@ func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	p.postWR(p.udq.qp, wr)
 }
 
+// postWR adds wr to q's batch, posted at the end of the round
+// (flushSends), and counts it against the CQ's budget.
 func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
 	q.batch = append(q.batch, wr)
 	p.tx.budget--
@@ -106,6 +109,8 @@ func (p *poller) flushSends() bool {
 	return posted
 }
 
+// flushReposts gives the round's released receive buffers back to their
+// SRQs, a PostRecv per SRQ.
 func (p *poller) flushReposts() {
 	if len(p.rx.reposts) == 0 {
 		return
