@@ -366,16 +366,9 @@ func (e *Engine) Stats() Stats {
 	s.Peers = len(e.peers)
 	for _, p := range e.peers {
 		p.mu.Lock()
-		for _, q := range p.qps {
-			if q != nil {
-				s.QPs++
-			}
-		}
-		for _, q := range p.ucs {
-			if q != nil {
-				s.UCQPs++
-			}
-		}
+		rc, uc := p.countQPs()
+		s.QPs += rc
+		s.UCQPs += uc
 		s.IngressQPs += len(p.ingress)
 		p.mu.Unlock()
 	}

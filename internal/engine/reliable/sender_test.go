@@ -21,17 +21,17 @@ func TestSenderFreeAcked(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		start uint32
-		sizes []uint32
 		ack   uint32
+		sizes []uint32
 		freed []uint32 // Bufs
 		left  int
 	}{
-		{"nothing covered", 10, []uint32{1, 1}, 10, nil, 2},
-		{"the first", 10, []uint32{1, 1, 1}, 11, []uint32{100}, 2},
-		{"a bundle only whole", 10, []uint32{3, 1}, 12, nil, 2},
-		{"a bundle and one", 10, []uint32{3, 1}, 14, []uint32{100, 101}, 0},
-		{"across the wrap", ^uint32(0) - 1, []uint32{2, 2}, 2, []uint32{100, 101}, 0},
-		{"an old ack", 10, []uint32{1}, 5, nil, 1},
+		{"nothing covered", 10, 10, []uint32{1, 1}, nil, 2},
+		{"the first", 10, 11, []uint32{1, 1, 1}, []uint32{100}, 2},
+		{"a bundle only whole", 10, 12, []uint32{3, 1}, nil, 2},
+		{"a bundle and one", 10, 14, []uint32{3, 1}, []uint32{100, 101}, 0},
+		{"across the wrap", ^uint32(0) - 1, 2, []uint32{2, 2}, []uint32{100, 101}, 0},
+		{"an old ack", 10, 5, []uint32{1}, nil, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var s Sender
