@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"

@@ -2,8 +2,8 @@ package engine
 
 import (
 	"fmt"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )

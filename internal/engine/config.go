@@ -3,11 +3,11 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"time"
 
 	"github.com/go-logr/logr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )

@@ -3,7 +3,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )

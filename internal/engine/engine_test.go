@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"io"
 	"net/netip"
 	"testing"
@@ -14,6 +12,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"

@@ -3,12 +3,12 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )

@@ -3,9 +3,10 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"runtime"
 	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 )
 
 // Send sends one message, blocking while the vconn's queue is full (the
