@@ -226,6 +226,9 @@ func (e *Engine) recvWR(slot bufSlot) verbs.RecvWR {
 	return verbs.RecvWR{WRID: wire.RecvWRID(uint32(slot)), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
 }
 
+// recvSlot is the buffer of a receive's completion (its wr_id, recvWR).
+func recvSlot(wrid uint64) bufSlot { return bufSlot(wire.RecvSlot(wrid)) }
+
 // UDQPNs lists the engine's UD QPs, one per poller, for peers.
 func (e *Engine) UDQPNs() []uint32 {
 	q := make([]uint32, len(e.pollers))

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
 // roce4Device writes a UD receive's GRH space as the kernel does for RoCE
@@ -26,7 +25,7 @@ func roce4Device(d verbs.Device, ep *atomic.Pointer[Engine]) verbs.Device {
 			if e == nil || wc.Opcode != verbs.WCRecv || wc.Status != verbs.WCSuccess || wc.Flags&verbs.WCWithGRH == 0 {
 				continue
 			}
-			b := e.pool.bytes(bufSlot(wire.RecvSlot(wc.WRID)))
+			b := e.pool.bytes(recvSlot(wc.WRID))
 			if b[0] != 0x60 { // not a UD receive: RC and UC put no GRH in the buffer
 				continue
 			}
@@ -51,7 +50,7 @@ func TestUDOverIPv4RoCE(t *testing.T) {
 	for _, tr := range []Transport{UD, Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			var pa, pb atomic.Pointer[Engine]
-			fb := softwire.NewFabric(softwire.Faults{})
+			fb := wire.NewFabric(wire.Faults{})
 			t.Cleanup(func() { _ = fb.Close() })
 			ptrs := []*atomic.Pointer[Engine]{&pa, &pb}
 			k := 0

@@ -16,7 +16,7 @@ import (
 // by completeAll (nil: none, or a stale generation).
 func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	e := p.e
-	slot := bufSlot(wire.RecvSlot(wc.WRID))
+	slot := recvSlot(wc.WRID)
 	if !e.pool.valid(slot) {
 		return
 	}
