@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -36,7 +37,7 @@ type hostile struct {
 	out []verbs.QP
 }
 
-func newHostile(t testing.TB, fb *wire.Fabric, ip string) *hostile {
+func newHostile(t testing.TB, fb *softwire.Fabric, ip string) *hostile {
 	t.Helper()
 	gid := verbs.GIDFromAddr(netip.MustParseAddr(ip))
 	w, err := fb.Attach(gid)
@@ -153,11 +154,11 @@ func (h *hostile) ingressOf(e *Engine, t verbs.QPType, pool, index int) verbs.QP
 
 // send posts one message with the engine's header on qp (to a UD QP of
 // e when qp is the hostile's UD QP) and waits for its completion.
-func (h *hostile) send(qp verbs.QP, e *Engine, imm vqpn.ID, hd header, payload []byte) {
+func (h *hostile) send(qp verbs.QP, e *Engine, imm vqpn.ID, hd wire.Header, payload []byte) {
 	h.t.Helper()
-	b := make([]byte, headerLen+len(payload))
-	hd.put(b)
-	copy(b[headerLen:], payload)
+	b := make([]byte, wire.HeaderLen+len(payload))
+	hd.Put(b)
+	copy(b[wire.HeaderLen:], payload)
 	h.sendRaw(qp, e, vqpn.Imm(imm), b)
 }
 
@@ -252,7 +253,7 @@ func TestAttacks(t *testing.T) {
 }
 
 func testAttacks(t *testing.T, tr Transport) {
-	fb := wire.NewFabric(wire.Faults{})
+	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, b := testEnginesOn(t, fb, Config{QPsPerPeer: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -291,16 +292,16 @@ func testAttacks(t *testing.T, tr Transport) {
 	// Another tenant's vconn, named from the hostile node's QPs and as
 	// datagrams: FIN, RESET, data, an inflated grant. None is the
 	// victim's peer's.
-	fin, rst := controlHeader(msgFin), controlHeader(msgReset)
-	grant := controlHeader(msgCredit)
-	grant.credit = 1 << 30
-	data := dataHeader(5, 0, 0, false)
-	data.flags |= flagFirst | flagLast
+	fin, rst := wire.ControlHeader(wire.Fin), wire.ControlHeader(wire.Reset)
+	grant := wire.ControlHeader(wire.Credit)
+	grant.Credit = 1 << 30
+	data := wire.DataHeader(5, 0, 0, false)
+	data.Flags |= wire.FlagFirst | wire.FlagLast
 	before := a.RejectStats()[RejectPeer]
 	k := uint64(0)
-	for _, hd := range []header{fin, rst, data, grant} {
+	for _, hd := range []wire.Header{fin, rst, data, grant} {
 		payload := []byte(nil)
-		if hd.typ == msgData {
+		if hd.Type == wire.Data {
 			payload = []byte("spliced")[:5]
 		}
 		h.send(h.in, a, victimA.ID(), hd, payload)
@@ -329,15 +330,15 @@ func testAttacks(t *testing.T, tr Transport) {
 	h.send(h.in, a, own.ID(), grant, nil)
 	waitRejected(t, a, RejectGrant, 1)
 	if got, max := own.limit.Load(), lim+uint32(a.cfg.MaxCredits); int32(got-max) > 0 {
-		t.Fatalf("grant of %d took the limit from %d to %d; want at most %d", grant.credit, lim, got, max)
+		t.Fatalf("grant of %d took the limit from %d to %d; want at most %d", grant.Credit, lim, got, max)
 	}
 
 	// Sending past credits: the window's worth is queued, the next is
 	// refused and the vconn fails, its queue no longer than the window.
-	window := own.window.Load()
+	window := own.window.Size()
 	for i := range window + 1 {
-		d := dataHeader(4, i, 0, false)
-		d.flags |= flagFirst | flagLast
+		d := wire.DataHeader(4, i, 0, false)
+		d.Flags |= wire.FlagFirst | wire.FlagLast
 		h.send(h.in, a, own.ID(), d, []byte("flood"[:4]))
 	}
 	waitRejected(t, a, RejectCredit, 1)
@@ -361,7 +362,7 @@ func testAttacks(t *testing.T, tr Transport) {
 // 7, which sends on in1.
 func twoQPPeer(ctx context.Context, t *testing.T, ip string) (a *Engine, h *hostile, vc *VConn, in0, in1 verbs.QP) {
 	t.Helper()
-	fb := wire.NewFabric(wire.Faults{})
+	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, _ = testEnginesOn(t, fb, Config{})
 	h = newHostile(t, fb, ip)
@@ -387,9 +388,9 @@ func TestMessagesScopedToQP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, h, vc, in0, in1 := twoQPPeer(ctx, t, "10.9.0.68")
-	data := func(n uint32) header {
-		d := dataHeader(5, n, 0, false)
-		d.flags |= flagFirst | flagLast
+	data := func(n uint32) wire.Header {
+		d := wire.DataHeader(5, n, 0, false)
+		d.Flags |= wire.FlagFirst | wire.FlagLast
 		return d
 	}
 	before := a.RejectStats()[RejectPeer]
@@ -412,7 +413,7 @@ func TestMessagesScopedToQP(t *testing.T) {
 // TestStaleGenerationIgnored: a FIN or RESET that names a vconn's vQPN
 // with another generation (its previous owner's) leaves the vconn alone.
 func TestStaleGenerationIgnored(t *testing.T) {
-	fb := wire.NewFabric(wire.Faults{})
+	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, _ := testEnginesOn(t, fb, Config{})
 	h := newHostile(t, fb, "10.9.0.67")
@@ -432,11 +433,11 @@ func TestStaleGenerationIgnored(t *testing.T) {
 		if g == 0 {
 			continue
 		}
-		h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), controlHeader(msgReset), nil)
-		h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), controlHeader(msgFin), nil)
+		h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), wire.ControlHeader(wire.Reset), nil)
+		h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), wire.ControlHeader(wire.Fin), nil)
 	}
 	waitFor(t, func() bool { return a.Stats().StaleDropped >= stale+2 }, "stale drops")
 	// The right generation does reach it.
-	h.send(h.in, a, id, controlHeader(msgReset), nil)
+	h.send(h.in, a, id, wire.ControlHeader(wire.Reset), nil)
 	waitFor(t, func() bool { return errors.Is(vc.Err(), ErrReset) }, "the reset")
 }

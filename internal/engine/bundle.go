@@ -2,8 +2,9 @@ package engine
 
 import (
 	"encoding/binary"
-	"errors"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -20,9 +21,9 @@ import (
 // what they are given, a work request per message (per chunk), so that
 // what an application asks for is what the device sees.
 //
-// A bundle is a msgBundle header (length: the bytes after it; seq: its
+// A bundle is a wire.Bundle header (length: the bytes after it; seq: its
 // first message's; imm: how many messages) followed by the messages, each
-// with its own msgData header, as the sender queued them: copied after the
+// with its own wire.Data header, as the sender queued them: copied after the
 // header, or, for longer messages, gathered from their own buffers by the
 // work request (gatherMin). It is acknowledged and resent whole, and its
 // receive buffer is shared by the messages (bufPool.share) and reposted
@@ -32,8 +33,12 @@ import (
 // buffers whatever they carry, and a sender that runs out of credits
 // queues, and so bundles, more messages per credit.
 
-// maxBundle is the most messages one bundle carries: a ring's worth.
+// maxBundle is the most messages one bundle carries: a ring's worth, which
+// is what the format allows (the constant expressions below fail to
+// compile if the two part).
 const maxBundle = ringSize
+
+const _, _ = uint(maxBundle - wire.MaxBundle), uint(wire.MaxBundle - maxBundle)
 
 // gatherMin is the length (header included) from which queued messages
 // are bundled by gathering rather than copied: the bundle's work request
@@ -59,7 +64,7 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	if gather {
 		limit = min(limit, verbs.MaxSGE-1)
 	}
-	room := e.cfg.ChunkSize - headerLen
+	room := e.cfg.ChunkSize - wire.HeaderLen
 	k, total := 0, 0
 	for k < limit {
 		ent, ok := vc.ring.at(&vc.ents, k)
@@ -70,8 +75,8 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 		if slot == opMarker || total+int(n) > room {
 			break
 		}
-		b := rawHeader(e.pool.bytes(slot))
-		if b.typ() != msgData || !b.whole() || !vc.autoDgram(n) {
+		b := wire.Raw(e.pool.bytes(slot))
+		if b.Type() != wire.Data || !b.Whole() || !vc.autoDgram(n) {
 			break
 		}
 		total += int(n)
@@ -80,22 +85,22 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	if k < 2 {
 		return 0
 	}
-	size := headerLen + total
+	size := wire.HeaderLen + total
 	if gather {
-		size = headerLen + gatherLen*k
+		size = wire.HeaderLen + gatherLen*k
 	}
 	out, ok := e.pool.get(e.pool.class(size))
 	if !ok {
 		return 0
 	}
 	b := e.pool.bytes(out)
-	off := headerLen
+	off := wire.HeaderLen
 	var seq uint32
 	for i := 0; i < k; i++ {
 		ent, _ := vc.ring.peek(&vc.ents)
 		slot, n := ent.slot(), ent.len()
 		if i == 0 {
-			seq = rawHeader(e.pool.bytes(slot)).seq()
+			seq = wire.Raw(e.pool.bytes(slot)).Seq()
 		}
 		if gather {
 			putGathered(b, i, slot, n)
@@ -106,35 +111,36 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 		vc.ring.pop()
 		p.took(vc)
 	}
-	h := bundleHeader(seq, uint32(k), uint32(total))
-	h.put(b)
+	h := wire.BundleHeader(seq, uint32(k), uint32(total))
+	h.Put(b)
 	vc.stampCredit(b)
 	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
-	p.countSent(Auto, k, total-k*headerLen)
+	p.countSent(Auto, k, total-k*wire.HeaderLen)
 	e.stats.bundled.Add(uint64(k))
 	if gather {
 		e.stats.gathered.Add(uint64(k))
 	}
-	p.sendReliable(vc, remote, relMsg{seq: seq, last: seq + uint32(k-1), slot: out, n: uint32(size), gather: gather})
+	p.sendReliable(vc, remote, reliable.Datagram{Seq: seq, Last: seq + uint32(k-1), Buf: uint32(out), Len: uint32(size), Gather: gather})
 	return k
 }
 
-// bundleWR is the work request of a bundle (or of one message: see relMsg).
-func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *relMsg) verbs.SendWR {
-	if !u.gather {
-		return p.sendWR(vc, remote, u.slot, u.n)
+// bundleWR is the work request of a datagram: a bundle, or one message.
+func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram) verbs.SendWR {
+	slot := bufSlot(u.Buf)
+	if !u.Gather {
+		return p.sendWR(vc, remote, slot, u.Len)
 	}
 	e := p.e
-	b := e.pool.bytes(u.slot)
-	k := int(rawHeader(b).count())
+	b := e.pool.bytes(slot)
+	k := int(wire.Raw(b).Count())
 	wr := verbs.SendWR{
-		WRID:    (tagOf(u.slot) | tagSent | tagGather).wrID(vc.id),
+		WRID:    (wire.TagOf(u.Buf) | wire.TagSent | wire.TagGather).WRID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
 		ImmData: vqpn.Imm(remote),
 		NumSGE:  uint8(k + 1),
 	}
-	wr.SG[0] = e.pool.sge(u.slot, headerLen)
+	wr.SG[0] = e.pool.sge(slot, wire.HeaderLen)
 	for i := range k {
 		wr.SG[i+1] = e.pool.sge(gathered(b, i))
 	}
@@ -146,72 +152,37 @@ func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *relMsg) verbs.SendWR {
 const gatherLen = 8
 
 func putGathered(b []byte, i int, s bufSlot, n uint32) {
-	off := headerLen + gatherLen*i
+	off := wire.HeaderLen + gatherLen*i
 	binary.BigEndian.PutUint32(b[off:], uint32(s))
 	binary.BigEndian.PutUint32(b[off+4:], n)
 }
 
 func gathered(b []byte, i int) (bufSlot, uint32) {
-	off := headerLen + gatherLen*i
+	off := wire.HeaderLen + gatherLen*i
 	return bufSlot(binary.BigEndian.Uint32(b[off:])), binary.BigEndian.Uint32(b[off+4:])
 }
 
 // onBundle delivers the messages of a bundle. The bundle is checked whole
 // first: a malformed one fails the vconn and delivers nothing.
-func (p *poller) onBundle(vc *VConn, h *header, slot bufSlot, payload []byte) {
-	if vc.tr != Auto || slot.class() != p.e.dgramClass || checkBundle(h, payload) != nil {
+func (p *poller) onBundle(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
+	if vc.tr != Auto || slot.class() != p.e.dgramClass || wire.CheckBundle(h, payload) != nil {
 		p.malformed(vc, slot)
 		return
 	}
 	// The bundle took one credit, as it takes one receive buffer: it comes
 	// back with the buffer, after the last of its messages is released.
 	credits := uint32(0)
-	if vc.reliability().firstCopy(h.seq, p.e.cfg.MaxCredits) {
+	if vc.reliability().rx.FirstCopy(h.Seq, vc.earlyWindow()) {
 		if !vc.takeCredit() {
 			p.overrun(vc)
-			p.reposts = append(p.reposts, slot)
+			p.rx.reposts = append(p.rx.reposts, slot)
 			return
 		}
 		credits = 1
 	}
-	p.e.pool.share(slot, int32(h.count()))
-	eachBundled(payload, func(rh header, data []byte) {
-		imm, hasImm := rh.appImm()
-		vc.deliverSeq(p, rh.seq, Message{vc: vc, Data: data, Imm: imm, HasImm: hasImm, slot: slot, shared: true, credits: credits}, true)
-	})
-}
-
-var errBadBundle = errors.New("engine: malformed bundle")
-
-// checkBundle checks the messages of a bundle with header h: whole data
-// messages, h.count() of them (two or more), numbered on from h.seq, filling
-// the payload exactly.
-func checkBundle(h *header, payload []byte) error {
-	if uint32(len(payload)) != h.length || h.count() < 2 || h.count() > maxBundle {
-		return errBadBundle
-	}
-	var rh header
-	k := uint32(0)
-	for off := 0; off < len(payload); k++ {
-		if k == h.count() || rh.parse(payload[off:]) != nil || rh.typ != msgData || !rh.whole() ||
-			rh.seq != h.seq+k || int(rh.length) > len(payload)-off-headerLen {
-			return errBadBundle
-		}
-		off += headerLen + int(rh.length)
-	}
-	if k != h.count() {
-		return errBadBundle
-	}
-	return nil
-}
-
-// eachBundled hands each message of a checked bundle to visit.
-func eachBundled(payload []byte, visit func(rh header, data []byte)) {
-	for off := 0; off < len(payload); {
-		var rh header
-		_ = rh.parse(payload[off:])
-		off += headerLen
-		visit(rh, payload[off:off+int(rh.length):off+int(rh.length)])
-		off += int(rh.length)
+	p.e.pool.share(slot, int32(h.Count()))
+	for it := wire.Bundled(payload); it.Next(); {
+		imm, hasImm := it.Header.AppImm()
+		vc.deliverSeq(p, it.Header.Seq, Message{vc: vc, Data: it.Data, Imm: imm, HasImm: hasImm, slot: slot, shared: true, credits: credits}, true)
 	}
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"testing"
 	"time"
 
@@ -71,76 +70,6 @@ func TestBundles(t *testing.T) {
 	}
 }
 
-// bundleBytes builds a bundle of the given payloads, numbered from seq.
-func bundleBytes(seq uint32, payloads ...[]byte) (header, []byte) {
-	var body []byte
-	for i, p := range payloads {
-		var rh [headerLen]byte
-		(&header{typ: msgData, flags: flagFirst | flagLast, length: uint32(len(p)), seq: seq + uint32(i)}).put(rh[:])
-		body = append(append(body, rh[:]...), p...)
-	}
-	return header{typ: msgBundle, flags: flagFirst | flagLast, length: uint32(len(body)), seq: seq, imm: uint32(len(payloads))}, body
-}
-
-func TestCheckBundleRejects(t *testing.T) {
-	good := func() (header, []byte) { return bundleBytes(7, []byte("one"), []byte("two!"), nil) }
-	h, b := good()
-	if err := checkBundle(&h, b); err != nil {
-		t.Fatalf("a good bundle: %v", err)
-	}
-	var got []string
-	eachBundled(b, func(rh header, d []byte) { got = append(got, string(d)) })
-	if len(got) != 3 || got[1] != "two!" || got[2] != "" {
-		t.Fatalf("a good bundle's messages: %q", got)
-	}
-	for name, mutate := range map[string]func(h *header, b []byte) []byte{
-		"one message":       func(h *header, b []byte) []byte { h.imm = 1; return b },
-		"count too high":    func(h *header, b []byte) []byte { h.imm = 4; return b },
-		"count too low":     func(h *header, b []byte) []byte { h.imm = 2; return b },
-		"over the ring":     func(h *header, b []byte) []byte { h.imm = maxBundle + 1; return b },
-		"length off":        func(h *header, b []byte) []byte { h.length++; return b },
-		"truncated":         func(h *header, b []byte) []byte { h.length--; return b[:len(b)-1] },
-		"seq gap":           func(h *header, b []byte) []byte { binary.BigEndian.PutUint32(b[headerLen+3+12:], 99); return b },
-		"chunk inside":      func(h *header, b []byte) []byte { b[1] = flagFirst; return b },
-		"control inside":    func(h *header, b []byte) []byte { b[0] = byte(msgCredit); return b },
-		"record past end":   func(h *header, b []byte) []byte { binary.BigEndian.PutUint32(b[8:], 1000); return b },
-		"trailing garbage":  func(h *header, b []byte) []byte { h.length += 3; return append(b, 1, 2, 3) },
-		"bad record header": func(h *header, b []byte) []byte { b[2] = 1; return b },
-	} {
-		h, b := good()
-		b = mutate(&h, b)
-		if err := checkBundle(&h, b); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-	}
-}
-
-// FuzzBundle: checkBundle never panics, and what it accepts are messages
-// that fill the payload.
-func FuzzBundle(f *testing.F) {
-	h, b := bundleBytes(3, []byte("a"), []byte("bc"))
-	f.Add(h.seq, h.imm, b)
-	h, b = bundleBytes(^uint32(0), make([]byte, 100), nil, []byte{1})
-	f.Add(h.seq, h.imm, b)
-	f.Fuzz(func(t *testing.T, seq, count uint32, b []byte) {
-		h := header{typ: msgBundle, flags: flagFirst | flagLast, length: uint32(len(b)), seq: seq, imm: count}
-		if checkBundle(&h, b) != nil {
-			return
-		}
-		total, k := 0, uint32(0)
-		eachBundled(b, func(rh header, d []byte) {
-			if rh.seq != seq+k || int(rh.length) != len(d) {
-				t.Fatalf("message %d: seq %d, %d bytes for length %d", k, rh.seq, len(d), rh.length)
-			}
-			total += headerLen + len(d)
-			k++
-		})
-		if k != count || total != len(b) {
-			t.Fatalf("accepted %d of %d messages over %d of %d bytes", k, count, total, len(b))
-		}
-	})
-}
-
 // TestBundleCredits: a bundle takes one receive credit, as it takes one
 // receive buffer, and the credit comes back once, with the buffer, after
 // the last of its messages is released. With a small fixed window the
@@ -167,7 +96,7 @@ func TestBundleCredits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	taken, returned := va.sent, vb.consumed.Load()
+	taken, returned := va.sent, vb.window.Consumed()
 	t.Logf("%d messages, %d bundled, %d credits", n, s.Bundled, taken)
 	if s.Bundled == 0 || taken >= n {
 		t.Errorf("%d messages took %d credits (%d bundled): want fewer credits than messages", n, taken, s.Bundled)

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -10,60 +11,61 @@ import (
 // udFailed replaces a UD QP that went to ERR (datagrams in flight are
 // lost, as datagrams may be); the dead one is destroyed once drained.
 func (p *poller) udFailed(q *sendQP, err error) {
-	if q == p.ud {
+	if q == p.udq.qp {
 		p.e.log.Info("UD QP failed; replacing it", "qpn", q.qp.QPN(), "err", err)
-		p.deadUD = append(p.deadUD, q)
+		p.udq.dead = append(p.udq.dead, q)
 		if err := p.openUD(); err != nil {
 			p.e.log.Error(err, "Replacing the UD QP failed")
 		}
 	}
-	for i, x := range p.deadUD {
+	for i, x := range p.udq.dead {
 		if x == q && q.outstanding <= 0 {
 			p.sendQPs.Delete(q.qp.QPN())
 			_ = q.qp.Close()
-			p.deadUD = append(p.deadUD[:i], p.deadUD[i+1:]...)
+			p.udq.dead = append(p.udq.dead[:i], p.udq.dead[i+1:]...)
 			break
 		}
 	}
 }
 
-// completeAll dispatches the n completions polled into p.wcs. The vconns
+// completeAll dispatches the n completions polled into p.rx.wcs. The vconns
 // receives name are looked up (and their hot lines read) in a first pass,
 // for the reason touch gives. A vconn found here and released before its
 // message is handled is the old owner still, never a new one: the message
-// is dropped as on any closed vconn.
+// is dropped as on any closed vconn. The poller only.
 func (p *poller) completeAll(n int) {
-	for i := range p.wcs[:n] {
-		wc := &p.wcs[i]
-		p.rxVC[i] = nil
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
+		p.rx.vcs[i] = nil
 		if wc.Opcode&verbs.WCRecv != 0 && wc.Status == verbs.WCSuccess && wc.Flags&verbs.WCWithImm != 0 {
 			if vc, ok := p.e.vconns.Lookup(vqpn.FromImm(wc.ImmData)); ok {
-				p.rxVC[i] = vc
+				p.rx.vcs[i] = vc
 			}
 		}
 	}
 	var x uint32
-	for _, vc := range p.rxVC[:n] {
+	for _, vc := range p.rx.vcs[:n] {
 		if vc != nil {
 			x += vc.state.Load() + vc.remote.Load() // the two hot lines
 		}
 	}
-	p.sink += x
-	for i := range p.wcs[:n] {
-		wc := &p.wcs[i]
+	p.rx.sink += x
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
 		if wc.Opcode&verbs.WCRecv != 0 {
-			p.onRecv(wc, p.rxVC[i])
-			p.rxVC[i] = nil
+			p.onRecv(wc, p.rx.vcs[i])
+			p.rx.vcs[i] = nil
 			continue
 		}
 		p.onSend(wc)
 	}
 }
 
-// sent gives back the buffer of a SEND whose wr_id carried tag.
-func (p *poller) sent(tag sendTag) {
-	slot, gather := tag.slot(), tag.has(tagGather)
-	if !tag.has(tagShared) {
+// sent gives back the buffer of a SEND whose wr_id carried tag. The
+// poller that posted it (its completion comes to the same CQ).
+func (p *poller) sent(tag wire.Tag) {
+	slot, gather := bufSlot(tag.Slot()), tag.Has(wire.TagGather)
+	if !tag.Has(wire.TagShared) {
 		p.free(slot, gather)
 		return
 	}
@@ -71,7 +73,7 @@ func (p *poller) sent(tag sendTag) {
 }
 
 // unref drops an owner of a shared send buffer (bufPool.share) and frees it
-// after the last.
+// after the last. The poller that owns the buffer's sends.
 func (p *poller) unref(slot bufSlot, gather bool) {
 	if p.e.pool.unshare(slot) {
 		p.free(slot, gather)
@@ -79,12 +81,12 @@ func (p *poller) unref(slot bufSlot, gather bool) {
 }
 
 // free puts a send buffer back; for a gathered bundle's header buffer
-// (gather), the buffers of its messages too.
+// (gather), the buffers of its messages too. The poller only.
 func (p *poller) free(slot bufSlot, gather bool) {
 	e := p.e
 	if gather {
 		b := e.pool.bytes(slot)
-		for i := range int(rawHeader(b).count()) {
+		for i := range int(wire.Raw(b).Count()) {
 			s, _ := gathered(b, i)
 			e.pool.put(s)
 		}
@@ -92,6 +94,8 @@ func (p *poller) free(slot bufSlot, gather bool) {
 	e.pool.put(slot)
 }
 
+// onSend handles a send completion: the buffer back, the message counted,
+// a FIN's or a one-sided operation's waiter told. The poller only.
 func (p *poller) onSend(wc *verbs.WC) {
 	e := p.e
 	if wc.WRID>>32 == 0 {
@@ -100,14 +104,14 @@ func (p *poller) onSend(wc *verbs.WC) {
 		e.windowDone(wc)
 		return
 	}
-	p.budget++
+	p.tx.budget++
 	v, _ := p.sendQPs.Load(wc.QPN)
 	q, _ := v.(*sendQP)
 	if q != nil {
 		q.outstanding--
 	}
-	id, tag := splitWRID(wc.WRID)
-	slot := tag.slot()
+	id, tag := wire.SplitWRID(wc.WRID)
+	slot := bufSlot(tag.Slot())
 	if !e.pool.valid(slot) {
 		return
 	}
@@ -128,10 +132,10 @@ func (p *poller) onSend(wc *verbs.WC) {
 		}
 		return
 	}
-	if tag.has(tagSent) {
+	if tag.Has(wire.TagSent) {
 		e.stats.msgsSent.Add(1)
 	}
-	if tag.has(tagFin) {
+	if tag.Has(wire.TagFin) {
 		if vc, ok := e.vconns.Lookup(id); ok {
 			vc.onFinSent()
 		}

@@ -1,6 +1,13 @@
 // Package engine multiplexes many logical connections (vconns) over a few
 // shared queue pairs per peer node.
 //
+// Its pure logic lives in packages of its own, tested without verbs, as
+// quic-go keeps wire, flowcontrol and ackhandler: the formats of what
+// engines send each other and of their work requests' ids (wire), a
+// vconn's receive-credit window (credit), and Auto's sequencing,
+// acknowledgements and retransmission state (reliable). This package wires
+// them to the device: buffers, QPs, pollers, vconns.
+//
 // Per device, an Engine holds one PD, a registered buffer pool in size
 // classes, an SRQ shared by all its RC QPs, and pollers: goroutines that own
 // a CQ each, post the work the vconns queue (many WRs per doorbell), poll
@@ -34,7 +41,8 @@
 // which sends what fits a chunk as UC datagrams (bundled when several are
 // queued) under its own sequence numbers, cumulative acknowledgements (delayed, usually riding on credit
 // grants), gap reports that resend a loss at once and a retransmission
-// timeout for the rest, and longer messages over RC (auto.go).
+// timeout for the rest, and longer messages over RC (auto.go; the state
+// machine is package reliable).
 //
 // Scheduling is built for many vconns with little traffic each (100,000
 // vconns round-robin: about one message per vconn per pass), where what a
@@ -52,10 +60,10 @@
 //     vconns it serves, and of the vconns a polled batch of receives names,
 //     before handling them, so their misses overlap.
 //   - A SEND's wr_id tells its completion whether it counts as a message
-//     sent or is a FIN (sendTag, tag.go), so completions need neither the
+//     sent or is a FIN (wire.Tag), so completions need neither the
 //     buffer nor the vconn.
 //
-// Message framing: every SEND carries a 24-byte header (header.go) with the
+// Message framing: every SEND carries a 24-byte header (package wire) with the
 // message type, the sender's credit grant, the message length and sequence,
 // and the application's own immediate (imm_data itself is the vQPN). A
 // message longer than a receive buffer travels as several chunks on the same

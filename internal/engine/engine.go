@@ -9,6 +9,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -56,7 +58,7 @@ type Engine struct {
 
 	// windowBudget is the credit window growth vconns may still take,
 	// of the SRQ's receive buffers (0) and of the datagram SRQ's (1).
-	windowBudget [2]atomic.Int64
+	windowBudget [2]credit.Budget
 
 	// held counts, per SRQ (0: the RC QPs', 1: the datagram one's), the
 	// receive buffers that messages queued for the application keep
@@ -99,7 +101,7 @@ type Engine struct {
 	busyFloor busyFloor // see PollerStats
 }
 
-// New opens an engine on cfg.Device: PD, buffer pool, SRQ (filled) and
+// New opens an engine on cfg.Device: PD, buffer pool, SRQs (filled) and
 // pollers.
 func New(cfg Config) (_ *Engine, err error) {
 	cfg, err = cfg.withDefaults()
@@ -114,23 +116,45 @@ func New(cfg Config) (_ *Engine, err error) {
 		peers:  make(map[verbs.GID]*Peer),
 		epoch:  time.Now(),
 	}
-	e.windowBudget[0].Store(int64(cfg.RecvBuffers / 2))
-	e.windowBudget[1].Store(int64(cfg.DgramBuffers / 2))
+	e.windowBudget[0].Init(int64(cfg.RecvBuffers / 2))
+	e.windowBudget[1].Init(int64(cfg.DgramBuffers / 2))
 	e.bundleHeld = make([]atomic.Bool, cfg.DgramBuffers)
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.release())
 		}
 	}()
+	for _, step := range []func() error{e.openPD, e.openPool, e.openPollers, e.fillSRQs} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range e.pollers {
+		p.loop.started = true
+		go p.run()
+	}
+	e.log.V(1).Info("Engine started", "device", e.dev.Attr().Name, "gid", e.gid, "pollers", cfg.Pollers, "qpsPerPeer", cfg.QPsPerPeer, "recvBuffers", cfg.RecvBuffers)
+	return e, nil
+}
+
+// openPD reads the device's address and allocates the PD.
+func (e *Engine) openPD() (err error) {
 	if e.gid, err = e.dev.GID(0); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+		return fmt.Errorf("engine: %w", err)
 	}
 	if e.pd, err = e.dev.AllocPD(); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+		return fmt.Errorf("engine: %w", err)
 	}
 	if e.windows = e.dev.Attr().MaxMW > 0; !e.windows {
 		e.log.Info("The device has no type 2 memory windows: an exported region is reachable with its key on any QP of the device")
 	}
+	return nil
+}
+
+// openPool registers the buffer pool and creates the two SRQs its
+// receive classes fill.
+func (e *Engine) openPool() (err error) {
+	cfg := &e.cfg
 	// Send classes for small messages, control messages and whole chunks,
 	// then the receive buffers, all chunk-sized.
 	specs := []classSpec{
@@ -142,29 +166,36 @@ func New(cfg Config) (_ *Engine, err error) {
 	}
 	e.recvClass, e.dgramClass = len(specs)-2, len(specs)-1
 	if e.pool, err = newBufPool(e.pd, specs); err != nil {
-		return nil, err
+		return err
 	}
 	if e.srq, err = e.pd.CreateSRQ(&verbs.SRQInitAttr{MaxWR: uint32(cfg.RecvBuffers), MaxSGE: 1}); err != nil {
-		return nil, fmt.Errorf("engine: create SRQ: %w", err)
+		return fmt.Errorf("engine: create SRQ: %w", err)
 	}
 	if e.dsrq, err = e.pd.CreateSRQ(&verbs.SRQInitAttr{MaxWR: uint32(cfg.DgramBuffers), MaxSGE: 1}); err != nil {
-		return nil, fmt.Errorf("engine: create datagram SRQ: %w", err)
+		return fmt.Errorf("engine: create datagram SRQ: %w", err)
 	}
-	for i := 0; i < cfg.Pollers; i++ {
+	return nil
+}
+
+// openPollers creates the pollers, each with its CQ and UD QP; they start
+// once the SRQs are full.
+func (e *Engine) openPollers() error {
+	for i := 0; i < e.cfg.Pollers; i++ {
 		p, err := newPoller(e, i)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		e.pollers = append(e.pollers, p)
 		if err := p.openUD(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// Fill the SRQs.
-	for _, c := range []struct {
-		class int
-		srq   verbs.SRQ
-	}{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}} {
+	return nil
+}
+
+// fillSRQs posts every receive buffer to its SRQ.
+func (e *Engine) fillSRQs() error {
+	for _, c := range e.srqs() {
 		var wrs []verbs.RecvWR
 		for {
 			slot, ok := e.pool.get(c.class)
@@ -174,26 +205,35 @@ func New(cfg Config) (_ *Engine, err error) {
 			wrs = append(wrs, e.recvWR(slot))
 		}
 		if _, err := c.srq.PostRecv(wrs); err != nil {
-			return nil, fmt.Errorf("engine: fill SRQ: %w", err)
+			return fmt.Errorf("engine: fill SRQ: %w", err)
 		}
 	}
-	for _, p := range e.pollers {
-		p.started = true
-		go p.run()
-	}
-	e.log.V(1).Info("Engine started", "device", e.dev.Attr().Name, "gid", e.gid, "pollers", cfg.Pollers, "qpsPerPeer", cfg.QPsPerPeer, "recvBuffers", cfg.RecvBuffers)
-	return e, nil
+	return nil
+}
+
+// srqClass is an SRQ and the pool class of its buffers.
+type srqClass struct {
+	class int
+	srq   verbs.SRQ
+}
+
+// srqs are the engine's SRQs: the RC QPs', then the datagram one.
+func (e *Engine) srqs() [2]srqClass {
+	return [2]srqClass{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}}
 }
 
 func (e *Engine) recvWR(slot bufSlot) verbs.RecvWR {
-	return verbs.RecvWR{WRID: recvWRID(slot), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
+	return verbs.RecvWR{WRID: wire.RecvWRID(uint32(slot)), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
 }
+
+// recvSlot is the buffer of a receive's completion (its wr_id, recvWR).
+func recvSlot(wrid uint64) bufSlot { return bufSlot(wire.RecvSlot(wrid)) }
 
 // UDQPNs lists the engine's UD QPs, one per poller, for peers.
 func (e *Engine) UDQPNs() []uint32 {
 	q := make([]uint32, len(e.pollers))
 	for i, p := range e.pollers {
-		q[i] = p.ud.qp.QPN()
+		q[i] = p.udq.qp.qp.QPN()
 	}
 	return q
 }
@@ -329,16 +369,9 @@ func (e *Engine) Stats() Stats {
 	s.Peers = len(e.peers)
 	for _, p := range e.peers {
 		p.mu.Lock()
-		for _, q := range p.qps {
-			if q != nil {
-				s.QPs++
-			}
-		}
-		for _, q := range p.ucs {
-			if q != nil {
-				s.UCQPs++
-			}
-		}
+		rc, uc := p.countQPs()
+		s.QPs += rc
+		s.UCQPs += uc
 		s.IngressQPs += len(p.ingress)
 		p.mu.Unlock()
 	}

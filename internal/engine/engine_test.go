@@ -12,9 +12,11 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
 // testEngines starts two engines on soft devices joined by an in-memory
@@ -22,19 +24,19 @@ import (
 // ibverbs run in hack/rxe-vm (RDMAVISOR_RXE_VM=1), both engines open the
 // kernel's rxe0 instead (rxe_test.go): one device, whose QPs reach each
 // other over its loopback.
-func testEngines(t testing.TB, f wire.Faults, cfg Config) (*Engine, *Engine) {
+func testEngines(t testing.TB, f softwire.Faults, cfg Config) (*Engine, *Engine) {
 	t.Helper()
-	if openVerbsDevice != nil && f == (wire.Faults{}) {
+	if openVerbsDevice != nil && f == (softwire.Faults{}) {
 		return testEngine(t, openVerbsDevice(t), cfg), testEngine(t, openVerbsDevice(t), cfg)
 	}
-	fb := wire.NewFabric(f)
+	fb := softwire.NewFabric(f)
 	t.Cleanup(func() { _ = fb.Close() })
 	return testEnginesOn(t, fb, cfg)
 }
 
 // testPair opens two engines on a fabric with faults f and a vconn pair of
 // transport tr between them, and a context that ends after timeout.
-func testPair(t *testing.T, f wire.Faults, tr Transport, timeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn) {
+func testPair(t *testing.T, f softwire.Faults, tr Transport, timeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn) {
 	t.Helper()
 	a, b := testEngines(t, f, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -48,7 +50,7 @@ func testPair(t *testing.T, f wire.Faults, tr Transport, timeout time.Duration) 
 
 // testEnginesOn opens two engines on fabric fb, their devices passed
 // through wrap if given (a device that behaves as some NIC does).
-func testEnginesOn(t testing.TB, fb *wire.Fabric, cfg Config, wrap ...func(verbs.Device) verbs.Device) (*Engine, *Engine) {
+func testEnginesOn(t testing.TB, fb *softwire.Fabric, cfg Config, wrap ...func(verbs.Device) verbs.Device) (*Engine, *Engine) {
 	t.Helper()
 	open := func(ip string) *Engine {
 		w, err := fb.Attach(verbs.GIDFromAddr(netip.MustParseAddr(ip)))
@@ -97,14 +99,14 @@ func testEngine(t testing.TB, dev verbs.Device, cfg Config, wrap ...func(verbs.D
 }
 
 func TestSendRecv(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
+	a, b := testEngines(t, softwire.Faults{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizes := []int{0, 1, 100, 16<<10 - headerLen, 16 << 10, 100 << 10, 1 << 20}
+	sizes := []int{0, 1, 100, 16<<10 - wire.HeaderLen, 16 << 10, 100 << 10, 1 << 20}
 	go func() {
 		for i, n := range sizes {
 			msg := bytes.Repeat([]byte{byte(i + 1)}, n)
@@ -150,7 +152,7 @@ func TestManyVConnsUnderLoss(t *testing.T) {
 		nvc  = 10000
 		msgs = 5
 	)
-	a, b := testEngines(t, wire.Faults{Seed: 7, Loss: 0.02, Reorder: 0.02}, Config{QPsPerPeer: 4})
+	a, b := testEngines(t, softwire.Faults{Seed: 7, Loss: 0.02, Reorder: 0.02}, Config{QPsPerPeer: 4})
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	got := make([][]uint32, nvc)
@@ -217,7 +219,7 @@ func dumpPeers(t testing.TB, e *Engine) {
 }
 
 func TestOneSided(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
+	a, b := testEngines(t, softwire.Faults{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
@@ -255,7 +257,7 @@ func TestOneSided(t *testing.T) {
 	rg.mu.Lock()
 	ad := rg.remote[r.ID()]
 	rg.mu.Unlock()
-	if ad.addr != 0 || ad.rkey == r.mr.RKey() {
+	if ad.Addr != 0 || ad.RKey == r.mr.RKey() {
 		t.Fatalf("export %+v: want a zero-based window, not the MR's key %#x", ad, r.mr.RKey())
 	}
 
@@ -305,7 +307,7 @@ func TestOneSided(t *testing.T) {
 func TestTransports(t *testing.T) {
 	for _, tr := range []Transport{RC, UC, UD, Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
-			ctx, a, b, va, vb := testPair(t, wire.Faults{}, tr, 10*time.Second)
+			ctx, a, b, va, vb := testPair(t, softwire.Faults{}, tr, 10*time.Second)
 			max := va.MaxMessage()
 			for i, n := range []int{0, 1, 200, min(max, 3000), max} {
 				msg := bytes.Repeat([]byte{byte(i + 1)}, n)
@@ -344,7 +346,7 @@ func TestTransports(t *testing.T) {
 // and reorders packets; losses followed by later arrivals are resent on
 // the receiver's gap report, not after a timeout.
 func TestAutoReliableUnderLoss(t *testing.T) {
-	ctx, a, b, va, vb := testPair(t, wire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, Auto, 60*time.Second)
+	ctx, a, b, va, vb := testPair(t, softwire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, Auto, 60*time.Second)
 	const n = 3000
 	size := func(i int) int {
 		switch i % 10 {
@@ -374,8 +376,8 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 // TestAutoLongMessages: an Auto vconn's long messages (several chunks)
 // travel on RC whole, interleaved in order with datagram-sized ones.
 func TestAutoLongMessages(t *testing.T) {
-	ctx, _, _, va, vb := testPair(t, wire.Faults{}, Auto, 20*time.Second)
-	sizes := []int{16 << 10, 16<<10 - headerLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
+	ctx, _, _, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
+	sizes := []int{16 << 10, 16<<10 - wire.HeaderLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
 	size := func(i int) int { return sizes[i] }
 	go sendNumbered(ctx, t, va, len(sizes), size)
 	recvNumbered(ctx, t, vb, len(sizes), size)
@@ -386,24 +388,24 @@ func TestAutoLongMessages(t *testing.T) {
 // them, and the sender keeps nothing. A few of them, fewer than take half
 // the credit window, make the receiver send nothing at all.
 func TestAutoAcksOnlyDatagrams(t *testing.T) {
-	ctx, _, b, va, vb := testPair(t, wire.Faults{}, Auto, 20*time.Second)
+	ctx, _, b, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
 	before := b.Stats().WRsPosted
 	const n = 5 // 2 chunks, so 2 credits, each: under half of defaultCredits
 	size := func(int) int { return 20000 }
 	go sendNumbered(ctx, t, va, n, size)
 	recvNumbered(ctx, t, vb, n, size)
-	time.Sleep(20 * relAckDelay)
+	time.Sleep(20 * reliable.AckDelay)
 	if sent := b.Stats().WRsPosted - before; sent != 0 {
 		t.Errorf("the receiver of %d long messages posted %d work requests: want none (no grant due, no datagram to acknowledge)", n, sent)
 	}
 }
 
 // TestAutoDelayedAcks: a receiver acknowledges Auto datagrams cumulatively
-// (with its credit grants, or after relAckDelay, not once per message),
+// (with its credit grants, or after reliable.AckDelay, not once per message),
 // and a tail that brings no grant is still acknowledged: no
 // retransmission, no buffer held.
 func TestAutoDelayedAcks(t *testing.T) {
-	ctx, a, b, va, vb := testPair(t, wire.Faults{}, Auto, 20*time.Second)
+	ctx, a, b, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
 	before := b.Stats().WRsPosted
 	const n = 1603 // not a multiple of the half window: a tail is left
 	go func() {

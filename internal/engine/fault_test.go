@@ -30,7 +30,7 @@ func TestIdleEngineSleeps(t *testing.T) {
 		}
 		m.Release()
 	}
-	waitFor(t, func() bool { return a.pollers[0].sleeping.Load() && b.pollers[0].sleeping.Load() }, "pollers to sleep")
+	waitFor(t, func() bool { return a.pollers[0].loop.sleeping.Load() && b.pollers[0].loop.sleeping.Load() }, "pollers to sleep")
 	before := cpuTime(t)
 	time.Sleep(time.Second)
 	used := cpuTime(t) - before

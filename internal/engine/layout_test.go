@@ -17,7 +17,7 @@ func TestVConnLayout(t *testing.T) {
 	for name, off := range map[string]uintptr{
 		"e": unsafe.Offsetof(vc.e), "tr": unsafe.Offsetof(vc.tr), "sq": unsafe.Offsetof(vc.sq),
 		"sendMu": unsafe.Offsetof(vc.sendMu), "state": unsafe.Offsetof(vc.state), "limit": unsafe.Offsetof(vc.limit),
-		"consumed": unsafe.Offsetof(vc.consumed), "advertised": unsafe.Offsetof(vc.advertised),
+		"window": unsafe.Offsetof(vc.window), "window's end": unsafe.Offsetof(vc.window) + unsafe.Sizeof(vc.window) - 1,
 		"txSeq": unsafe.Offsetof(vc.txSeq), "scheduled": unsafe.Offsetof(vc.scheduled), "ring.tail": unsafe.Offsetof(vc.ring) + 4,
 	} {
 		if line(off) != 0 {

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
+	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -57,7 +58,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 	}} {
 		t.Run(tc.tr.String(), func(t *testing.T) {
 			cfg := Config{RecvBuffers: 256, DgramBuffers: 64, SendBuffers: 1024, Pollers: pollers}
-			a, b := testEngines(t, wire.Faults{}, cfg)
+			a, b := testEngines(t, softwire.Faults{}, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			var senders sync.WaitGroup
 			stop, sampled := make(chan struct{}), make(chan struct{})
@@ -119,7 +120,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 			// receive buffer, are queued once the gap is resent.)
 			waitCtx(ctx, t, "the idle vconns' windows", func() bool {
 				for _, vc := range rx {
-					if vc.taken.Load() != vc.advertised.Load() || earlyLen(vc) != 0 {
+					if vc.taken.Load() != vc.window.Advertised() || earlyLen(vc) != 0 {
 						return false
 					}
 				}
@@ -173,7 +174,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 				// or a datagram's) just before the count above queues
 				// its messages just after.
 				n := rxLen(vc)
-				if taken, adv := vc.taken.Load(), vc.advertised.Load(); n < queued[k] || taken != window[k] || adv != window[k] {
+				if taken, adv := vc.taken.Load(), vc.window.Advertised(); n < queued[k] || taken != window[k] || adv != window[k] {
 					t.Fatalf("idle vconn %d: %d messages queued, %d credits taken, %d advertised; before the echo %d queued, %d credits", k, n, taken, adv, queued[k], window[k])
 				}
 				total += n - queued[k]
@@ -209,7 +210,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 			// copied or not (a copied bundle message leaves its
 			// bundle's credit to the buffer unless it is the last).
 			for k, vc := range rx {
-				if taken, returned := vc.taken.Load(), vc.consumed.Load(); taken != returned {
+				if taken, returned := vc.taken.Load(), vc.window.Consumed(); taken != returned {
 					t.Errorf("idle vconn %d: %d credits taken, %d returned", k, taken, returned)
 				}
 			}
@@ -245,7 +246,7 @@ func TestQueuedRecvAllocatesNothing(t *testing.T) {
 	}
 	for _, tr := range []Transport{RC, Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
-			a, b := testEngines(t, wire.Faults{}, Config{SpinPolls: 1 << 30})
+			a, b := testEngines(t, softwire.Faults{}, Config{SpinPolls: 1 << 30})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
@@ -285,7 +286,7 @@ func TestQueuedRecvAllocatesNothing(t *testing.T) {
 // not queued where nothing reads them: their buffers go back to the SRQ
 // and the held count to zero.
 func TestCloseDropsLateMessages(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
+	a, b := testEngines(t, softwire.Faults{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	va, vb, err := Pair(ctx, a, b, VConnOptions{}, VConnOptions{})
@@ -329,15 +330,7 @@ func earlyLen(vc *VConn) int {
 	if r == nil {
 		return 0
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, m := range r.early {
-		if m.vc != nil {
-			n++
-		}
-	}
-	return n
+	return r.rx.Early()
 }
 
 // waitCtx waits until cond holds; ctx's deadline guards against a hang.
@@ -358,7 +351,7 @@ func waitCtx(ctx context.Context, t *testing.T, what string, cond func() bool) {
 // past half the SRQ they are copied out, and once the gap fills every one
 // is delivered, in order, and the count returns to 0.
 func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
-	fb := wire.NewFabric(wire.Faults{})
+	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, _ := testEnginesOn(t, fb, Config{DgramBuffers: 32, Credits: 32})
 	h := newHostile(t, fb, "10.9.0.70")
@@ -380,8 +373,8 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 	const n = 30 // within the credit window; nearly the whole SRQ
 	msg := func(seq uint32) []byte { return []byte(fmt.Sprintf("datagram %02d", seq)) }
 	send := func(seq uint32) {
-		d := dataHeader(uint32(len(msg(seq))), seq, 0, false)
-		d.flags |= flagFirst | flagLast
+		d := wire.DataHeader(uint32(len(msg(seq))), seq, 0, false)
+		d.Flags |= wire.FlagFirst | wire.FlagLast
 		h.send(uc, a, vc.ID(), d, msg(seq))
 	}
 	for seq := uint32(1); seq < n; seq++ { // seq 0, the gap, comes last
@@ -416,7 +409,7 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 // for good. (CI caught that: TestIdleReadersDoNotPinSRQ/auto read
 // message 260 where 256 belonged.)
 func TestFullQueueDropsOnlyDatagrams(t *testing.T) {
-	a, b := testEngines(t, wire.Faults{}, Config{})
+	a, b := testEngines(t, softwire.Faults{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, tc := range []struct {

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -21,59 +22,105 @@ import (
 // arms the CQ and sleeps in poll(2) on the completion channel and its wake
 // eventfd.
 //
-// Its work is split by flow, as are the files: the loop, its clock and
-// its sleep (poller.go); which vconns are served when, and senders' back
-// pressure (sched.go); moving queued buffers into work requests and
-// posting them (tx.go); send completions and QP failure (complete.go);
-// receives, demultiplexed and reassembled (rx.go).
+// Its work is split by flow, as are the files and its fields (each group
+// says who may touch it, as wireguard-go's Peer does): the loop, its clock
+// and its sleep (poller.go, loop); what other goroutines hand it and which
+// vconns are served when, and senders' back pressure (sched.go, inbox and
+// sched); moving a vconn's queued buffers into work requests (serve.go)
+// and posting them (tx.go, tx); send completions and QP failure
+// (complete.go); receives, demultiplexed and reassembled (rx.go, rx);
+// Auto's timers (auto.go, rel). Only the poller's goroutine runs its
+// methods, but for kick, enqueue and repostRecv (sched.go), which any
+// goroutine may call.
 type poller struct {
-	e    *Engine
-	idx  int
-	cq   verbs.CQ
-	wake int // eventfd: work was queued while the poller slept
+	e   *Engine
+	idx int
+	cq  verbs.CQ
 
-	sleeping atomic.Bool
-	stopping atomic.Bool
-	done     chan struct{}
-	started  bool
-
-	mu     sync.Mutex
-	runq   []*VConn  // vconns with work; guarded by mu
-	repost []bufSlot // receive buffers to give back to the SRQ; guarded by mu
-	// queued is set, under mu, when runq or repost gains an entry, so a
-	// round with nothing queued takes no lock.
-	queued atomic.Bool
-
-	// Owned by the poller goroutine.
-	work    []*VConn
-	later   []*VConn
-	active  []*sendQP // QPs whose run queues hold vconns
-	reposts []bufSlot
-	dirty   []*sendQP
-	wcs     []verbs.WC
-	rxVC    []*VConn // the vconns of wcs' receives
-	sink    uint32   // what touch read, so the reads are not optimised away
-	popped  int32    // messages serve took from rings, for the QP's backlog
-	recvWRs []verbs.RecvWR
-	confirm []uint32    // unexport confirmations being posted (confirmUnexports)
-	budget  int         // sends this CQ may still have outstanding
-	ud      *sendQP     // this poller's UD QP, shared by every peer
-	udQPN   uint32      // ud's QPN, read on every receive (see isUD)
-	deadUD  []*sendQP   // failed UD QPs awaiting their last completions
-	rtx     []*VConn    // Auto vconns with datagrams awaiting ACKs
-	rtxAt   time.Time   // next retransmission scan
-	acks    []ackWaiter // Auto vconns with delayed acknowledgements
-	ackAt   time.Time   // when they go out
-	rtxSoon atomic.Bool // a peer reported a gap: retransmit now (see onGap)
-	now     time.Time   // the coarse clock (see clock)
-	fds     [2]unix.PollFd
+	loop  pollerLoop  // its loop: spinning, sleeping, stopping
+	inbox pollerInbox // what other goroutines hand it (sched.go)
+	sched pollerSched // which vconns it serves when (sched.go)
+	tx    pollerTx    // the work requests it posts (serve.go, tx.go)
+	rx    pollerRx    // the completions it handles (complete.go, rx.go)
+	udq   pollerUD    // its UD QP, shared by every peer
+	rel   pollerRel   // Auto's timers (auto.go)
 
 	// sendQPs maps QPNs of send QPs on this CQ to their state, for
 	// completions; written when a QP is created.
 	sendQPs sync.Map // uint32 → *sendQP
 
-	busy bool           // owned by the poller: in a run of busy rounds
-	st   pollerCounters // written by the poller, read by Stats (stats.go)
+	st pollerCounters // written by the poller, read by Stats (stats.go)
+}
+
+// pollerLoop is the poller's loop state. sleeping and stopping are read
+// by any goroutine (kick, throttle); done closes when the loop ends; the
+// rest is the poller goroutine's.
+type pollerLoop struct {
+	wake     int // eventfd: work was queued while the poller slept
+	sleeping atomic.Bool
+	stopping atomic.Bool
+	done     chan struct{}
+	started  bool
+	now      time.Time // the coarse clock (see clock)
+	busy     bool      // in a run of busy rounds (stats.go)
+	fds      [2]unix.PollFd
+}
+
+// pollerInbox is what vconns and readers hand the poller: any goroutine,
+// under mu.
+type pollerInbox struct {
+	mu     sync.Mutex
+	runq   []*VConn  // vconns with work
+	repost []bufSlot // receive buffers to give back to the SRQ
+	// queued is set, under mu, when runq or repost gains an entry, so a
+	// round with nothing queued takes no lock.
+	queued atomic.Bool
+}
+
+// pollerSched is which vconns the poller serves when (sched.go). Poller
+// goroutine only.
+type pollerSched struct {
+	work   []*VConn  // taken from the inbox this round
+	later  []*VConn  // found no room: next round, behind their QPs' queues
+	active []*sendQP // QPs whose run queues hold vconns
+	popped int32     // messages serve took from rings, for the QP's backlog
+}
+
+// pollerTx is what the poller posts (serve.go, tx.go). Poller goroutine
+// only.
+type pollerTx struct {
+	dirty   []*sendQP // QPs with a batch to post
+	budget  int       // sends this CQ may still have outstanding
+	confirm []uint32  // unexport confirmations being posted (confirmUnexports)
+}
+
+// pollerRx is what the poller's completions use (complete.go, rx.go).
+// Poller goroutine only.
+type pollerRx struct {
+	wcs     []verbs.WC
+	vcs     []*VConn // the vconns of wcs' receives
+	reposts []bufSlot
+	recvWRs []verbs.RecvWR
+	sink    uint32 // what touch read, so the reads are not optimised away
+}
+
+// pollerUD is the poller's UD QP, shared by every peer. Poller goroutine
+// only.
+type pollerUD struct {
+	qp   *sendQP
+	qpn  uint32    // qp's QPN, read on every receive (see isUD)
+	dead []*sendQP // failed UD QPs awaiting their last completions
+}
+
+// pollerRel is what a poller keeps for the Auto vconns whose send sides
+// it owns: their retransmission and delayed-acknowledgement timers.
+// Owned by the poller goroutine, but for soon.
+type pollerRel struct {
+	rtx   []*VConn    // Auto vconns with datagrams awaiting ACKs
+	rtxAt time.Time   // next retransmission scan
+	acks  []ackWaiter // Auto vconns with delayed acknowledgements
+	ackAt time.Time   // when they go out
+	soon  atomic.Bool // any poller: a peer reported a gap, retransmit now (see onGap)
 }
 
 // pollBatch is the most completions one CQ poll takes.
@@ -94,10 +141,10 @@ func newPoller(e *Engine, idx int) (*poller, error) {
 		return nil, fmt.Errorf("engine: poller %d eventfd: %w", idx, err)
 	}
 	return &poller{
-		e: e, idx: idx, cq: cq, wake: fd, done: make(chan struct{}),
-		wcs:    make([]verbs.WC, pollBatch),
-		rxVC:   make([]*VConn, pollBatch),
-		budget: e.cfg.sendBudget(),
+		e: e, idx: idx, cq: cq,
+		loop: pollerLoop{wake: fd, done: make(chan struct{})},
+		rx:   pollerRx{wcs: make([]verbs.WC, pollBatch), vcs: make([]*VConn, pollBatch)},
+		tx:   pollerTx{budget: e.cfg.sendBudget()},
 	}, nil
 }
 
@@ -115,37 +162,38 @@ func (p *poller) openUD() error {
 		_ = qp.Close()
 		return fmt.Errorf("engine: poller %d: %w", p.idx, err)
 	}
-	p.ud = &sendQP{qp: qp, p: p}
-	p.udQPN = qp.QPN()
-	p.sendQPs.Store(qp.QPN(), p.ud)
+	p.udq.qp = &sendQP{qp: qp, p: p}
+	p.udq.qpn = qp.QPN()
+	p.sendQPs.Store(qp.QPN(), p.udq.qp)
 	return nil
 }
 
+// kick wakes the poller if it sleeps. Any goroutine.
 func (p *poller) kick() {
-	if p.sleeping.Load() {
+	if p.loop.sleeping.Load() {
 		var one [8]byte
 		binary.NativeEndian.PutUint64(one[:], 1)
-		_, _ = unix.Write(p.wake, one[:])
+		_, _ = unix.Write(p.loop.wake, one[:])
 	}
 }
 
 func (p *poller) run() {
-	defer close(p.done)
+	defer close(p.loop.done)
 	idle := 0
-	for !p.stopping.Load() {
+	for !p.loop.stopping.Load() {
 		if p.round() {
 			idle = 0
-			if !p.busy {
+			if !p.loop.busy {
 				p.beginBusy()
 			}
-			p.now = time.Time{} // that took time: read the clock again
+			p.loop.now = time.Time{} // that took time: read the clock again
 			continue
 		}
-		if p.busy {
+		if p.loop.busy {
 			p.endBusy()
 		}
 		if idle++; idle%clockRounds == 0 {
-			p.now = time.Time{}
+			p.loop.now = time.Time{}
 		}
 		// Spin a while, yielding: the completions come from goroutines
 		// that need the core. Then sleep, even with vconns waiting for
@@ -155,9 +203,9 @@ func (p *poller) run() {
 		// else to run, or every 10 ms. A UDP device's receive loop is
 		// one: with a send queue full, ACKs then took 5 ms to come in,
 		// and 64 producers on one QP ran at 3-10% of their rate.
-		// Delayed acknowledgements are due within relAckDelay: those
+		// Delayed acknowledgements are due within reliable.AckDelay: those
 		// keep the poller spinning.
-		if idle < p.e.cfg.SpinPolls || len(p.acks) > 0 {
+		if idle < p.e.cfg.SpinPolls || len(p.rel.acks) > 0 {
 			runtime.Gosched()
 			continue
 		}
@@ -168,62 +216,62 @@ func (p *poller) run() {
 
 // round does one pass of work; it reports whether there was any.
 func (p *poller) round() bool {
-	if p.queued.Load() {
-		p.mu.Lock()
-		p.work, p.runq = p.runq, p.work[:0]
-		p.reposts = append(p.reposts, p.repost...)
-		p.repost = p.repost[:0]
-		p.queued.Store(false)
-		p.mu.Unlock()
+	if p.inbox.queued.Load() {
+		p.inbox.mu.Lock()
+		p.sched.work, p.inbox.runq = p.inbox.runq, p.sched.work[:0]
+		p.rx.reposts = append(p.rx.reposts, p.inbox.repost...)
+		p.inbox.repost = p.inbox.repost[:0]
+		p.inbox.queued.Store(false)
+		p.inbox.mu.Unlock()
 	}
-	busy := len(p.work) > 0 || len(p.reposts) > 0
+	busy := len(p.sched.work) > 0 || len(p.rx.reposts) > 0
 
 	// Vconns with work wait on their QP's run queue; a QP's queue is
 	// served in order until the QP (or the CQ) has no room, and the rest
 	// wait there for the next round. A round's cost is then in proportion
 	// to what it posts, not to the number of vconns waiting.
-	for i, vc := range p.work {
+	for i, vc := range p.sched.work {
 		p.queue(vc)
-		p.work[i] = nil
+		p.sched.work[i] = nil
 	}
-	p.work = p.work[:0]
-	for i, vc := range p.later {
+	p.sched.work = p.sched.work[:0]
+	for i, vc := range p.sched.later {
 		p.queue(vc)
-		p.later[i] = nil
+		p.sched.later[i] = nil
 	}
-	p.later = p.later[:0]
+	p.sched.later = p.sched.later[:0]
 	k := 0
-	for _, q := range p.active {
+	for _, q := range p.sched.active {
 		p.serveQP(q)
 		if q.runHead < len(q.runq) {
-			p.active[k] = q
+			p.sched.active[k] = q
 			k++
 		} else {
 			q.active = false
 		}
 	}
-	clear(p.active[k:])
-	p.active = p.active[:k]
+	clear(p.sched.active[k:])
+	p.sched.active = p.sched.active[:k]
 	if p.flushSends() {
 		busy = true
 	}
 
-	n := p.cq.Poll(p.wcs)
+	n := p.cq.Poll(p.rx.wcs)
 	p.completeAll(n)
 	p.flushReposts()
-	if len(p.acks) > 0 {
-		if now := p.clock(); p.ackAt.IsZero() {
-			p.ackAt = now.Add(relAckDelay)
-		} else if !now.Before(p.ackAt) {
-			p.ackAt = time.Time{}
+	if len(p.rel.acks) > 0 {
+		if now := p.clock(); p.rel.ackAt.IsZero() {
+			p.rel.ackAt = now.Add(reliable.AckDelay)
+		} else if !now.Before(p.rel.ackAt) {
+			p.rel.ackAt = time.Time{}
 			p.flushAcks()
 			busy = true // the acknowledgements go out next round
 		}
 	}
-	if len(p.rtx) > 0 {
-		soon := p.rtxSoon.Load() && p.rtxSoon.Swap(false)
-		if now := p.clock(); soon || now.After(p.rtxAt) {
-			p.rtxAt = now.Add(relMinRTO / 4)
+	if len(p.rel.rtx) > 0 {
+		soon := p.rel.soon.Load() && p.rel.soon.Swap(false)
+		if now := p.clock(); soon || now.After(p.rel.rtxAt) {
+			p.rel.rtxAt = now.Add(reliable.MinRTO / 4)
 			p.retransmit(now)
 			p.flushSends()
 		}
@@ -234,73 +282,73 @@ func (p *poller) round() bool {
 // clock is the poller's coarse time, read again after a round that did
 // work, every clockRounds rounds that did not, and after a sleep: datagram
 // timestamps and the acknowledgement delay need a resolution well under
-// relMinRTO, not a clock read (46 ns here) in each of the millions of
+// reliable.MinRTO, not a clock read (46 ns here) in each of the millions of
 // empty rounds a second a spinning poller makes. Only intervals matter,
 // so it reads the monotonic clock alone, as time.Since does (25 ns here,
 // where time.Now also reads the wall clock); its wall reading is the
 // epoch's advanced by as much.
 func (p *poller) clock() time.Time {
-	if p.now.IsZero() {
-		p.now = p.e.epoch.Add(time.Since(p.e.epoch))
+	if p.loop.now.IsZero() {
+		p.loop.now = p.e.epoch.Add(time.Since(p.e.epoch))
 	}
-	return p.now
+	return p.loop.now
 }
 
 // sleep blocks until a completion or a kick. The CQ is armed and the
 // queues rechecked before blocking, so nothing that arrives meanwhile is
 // missed.
 func (p *poller) sleep() {
-	p.sleeping.Store(true)
-	defer p.sleeping.Store(false)
+	p.loop.sleeping.Store(true)
+	defer p.loop.sleeping.Store(false)
 	if err := p.cq.ReqNotify(false); err != nil {
 		return
 	}
-	p.mu.Lock()
-	pending := len(p.runq) > 0 || len(p.repost) > 0
-	p.mu.Unlock()
-	if pending || p.stopping.Load() {
+	p.inbox.mu.Lock()
+	pending := len(p.inbox.runq) > 0 || len(p.inbox.repost) > 0
+	p.inbox.mu.Unlock()
+	if pending || p.loop.stopping.Load() {
 		return
 	}
-	if n := p.cq.Poll(p.wcs); n > 0 {
+	if n := p.cq.Poll(p.rx.wcs); n > 0 {
 		p.completeAll(n)
 		p.flushReposts()
 		return
 	}
 	p.e.stats.sleeps.Add(1)
-	defer func() { p.now = time.Time{} }()
-	p.fds = [2]unix.PollFd{{Fd: int32(p.cq.FD()), Events: unix.POLLIN}, {Fd: int32(p.wake), Events: unix.POLLIN}}
+	defer func() { p.loop.now = time.Time{} }()
+	p.loop.fds = [2]unix.PollFd{{Fd: int32(p.cq.FD()), Events: unix.POLLIN}, {Fd: int32(p.loop.wake), Events: unix.POLLIN}}
 	timeout := -1
-	if len(p.rtx) > 0 || len(p.active) > 0 || len(p.later) > 0 {
+	if len(p.rel.rtx) > 0 || len(p.sched.active) > 0 || len(p.sched.later) > 0 {
 		// Datagrams await acknowledgement, or vconns room that a
 		// completion should bring: look again within a millisecond.
 		timeout = 1
 	}
 	for {
-		_, err := unix.Poll(p.fds[:], timeout)
+		_, err := unix.Poll(p.loop.fds[:], timeout)
 		if err == nil || !errors.Is(err, unix.EINTR) {
 			break
 		}
 	}
 	_, _ = p.cq.AckEvents()
 	var buf [8]byte
-	_, _ = unix.Read(p.wake, buf[:])
+	_, _ = unix.Read(p.loop.wake, buf[:])
 }
 
 func (p *poller) stop() {
-	p.stopping.Store(true)
-	p.sleeping.Store(true)
+	p.loop.stopping.Store(true)
+	p.loop.sleeping.Store(true)
 	p.kick()
-	if p.started {
-		<-p.done
+	if p.loop.started {
+		<-p.loop.done
 	}
 }
 
 func (p *poller) close() error {
 	var errs []error
-	for _, q := range append(p.deadUD, p.ud) {
+	for _, q := range append(p.udq.dead, p.udq.qp) {
 		if q != nil {
 			errs = append(errs, q.qp.Close())
 		}
 	}
-	return errors.Join(append(errs, p.cq.Close(), unix.Close(p.wake))...)
+	return errors.Join(append(errs, p.cq.Close(), unix.Close(p.loop.wake))...)
 }

@@ -176,7 +176,7 @@ func (p *poller) pin(m *Message) {
 	copy(data, m.Data)
 	if !m.shared || e.pool.unshare(m.slot) {
 		e.unholdBundle(m.slot, m.shared)
-		p.reposts = append(p.reposts, m.slot)
+		p.rx.reposts = append(p.rx.reposts, m.slot)
 	} else {
 		m.credits = 0 // the bundle's, returned with its buffer
 	}
@@ -192,7 +192,8 @@ func (e *Engine) unholdBundle(slot bufSlot, shared bool) {
 	}
 }
 
-// Release returns the message's buffer and its receive credits.
+// Release returns the message's buffer and its receive credits. Any
+// goroutine, once per message.
 func (m Message) Release() {
 	vc := m.vc
 	if vc == nil {

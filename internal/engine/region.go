@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -10,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -18,8 +18,8 @@ import (
 type Access uint8
 
 const (
-	AccessRead  Access = 1 << 0
-	AccessWrite Access = 1 << 1
+	AccessRead  Access = wire.AccessRead
+	AccessWrite Access = wire.AccessWrite
 )
 
 var (
@@ -56,16 +56,9 @@ type Region struct {
 	gone bool // guarded by mu: deregistered
 }
 
-// regionAd is what an export message carries after its header.
-const regionAdLen = 8 + 4 + 8 + 1
-
-// remoteRegion is a region the peer exported to this vconn.
-type remoteRegion struct {
-	addr   uint64
-	rkey   uint32
-	length uint64
-	access Access
-}
+// remoteRegion is a region the peer exported to this vconn: what its
+// export message carried.
+type remoteRegion = wire.Ad
 
 // regions is a vconn's one-sided state, allocated on first use so vconns
 // that never export or read cost nothing.
@@ -80,7 +73,7 @@ type regions struct {
 	// is posted, whatever data still waits in the ring.
 	marks, posted uint64
 	unexportAcks  []unexportAck // confirmations to send; guarded by mu
-	op            oneSided
+	op            rdmaOp
 }
 
 // unexportAck is the confirmation of region id's unexport, due once the
@@ -98,23 +91,6 @@ func (vc *VConn) rg() *regions {
 	vc.regions.CompareAndSwap(nil, &regions{})
 	return vc.regions.Load()
 }
-
-// oneSided is a vconn's one-sided operation in progress (one at a time).
-type oneSided struct {
-	mu  sync.Mutex     // serialises Write and Read on the vconn
-	wrs []verbs.SendWR // the operation's WRs, posted at the ring's marker
-
-	cmu     sync.Mutex // guards the completion state below
-	pending int        // WRs not completed
-	reads   []uint32   // read destination offsets in dst, by post order
-	dst     []byte
-	err     error
-	done    chan struct{} // closed when pending reaches 0
-}
-
-// opMarker in a vconn's ring says "post the pending one-sided WRs here",
-// which keeps one-sided operations in order with the vconn's messages.
-const opMarker = ^bufSlot(0)
 
 // Export registers size bytes and exports them to the peer vconn with the
 // given access. The export reaches the peer before any message sent after
@@ -173,12 +149,9 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access, released f
 	rg.exports[r.id] = r
 	rg.mu.Unlock()
 
-	var ad [regionAdLen]byte
-	binary.BigEndian.PutUint64(ad[0:], addr)
-	binary.BigEndian.PutUint32(ad[8:], rkey)
-	binary.BigEndian.PutUint64(ad[12:], uint64(size))
-	ad[20] = byte(access)
-	if err := vc.sendControl(ctx, msgExport, r.id, ad[:]); err != nil {
+	var ad [wire.AdLen]byte
+	(&wire.Ad{Addr: addr, RKey: rkey, Length: uint64(size), Access: uint8(access)}).Put(ad[:])
+	if err := vc.sendControl(ctx, wire.Export, r.id, ad[:]); err != nil {
 		rg.mu.Lock()
 		delete(rg.exports, r.id)
 		rg.mu.Unlock()
@@ -392,7 +365,7 @@ func (r *Region) Close() error {
 		// memory go a round trip after a pod closes its vconn, not
 		// seconds later (its release, then the grace).
 		if st := vc.state.Load(); st == stateOpen || st == stateClosing {
-			err = vc.sendControl(context.Background(), msgUnexport, r.id, nil)
+			err = vc.sendControl(context.Background(), wire.Unexport, r.id, nil)
 			if err == nil {
 				return // deregistered on the peer's acknowledgement
 			}
@@ -416,63 +389,55 @@ func (r *Region) Close() error {
 
 // sendControl queues a control message (export, unexport) in order with the
 // vconn's data.
-func (vc *VConn) sendControl(ctx context.Context, t msgType, arg uint32, payload []byte) error {
+func (vc *VConn) sendControl(ctx context.Context, t wire.Type, arg uint32, payload []byte) error {
 	e := vc.e
 	vc.sendMu.Lock()
 	defer vc.sendMu.Unlock()
-	slot, err := vc.getBuffer(ctx, headerLen+len(payload), true)
+	slot, err := vc.getBuffer(ctx, wire.HeaderLen+len(payload), true)
 	if err != nil {
 		return err
 	}
 	b := e.pool.bytes(slot)
-	h := regionHeader(t, arg)
-	h.put(b)
-	copy(b[headerLen:], payload)
+	h := wire.RegionHeader(t, arg)
+	h.Put(b)
+	copy(b[wire.HeaderLen:], payload)
 	if err := vc.waitRing(ctx, true); err != nil {
 		e.pool.put(slot)
 		return err
 	}
-	vc.push(newEntry(slot, uint32(headerLen+len(payload))))
+	vc.push(newEntry(slot, uint32(wire.HeaderLen+len(payload))))
 	vc.schedule()
 	return nil
 }
 
 // onExport records a region the peer exported to this vconn.
-func (vc *VConn) onExport(h *header, payload []byte) error {
-	if len(payload) != regionAdLen {
-		return fmt.Errorf("engine: export message of %d bytes", len(payload))
-	}
-	r := remoteRegion{
-		addr:   binary.BigEndian.Uint64(payload[0:]),
-		rkey:   binary.BigEndian.Uint32(payload[8:]),
-		length: binary.BigEndian.Uint64(payload[12:]),
-		access: Access(payload[20]),
-	}
-	if r.length == 0 || r.access&^(AccessRead|AccessWrite) != 0 || r.addr+r.length < r.addr {
-		return fmt.Errorf("engine: bad export %+v", r)
+func (vc *VConn) onExport(h *wire.Header, payload []byte) error {
+	r, err := wire.ParseAd(payload)
+	if err != nil {
+		return err
 	}
 	rg := vc.rg()
 	rg.mu.Lock()
 	if rg.remote == nil {
 		rg.remote = make(map[uint32]remoteRegion)
 	}
-	rg.remote[h.region()] = r
+	rg.remote[h.Region()] = r
 	rg.mu.Unlock()
 	return nil
 }
 
 // onUnexport forgets a region and confirms once the one-sided operations
 // queued before are posted: they reach the peer before the confirmation
-// (same QP, in order), and none can be queued after (oneSided checks the
+// (same QP, in order), and none can be queued after (queueOp checks the
 // region under rg.mu). Data queued before need not go first: it does not
 // touch the region, and it may wait for the peer's reader indefinitely.
-func (vc *VConn) onUnexport(h *header) {
+func (vc *VConn) onUnexport(h *wire.Header) {
 	rg := vc.rg()
 	rg.mu.Lock()
-	_, had := rg.remote[h.region()]
-	delete(rg.remote, h.region())
+	_, had := rg.remote[h.Region()]
+	delete(rg.remote, h.Region())
 	if had {
-		rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: h.region(), after: rg.marks})
+		rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: h.Region(), after: rg.marks})
 	}
 	rg.mu.Unlock()
 	if had {
@@ -562,189 +527,4 @@ func (e *Engine) releaseGraced() {
 		_ = r.release()
 	}
 	e.grace = nil
-}
-
-// Write copies data into the peer's region id at off with RDMA WRITE, and
-// returns when it is placed.
-func (vc *VConn) Write(ctx context.Context, id uint32, off uint64, data []byte) error {
-	return vc.oneSided(ctx, verbs.WRRDMAWrite, id, off, data)
-}
-
-// Read copies len(dst) bytes from the peer's region id at off with RDMA
-// READ.
-func (vc *VConn) Read(ctx context.Context, id uint32, off uint64, dst []byte) error {
-	return vc.oneSided(ctx, verbs.WRRDMARead, id, off, dst)
-}
-
-func (vc *VConn) oneSided(ctx context.Context, op verbs.WROpcode, id uint32, off uint64, buf []byte) error {
-	e := vc.e
-	if vc.state.Load() != stateOpen {
-		return fmt.Errorf("engine: one-sided operation on vconn %v: %w", vc.id, vc.stateErr())
-	}
-	rg := vc.rg()
-	rg.mu.Lock()
-	r, ok := rg.remote[id]
-	rg.mu.Unlock()
-	need := AccessWrite
-	if op == verbs.WRRDMARead {
-		need = AccessRead
-	}
-	switch {
-	case !ok:
-		return fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
-	case r.access&need == 0:
-		return fmt.Errorf("engine: vconn %v region %d: %w: not exported for %v", vc.id, id, ErrRegionAccess, op)
-	case off > r.length || uint64(len(buf)) > r.length-off:
-		return fmt.Errorf("engine: vconn %v region %d: %w: %d bytes at %d outside its %d", vc.id, id, ErrRegionAccess, len(buf), off, r.length)
-	}
-	o := &rg.op
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	per := e.cfg.ChunkSize
-	o.cmu.Lock()
-	o.wrs, o.reads, o.err, o.dst = o.wrs[:0], o.reads[:0], nil, buf
-	o.done = make(chan struct{})
-	o.cmu.Unlock()
-	var slots []bufSlot
-	for pos := 0; pos < len(buf) || pos == 0 && len(buf) == 0; pos += per {
-		n := min(per, len(buf)-pos)
-		slot, err := vc.getBuffer(ctx, max(n, 1), true)
-		if err != nil {
-			for _, s := range slots {
-				e.pool.put(s)
-			}
-			return err
-		}
-		slots = append(slots, slot)
-		if op == verbs.WRRDMAWrite {
-			copy(e.pool.bytes(slot), buf[pos:pos+n])
-		} else {
-			o.cmu.Lock()
-			o.reads = append(o.reads, uint32(pos))
-			o.cmu.Unlock()
-		}
-		o.wrs = append(o.wrs, verbs.SendWR{
-			WRID: tagOf(slot).wrID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
-			NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(n))},
-			RemoteAddr: r.addr + off + uint64(pos), RKey: r.rkey,
-		})
-		if len(buf) == 0 {
-			break
-		}
-	}
-	o.cmu.Lock()
-	o.pending = len(o.wrs)
-	done := o.done
-	o.cmu.Unlock()
-	vc.sendMu.Lock()
-	err := vc.waitRing(ctx, true)
-	if err == nil {
-		// The region must still be exported when the marker goes in:
-		// the poller confirms an unexport only once the ring holds no
-		// marker queued before it, so a WR can never reach the peer
-		// after it deregistered the memory (a remote access error
-		// there would fail the shared QP and every vconn on it).
-		rg.mu.Lock()
-		now, still := rg.remote[id]
-		if still && now == r {
-			vc.push(newEntry(opMarker, 0))
-			rg.marks++
-		} else {
-			err = fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
-		}
-		rg.mu.Unlock()
-		if err == nil {
-			vc.schedule()
-		}
-	}
-	vc.sendMu.Unlock()
-	if err != nil {
-		o.cmu.Lock()
-		o.pending = 0
-		o.cmu.Unlock()
-		for _, s := range slots {
-			e.pool.put(s)
-		}
-		return err
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		// The WRs are queued or posted and will complete; their buffers
-		// come back then. The peer cannot be told to stop: the vconn fails.
-		vc.fail(fmt.Errorf("one-sided operation abandoned: %w", ctx.Err()))
-		<-done
-	}
-	o.cmu.Lock()
-	defer o.cmu.Unlock()
-	return o.err
-}
-
-// abandonOp ends an operation whose completions will not be seen: the
-// vconn was released (its vQPN may already have a new owner).
-func (vc *VConn) abandonOp(err error) {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return
-	}
-	o := &rg.op
-	o.cmu.Lock()
-	if o.pending > 0 {
-		o.pending = 0
-		if o.err == nil {
-			o.err = err
-		}
-		close(o.done)
-	}
-	o.cmu.Unlock()
-}
-
-// opCompleted is called by the poller for each one-sided WR's completion.
-func (vc *VConn) opCompleted(wc *verbs.WC, slot bufSlot) {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return
-	}
-	o := &rg.op
-	o.cmu.Lock()
-	defer o.cmu.Unlock()
-	if o.pending == 0 {
-		return // abandoned
-	}
-	if wc.Status != verbs.WCSuccess && o.err == nil {
-		o.err = fmt.Errorf("engine: vconn %v: %w", vc.id, wc.Err())
-	}
-	if wc.Opcode == verbs.WCRDMARead && len(o.reads) > 0 {
-		at := o.reads[0]
-		o.reads = o.reads[1:]
-		if wc.Status == verbs.WCSuccess {
-			copy(o.dst[at:], vc.e.pool.bytes(slot)[:min(uint32(len(o.dst))-at, uint32(vc.e.cfg.ChunkSize))])
-		}
-	}
-	o.pending--
-	if o.pending == 0 {
-		close(o.done)
-	}
-}
-
-// takeUnexportAcks appends to ids the confirmations the poller may send
-// now: those whose markers it posted. Only vc's poller calls it.
-func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return ids
-	}
-	rg.mu.Lock()
-	defer rg.mu.Unlock()
-	k := 0
-	for _, a := range rg.unexportAcks {
-		if a.after <= rg.posted {
-			ids = append(ids, a.id)
-		} else {
-			rg.unexportAcks[k] = a
-			k++
-		}
-	}
-	rg.unexportAcks = rg.unexportAcks[:k]
-	return ids
 }

@@ -25,7 +25,7 @@ type ring struct {
 type ringEntries [ringSize]ringEntry
 
 // ringEntry is a queued send: a buffer's slot and the length of what it
-// holds, or opMarker (region.go).
+// holds, or opMarker (onesided.go).
 type ringEntry uint64
 
 func newEntry(s bufSlot, n uint32) ringEntry { return ringEntry(s)<<32 | ringEntry(n) }
@@ -36,14 +36,15 @@ func (e ringEntry) len() uint32 { return uint32(e) }
 
 func (r *ring) free() int { return ringSize - int(r.tail.Load()-r.head.Load()) }
 
-// push appends; the caller checked free.
+// push appends; the caller checked free. The producer only (sendMu held).
 func (r *ring) push(e *ringEntries, v ringEntry) {
 	t := r.tail.Load()
 	e[t%ringSize] = v
 	r.tail.Store(t + 1)
 }
 
-// peek returns the oldest entry without consuming it.
+// peek returns the oldest entry without consuming it. The consumer (the
+// QP's poller) only.
 func (r *ring) peek(e *ringEntries) (ringEntry, bool) {
 	h := r.head.Load()
 	if h == r.tail.Load() {
@@ -52,7 +53,8 @@ func (r *ring) peek(e *ringEntries) (ringEntry, bool) {
 	return e[h%ringSize], true
 }
 
-// at returns the entry i places behind the oldest, if there is one.
+// at returns the entry i places behind the oldest, if there is one. The
+// consumer only.
 func (r *ring) at(e *ringEntries, i int) (ringEntry, bool) {
 	h := r.head.Load()
 	if int(r.tail.Load()-h) <= i {
@@ -61,9 +63,12 @@ func (r *ring) at(e *ringEntries, i int) (ringEntry, bool) {
 	return e[(h+uint32(i))%ringSize], true
 }
 
+// pop consumes the oldest entry. The consumer only.
 func (r *ring) pop() { r.head.Add(1) }
 
-// len is the number of entries queued.
+// len is the number of entries queued; free, the room left; empty, none
+// queued. Either side (the producer's view may only grow free, the
+// consumer's only shrink it).
 func (r *ring) len() int { return int(r.tail.Load() - r.head.Load()) }
 
 func (r *ring) empty() bool { return r.head.Load() == r.tail.Load() }

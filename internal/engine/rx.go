@@ -4,9 +4,13 @@ import (
 	"errors"
 	"net/netip"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
+
+// The receive path: every function here runs on the poller that polled
+// the receive (any poller may receive for any vconn).
 
 // onRecv handles a receive; vc is the vconn its imm_data named, looked up
 // by completeAll (nil: none, or a stale generation).
@@ -20,18 +24,55 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		if wc.Status != verbs.WCWRFlushErr {
 			e.stats.malformed.Add(1)
 		}
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	if vc == nil {
 		// Closed (stale generation) or never opened: counted by the
 		// table's lookup, dropped.
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
-	b := e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
+	b, ud, ok := p.admit(wc, vc, slot)
+	if !ok {
+		p.reject(RejectPeer)
+		p.rx.reposts = append(p.rx.reposts, slot)
+		return
+	}
+	var h wire.Header
+	if err := h.Parse(b); err != nil {
+		e.stats.malformed.Add(1)
+		p.rx.reposts = append(p.rx.reposts, slot)
+		return
+	}
+	if slot.class() == e.dgramClass && !dgramAllowed(h.Type, vc.tr, ud) {
+		p.reject(RejectTransport)
+		p.rx.reposts = append(p.rx.reposts, slot)
+		return
+	}
+	if !vc.grant(h.Credit) {
+		p.reject(RejectGrant)
+	}
+	if vc.tr == Auto && (h.Type == wire.Data || h.Type == wire.Credit || h.Type == wire.Bundle) {
+		p.onAck(vc, h.Ack())
+		if end, ok := h.Gap(); ok {
+			vc.onGap(end)
+		}
+	}
+	p.dispatch(vc, &h, slot, b[wire.HeaderLen:])
+}
+
+// admit returns the message a receive holds (past the GRH space of a
+// datagram) and whether it came on a QP of vc's transport (ud: a UD QP),
+// and ok, false for a message from a node or QP that vc does not hear
+// from: a node naming a vconn that is not connected to it, a message on a
+// QP no peer made toward us (our own send QPs receive nothing), or on one
+// of the peer's QPs other than those its vconn sends on.
+func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud, ok bool) {
+	e := p.e
+	b = e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
 	from, index := p.ingressOf(wc.QPN)
-	ud := p.isUD(wc.QPN)
+	ud = p.isUD(wc.QPN)
 	if ud {
 		// A datagram: the sender's GID is in the GRH space. (Only UD
 		// receives have that space; a NIC may flag RC and UC receives
@@ -42,61 +83,37 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 			b = b[verbs.GRHSize:]
 		}
 	}
-	if vc.peer.gid != from || !ud && index != vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())) {
-		// A node naming a vconn that is not connected to it, a
-		// message on a QP no peer made toward us (our own send QPs
-		// receive nothing), or on one of the peer's QPs other than
-		// those its vconn sends on: dropped.
-		p.reject(RejectPeer)
-		p.reposts = append(p.reposts, slot)
+	ok = vc.peer.gid == from && (ud || index == vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())))
+	return b, ud, ok
+}
+
+// dispatch hands an admitted message with header h to what its type
+// needs; payload is what follows the header.
+func (p *poller) dispatch(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
+	switch h.Type {
+	case wire.Data:
+		p.onData(vc, h, slot, payload)
+		return
+	case wire.Bundle:
+		p.onBundle(vc, h, slot, payload)
 		return
 	}
-	var h header
-	if err := h.parse(b); err != nil {
-		e.stats.malformed.Add(1)
-		p.reposts = append(p.reposts, slot)
-		return
-	}
-	if slot.class() == e.dgramClass && !dgramAllowed(h.typ, vc.tr, ud) {
-		p.reject(RejectTransport)
-		p.reposts = append(p.reposts, slot)
-		return
-	}
-	if !vc.grant(h.credit) {
-		p.reject(RejectGrant)
-	}
-	if vc.tr == Auto && (h.typ == msgData || h.typ == msgCredit || h.typ == msgBundle) {
-		p.onAck(vc, h.ack())
-		if end, ok := h.gap(); ok {
-			vc.onGap(end)
-		}
-	}
-	switch h.typ {
-	case msgData:
-		p.onData(vc, &h, slot, b[headerLen:])
-	case msgBundle:
-		p.onBundle(vc, &h, slot, b[headerLen:])
-	case msgFin:
-		p.reposts = append(p.reposts, slot)
+	// Control messages are read at once: their buffers go back now.
+	p.rx.reposts = append(p.rx.reposts, slot)
+	switch h.Type {
+	case wire.Fin:
 		vc.onPeerFin()
-	case msgReset:
-		p.reposts = append(p.reposts, slot)
+	case wire.Reset:
 		vc.fail(ErrReset)
-	case msgExport:
-		err := vc.onExport(&h, b[headerLen:])
-		p.reposts = append(p.reposts, slot)
-		if err != nil {
-			e.stats.malformed.Add(1)
+	case wire.Export:
+		if err := vc.onExport(h, payload); err != nil {
+			p.e.stats.malformed.Add(1)
 			vc.fail(err)
 		}
-	case msgUnexport:
-		p.reposts = append(p.reposts, slot)
-		vc.onUnexport(&h)
-	case msgUnexported:
-		p.reposts = append(p.reposts, slot)
-		vc.onUnexported(h.region())
-	default:
-		p.reposts = append(p.reposts, slot)
+	case wire.Unexport:
+		vc.onUnexport(h)
+	case wire.Unexported:
+		vc.onUnexported(h.Region())
 	}
 }
 
@@ -106,14 +123,14 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 // (FIN, RESET, grants, exports) always travel over RC, whose source is
 // the connected QP; an RC vconn's data too, and it takes receive credits,
 // which a datagram would bypass.
-func dgramAllowed(t msgType, tr Transport, ud bool) bool {
+func dgramAllowed(t wire.Type, tr Transport, ud bool) bool {
 	switch t {
-	case msgData:
+	case wire.Data:
 		if ud {
 			return tr == UD
 		}
 		return tr == UC || tr == Auto
-	case msgBundle:
+	case wire.Bundle:
 		return !ud && tr == Auto
 	}
 	return false
@@ -135,10 +152,10 @@ func grhSource(grh []byte) (g verbs.GID) {
 // isUD reports whether qpn is one of the poller's UD QPs, the live one or
 // one failed and draining.
 func (p *poller) isUD(qpn uint32) bool {
-	if p.ud != nil && p.udQPN == qpn {
+	if p.udq.qp != nil && p.udq.qpn == qpn {
 		return true
 	}
-	for _, q := range p.deadUD {
+	for _, q := range p.udq.dead {
 		if q.qp.QPN() == qpn {
 			return true
 		}
@@ -158,22 +175,22 @@ func (p *poller) ingressOf(qpn uint32) (g verbs.GID, index int) {
 
 // onData delivers a whole message or adds a chunk to the one being
 // reassembled.
-func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
+func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
 	e := p.e
-	first, last := h.flags&flagFirst != 0, h.flags&flagLast != 0
-	imm, hasImm := h.appImm()
+	first, last := h.First(), h.Last()
+	imm, hasImm := h.AppImm()
 	m := Message{vc: vc, Imm: imm, HasImm: hasImm, slot: noSlot, credits: 1}
 	if slot.class() == e.dgramClass {
 		// Unreliable transports: whole messages only, no credits.
-		if !first || !last || uint32(len(payload)) != h.length {
+		if !first || !last || uint32(len(payload)) != h.Length {
 			e.stats.malformed.Add(1)
-			p.reposts = append(p.reposts, slot)
+			p.rx.reposts = append(p.rx.reposts, slot)
 			return
 		}
 		m.Data, m.slot, m.credits = payload, slot, 0
 		if vc.tr == Auto {
 			m.credits = 1
-			vc.deliverSeq(p, h.seq, m, true)
+			vc.deliverSeq(p, h.Seq, m, true)
 			return
 		}
 		vc.deliver(p, m)
@@ -182,11 +199,11 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 	// Reliable data: every chunk took a receive credit.
 	if !vc.takeCredit() {
 		p.overrun(vc)
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
 	if first && last {
-		if uint32(len(payload)) != h.length {
+		if uint32(len(payload)) != h.Length {
 			p.malformed(vc, slot)
 			return
 		}
@@ -195,13 +212,13 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 		return
 	}
 	if first {
-		if vc.asm != nil || h.length > uint32(e.cfg.MaxMessage) {
+		if vc.asm != nil || h.Length > uint32(e.cfg.MaxMessage) {
 			p.malformed(vc, slot)
 			return
 		}
 		// Reassembly copies into a buffer of its own so the chunks'
 		// receive buffers (and credits) come back at once.
-		vc.asm, vc.asmOff = make([]byte, h.length), 0
+		vc.asm, vc.asmOff = make([]byte, h.Length), 0
 	}
 	if vc.asm == nil || vc.asmOff+uint32(len(payload)) > uint32(len(vc.asm)) {
 		p.malformed(vc, slot)
@@ -209,7 +226,7 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 	}
 	copy(vc.asm[vc.asmOff:], payload)
 	vc.asmOff += uint32(len(payload))
-	p.reposts = append(p.reposts, slot)
+	p.rx.reposts = append(p.rx.reposts, slot)
 	if !last {
 		vc.returnCredits(1) // the chunk is copied out: its buffer is free
 		return
@@ -224,9 +241,9 @@ func (p *poller) onData(vc *VConn, h *header, slot bufSlot, payload []byte) {
 	p.deliver(vc, h, m)
 }
 
-func (p *poller) deliver(vc *VConn, h *header, m Message) {
+func (p *poller) deliver(vc *VConn, h *wire.Header, m Message) {
 	if vc.tr == Auto {
-		vc.deliverSeq(p, h.seq, m, false)
+		vc.deliverSeq(p, h.Seq, m, false)
 		return
 	}
 	vc.deliver(p, m)
@@ -237,7 +254,7 @@ func (p *poller) deliver(vc *VConn, h *header, m Message) {
 func (p *poller) malformed(vc *VConn, slot bufSlot) {
 	p.e.stats.malformed.Add(1)
 	if slot != noSlot {
-		p.reposts = append(p.reposts, slot)
+		p.rx.reposts = append(p.rx.reposts, slot)
 	}
 	vc.returnCredits(1)
 	vc.fail(errors.New("engine: malformed message from peer"))

@@ -2,36 +2,41 @@ package engine
 
 import (
 	"context"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 )
 
 // enqueue puts a vconn on the run queue and wakes the poller if it sleeps.
+// Any goroutine (through VConn.schedule): it takes inbox.mu.
 func (p *poller) enqueue(vc *VConn) {
-	p.mu.Lock()
-	p.runq = append(p.runq, vc)
-	p.queued.Store(true)
-	p.mu.Unlock()
+	p.inbox.mu.Lock()
+	p.inbox.runq = append(p.inbox.runq, vc)
+	p.inbox.queued.Store(true)
+	p.inbox.mu.Unlock()
 	p.kick()
 }
 
-// repostRecv queues a receive buffer for the SRQ.
+// repostRecv queues a receive buffer for the SRQ. Any goroutine (a
+// reader's Release): it takes inbox.mu.
 func (p *poller) repostRecv(slot bufSlot) {
-	p.mu.Lock()
-	p.repost = append(p.repost, slot)
-	n := len(p.repost)
-	p.queued.Store(true)
-	p.mu.Unlock()
+	p.inbox.mu.Lock()
+	p.inbox.repost = append(p.inbox.repost, slot)
+	n := len(p.inbox.repost)
+	p.inbox.queued.Store(true)
+	p.inbox.mu.Unlock()
 	if n == 1 || n >= 32 {
 		p.kick()
 	}
 }
 
-// took accounts for an entry taken from vc's ring.
+// took accounts for an entry taken from vc's ring. The poller, which
+// consumes the ring.
 func (p *poller) took(vc *VConn) {
 	if vc.uncounted > 0 {
 		vc.uncounted-- // taken off the backlog when vc stalled
 		return
 	}
-	p.popped++
+	p.sched.popped++
 }
 
 // throttle blocks a sender while its QP's backlog is full; it returns
@@ -41,25 +46,25 @@ func (p *poller) took(vc *VConn) {
 // buffer pool (16,384 small buffers) made every message a handful of
 // cache misses. Bounding it keeps what the poller serves warm (as byte
 // queue limits bound a NIC's queue), and costs senders nothing while it
-// is not full.
+// is not full. The sender's goroutine, before it takes sendMu.
 func (q *sendQP) throttle(ctx context.Context) error {
 	p := q.p
-	for q.backlog.Load() >= q.maxBacklog && !p.stopping.Load() {
-		p.mu.Lock()
+	for q.backlog.Load() >= q.maxBacklog && !p.loop.stopping.Load() {
+		p.inbox.mu.Lock()
 		q.throttled.Store(true)
-		if q.backlog.Load() < q.maxBacklog || p.stopping.Load() {
-			p.mu.Unlock()
+		if q.backlog.Load() < q.maxBacklog || p.loop.stopping.Load() {
+			p.inbox.mu.Unlock()
 			return nil
 		}
 		if q.unthrottled == nil {
 			q.unthrottled = make(chan struct{})
 		}
 		ch := q.unthrottled
-		p.mu.Unlock()
+		p.inbox.mu.Unlock()
 		p.kick()
 		select {
 		case <-ch:
-		case <-p.done:
+		case <-p.loop.done:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -70,36 +75,38 @@ func (q *sendQP) throttle(ctx context.Context) error {
 
 // dequeued takes n messages the poller took from the rings of q's vconns
 // off q's backlog, and wakes throttled senders once it is down to half.
+// q's poller only.
 func (q *sendQP) dequeued(n int32) {
 	if n == 0 {
 		return
 	}
 	if b := q.backlog.Add(-n); b <= q.maxBacklog/2 && q.throttled.Load() {
 		p := q.p
-		p.mu.Lock()
+		p.inbox.mu.Lock()
 		q.throttled.Store(false)
 		if q.unthrottled != nil {
 			close(q.unthrottled)
 			q.unthrottled = nil
 		}
-		p.mu.Unlock()
+		p.inbox.mu.Unlock()
 	}
 }
 
-// queue appends vc to its QP's run queue.
+// queue appends vc to its QP's run queue. The poller only.
 func (p *poller) queue(vc *VConn) {
 	q := vc.sq
 	if !q.active {
 		q.active = true
-		p.active = append(p.active, q)
+		p.sched.active = append(p.sched.active, q)
 	}
 	q.runq = append(q.runq, vc)
 }
 
 // serveQP serves q's run queue in order until a vconn cannot go on for
-// lack of room (it went on p.later, and so to the queue's tail next round).
+// lack of room (it went on p.sched.later, and so to the queue's tail next
+// round). The poller only.
 func (p *poller) serveQP(q *sendQP) {
-	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.budget <= 0 {
+	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 {
 		return // no room: the queue waits for completions
 	}
 	i := q.runHead
@@ -111,14 +118,14 @@ func (p *poller) serveQP(q *sendQP) {
 		q.runq[i] = nil
 		i++
 		vc.scheduled.Store(false)
-		n := len(p.later)
+		n := len(p.sched.later)
 		p.serve(vc)
-		if len(p.later) > n {
+		if len(p.sched.later) > n {
 			break
 		}
 	}
-	q.dequeued(p.popped)
-	p.popped = 0
+	q.dequeued(p.sched.popped)
+	p.sched.popped = 0
 	switch {
 	case i == len(q.runq):
 		q.runq, q.runHead = q.runq[:0], 0
@@ -138,7 +145,8 @@ const touchAhead = 16
 // touch reads the hot cache lines of vconns about to be served. With many
 // vconns each is touched about once per message, long after the last time,
 // so it is rarely in cache; loads that do not depend on each other let the
-// CPU wait for those misses together instead of one after another.
+// CPU wait for those misses together instead of one after another. The
+// poller only; it only reads.
 func (p *poller) touch(vcs []*VConn) {
 	var x uint32
 	for _, vc := range vcs {
@@ -148,8 +156,8 @@ func (p *poller) touch(vcs []*VConn) {
 	pool := p.e.pool
 	for _, vc := range vcs {
 		if ent, ok := vc.ring.peek(&vc.ents); ok && ent.slot() != opMarker {
-			x += uint32(rawHeader(pool.bytes(ent.slot())).typ())
+			x += uint32(wire.Raw(pool.bytes(ent.slot())).Type())
 		}
 	}
-	p.sink += x
+	p.rx.sink += x
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 )
 
 // Send sends one message, blocking while the vconn's queue is full (the
@@ -34,7 +36,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	if st := vc.state.Load(); st != stateOpen {
 		return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
 	}
-	per := e.cfg.ChunkSize - headerLen
+	per := e.cfg.ChunkSize - wire.HeaderLen
 	chunks := max(1, (len(data)+per-1)/per)
 	if block {
 		if err := vc.sq.throttle(ctx); err != nil {
@@ -51,17 +53,11 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	if !block && vc.ring.free() < chunks {
 		return false, nil
 	}
-	h := dataHeader(uint32(len(data)), vc.txSeq, imm, hasImm)
+	h := wire.DataHeader(uint32(len(data)), vc.txSeq, imm, hasImm)
 	for i := 0; i < chunks; i++ {
 		part := data[min(i*per, len(data)):min((i+1)*per, len(data))]
-		h.flags &^= flagFirst | flagLast
-		if i == 0 {
-			h.flags |= flagFirst
-		}
-		if i == chunks-1 {
-			h.flags |= flagLast
-		}
-		slot, err := vc.getBuffer(ctx, headerLen+len(part), block)
+		h.SetChunk(i == 0, i == chunks-1)
+		slot, err := vc.getBuffer(ctx, wire.HeaderLen+len(part), block)
 		if err != nil || slot == noSlot {
 			// Nothing of this message is queued unless i > 0, which only a
 			// blocking send reaches; its ctx ended, the vconn is broken.
@@ -71,8 +67,8 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 			return false, err
 		}
 		b := e.pool.bytes(slot)
-		h.put(b)
-		copy(b[headerLen:], part)
+		h.Put(b)
+		copy(b[wire.HeaderLen:], part)
 		if err := vc.waitRing(ctx, block); err != nil {
 			e.pool.put(slot)
 			if i > 0 {
@@ -80,7 +76,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 			}
 			return false, err
 		}
-		vc.push(newEntry(slot, uint32(headerLen+len(part))))
+		vc.push(newEntry(slot, uint32(wire.HeaderLen+len(part))))
 		if chunks > 1 {
 			vc.schedule()
 		}
@@ -90,7 +86,8 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	return true, nil
 }
 
-// push queues a ring entry; the caller holds sendMu and checked free.
+// push queues a ring entry; the caller (the vconn's sender) holds sendMu
+// and checked free.
 func (vc *VConn) push(ent ringEntry) {
 	vc.ring.push(&vc.ents, ent)
 	vc.sq.backlog.Add(1)
@@ -161,7 +158,8 @@ func (vc *VConn) sendable(ctx context.Context) error {
 	return nil
 }
 
-// wakeSender wakes a producer waiting for ring space.
+// wakeSender wakes a producer waiting for ring space. The poller, as it
+// consumes the ring; or whoever fails or releases the vconn.
 func (vc *VConn) wakeSender() {
 	// Load before Swap: the common case (nobody waits) stays a read.
 	if vc.txWaiting.Load() && vc.txWaiting.Swap(false) {
@@ -172,7 +170,8 @@ func (vc *VConn) wakeSender() {
 	}
 }
 
-// schedule puts the vconn on its poller's run queue.
+// schedule puts the vconn on its poller's run queue, once until served.
+// Any goroutine.
 func (vc *VConn) schedule() {
 	if !vc.scheduled.Swap(true) {
 		vc.sq.p.enqueue(vc)

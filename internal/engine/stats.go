@@ -147,12 +147,12 @@ func (p *poller) countSent(tr Transport, msgs, bytes int) {
 // the poller's coarse clock, which a busy round resets, so a period costs
 // one or two clock reads whatever its length.
 func (p *poller) beginBusy() {
-	p.busy = true
+	p.loop.busy = true
 	p.st.busyFrom.Store(int64(p.clock().Sub(p.e.epoch)) + 1) // never 0
 }
 
 func (p *poller) endBusy() {
-	p.busy = false
+	p.loop.busy = false
 	from := p.st.busyFrom.Load() - 1
 	// Cleared before the period is added, so a reader that sees busyFrom
 	// unchanged on both sides of its busyNs load saw busyNs without it.
@@ -224,16 +224,7 @@ func (e *Engine) PeerStats() ([]PeerStats, StateCounts) {
 	for _, p := range e.peers {
 		s := PeerStats{GID: p.gid}
 		p.mu.Lock()
-		for _, q := range p.qps {
-			if q != nil {
-				s.RCQPs++
-			}
-		}
-		for _, q := range p.ucs {
-			if q != nil {
-				s.UCQPs++
-			}
-		}
+		s.RCQPs, s.UCQPs = p.countQPs()
 		s.IngressQPs = len(p.ingress)
 		s.VConns = p.countStates()
 		p.mu.Unlock()
@@ -246,6 +237,22 @@ func (e *Engine) PeerStats() ([]PeerStats, StateCounts) {
 		p.mu.Unlock()
 	}
 	return out, all
+}
+
+// countQPs counts the RC and UC QPs this engine has toward the peer; the
+// caller holds p.mu.
+func (p *Peer) countQPs() (rc, uc int) {
+	for _, q := range p.qps {
+		if q != nil {
+			rc++
+		}
+	}
+	for _, q := range p.ucs {
+		if q != nil {
+			uc++
+		}
+	}
+	return rc, uc
 }
 
 // countStates counts the peer's vconns by state; the caller holds p.mu.

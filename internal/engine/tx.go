@@ -4,232 +4,26 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// serve moves a vconn's queued buffers into its QP's batch, as far as
-// credits and the send queue allow.
-func (p *poller) serve(vc *VConn) {
-	e := p.e
-	q := vc.sq
-	st := vc.state.Load()
-	remote := vqpn.ID(vc.remote.Load())
-	if st == stateClosed || st == stateFailed {
-		// Nothing more is sent: return what is queued to the pool.
-		if vc.tr == Auto {
-			p.dropUnacked(vc)
-		}
-		for {
-			ent, ok := vc.ring.peek(&vc.ents)
-			if !ok {
-				break
-			}
-			e.pool.put(ent.slot())
-			vc.ring.pop()
-			p.took(vc)
-		}
-		vc.wakeSender()
-		if vc.rstDue.Swap(false) {
-			p.control(q, vc, remote, msgReset)
-		}
-		return
-	}
-	if !remote.Valid() {
-		return // not connected yet; Connect's sends reschedule
-	}
-	// (Auto's own fields are off the hot lines: other vconns never read them.)
-	if vc.tr == Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
-		p.freeAcked(vc, vc.reliability()) // another poller received them
-	}
-	limit := e.cfg.SQDepth
-	stalled := false // data waits for the peer's grant
-	for {
-		ent, ok := vc.ring.peek(&vc.ents)
-		if !ok {
-			break
-		}
-		slot, n := ent.slot(), ent.len()
-		if slot == opMarker {
-			rg := vc.regions.Load()
-			o := &rg.op
-			if q.outstanding+len(q.batch)+len(o.wrs) > limit || p.budget < len(o.wrs) {
-				p.later = append(p.later, vc)
-				vc.scheduled.Store(true)
-				break
-			}
-			for _, wr := range o.wrs {
-				p.postWR(q, wr)
-			}
-			rg.mu.Lock()
-			rg.posted++
-			rg.mu.Unlock()
-			vc.ring.pop()
-			p.took(vc)
-			continue
-		}
-		b := rawHeader(e.pool.bytes(slot))
-		data := b.typ() == msgData
-		// Data goes on the vconn's transport; control always on RC.
-		// Only reliable data consumes receive credits: a lost datagram
-		// would take its credit with it.
-		dq := q
-		if data {
-			switch vc.tr {
-			case UD:
-				dq = p.ud
-			case UC:
-				dq = vc.dq
-			}
-		}
-		// Only whole messages go as datagrams: the chunks of a long one
-		// all travel on RC, in order.
-		auto := data && vc.tr == Auto && b.whole() && vc.autoDgram(n)
-		if auto {
-			dq = vc.dq
-		}
-		credited := data && (dq == q || auto)
-		if credited && vc.sent == vc.limit.Load() {
-			e.stats.creditStalls.Add(1)
-			// What waits for the peer's reader does not count in the
-			// QP's backlog, or one slow reader would throttle every
-			// sender on the QP.
-			if k := int32(vc.ring.len()) - vc.uncounted; k > 0 {
-				vc.uncounted += k
-				p.popped += k
-			}
-			stalled = true
-			break // the peer's grant reschedules us
-		}
-		if dq.outstanding+len(dq.batch) >= limit || p.budget <= 0 {
-			p.later = append(p.later, vc)
-			vc.scheduled.Store(true)
-			break
-		}
-		if auto && vc.ring.len() > 1 {
-			if p.bundle(vc, remote) > 0 {
-				vc.sent++ // a credit per receive buffer (bundle.go)
-				continue
-			}
-		}
-		vc.stampCredit(b)
-		if data && b.last() {
-			p.countSent(vc.tr, 1, int(b.length()))
-		}
-		if auto {
-			seq := b.seq()
-			p.sendReliable(vc, remote, relMsg{seq: seq, last: seq, slot: slot, n: n})
-		} else if dq == p.ud {
-			p.postUD(vc, remote, slot, n)
-		} else {
-			p.post(dq, vc, remote, slot, n)
-		}
-		vc.ring.pop()
-		p.took(vc)
-		if credited {
-			vc.sent++
-		}
-	}
-	vc.wakeSender()
-	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && vc.state.Load() == stateOpen
-	if !vc.ring.empty() {
-		// A grant owed rides on the next data, unless that data waits
-		// for the peer's grant: then it goes alone, or, with both ends
-		// sending, each would wait for the other's grant forever.
-		if stalled && owed {
-			p.control(q, vc, remote, msgCredit)
-		}
-		// Unexport confirmations do not wait behind data either: the
-		// peer's memory stays registered until they arrive, and this
-		// side's reader, or the peer's, may hold that data back for
-		// good (onUnexport).
-		if stalled {
-			p.confirmUnexports(q, vc, remote)
-		}
-		return
-	}
-	if owed {
-		p.control(q, vc, remote, msgCredit)
-	}
-	p.confirmUnexports(q, vc, remote)
-	if st == stateClosing && vc.finDue.Load() && !vc.finPosted {
-		vc.finPosted = true
-		p.control(q, vc, remote, msgFin)
-	}
-}
-
-// confirmUnexports posts the unexport confirmations that may go now.
-func (p *poller) confirmUnexports(q *sendQP, vc *VConn, remote vqpn.ID) {
-	if vc.regions.Load() == nil {
-		return
-	}
-	p.confirm = vc.takeUnexportAcks(p.confirm[:0])
-	for _, id := range p.confirm {
-		p.controlRegion(q, vc, remote, msgUnexported, id)
-	}
-}
-
-// control posts a credit grant, FIN or RST.
-func (p *poller) control(q *sendQP, vc *VConn, remote vqpn.ID, t msgType) {
-	p.controlRegion(q, vc, remote, t, 0)
-}
-
-// controlRegion posts a control message; one about a region (an
-// unexported) names it.
-func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t msgType, region uint32) {
-	e := p.e
-	var slot bufSlot
-	ok := q.outstanding+len(q.batch) < e.cfg.SQDepth && p.budget > 0
-	if ok {
-		slot, ok = e.pool.get(0)
-	}
-	if !ok {
-		// No room or no buffer now: try again next round.
-		switch t {
-		case msgFin:
-			vc.finPosted = false
-		case msgReset:
-			vc.rstDue.Store(true)
-		case msgUnexported:
-			rg := vc.rg()
-			rg.mu.Lock()
-			rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: region})
-			rg.mu.Unlock()
-		}
-		p.later = append(p.later, vc)
-		vc.scheduled.Store(true)
-		return
-	}
-	h := regionHeader(t, region)
-	b := rawHeader(e.pool.bytes(slot))
-	h.put(b)
-	vc.stampCredit(b)
-	if t == msgCredit && vc.nackDue.Swap(false) {
-		// The gap goes with the acknowledgement just stamped, unless a
-		// resend filled it meanwhile.
-		r := vc.reliability()
-		if end := r.gapEnd.Load(); int32(end-b.ack()) > 0 {
-			b.setGap(end)
-		}
-	}
-	p.post(q, vc, remote, slot, headerLen)
-}
-
 // sendWR is the SEND_WITH_IMM of n bytes of buffer slot for vc: wr_id
 // names the vconn and the buffer its completion frees, imm_data the
-// peer's vconn.
+// peer's vconn. The poller only, as all of this file.
 func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs.SendWR {
-	tag := tagOf(slot)
-	switch b := rawHeader(p.e.pool.bytes(slot)); b.typ() {
-	case msgData, msgBundle:
-		if b.last() {
-			tag |= tagSent
+	tag := wire.TagOf(uint32(slot))
+	switch b := wire.Raw(p.e.pool.bytes(slot)); b.Type() {
+	case wire.Data, wire.Bundle:
+		if b.Last() {
+			tag |= wire.TagSent
 		}
-	case msgFin:
-		tag |= tagFin
+	case wire.Fin:
+		tag |= wire.TagFin
 	}
 	return verbs.SendWR{
-		WRID:    tag.wrID(vc.id),
+		WRID:    tag.WRID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
 		ImmData: vqpn.Imm(remote),
@@ -238,6 +32,7 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs
 	}
 }
 
+// post adds the SEND of n bytes of slot to q's batch.
 func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	p.postWR(q, p.sendWR(vc, remote, slot, n))
 }
@@ -247,15 +42,17 @@ func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	wr := p.sendWR(vc, remote, slot, n)
 	wr.AH, wr.RemoteQPN = vc.peer.udRoute(int(vc.id.VQPN()))
 	wr.RemoteQKey = p.e.cfg.QKey
-	p.postWR(p.ud, wr)
+	p.postWR(p.udq.qp, wr)
 }
 
+// postWR adds wr to q's batch, posted at the end of the round
+// (flushSends), and counts it against the CQ's budget.
 func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
 	q.batch = append(q.batch, wr)
-	p.budget--
+	p.tx.budget--
 	if !q.queued {
 		q.queued = true
-		p.dirty = append(p.dirty, q)
+		p.tx.dirty = append(p.tx.dirty, q)
 	}
 }
 
@@ -264,8 +61,8 @@ func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
 func (p *poller) flushSends() bool {
 	e := p.e
 	posted := false
-	for i, q := range p.dirty {
-		p.dirty[i] = nil
+	for i, q := range p.tx.dirty {
+		p.tx.dirty[i] = nil
 		q.queued = false
 		if len(q.batch) == 0 {
 			continue
@@ -282,16 +79,16 @@ func (p *poller) flushSends() bool {
 			clear(q.batch[rest:])
 			q.batch = q.batch[:rest]
 			q.queued = true
-			p.dirty[i] = q
+			p.tx.dirty[i] = q
 			continue
 		}
 		if err != nil {
 			// The QP refused the rest (it failed): their buffers go back,
 			// their vconns fail.
 			for _, wr := range q.batch[n:] {
-				id, tag := splitWRID(wr.WRID)
+				id, tag := wire.SplitWRID(wr.WRID)
 				p.sent(tag)
-				p.budget++
+				p.tx.budget++
 				if vc, ok := e.vconns.Lookup(id); ok {
 					vc.fail(fmt.Errorf("%w: %w", ErrQPFailed, err))
 				}
@@ -302,32 +99,31 @@ func (p *poller) flushSends() bool {
 		q.batch = q.batch[:0]
 	}
 	k := 0
-	for _, q := range p.dirty {
+	for _, q := range p.tx.dirty {
 		if q != nil {
-			p.dirty[k] = q
+			p.tx.dirty[k] = q
 			k++
 		}
 	}
-	p.dirty = p.dirty[:k]
+	p.tx.dirty = p.tx.dirty[:k]
 	return posted
 }
 
+// flushReposts gives the round's released receive buffers back to their
+// SRQs, a PostRecv per SRQ.
 func (p *poller) flushReposts() {
-	if len(p.reposts) == 0 {
+	if len(p.rx.reposts) == 0 {
 		return
 	}
 	e := p.e
-	for _, c := range []struct {
-		class int
-		srq   verbs.SRQ
-	}{{e.recvClass, e.srq}, {e.dgramClass, e.dsrq}} {
-		wrs := p.recvWRs[:0]
-		for _, slot := range p.reposts {
+	for _, c := range e.srqs() {
+		wrs := p.rx.recvWRs[:0]
+		for _, slot := range p.rx.reposts {
 			if slot.class() == c.class {
 				wrs = append(wrs, e.recvWR(slot))
 			}
 		}
-		p.recvWRs = wrs
+		p.rx.recvWRs = wrs
 		if len(wrs) == 0 {
 			continue
 		}
@@ -335,5 +131,5 @@ func (p *poller) flushReposts() {
 			e.log.Error(err, "Reposting receive buffers failed", "buffers", len(wrs))
 		}
 	}
-	p.reposts = p.reposts[:0]
+	p.rx.reposts = p.rx.reposts[:0]
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -51,10 +53,8 @@ type VConn struct {
 	sq         *sendQP // RC: data of RC vconns, control of all
 	sendMu     sync.Mutex
 	state      atomic.Uint32
-	limit      atomic.Uint32 // credits the peer granted, cumulative
-	consumed   atomic.Uint32 // receive buffers released, cumulative
-	advertised atomic.Uint32 // last credit grant sent
-	window     atomic.Uint32 // credits granted beyond consumed: Credits, grown up to MaxCredits
+	limit      credit.Limit  // credits the peer granted, cumulative
+	window     credit.Window // receive buffers released, credits granted beyond them, the last grant sent
 	txSeq      uint32        // guarded by sendMu
 	scheduled  atomic.Bool   // on the poller's run queue
 	ring       ring          // the producer is whoever holds sendMu; the consumer the QP's poller
@@ -76,7 +76,7 @@ type VConn struct {
 	uncounted int32 // poller-owned: ring entries taken off the QP's backlog while credits ran out
 	// taken counts the peer's messages that took a receive credit
 	// (takeCredit); taken-consumed of them are held here.
-	taken atomic.Uint32
+	taken credit.Taken
 
 	ents ringEntries
 
@@ -121,9 +121,8 @@ func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VCo
 		return nil, fmt.Errorf("engine: new vconn: transport %v", tr)
 	}
 	vc := &VConn{e: e, peer: peer, handler: o.Handler, tr: tr}
-	vc.limit.Store(uint32(e.cfg.Credits))
-	vc.advertised.Store(uint32(e.cfg.Credits))
-	vc.window.Store(uint32(e.cfg.Credits))
+	vc.limit.Init(uint32(e.cfg.Credits))
+	vc.window.Init(uint32(e.cfg.Credits))
 	id, err := e.vconns.Alloc(vc)
 	if err != nil {
 		return nil, fmt.Errorf("engine: new vconn to %v: %w", peer.gid, err)
@@ -187,9 +186,9 @@ func (vc *VConn) stateErr() error {
 func (vc *VConn) MaxMessage() int {
 	switch vc.tr {
 	case UD:
-		return vc.e.cfg.MTU.Bytes() - headerLen
+		return vc.e.cfg.MTU.Bytes() - wire.HeaderLen
 	case UC:
-		return vc.e.cfg.ChunkSize - headerLen
+		return vc.e.cfg.ChunkSize - wire.HeaderLen
 	}
 	return vc.e.cfg.MaxMessage
 }
@@ -324,7 +323,7 @@ func (vc *VConn) release() {
 	vc.peer.unlink(vc)
 	vc.releaseRegions()
 	vc.releaseRel()
-	vc.shrinkWindow()
+	vc.window.Shrink(uint32(vc.e.cfg.Credits), vc.windowBudget())
 	_ = vc.e.vconns.Release(vc.id)
 	vc.abandonOp(fmt.Errorf("engine: vconn %v: %w", vc.id, ErrClosed))
 	// The poller returns whatever is still queued to the pool.

@@ -3,11 +3,11 @@ package engine
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -24,16 +24,16 @@ func (h *hostile) awaitExport() remoteRegion {
 			}
 			off := 1<<19 + int(wc.WRID)*2048
 			b := h.mr.Bytes()[off : off+int(wc.ByteLen)]
-			var hd header
-			if err := hd.parse(b); err != nil || hd.typ != msgExport {
+			var hd wire.Header
+			if err := hd.Parse(b); err != nil || hd.Type != wire.Export {
 				continue
 			}
-			p := b[headerLen:]
-			if len(p) != regionAdLen {
-				h.t.Fatalf("export of %d bytes", len(p))
+			p := b[wire.HeaderLen:]
+			ad, err := wire.ParseAd(p)
+			if err != nil {
+				h.t.Fatal(err)
 			}
-			return remoteRegion{addr: binary.BigEndian.Uint64(p), rkey: binary.BigEndian.Uint32(p[8:]),
-				length: binary.BigEndian.Uint64(p[12:]), access: Access(p[20])}
+			return ad
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
@@ -67,11 +67,11 @@ func TestExportScopedToQP(t *testing.T) {
 		t.Fatal(err)
 	}
 	ad := h.awaitExport()
-	if ad.addr != 0 || ad.length != 4096 || ad.rkey == r.mr.RKey() {
+	if ad.Addr != 0 || ad.Length != 4096 || ad.RKey == r.mr.RKey() {
 		t.Fatalf("export %+v: want a zero-based window of 4096 bytes with a key of its own (the MR's is %#x)", ad, r.mr.RKey())
 	}
 	copy(h.mr.Bytes(), "through the window")
-	if st := h.rdma(in1, verbs.WRRDMAWrite, 100, ad.rkey, 18); st != verbs.WCSuccess {
+	if st := h.rdma(in1, verbs.WRRDMAWrite, 100, ad.RKey, 18); st != verbs.WCSuccess {
 		t.Fatalf("write through the window on its QP: %v", st)
 	}
 	got := make([]byte, 18)
@@ -80,14 +80,14 @@ func TestExportScopedToQP(t *testing.T) {
 	}
 	// Each refusal fails the hostile's QP (and the engine's end of it),
 	// so each uses one of its own.
-	if st := h.rdma(in0, verbs.WRRDMAWrite, 100, ad.rkey, 18); st != verbs.WCRemAccessErr {
+	if st := h.rdma(in0, verbs.WRRDMAWrite, 100, ad.RKey, 18); st != verbs.WCRemAccessErr {
 		t.Fatalf("the window's key on another QP of the peer: %v, want %v", st, verbs.WCRemAccessErr)
 	}
 	in2 := h.ingress(a, 2, 0) // replaces in0
 	if st := h.rdma(in2, verbs.WRRDMARead, r.mr.Addr(), r.mr.RKey(), 18); st != verbs.WCRemAccessErr {
 		t.Fatalf("the MR's own key at its address: %v, want %v", st, verbs.WCRemAccessErr)
 	}
-	if st := h.rdma(in1, verbs.WRRDMARead, r.mr.Addr(), ad.rkey, 18); st != verbs.WCRemAccessErr {
+	if st := h.rdma(in1, verbs.WRRDMARead, r.mr.Addr(), ad.RKey, 18); st != verbs.WCRemAccessErr {
 		t.Fatalf("the window's key at the region's address: %v, want %v", st, verbs.WCRemAccessErr)
 	}
 	if vc.Err() != nil {

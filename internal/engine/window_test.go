@@ -62,7 +62,7 @@ func TestCreditWindowGrows(t *testing.T) {
 				t.Fatal(err)
 			}
 			budget := vb.windowBudget()
-			start := budget.Load()
+			start := budget.Left()
 			stream(t, ctx, n, make([]byte, tc.size), va)
 			// A send that failed leaves messages that never come: wait
 			// for the context then, rather than hang the test binary.
@@ -73,16 +73,16 @@ func TestCreditWindowGrows(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatalf("%d messages not all read: %v", n, ctx.Err())
 			}
-			w := vb.window.Load()
+			w := vb.window.Size()
 			if w < tc.min || w > tc.max {
 				t.Fatalf("window %d after %d messages read at once: want %d..%d", w, n, tc.min, tc.max)
 			}
-			if lent := start - budget.Load(); lent != int64(w)-int64(b.cfg.Credits) {
+			if lent := start - budget.Left(); lent != int64(w)-int64(b.cfg.Credits) {
 				t.Errorf("budget lent %d for a window of %d over %d credits", lent, w, b.cfg.Credits)
 			}
 			_ = va.Close()
 			_ = vb.Close()
-			waitFor(t, func() bool { return budget.Load() == start }, "window growth returned to the budget")
+			waitFor(t, func() bool { return budget.Left() == start }, "window growth returned to the budget")
 		})
 	}
 }
@@ -106,12 +106,12 @@ func TestCreditWindowBudget(t *testing.T) {
 	stream(t, ctx, 5000, []byte("credit window"), senders...)
 	extra, grown := 0, 0
 	for _, vc := range receivers {
-		if w := int(vc.window.Load()); w > b.cfg.Credits {
+		if w := int(vc.window.Size()); w > b.cfg.Credits {
 			extra += w - b.cfg.Credits
 			grown++
 		}
 	}
-	if left := b.windowBudget[0].Load(); left < 0 || int(left)+extra != 256/2 {
+	if left := b.windowBudget[0].Left(); left < 0 || int(left)+extra != 256/2 {
 		t.Errorf("budget left %d with %d lent: want them to add up to %d", left, extra, 256/2)
 	}
 	if grown == 0 {

@@ -3,29 +3,24 @@ package engine
 import (
 	"testing"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// The bit-packed integers round-trip, and a tag's flags never reach into
-// its slot.
+// The bit-packed integers round-trip: a buffer's slot through its class and
+// index, through a send's tag (wire.Tag, which has room for the slot's
+// bits) and a receive's wr_id, and through a ring entry.
 func TestPackedTypes(t *testing.T) {
 	id := vqpn.MakeID(0xabcdef, 7)
 	for _, s := range []bufSlot{makeSlot(0, 0), makeSlot(3, 12345), makeSlot(15, 1<<slotIndexBits-1)} {
 		if got := makeSlot(s.class(), s.index()); got != s {
 			t.Fatalf("slot %#x: class %d index %d rebuild %#x", uint32(s), s.class(), s.index(), uint32(got))
 		}
-		for _, f := range []sendTag{0, tagSent, tagFin | tagShared, tagSent | tagFin | tagShared | tagGather} {
-			tag := tagOf(s) | f
-			gotID, got := splitWRID(tag.wrID(id))
-			if gotID != id || got.slot() != s || got&^tagSlotMask != f {
-				t.Fatalf("slot %#x flags %#x: wr_id gives %v, slot %#x, flags %#x", uint32(s), uint32(f), gotID, uint32(got.slot()), uint32(got&^tagSlotMask))
-			}
-			rt := retag(tag.wrID(id), tagShared, tagSent)
-			if _, got := splitWRID(rt); got.slot() != s || got.has(tagSent) || !got.has(tagShared) || got.has(tagFin) != f.has(tagFin) {
-				t.Fatalf("retag of %#x: %#x", uint32(tag), uint32(got))
-			}
+		_, tag := wire.SplitWRID((wire.TagOf(uint32(s)) | wire.TagSent | wire.TagGather).WRID(id))
+		if bufSlot(tag.Slot()) != s {
+			t.Fatalf("slot %#x through a tag: %#x", uint32(s), tag.Slot())
 		}
-		if recvSlot(recvWRID(s)) != s {
+		if bufSlot(wire.RecvSlot(wire.RecvWRID(uint32(s)))) != s {
 			t.Fatalf("receive wr_id of %#x", uint32(s))
 		}
 		for _, n := range []uint32{0, 1, 16 << 10, ^uint32(0)} {
@@ -41,7 +36,7 @@ func TestPackedTypes(t *testing.T) {
 
 // A pool whose slots a send tag cannot hold is refused.
 func TestPoolClassLimit(t *testing.T) {
-	specs := make([]classSpec, tagSlotMask>>slotIndexBits+2)
+	specs := make([]classSpec, wire.TagSlotMask>>slotIndexBits+2)
 	for i := range specs {
 		specs[i] = classSpec{size: 64, n: 1}
 	}

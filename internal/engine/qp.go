@@ -1,0 +1,326 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/vqpn"
+)
+
+// The shared QPs between this engine and a peer: the ones this engine
+// creates and sends on (connected on first use, through the control
+// plane), and the ones the peer creates toward it (AcceptQP), on which
+// messages arrive.
+
+// QPRequest asks a peer engine to create a QP connected to ours.
+type QPRequest struct {
+	GID  verbs.GID    // the requesting engine
+	Type verbs.QPType // RC or UC
+	QPN  uint32
+	PSN  uint32
+	MTU  verbs.MTU
+	// UDQPNs are the requesting engine's UD QPs, one per poller.
+	UDQPNs []uint32
+	// Index of the QP in the requester's pool of Type: a request for an
+	// index replaces the QP the previous one made there, which failed.
+	Index int
+	// Epoch names the requester's side of the connection (Peer.Epoch).
+	Epoch uint64
+	// Pool is the size of the requester's pools (its QPsPerPeer): its
+	// vconn of vQPN v sends on the QPs of index v mod Pool, so this
+	// engine knows which of the peer's QPs may carry that vconn's
+	// messages and its one-sided requests.
+	Pool int
+}
+
+// maxIndex bounds QPRequest.Index: config.MaxQPsPerPeer.
+const maxIndex = 64
+
+// ingressSlot names a QP a peer made toward us by its place in the peer's
+// pools.
+type ingressSlot struct {
+	t verbs.QPType
+	i int
+}
+
+// ingressQP is what the receive path finds by the QPN a message arrived
+// on: the peer that made the QP toward us, and the QP's index in its pool.
+type ingressQP struct {
+	peer  *Peer
+	index int
+}
+
+// QPReply is the peer's side of the new connection.
+type QPReply struct {
+	QPN    uint32
+	PSN    uint32
+	UDQPNs []uint32
+	Epoch  uint64 // the acceptor's side of the connection (Peer.Epoch)
+}
+
+// PeerLink is the control plane toward one peer engine: the agents' gRPC
+// in production, a direct call in tests.
+type PeerLink interface {
+	// ConnectQP has the peer engine create an RC QP connected to req and
+	// return its end, as Engine.AcceptQP does.
+	ConnectQP(ctx context.Context, req QPRequest) (QPReply, error)
+}
+
+// LocalLink reaches an engine in the same process.
+type LocalLink struct{ To *Engine }
+
+// ConnectQP calls AcceptQP on the peer engine.
+func (l LocalLink) ConnectQP(_ context.Context, req QPRequest) (QPReply, error) {
+	return l.To.AcceptQP(req)
+}
+
+// sendQP is an RC QP this engine posts on. Its batch and outstanding count
+// belong to its poller.
+type sendQP struct {
+	qp          verbs.QP
+	peer        *Peer
+	p           *poller
+	batch       []verbs.SendWR // poller-owned
+	outstanding int            // poller-owned: posted, not completed
+	queued      bool           // poller-owned: on the poller's dirty list
+	runq        []*VConn       // poller-owned: vconns with work, from runHead on
+
+	// backlog counts the messages in the rings of the vconns that send on
+	// this QP; blocking senders wait while it is at maxBacklog (throttle),
+	// and unthrottled is closed when it falls to half.
+	backlog     atomic.Int32
+	maxBacklog  int32
+	throttled   atomic.Bool   // a sender waits on unthrottled
+	unthrottled chan struct{} // guarded by p.inbox.mu
+	runHead     int
+	active      bool // poller-owned: on the poller's active list
+	failed      bool // guarded by peer.mu
+}
+
+// newQP creates an RC QP on the SRQ, or a UC QP on the datagram SRQ.
+func (e *Engine) newQP(t verbs.QPType, cq verbs.CQ) (verbs.QP, error) {
+	srq := e.srq
+	if t == verbs.QPTypeUC {
+		srq = e.dsrq
+	}
+	return e.pd.CreateQP(&verbs.QPInitAttr{
+		Type: t, SendCQ: cq, RecvCQ: cq, SRQ: srq,
+		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: verbs.MaxSGE, MaxRecvSGE: 1}, // a gathered bundle
+	})
+}
+
+func (e *Engine) pathOptions(psn uint32) verbs.PathOptions {
+	return verbs.PathOptions{
+		MTU:    e.cfg.MTU,
+		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+		SQPSN:  psn,
+		// Retry for about two seconds before declaring the path dead:
+		// 7 retries of 4.096 µs × 2^16 ≈ 268 ms. The agents' heartbeats
+		// notice a dead node sooner; this only has to outlast a
+		// descheduled peer.
+		Timeout:  16,
+		RetryCnt: 7,
+		RNRRetry: 7,
+	}
+}
+
+// sendQP returns the RC QP of index i, creating and connecting it on first
+// use.
+func (p *Peer) sendQP(ctx context.Context, i int) (*sendQP, error) {
+	return p.connected(ctx, verbs.QPTypeRC, i)
+}
+
+// ucQP returns the UC QP of index i (on the same poller as RC QP i).
+func (p *Peer) ucQP(ctx context.Context, i int) (*sendQP, error) {
+	return p.connected(ctx, verbs.QPTypeUC, i)
+}
+
+func (p *Peer) table(t verbs.QPType) []*sendQP {
+	if t == verbs.QPTypeUC {
+		return p.ucs
+	}
+	return p.qps
+}
+
+func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, error) {
+	p.mu.Lock()
+	q, err, link := p.table(t)[i], p.err, p.ctl
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if q != nil {
+		return q, nil
+	}
+	setup := &p.setup[i]
+	if t == verbs.QPTypeUC {
+		setup = &p.setup[len(p.qps)+i]
+	}
+	setup.Lock()
+	defer setup.Unlock()
+	p.mu.Lock()
+	q = p.table(t)[i]
+	p.mu.Unlock()
+	if q != nil {
+		return q, nil
+	}
+	if link == nil {
+		return nil, fmt.Errorf("engine: peer %v: no control-plane link", p.gid)
+	}
+	e := p.e
+	poller := e.pollers[i%len(e.pollers)]
+	qp, err := e.newQP(t, poller.cq)
+	if err != nil {
+		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
+	}
+	psn := rand.Uint32() & (1<<24 - 1)
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer})
+	if err != nil {
+		_ = qp.Close()
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+	}
+	if !p.observeEpoch(reply.Epoch, true) {
+		_ = qp.Close()
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, p.Err())
+	}
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(psn)); err != nil {
+		_ = qp.Close()
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+	}
+	// A send queue's worth waiting behind the send queue: enough to
+	// refill it between rounds, few enough to stay in cache.
+	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth)}
+	poller.sendQPs.Store(qp.QPN(), q)
+	p.mu.Lock()
+	if p.err != nil {
+		err := p.err
+		p.mu.Unlock()
+		_ = qp.Close()
+		return nil, err
+	}
+	p.table(t)[i] = q
+	if len(reply.UDQPNs) > 0 {
+		p.udQPNs = reply.UDQPNs
+	}
+	p.mu.Unlock()
+	e.log.V(1).Info("Connected QP to peer", "peer", p.gid, "type", t, "index", i, "qpn", qp.QPN(), "remoteQPN", reply.QPN)
+	return q, nil
+}
+
+// AcceptQP creates the receiving end of a peer's RC QP: an RC QP on the
+// shared SRQ, connected to req, and returns its end.
+func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
+	if e.closed.Load() {
+		return QPReply{}, ErrEngineClosed
+	}
+	if req.Type == 0 {
+		req.Type = verbs.QPTypeRC
+	}
+	if req.MTU.Bytes() == 0 || req.QPN == 0 || req.QPN >= 1<<24 || req.PSN >= 1<<24 ||
+		req.Type != verbs.QPTypeRC && req.Type != verbs.QPTypeUC || len(req.UDQPNs) > 64 ||
+		req.Pool < 1 || req.Pool > maxIndex || req.Index < 0 || req.Index >= req.Pool {
+		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w: bad request %+v", req.GID, verbs.ErrInvalid, req)
+	}
+	p, err := e.Peer(req.GID, nil)
+	if err != nil {
+		return QPReply{}, err
+	}
+	if !p.observeEpoch(req.Epoch, true) {
+		// The peer's side is new: ours, failed now, gives way to a new
+		// one, which this QP joins.
+		if p, err = e.Peer(req.GID, nil); err != nil {
+			return QPReply{}, err
+		}
+		p.observeEpoch(req.Epoch, true)
+	}
+	p.mu.Lock()
+	n := len(p.ingress)
+	perr := p.err
+	p.mu.Unlock()
+	if perr != nil {
+		return QPReply{}, perr
+	}
+	poller := e.pollers[n%len(e.pollers)]
+	qp, err := e.newQP(req.Type, poller.cq)
+	if err != nil {
+		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
+	}
+	psn := rand.Uint32() & (1<<24 - 1)
+	opt := e.pathOptions(psn)
+	opt.MTU = min(req.MTU, e.cfg.MTU)
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: req.GID, QPN: req.QPN, PSN: req.PSN}, opt); err != nil {
+		_ = qp.Close()
+		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
+	}
+	p.mu.Lock()
+	// One QP per index of the peer's pools: a new one for an index
+	// replaces the last (it failed on the peer's side), so a peer holds
+	// at most two pools' worth of QPs on this node, however often it asks.
+	slot := ingressSlot{req.Type, req.Index}
+	evicted := p.ingress[slot]
+	if p.ingress == nil {
+		p.ingress = make(map[ingressSlot]verbs.QP)
+	}
+	p.ingress[slot] = qp
+	// A peer's pool size is its configuration: a new one (it restarted
+	// with another) applies to the vconns made after it.
+	p.pool.Store(int32(req.Pool))
+	if len(req.UDQPNs) > 0 {
+		p.udQPNs = req.UDQPNs
+	}
+	p.mu.Unlock()
+	if evicted != nil {
+		e.ingress.Delete(evicted.QPN())
+		_ = evicted.Close()
+	}
+	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index})
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch}, nil
+}
+
+// ingressIndex is the index of the peer's QPs that its vconn remote sends
+// on, or -1 before the peer made any QP toward us.
+func (p *Peer) ingressIndex(remote vqpn.ID) int {
+	n := p.pool.Load()
+	if n <= 0 {
+		return -1
+	}
+	return int(remote.VQPN()) % int(n)
+}
+
+// ingressQP returns the QP of type t the peer's vconn remote sends on
+// toward us, or nil.
+func (p *Peer) ingressQP(t verbs.QPType, remote vqpn.ID) verbs.QP {
+	i := p.ingressIndex(remote)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ingress[ingressSlot{t, i}]
+}
+
+// udRoute returns the address handle and the UD QPN for a datagram to the
+// peer; k spreads vconns over the peer's UD QPs.
+func (p *Peer) udRoute(k int) (uint32, uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ah == nil || len(p.udQPNs) == 0 {
+		return 0, 0 // not routable: the post fails and the vconn with it
+	}
+	return p.ah.Handle(), p.udQPNs[k%len(p.udQPNs)]
+}
+
+// ensureAH creates the peer's address handle for datagrams.
+func (p *Peer) ensureAH() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ah != nil {
+		return nil
+	}
+	ah, err := p.e.pd.CreateAH(&verbs.AHAttr{DGID: p.gid, PortNum: 1, HopLimit: 64})
+	if err != nil {
+		return fmt.Errorf("engine: address handle for peer %v: %w", p.gid, err)
+	}
+	p.ah = ah
+	return nil
+}

@@ -1,0 +1,179 @@
+package reliable
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+)
+
+// The retransmission timeout is for the tail of a burst only: a loss with
+// anything after it is reported as a gap and resent at once (Receiver).
+// So it can afford to wait out the stalls a busy host imposes on pollers
+// and the soft device's goroutines (a goroutine may wait a scheduler slice,
+// milliseconds, for a core); at 1 ms, every such stall resent a window in
+// vain. eRPC's timeout is 5 ms too.
+const (
+	MinRTO   = 5 * time.Millisecond  // the timeout never goes below this
+	InitRTO  = 10 * time.Millisecond // before the first round-trip sample
+	MaxRTO   = 160 * time.Millisecond
+	MaxTries = 16 // about 2 s of silence before the vconn fails
+	// AckDelay bounds how long an acknowledgement waits for company:
+	// well under MinRTO, so it never makes the sender time out.
+	AckDelay = 100 * time.Microsecond
+)
+
+// Datagram is a datagram awaiting acknowledgement: one message, or a
+// bundle of the messages Seq..Last.
+type Datagram struct {
+	Seq, Last uint32
+	Buf       uint32 // the engine's name for its buffer (a pool slot)
+	Len       uint32 // bytes of Buf posted
+	Tries     int32  // times resent
+	Gather    bool   // Buf is a gathered bundle's header buffer (engine/bundle.go)
+	Sent      time.Time
+}
+
+// Sender is the send side of an Auto vconn.
+type Sender struct {
+	// unacked[head:] are the datagrams not yet acknowledged, in sequence
+	// order; owner only.
+	unacked []Datagram
+	head    int
+	acked   uint32 // the acknowledgement unacked reflects; owner only
+	// Round-trip estimate and retransmission timeout, as TCP's (RFC
+	// 6298): a fixed timeout short enough for an idle path fires
+	// spuriously on a busy one, where acknowledgements are delayed and
+	// pollers share cores. Owner only.
+	srtt, rttvar, rto time.Duration
+	// Written by the receiving pollers: the newest acknowledgement, when
+	// it came (since the engine's epoch), and the end of a gap the peer
+	// reported, 0 once taken.
+	peerAck   atomic.Uint32
+	peerAckAt atomic.Int64
+	resendTo  atomic.Uint32
+}
+
+// Push keeps d until it is acknowledged. Owner only.
+func (s *Sender) Push(d Datagram) { s.unacked = append(s.unacked, d) }
+
+// OnAck records an acknowledgement the peer sent and reports whether it is
+// news; the caller then says when it came (AckTime) and has the owner free
+// what it covers (FreeAcked). Any poller.
+func (s *Sender) OnAck(ack uint32) bool { return wire.Advance(&s.peerAck, ack) }
+
+// AckTime records when the newest acknowledgement came, since the engine's
+// epoch. Any poller, after OnAck reported news.
+func (s *Sender) AckTime(sinceEpoch time.Duration) { s.peerAckAt.Store(int64(sinceEpoch)) }
+
+// OnGap records a gap the peer reported: the datagrams from its
+// acknowledgement up to end are missing. Any poller; the owner resends
+// them (TakeResend) at its next scan.
+func (s *Sender) OnGap(end uint32) {
+	for {
+		old := s.resendTo.Load()
+		if old != 0 && int32(end-old) <= 0 {
+			return
+		}
+		if s.resendTo.CompareAndSwap(old, end) {
+			return
+		}
+	}
+}
+
+// TakeResend returns the end of the gap last reported and forgets it (0:
+// none). Owner only.
+func (s *Sender) TakeResend() uint32 { return s.resendTo.Swap(0) }
+
+// FreeAcked hands free the datagrams the peer acknowledged, oldest first,
+// and updates the round-trip estimate from the newest one sent only once
+// (Karn's rule); epoch is what AckTime counted from. Owner only; free may
+// not call back into s.
+func (s *Sender) FreeAcked(epoch time.Time, free func(*Datagram)) {
+	ack := s.peerAck.Load()
+	if ack == s.acked {
+		return
+	}
+	s.acked = ack
+	at := epoch.Add(time.Duration(s.peerAckAt.Load()))
+	var sample time.Duration
+	for s.head < len(s.unacked) && int32(ack-s.unacked[s.head].Last) > 0 {
+		d := &s.unacked[s.head]
+		if d.Tries == 0 {
+			sample = at.Sub(d.Sent)
+		}
+		free(d)
+		*d = Datagram{}
+		s.head++
+	}
+	switch {
+	case s.head == len(s.unacked):
+		s.unacked, s.head = s.unacked[:0], 0
+	case s.head > len(s.unacked)/2:
+		n := copy(s.unacked, s.unacked[s.head:])
+		clear(s.unacked[n:])
+		s.unacked, s.head = s.unacked[:n], 0
+	}
+	if sample > 0 {
+		s.observe(sample)
+	}
+}
+
+// Drop hands free every datagram still unacknowledged: the vconn will send
+// no more. Owner only.
+func (s *Sender) Drop(free func(*Datagram)) {
+	for i := s.head; i < len(s.unacked); i++ {
+		free(&s.unacked[i])
+	}
+	s.unacked, s.head = nil, 0
+}
+
+// Pending is the datagrams not yet acknowledged, oldest first. The owner
+// scans them to resend (Due, Resent); the slice is valid until its next
+// Push, FreeAcked or Drop.
+func (s *Sender) Pending() []Datagram { return s.unacked[s.head:] }
+
+// Waiting reports whether any datagram awaits acknowledgement. Owner only.
+func (s *Sender) Waiting() bool { return s.head < len(s.unacked) }
+
+// Due reports whether d goes again at now: its timeout passed, or it is in
+// the gap the peer reported (up to resendTo, from TakeResend) and was not
+// resent less than a round trip ago (the report may have crossed it).
+// early says it goes before its timeout, on the gap report. Owner only.
+func (s *Sender) Due(d *Datagram, now time.Time, resendTo uint32) (due, early bool) {
+	age := now.Sub(d.Sent)
+	gap := resendTo != 0 && int32(d.Seq-resendTo) < 0 && (d.Tries == 0 || age >= s.srtt)
+	early = age < s.timeout(d.Tries)
+	return gap || !early, early
+}
+
+// Dead reports whether d was resent as often as it may be: the peer is
+// gone.
+func Dead(d *Datagram) bool { return d.Tries >= MaxTries }
+
+// Resent records that d went again at now.
+func Resent(d *Datagram, now time.Time) { d.Sent, d.Tries = now, d.Tries+1 }
+
+// observe folds a round-trip sample into the estimate (RFC 6298 2.2-2.3).
+func (s *Sender) observe(sample time.Duration) {
+	if s.srtt == 0 {
+		s.srtt, s.rttvar = sample, sample/2
+	} else {
+		d := s.srtt - sample
+		if d < 0 {
+			d = -d
+		}
+		s.rttvar = (3*s.rttvar + d) / 4
+		s.srtt = (7*s.srtt + sample) / 8
+	}
+	s.rto = min(max(s.srtt+4*s.rttvar, MinRTO), MaxRTO)
+}
+
+// timeout is the retransmission timeout of a datagram sent tries+1 times.
+func (s *Sender) timeout(tries int32) time.Duration {
+	rto := s.rto
+	if rto == 0 {
+		rto = InitRTO
+	}
+	return min(rto<<tries, MaxRTO)
+}
