@@ -270,6 +270,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 	remote := vqpn.ID(vc.remote.Load())
 	resendTo := r.tx.TakeResend()
 	pending := r.tx.Pending()
+	timedOut := false
 	for i := range pending {
 		u := &pending[i]
 		due, early := r.tx.Due(u, now, resendTo)
@@ -292,9 +293,14 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		p.postWR(vc.dq, wr)
 		if early {
 			e.stats.gapResends.Add(1)
+		} else {
+			timedOut = true
 		}
 		reliable.Resent(u, now)
 		e.stats.retransmits.Add(1)
+	}
+	if timedOut {
+		r.tx.Backoff()
 	}
 	return r.tx.Waiting() && live
 }

@@ -14,10 +14,14 @@ import (
 // milliseconds, for a core); at 1 ms, every such stall resent a window in
 // vain. eRPC's timeout is 5 ms too.
 const (
-	MinRTO   = 5 * time.Millisecond  // the timeout never goes below this
-	InitRTO  = 10 * time.Millisecond // before the first round-trip sample
-	MaxRTO   = 160 * time.Millisecond
-	MaxTries = 16 // about 2 s of silence before the vconn fails
+	MinRTO  = 5 * time.Millisecond  // the timeout never goes below this
+	InitRTO = 10 * time.Millisecond // before the first round-trip sample
+	MaxRTO  = 160 * time.Millisecond
+	// MaxTries: about 3 to 4 s of silence before the vconn fails. The
+	// peer's agent is declared gone by its heartbeat after 2 s; this is
+	// for a path that fails while the control plane still answers, and
+	// must outlast the stalls of a host whose pollers share few cores.
+	MaxTries = 24
 	// AckDelay bounds how long an acknowledgement waits for company:
 	// well under MinRTO, so it never makes the sender time out.
 	AckDelay = 100 * time.Microsecond
@@ -153,6 +157,20 @@ func Dead(d *Datagram) bool { return d.Tries >= MaxTries }
 
 // Resent records that d went again at now.
 func Resent(d *Datagram, now time.Time) { d.Sent, d.Tries = now, d.Tries+1 }
+
+// Backoff doubles the retransmission timeout after a timeout fired (RFC
+// 6298 5.5), up to MaxRTO, until a datagram sent once is acknowledged and
+// gives a new sample (Karn's rule). Without it, on a path whose round trip
+// grew past the timeout (pollers starved of CPU), every datagram times out,
+// none gives a sample, and the timeout never grows: every message is sent
+// twice or more, on the path that could least afford it. Owner only.
+func (s *Sender) Backoff() {
+	rto := s.rto
+	if rto == 0 {
+		rto = InitRTO
+	}
+	s.rto = min(2*rto, MaxRTO)
+}
 
 // observe folds a round-trip sample into the estimate (RFC 6298 2.2-2.3).
 func (s *Sender) observe(sample time.Duration) {

@@ -219,3 +219,47 @@ func FuzzSender(f *testing.F) {
 		}
 	})
 }
+
+// A timeout that fires doubles the timeout of every datagram after it, up
+// to MaxRTO, until a datagram sent once gives a new sample (RFC 6298 5.5,
+// 5.7): a round trip that grew past the timeout stops every message from
+// being sent twice.
+func TestSenderBackoff(t *testing.T) {
+	var s Sender
+	s.observe(time.Millisecond)
+	if got := s.timeout(0); got != MinRTO {
+		t.Fatalf("timeout after a 1 ms sample %v, want %v", got, MinRTO)
+	}
+	s.Backoff()
+	if got := s.timeout(0); got != 2*MinRTO {
+		t.Fatalf("timeout after one backoff %v, want %v", got, 2*MinRTO)
+	}
+	for range 10 {
+		s.Backoff()
+	}
+	if got := s.timeout(0); got != MaxRTO {
+		t.Fatalf("timeout after eleven backoffs %v, want %v", got, MaxRTO)
+	}
+	// Resent datagrams give no sample: the backed-off timeout stays.
+	seq := push(&s, 0, epoch, 1)
+	Resent(&s.Pending()[0], epoch.Add(200*time.Millisecond))
+	s.OnAck(seq)
+	s.AckTime(201 * time.Millisecond)
+	s.FreeAcked(epoch, func(*Datagram) {})
+	if got := s.timeout(0); got != MaxRTO {
+		t.Fatalf("timeout after a resent datagram's ack %v, want it still %v", got, MaxRTO)
+	}
+	// A datagram sent once gives a sample: the estimate takes over again.
+	next := push(&s, seq, epoch.Add(300*time.Millisecond), 1)
+	s.OnAck(next)
+	s.AckTime(302 * time.Millisecond)
+	s.FreeAcked(epoch, func(*Datagram) {})
+	if got := s.timeout(0); got >= MaxRTO {
+		t.Fatalf("timeout after a fresh 2 ms sample %v, want it back under %v", got, MaxRTO)
+	}
+	var fresh Sender
+	fresh.Backoff()
+	if got := fresh.timeout(0); got != 2*InitRTO {
+		t.Fatalf("backoff before any sample: %v, want %v", got, 2*InitRTO)
+	}
+}
