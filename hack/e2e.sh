@@ -34,6 +34,12 @@ HELM=$(hack/helm.sh)
 KUBECTL=$STATE/bin/kubectl
 E2E_NODE_SH=$PWD/$lc/node.sh
 export KUBECONFIG HELM KUBECTL E2E_NODE_SH
+# The cluster's DNS (hack/cmd/localdns, imported above): pods resolve
+# headless Services' names, as the grpcecho step's client does.
+t=$SECONDS
+$KUBECTL apply -f $lc/dns.yaml >&2
+$KUBECTL -n kube-system rollout status deployment/localdns --timeout=180s >&2
+echo "e2e: cluster DNS ready in $((SECONDS - t))s" >&2
 echo "e2e: cluster and images ready after $((SECONDS - began))s" >&2
 status=0
 t=$SECONDS

@@ -13,11 +13,16 @@
 # where the kubelet finds it (pods then use imagePullPolicy: Never).
 #
 # Usage: hack/images.sh [--no-import]
-# It also builds the example application (examples/echo) as a one-binary
-# image, which the end-to-end tests run in pods.
+# It also builds the example applications (examples/echo, examples/grpcecho)
+# and the local cluster's DNS (hack/cmd/localdns, run by
+# hack/local-cluster/dns.yaml) as one-binary images, which the end-to-end
+# tests run in pods; they are written next to the tarball, whose directory
+# hack/e2e.sh imports whole.
 #
 # Env:   TAG      image reference (default local.test/rdmavisor:dev)
 #        ECHO_TAG example image reference (default local.test/rdmavisor-echo:dev)
+#        GRPCECHO_TAG  gRPC example image (default local.test/rdmavisor-grpcecho:dev)
+#        DNS_TAG  local cluster DNS image (default local.test/localdns:dev)
 #        OUT      output directory (default bin/image; bin/ is git-ignored)
 #        GOARCH   architecture to build for (default: go env GOARCH)
 #        VERSION  version label (default: git describe, else dev)
@@ -36,12 +41,16 @@ done
 
 tag=${TAG:-local.test/rdmavisor:dev}
 echo_tag=${ECHO_TAG:-local.test/rdmavisor-echo:dev}
+grpcecho_tag=${GRPCECHO_TAG:-local.test/rdmavisor-grpcecho:dev}
+dns_tag=${DNS_TAG:-local.test/localdns:dev}
 out=${OUT:-bin/image}
 arch=${GOARCH:-$(go env GOARCH)}
 version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
 bindir="$out/linux_$arch"
 tarball="$out/rdmavisor-$arch.tar"
 echo_tarball="$out/rdmavisor-echo-$arch.tar"
+grpcecho_tarball="$out/rdmavisor-grpcecho-$arch.tar"
+dns_tarball="$out/localdns-$arch.tar"
 # The image's binaries; keep in step with Binaries in hack/cmd/mkimage.
 binaries=(operator node-agent device-plugin rdmavisor-cni rdmavisor)
 
@@ -50,7 +59,7 @@ pkgs=()
 for b in "${binaries[@]}"; do [ "$b" = node-agent ] || pkgs+=("./cmd/$b"); done
 echo "Building ${binaries[*]} for linux/$arch into $bindir" >&2
 CGO_ENABLED=0 GOOS=linux GOARCH="$arch" \
-  go build -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}" ./examples/echo
+  go build -trimpath -ldflags "-s -w" -o "$bindir/" "${pkgs[@]}" ./examples/echo ./examples/grpcecho ./hack/cmd/localdns
 # The agent links libibverbs: built for this host's architecture, against
 # its libraries, which the image then carries.
 if [ "$arch" != "$(go env GOHOSTARCH)" ]; then
@@ -70,6 +79,10 @@ go run ./hack/cmd/mkimage -bin-dir "$bindir" -rootfs hack/image -arch "$arch" -i
 go run ./hack/cmd/mkimage -verify "$tarball" -tag "$tag" >&2
 echo "Writing $echo_tag to $echo_tarball" >&2
 go run ./hack/cmd/mkimage -single "$bindir/echo" -arch "$arch" -version "$version" -tag "$echo_tag" -out "$echo_tarball" >&2
+echo "Writing $grpcecho_tag to $grpcecho_tarball" >&2
+go run ./hack/cmd/mkimage -single "$bindir/grpcecho" -arch "$arch" -version "$version" -tag "$grpcecho_tag" -out "$grpcecho_tarball" >&2
+echo "Writing $dns_tag to $dns_tarball" >&2
+go run ./hack/cmd/mkimage -single "$bindir/localdns" -arch "$arch" -version "$version" -tag "$dns_tag" -out "$dns_tarball" >&2
 
 sock=${CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
 if [ "$import" = 0 ]; then
@@ -79,8 +92,9 @@ elif ! command -v ctr >/dev/null; then
 elif [ ! -S "$sock" ]; then
   echo "no containerd socket at $sock: skipping the import; set CONTAINERD_ADDRESS or load $tarball yourself" >&2
 else
-  echo "Importing $tag and $echo_tag into containerd ($sock, namespace k8s.io)" >&2
-  ctr --address "$sock" -n k8s.io images import "$tarball" >&2
-  ctr --address "$sock" -n k8s.io images import "$echo_tarball" >&2
+  echo "Importing $tag, $echo_tag, $grpcecho_tag and $dns_tag into containerd ($sock, namespace k8s.io)" >&2
+  for t in "$tarball" "$echo_tarball" "$grpcecho_tarball" "$dns_tarball"; do
+    ctr --address "$sock" -n k8s.io images import "$t" >&2
+  done
 fi
 echo "$tarball"
