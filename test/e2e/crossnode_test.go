@@ -367,9 +367,11 @@ func (e *env) agentMetrics(node string) samples {
 // verdict is what an echo client wrote to its termination log once it
 // ended (examples/echo --verdict).
 type verdict struct {
-	OK    bool      `json:"ok"`
-	Error string    `json:"error"`
-	At    time.Time `json:"at"`
+	OK        bool      `json:"ok"`
+	Error     string    `json:"error"`
+	At        time.Time `json:"at"`
+	Sent      int64     `json:"sent"`
+	Delivered int64     `json:"delivered"`
 }
 
 // clientVerdict waits for the client pod to end and returns its verdict.
@@ -465,6 +467,56 @@ func (e *env) nodeLost() {
 	e.startClient("back-client", from, e.podIP("lost-server"), l)
 	e.clientOK("back-client", l, 3*time.Minute)
 	for _, p := range []string{"back-client", "lost-server"} {
+		e.deletePod(p)
+	}
+}
+
+const grpcechoImage = "local.test/rdmavisor-grpcecho:dev"
+
+// grpcEcho: a grpc-go client on one node calls servers on the two others
+// through a headless Service's name, resolved by the cluster's DNS and by
+// gRPC's own dns:/// resolver, as pkg/vconn documents: every call's bytes
+// come back as sent.
+func (e *env) grpcEcho() {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "grpcecho", Namespace: "default"},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: corev1.ClusterIPNone, // headless: the name resolves to the pods' IPs
+			Selector:  map[string]string{"app": "grpcecho-server"},
+			Ports:     []corev1.ServicePort{{Name: "grpc", Port: 7100, Protocol: corev1.ProtocolTCP}},
+		},
+	}
+	if _, err := e.kube.CoreV1().Services("default").Create(e.ctx, svc, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = e.kube.CoreV1().Services("default").Delete(e.ctx, svc.Name, metav1.DeleteOptions{}) }()
+	var servers []string
+	for i, node := range e.otherNodes() {
+		name := fmt.Sprintf("grpcecho-server-%d", i)
+		p := e.echoPod(name, node, 4, "server", "--port=7100")
+		p.Labels["app"] = "grpcecho-server"
+		p.Spec.Containers[0].Image = grpcechoImage
+		e.createPod(p)
+		servers = append(servers, name)
+	}
+	for _, name := range servers {
+		e.eventually("gRPC server "+name+" ready", 2*time.Minute, func() (bool, string) {
+			p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+			return err == nil && podReady(p), fmt.Sprint(err)
+		})
+	}
+	const calls, size = 200, 4096
+	c := e.echoPod("grpcecho-client", e.clientNode(), 4, "client",
+		"--target=dns:///grpcecho.default.svc.cluster.local:7100", fmt.Sprintf("--calls=%d", calls),
+		fmt.Sprintf("--size=%d", size), "--timeout=3m", "--verdict=/dev/termination-log")
+	c.Spec.Containers[0].Image = grpcechoImage
+	e.createPod(c)
+	v := e.clientVerdict("grpcecho-client", 4*time.Minute)
+	if !v.OK || v.Sent != calls || v.Delivered != calls {
+		e.t.Fatalf("gRPC client verdict %+v, want %d calls sent and checked\n%s", v, calls, e.logs("grpcecho-client"))
+	}
+	e.t.Log(strings.TrimSpace(e.logs("grpcecho-client")))
+	for _, p := range append(servers, "grpcecho-client") {
 		e.deletePod(p)
 	}
 }

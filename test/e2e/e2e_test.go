@@ -79,6 +79,7 @@ func TestE2E(t *testing.T) {
 		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
 		{"a link losing and reordering 5% of packets: every message once, in order", (*env).lossyLink},
+		{"a gRPC client calls servers on other nodes by a headless Service's name", (*env).grpcEcho},
 		{"the operator restarted mid-traffic: the vconns carry on", (*env).operatorRestart},
 		{"a node lost: its peers' vconns fail within 5s, their QPs released; back, it serves again", (*env).nodeLost},
 		{"a pod asking more vconns than any node has stays Pending", (*env).overQuota},
@@ -774,6 +775,10 @@ func (e *env) dumpState() {
 	cmd := exec.Command(e.kubectl, "get", "pods,daemonsets,deployments,rdmaservices,rdmanodes", "-A", "-o", "wide")
 	out, _ := cmd.CombinedOutput()
 	e.t.Logf("cluster state:\n%s", out)
+	out, _ = exec.Command(e.kubectl, "get", "rdmaservices,rdmanodes", "-o", "yaml").CombinedOutput()
+	e.t.Logf("RDMAServices and RDMANodes:\n%s", out)
+	out, _ = exec.Command(e.kubectl, "logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator", "--tail=40").CombinedOutput()
+	e.t.Logf("operator logs:\n%s", out)
 	for _, p := range e.agentPods() {
 		for _, c := range []string{"agent", "device-plugin"} {
 			b, _ := e.kube.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, TailLines: new(int64(40))}).DoRaw(context.Background())
