@@ -69,6 +69,7 @@ func main() {
 	}
 	if keeper != nil {
 		go keeper.Run(ctx)
+		opts.RenewCertificate = keeper.Renew
 	}
 	// The reporter reports the agent, or, until it starts, why its device
 	// does not open.

@@ -34,8 +34,9 @@ commands:
           and a client written with pkg/vconn
           (--verbs: the verbs-level demo, one RC QP pair)
   bench   measure the engine against the naive baseline (-h for flags)
-  agent   status | pods | allocations: what the node agent holds, as JSON,
-          from its admin socket (--socket, default /var/run/rdmavisor/admin.sock)
+  agent   status | pods | allocations: what the node agent holds, as JSON;
+          renew-certificate: make it replace its node certificate now;
+          both through its admin socket (--socket, default /var/run/rdmavisor/admin.sock)
 `
 
 func main() {
@@ -70,7 +71,7 @@ func main() {
 // the agent container) and the end-to-end tests.
 func runAgent(ctx context.Context, args []string) error {
 	if len(args) < 1 {
-		return errors.New("agent: want status, pods or allocations")
+		return errors.New("agent: want status, pods, allocations or renew-certificate")
 	}
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	sock := fs.String("socket", config.DefaultAdminSocket, "the agent's admin socket")
@@ -90,8 +91,10 @@ func runAgent(ctx context.Context, args []string) error {
 		v, err = c.ListPods(ctx)
 	case "allocations":
 		v, err = c.ListAllocations(ctx)
+	case "renew-certificate":
+		v, err = c.RenewCertificate(ctx)
 	default:
-		return fmt.Errorf("agent: unknown command %q: want status, pods or allocations", args[0])
+		return fmt.Errorf("agent: unknown command %q: want status, pods, allocations or renew-certificate", args[0])
 	}
 	if err != nil {
 		return err

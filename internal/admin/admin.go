@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // Version is the admin protocol version.
@@ -27,6 +28,9 @@ const (
 	// (ID, and Pod's namespace and name): the device plugin learns it
 	// from the kubelet's pod-resources API.
 	OpBindAllocation = "bindAllocation"
+	// OpRenewCertificate replaces the agent's node certificate now
+	// (agents that request their own: Kubernetes discovery with TLS).
+	OpRenewCertificate = "renewCertificate"
 )
 
 // Codes of a failed request (Reply.Code, Error.Code).
@@ -37,6 +41,7 @@ const (
 	CodeQuota     = "quota"
 	CodeVersion   = "version"
 	CodeMalformed = "malformed" // the agent closes the connection after the reply
+	CodeFailed    = "failed"    // the request was valid and could not be done
 )
 
 // ErrExists, ErrNotFound and ErrQuota classify failures: the agent's own
@@ -70,6 +75,15 @@ type Reply struct {
 	Allocations []Allocation `json:"allocations,omitempty"`
 	Pods        []Pod        `json:"pods,omitempty"`
 	Status      *Status      `json:"status,omitempty"`
+	Certificate *Certificate `json:"certificate,omitempty"`
+}
+
+// Certificate describes the agent's node certificate.
+type Certificate struct {
+	Serial    string    `json:"serial"`
+	Subject   string    `json:"subject"`
+	NotBefore time.Time `json:"notBefore"`
+	NotAfter  time.Time `json:"notAfter"`
 }
 
 // Allocation is a share of the node's vconns with its own socket.

@@ -12,7 +12,7 @@ import (
 
 // Error is a failed admin request.
 type Error struct {
-	Code    string // CodeInvalid, CodeExists, CodeNotFound, CodeQuota, CodeVersion, CodeMalformed
+	Code    string // CodeInvalid, CodeExists, CodeNotFound, CodeQuota, CodeVersion, CodeMalformed, CodeFailed
 	Message string
 }
 
@@ -144,6 +144,19 @@ func (c *Client) ListPods(ctx context.Context) ([]Pod, error) {
 		return nil, err
 	}
 	return rep.Pods, nil
+}
+
+// RenewCertificate makes the agent replace its node certificate now and
+// returns the new one.
+func (c *Client) RenewCertificate(ctx context.Context) (Certificate, error) {
+	rep, err := c.do(ctx, Request{Op: OpRenewCertificate})
+	if err != nil {
+		return Certificate{}, err
+	}
+	if rep.Certificate == nil {
+		return Certificate{}, errors.New("agent admin: renewCertificate: no certificate in the reply")
+	}
+	return *rep.Certificate, nil
 }
 
 // Status reports the agent's state.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
@@ -174,6 +175,19 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 		return admin.Reply{}
 	case admin.OpListPods:
 		return admin.Reply{Pods: a.Pods()}
+	case admin.OpRenewCertificate:
+		if a.opts.RenewCertificate == nil {
+			return adminErr(admin.CodeInvalid, errors.New("renewCertificate: this agent does not request its certificate (no TLS, or static discovery with provisioned files)"))
+		}
+		ctx, cancel := context.WithTimeout(a.ctx, 30*time.Second)
+		defer cancel()
+		cert, err := a.opts.RenewCertificate(ctx)
+		if err != nil {
+			return adminErr(admin.CodeFailed, fmt.Errorf("renewCertificate: %w", err))
+		}
+		a.log.Info("Renewed the node certificate on request", "serial", cert.SerialNumber.String(), "notAfter", cert.NotAfter)
+		return admin.Reply{Certificate: &admin.Certificate{Serial: cert.SerialNumber.String(), Subject: cert.Subject.String(),
+			NotBefore: cert.NotBefore, NotAfter: cert.NotAfter}}
 	}
 	return adminErr(admin.CodeInvalid, fmt.Errorf("unknown op %q", req.Op))
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -30,6 +31,10 @@ import (
 type Options struct {
 	Config *config.AgentConfig
 	Log    logr.Logger
+	// RenewCertificate, when the agent requests its own node certificate
+	// (cmd/node-agent wires nodecert.Keeper.Renew), replaces it now: the
+	// admin op renewCertificate (rdmavisor agent renew-certificate).
+	RenewCertificate func(context.Context) (*x509.Certificate, error)
 	// OpenDevice opens the node's RDMA device for Config (the wiring in
 	// cmd/node-agent chooses the provider). New calls it once; the agent
 	// owns the device from then on and closes it on Close, or when New

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -76,6 +77,12 @@ func TestAdmin(t *testing.T) {
 	st, err := ac.Status(ctx)
 	if err != nil || !st.Ready || st.Node != "node-a" || st.Capacity != 100 {
 		t.Fatalf("status %+v, %v", st, err)
+	}
+	// This agent was given its certificate files, not a keeper: a renewal
+	// is refused, and says why.
+	var aerr *admin.Error
+	if _, err := ac.RenewCertificate(ctx); !errors.As(err, &aerr) || aerr.Code != admin.CodeInvalid || !strings.Contains(aerr.Message, "does not request its certificate") {
+		t.Fatalf("renewCertificate without a keeper: %v", err)
 	}
 	al, err := ac.CreateAllocation(ctx, "pod-1", 60)
 	if err != nil {

@@ -195,3 +195,35 @@ func TestNeeded(t *testing.T) {
 		}
 	}
 }
+
+// TestRenew: Renew replaces a certificate that has most of its life left,
+// with a new serial and key, while Ensure would keep it.
+func TestRenew(t *testing.T) {
+	s := &signer{ca: newCA(t), node: "node-a", addresses: []net.IP{net.ParseIP("10.0.0.1")}}
+	cfg := agentConfig(t, config.DiscoveryKubernetes)
+	k, err := nodecert.Bootstrap(t.Context(), cfg, s.client(t), 5*time.Second, logr.Discard())
+	if err != nil || k == nil {
+		t.Fatalf("Bootstrap = %v, %v", k, err)
+	}
+	old, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Ensure(t.Context()); err != nil || s.requests != 1 {
+		t.Fatalf("Ensure of a fresh certificate: %v, %d requests; want none made", err, s.requests)
+	}
+	cert, err := k.Renew(t.Context())
+	if err != nil || s.requests != 2 {
+		t.Fatalf("Renew: %v, %d requests; want a second", err, s.requests)
+	}
+	now, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Leaf.SerialNumber.Cmp(old.Leaf.SerialNumber) == 0 || cert.SerialNumber.Cmp(now.Leaf.SerialNumber) != 0 {
+		t.Fatalf("serials: old %v, installed %v, returned %v", old.Leaf.SerialNumber, now.Leaf.SerialNumber, cert.SerialNumber)
+	}
+	if id, err := pki.IdentityOf(now.Leaf); err != nil || id.Node != "node-a" {
+		t.Fatalf("renewed certificate of %+v (%v)", id, err)
+	}
+}

@@ -8,11 +8,13 @@ package nodecert
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -39,6 +41,9 @@ type Keeper struct {
 	// Poll is how often a pending request is checked (default 500ms).
 	Poll time.Duration
 	Log  logr.Logger
+
+	// mu makes Run's renewals and Renew's one at a time.
+	mu sync.Mutex
 }
 
 // ErrDenied is returned when the signer refused the request.
@@ -47,9 +52,33 @@ var ErrDenied = errors.New("nodecert: certificate request denied")
 // Ensure requests a certificate unless the files hold one with more than
 // a third of its life left, and returns when they do.
 func (k *Keeper) Ensure(ctx context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	if renew := k.renewAt(); renew.After(time.Now()) {
 		return nil
 	}
+	return k.request(ctx)
+}
+
+// Renew replaces the certificate now, whatever life it has left: after a
+// CA rotation, or to prove that rotation under traffic loses nothing. It
+// returns the new certificate. The agent's TLS reloads the files on the
+// next handshake; established connections keep their session.
+func (k *Keeper) Renew(ctx context.Context) (*x509.Certificate, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.request(ctx); err != nil {
+		return nil, err
+	}
+	kp, err := tls.LoadX509KeyPair(k.CertFile, k.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("nodecert: the renewed certificate: %w", err)
+	}
+	return kp.Leaf, nil
+}
+
+// request asks the signer for a certificate and installs it; with k.mu held.
+func (k *Keeper) request(ctx context.Context) error {
 	csrPEM, keyPEM, err := pki.NewRequest(k.Node, k.IPs)
 	if err != nil {
 		return err

@@ -535,3 +535,42 @@ func (e *env) grpcEcho() {
 		e.deletePod(p)
 	}
 }
+
+// certRotation renews every agent's node certificate while a client
+// exchanges messages across nodes: the client's vconns lose nothing, each
+// agent then serves its new certificate (a new serial, its own node), and
+// new vconns across nodes work under the new certificates.
+func (e *env) certRotation() {
+	l := load{conns: 10, msgs: 2000, size: 4096}
+	e.startClient("during-rotation", e.clientNode(), e.podIP("echo-server"), l)
+	e.eventually("the client is exchanging", time.Minute, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "during-rotation", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, fmt.Sprint(err)
+	})
+	for _, node := range e.nodes {
+		var rn v1alpha1.RDMANode
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: node}, &rn); err != nil {
+			e.t.Fatal(err)
+		}
+		addr := net.JoinHostPort(rn.Status.Address.IP, strconv.Itoa(int(rn.Status.Address.ControlPort)))
+		before := e.servedCertificate(addr)
+		var renewed struct {
+			Serial   string
+			Subject  string
+			NotAfter time.Time
+		}
+		e.agentState(node, "renew-certificate", &renewed)
+		if renewed.Serial == "" || renewed.Serial == before.SerialNumber.String() || !strings.Contains(renewed.Subject, node) {
+			e.t.Fatalf("agent on %s renewed to %+v; it served serial %v before", node, renewed, before.SerialNumber)
+		}
+		e.eventually("the agent on "+node+" serves its new certificate", time.Minute, func() (bool, string) {
+			got := e.servedCertificate(addr).SerialNumber.String()
+			return got == renewed.Serial, "serving serial " + got
+		})
+		e.t.Logf("agent on %s: certificate %s renewed to %s, valid until %s", node, before.SerialNumber, renewed.Serial, renewed.NotAfter.Format(time.RFC3339))
+	}
+	e.clientOK("during-rotation", l, 4*time.Minute)
+	e.deletePod("during-rotation")
+	e.exchange("after-rotation", e.otherNodes()[1], defaultLoad)
+	e.deletePod("after-rotation")
+}
