@@ -282,7 +282,7 @@ func (e *env) operatorRestart() {
 	e.deletePod("during-operator-restart")
 }
 
-// rollTo changes the service's transport, which changes every agent's
+// rollTo changes the service's transport with a helm upgrade, which changes every agent's
 // configuration: the DaemonSet rolls its agents one node at a time. It
 // measures, per node, how long the node had no ready agent, and fails if
 // two nodes were ever without one at once or the service does not return
@@ -292,9 +292,36 @@ func (e *env) rollTo(transport string) {
 	for _, n := range e.nodes {
 		before[n] = e.agentPod(n).UID
 	}
-	patch := fmt.Sprintf(`{"spec":{"transport":%q}}`, transport)
+	// The service, applied with kubectl, is handed to the Helm release
+	// (the labels and annotations Helm adopts an object by) by an upgrade
+	// that renders it as the chart's default service, as it is: Helm
+	// takes an adopted object over without changing it. The next upgrade
+	// changes its transport: a helm upgrade that changes the agents'
+	// configuration.
+	e.run(e.kubectl, "label", "rdmaservice", e.svc.Name, "--overwrite", "app.kubernetes.io/managed-by=Helm")
+	e.run(e.kubectl, "annotate", "rdmaservice", e.svc.Name, "--overwrite",
+		"meta.helm.sh/release-name="+release, "meta.helm.sh/release-namespace="+namespace)
+	s := e.svc.Spec
+	upgrade := func(transport string) {
+		e.run(e.helm, "upgrade", release, "charts/rdmavisor", "--namespace", namespace, "--reuse-values",
+			"--set", "defaultService.enabled=true", "--set", "defaultService.name="+e.svc.Name,
+			"--set", "defaultService.device.provider="+string(s.Device.Provider), "--set", "defaultService.transport="+transport,
+			"--set", fmt.Sprintf("defaultService.qpsPerPeer=%d", *s.QPsPerPeer), "--set", "defaultService.bufferPoolSize="+s.BufferPoolSize.String(),
+			"--set", fmt.Sprintf("defaultService.vconnsPerNode=%d", *s.VConnsPerNode), "--set", "defaultService.resourceName="+s.ResourceName,
+			"--set", "defaultService.agent.image="+s.Agent.Image, "--set", "defaultService.agent.imagePullPolicy="+string(s.Agent.ImagePullPolicy))
+	}
+	ds, err := e.daemonSet()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	upgrade(string(s.Transport))
+	time.Sleep(2 * time.Second) // what the operator would render, it has by now
+	if d, err := e.daemonSet(); err != nil || d.Generation != ds.Generation {
+		e.t.Fatalf("adopting the service into the release changed the agents' DaemonSet: %v (generation %d, was %d)", err, d.Generation, ds.Generation)
+	}
 	began := time.Now()
-	e.run(e.kubectl, "patch", "rdmaservice", e.svc.Name, "--type=merge", "-p", patch)
+	upgrade(transport)
+	e.serviceTransportIs(transport)
 	down := map[string]time.Time{}
 	outage := map[string]time.Duration{}
 	maxDown := 0

@@ -86,7 +86,7 @@ func TestE2E(t *testing.T) {
 		{"a pod asking more vconns than any node has stays Pending", (*env).overQuota},
 		{"kubelet restart: the device plugin registers again", (*env).kubeletRestart},
 		{"agent pod killed: recreated, devices healthy again", (*env).agentKilled},
-		{"transport changed to rc: the agents roll one node at a time", func(e *env) { e.rollTo("rc") }},
+		{"helm upgrade changes the transport to rc: the agents roll one node at a time", func(e *env) { e.rollTo("rc") }},
 		{"1,000 vconns across nodes over rc, every byte checked; QP pools stay at qpsPerPeer", func(e *env) {
 			e.thousandVConns("rc")
 			e.deletePod("echo-server")
