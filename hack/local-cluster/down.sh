@@ -100,7 +100,7 @@ iptables -S FORWARD 2>/dev/null | grep -q rdmavisor-local-cluster && problems+=(
 m=$(findmnt -rn -o TARGET | grep -F "$STATE" || true)
 [ -z "$m" ] || problems+=("mounts: $m")
 for p in /proc/[0-9]*; do
-  c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+  c=$( (tr '\0' ' ' <"$p/cmdline") 2>/dev/null) || continue
   case $c in *"$here/node-init.sh"*|*"$STATE/bin/"*) problems+=("process ${p#/proc/}: $c") ;; esac
 done
 if [ ${#problems[@]} -gt 0 ]; then
