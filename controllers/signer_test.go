@@ -234,9 +234,8 @@ func TestAgentEnrolls(t *testing.T) {
 		t.Fatal("a fresh certificate was replaced")
 	}
 
-	other := *k
-	other.Node = "some-other-node"
-	other.CertFile, other.KeyFile = filepath.Join(dir, "o.crt"), filepath.Join(dir, "o.key")
+	other := &nodecert.Keeper{Client: k.Client, Node: "some-other-node", IPs: k.IPs, TTL: k.TTL, Poll: k.Poll, Log: k.Log,
+		CertFile: filepath.Join(dir, "o.crt"), KeyFile: filepath.Join(dir, "o.key")}
 	if err := other.Ensure(ctx); !errors.Is(err, nodecert.ErrDenied) {
 		t.Fatalf("another node's certificate: %v, want ErrDenied", err)
 	}

@@ -34,7 +34,20 @@ func main() {
 	log.SetFlags(0)
 	log.SetPrefix("echo: ")
 	if len(os.Args) < 2 {
-		log.Fatal("usage: echo server|client [flags]")
+		log.Fatal("usage: echo server|client [flags] | echo show FILE")
+	}
+	// show prints a file this program wrote (--verdict, --ready): what a
+	// probe or kubectl exec reads in an image that has nothing else.
+	if os.Args[1] == "show" {
+		if len(os.Args) != 3 {
+			log.Fatal("usage: echo show FILE")
+		}
+		b, err := os.ReadFile(os.Args[2])
+		if err != nil || len(b) == 0 {
+			log.Fatalf("show %s: nothing written yet (%v)", os.Args[2], err)
+		}
+		fmt.Println(string(b))
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -47,8 +60,9 @@ func main() {
 	switch os.Args[1] {
 	case "server":
 		port := fs.Int("port", 7000, "port to listen on")
+		ready := fs.String("ready", "", "once listening, write the address here as JSON (a readiness probe runs: echo show FILE)")
 		_ = fs.Parse(os.Args[2:])
-		err = serve(ctx, c, *port)
+		err = serve(ctx, c, *port, *ready)
 	case "client":
 		addr := fs.String("addr", "", "server address: the server pod's IP:port (it prints it), or a headless Service's name:port (SERVICE.NAMESPACE.svc:7000)")
 		conns := fs.Int("conns", 2, "vconns to open at once")
@@ -81,13 +95,21 @@ func main() {
 	}
 }
 
-func serve(ctx context.Context, c *vconn.Client, port int) error {
+func serve(ctx context.Context, c *vconn.Client, port int, ready string) error {
 	ln, err := c.Listen(ctx, fmt.Sprintf(":%d", port))
 	if err != nil {
 		return err
 	}
 	go func() { <-ctx.Done(); _ = ln.Close() }()
 	log.Printf("listening on %s", ln.Addr())
+	if ready != "" {
+		b, _ := json.Marshal(struct {
+			Listening string `json:"listening"`
+		}{ln.Addr().String()})
+		if err := os.WriteFile(ready, b, 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", ready, err)
+		}
+	}
 	for {
 		conn, err := ln.AcceptVConn()
 		if err != nil {

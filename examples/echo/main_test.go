@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -65,10 +67,16 @@ func TestEcho(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan error, 1)
-	go func() { served <- serve(sctx, srv, 7000) }()
+	ready := filepath.Join(t.TempDir(), "ready")
+	go func() { served <- serve(sctx, srv, 7000, ready) }()
 	r := <-res
 	if r.err != nil || !strings.HasPrefix(r.out, "echo: OK 2 vconns, 400 messages of 3000 bytes") {
 		t.Fatalf("client: %q, %v", r.out, r.err)
+	}
+	// The server said where it listens, for a readiness probe.
+	var said struct{ Listening string }
+	if b, err := os.ReadFile(ready); err != nil || json.Unmarshal(b, &said) != nil || !strings.HasSuffix(said.Listening, ":7000") {
+		t.Fatalf("ready file: %q, %v", b, err)
 	}
 	// A third vconn exceeds the client's allocation of two.
 	if _, err := client(ctx, cli, service, 3, 10, 10, new(counts)); err == nil {

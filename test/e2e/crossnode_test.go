@@ -445,7 +445,7 @@ func (e *env) nodeLost() {
 			break
 		}
 	}
-	e.createPod(e.echoPod("lost-server", lost, 8, "server", fmt.Sprintf("--port=%d", echoPort)))
+	e.createPod(e.serverPod("lost-server", lost, 8))
 	e.eventually("the server on "+lost+" running", 2*time.Minute, func() (bool, string) {
 		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "lost-server", metav1.GetOptions{})
 		return err == nil && podReady(p), fmt.Sprintf("%v", err)

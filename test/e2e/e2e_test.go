@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -359,8 +358,6 @@ func (e *env) logs(name string) string {
 	return string(b)
 }
 
-var okLine = regexp.MustCompile(`echo: OK (\d+) vconns, (\d+) messages of (\d+) bytes checked`)
-
 // load is what an echo client sends: conns vconns at once, msgs messages
 // of size bytes on each, every byte of every echo checked in order.
 type load struct{ conns, msgs, size int }
@@ -400,21 +397,55 @@ func (e *env) startClient(client, node, target string, l load) {
 }
 
 // clientOK waits for the client's verdict: every byte of conns×msgs
-// messages of size came back.
+// messages came back. The verdict is the client's file (examples/echo
+// --verdict): read with `echo show` while the pod holds, from the pod's
+// status once it ended.
 func (e *env) clientOK(client string, l load, timeout time.Duration) {
+	var v verdict
 	e.eventually("client "+client+" checked every byte", timeout, func() (bool, string) {
-		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, client, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
+		got, ok, why := e.verdictOf(client)
+		if !ok {
+			return false, why
 		}
-		if p.Status.Phase == corev1.PodFailed {
-			e.t.Fatalf("client %s failed: %s", client, e.logs(client))
+		if v = got; !v.OK {
+			e.t.Fatalf("client %s failed: %s", client, v.Error)
 		}
-		m := okLine.FindStringSubmatch(e.logs(client))
-		return m != nil && m[1] == fmt.Sprint(l.conns) && m[2] == fmt.Sprint(l.conns*l.msgs) && m[3] == fmt.Sprint(l.size),
-			fmt.Sprintf("phase %s, logs %q", p.Status.Phase, e.logs(client))
+		return true, ""
 	})
-	e.t.Log(strings.TrimSpace(e.logs(client)))
+	if want := int64(l.conns * l.msgs); v.Sent != want || v.Delivered != want {
+		e.t.Fatalf("client %s: %d messages sent and %d delivered, want %d of each", client, v.Sent, v.Delivered, want)
+	}
+	e.t.Logf("client %s: %d messages of %d bytes on %d vconns, every byte checked", client, v.Delivered, l.size, l.conns)
+}
+
+// verdictOf reads an echo client's verdict, if it has one yet.
+func (e *env) verdictOf(client string) (v verdict, ok bool, why string) {
+	p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, client, metav1.GetOptions{})
+	if err != nil {
+		return v, false, err.Error()
+	}
+	raw := ""
+	for _, cs := range p.Status.ContainerStatuses {
+		switch {
+		case cs.State.Terminated != nil:
+			raw = cs.State.Terminated.Message
+		case cs.State.Running != nil:
+			ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+			out, err := exec.CommandContext(ctx, e.kubectl, "exec", "-n", "default", client, "--", "/echo", "show", "/dev/termination-log").Output()
+			cancel()
+			if err != nil {
+				return v, false, fmt.Sprintf("no verdict yet (%v)", err)
+			}
+			raw = string(out)
+		}
+	}
+	if raw == "" {
+		return v, false, fmt.Sprintf("phase %s, no verdict", p.Status.Phase)
+	}
+	if err := json.Unmarshal([]byte(raw), &v); err != nil {
+		return v, false, fmt.Sprintf("verdict %q: %v", raw, err)
+	}
+	return v, true, ""
 }
 
 // serverNode is where the echo server runs; clientNode where the first
@@ -426,11 +457,20 @@ func (e *env) clientNode() string { return e.nodes[0] }
 // 1,000-vconn steps, which its accepted vconns count against.
 const serverVConns = 1000
 
+// serverPod is an echo server: Ready once it listens (it writes its
+// address, which a readiness probe reads with `echo show`).
+func (e *env) serverPod(name, node string, vconns int64) *corev1.Pod {
+	p := e.echoPod(name, node, vconns, "server", fmt.Sprintf("--port=%d", echoPort), "--ready=/dev/termination-log")
+	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1,
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/echo", "show", "/dev/termination-log"}}}}
+	return p
+}
+
 func (e *env) startServer() {
-	e.createPod(e.echoPod("echo-server", e.serverNode(), serverVConns, "server", fmt.Sprintf("--port=%d", echoPort)))
+	e.createPod(e.serverPod("echo-server", e.serverNode(), serverVConns))
 	e.eventually("echo server listening", 2*time.Minute, func() (bool, string) {
-		l := e.logs("echo-server")
-		return strings.Contains(l, "listening on"), l
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "echo-server", metav1.GetOptions{})
+		return err == nil && podReady(p), fmt.Sprint(err)
 	})
 }
 
@@ -443,7 +483,7 @@ func (e *env) startServer() {
 // three times, and each refusal is logged.
 func (e *env) startServerAfterRestart() {
 	for try := 1; ; try++ {
-		e.createPod(e.echoPod("echo-server", e.serverNode(), serverVConns, "server", fmt.Sprintf("--port=%d", echoPort)))
+		e.createPod(e.serverPod("echo-server", e.serverNode(), serverVConns))
 		refused := ""
 		e.eventually("echo server listening", 2*time.Minute, func() (bool, string) {
 			p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "echo-server", metav1.GetOptions{})
@@ -451,8 +491,7 @@ func (e *env) startServerAfterRestart() {
 				refused = p.Status.Message
 				return true, ""
 			}
-			l := e.logs("echo-server")
-			return strings.Contains(l, "listening on"), l
+			return err == nil && podReady(p), fmt.Sprint(err)
 		})
 		if refused == "" {
 			return
@@ -651,14 +690,12 @@ func (e *env) overQuota() {
 	e.deletePod("too-many")
 }
 
-// registrations counts the device plugin's registrations with node's kubelet.
+// registrations counts the device plugin's registrations with node's
+// kubelet, from its metrics.
 func (e *env) registrations(node string) int {
 	pod := e.agentPod(node)
-	out, err := e.kube.CoreV1().Pods(namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "device-plugin"}).DoRaw(e.ctx)
-	if err != nil {
-		return -1
-	}
-	return strings.Count(string(out), "Registered with the kubelet")
+	m := e.scrape(pod.Name, containerPort(pod.Spec.Containers, "device-plugin", "plugin-metrics"))
+	return int(m.sum(`rdmavisor_device_plugin_registrations_total{result="ok"}`))
 }
 
 // kubeletRestart restarts the kubelet of the client's node: its device

@@ -196,7 +196,7 @@ func (e *env) soakServer(node string) {
 	case !apierrors.IsNotFound(err):
 		e.t.Fatal(err)
 	}
-	e.createPod(e.echoPod(name, node, 64, "server", fmt.Sprintf("--port=%d", echoPort)))
+	e.createPod(e.serverPod(name, node, 64))
 }
 
 // soakRun runs one checker from one node to another and returns its
