@@ -1,0 +1,217 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+)
+
+// Faults across nodes: a lossy link, the operator restarted, a node lost.
+
+// lossyLink: the link between the server's node and another loses 5% and
+// reorders 5% of its packets, both ways, during an echo over the
+// service's (reliable) transport: every message arrives once, in order,
+// every byte as sent. The impairment's own counters say it dropped and
+// reordered packets.
+func (e *env) lossyLink() {
+	peer := e.otherNodes()[1]
+	pairs := [][2]string{{peer, e.serverNode()}, {e.serverNode(), peer}}
+	for _, pair := range pairs {
+		e.nodeSH(pair[0], "netem", pair[1], "delay", "1ms", "reorder", "5%", "loss", "5%")
+	}
+	cleared := false
+	clear := func() string {
+		out := ""
+		for _, pair := range pairs {
+			out += e.nodeSH(pair[0], "netem", "clear")
+		}
+		cleared = true
+		return out
+	}
+	defer func() {
+		if !cleared {
+			clear()
+		}
+	}()
+	retx := e.agentMetrics(peer).sum("rdmavisor_retransmissions_total")
+	l := load{conns: 20, msgs: 100, size: 4096}
+	e.exchange("lossy", peer, l)
+	after := e.agentMetrics(peer).sum("rdmavisor_retransmissions_total")
+	var dropped, reordered int
+	for line := range strings.Lines(clear()) {
+		var st struct{ Dropped, Reordered int }
+		if json.Unmarshal([]byte(line), &st) == nil {
+			dropped += st.Dropped
+			reordered += st.Reordered
+		}
+	}
+	if dropped == 0 || reordered == 0 {
+		e.t.Errorf("the impaired link dropped %d and reordered %d packets: the echo ran over no impairment", dropped, reordered)
+	}
+	e.t.Logf("over a link with 5%% loss and 5%% reordering (%d packets dropped, %d reordered): %d messages checked, %v retransmissions on %s",
+		dropped, reordered, l.conns*l.msgs, after-retx, peer)
+	e.deletePod("lossy")
+}
+
+// operatorRestart deletes the operator's pod while a client exchanges
+// messages: the data path does not go through the operator, so the
+// client's vconns carry on, and a new operator takes over the service.
+func (e *env) operatorRestart() {
+	l := load{conns: 10, msgs: 3000, size: 4096}
+	e.startClient("during-operator-restart", e.clientNode(), e.podIP("echo-server"), l)
+	e.eventually("the client is exchanging", time.Minute, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "during-operator-restart", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("%v", err)
+	})
+	sel := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component=operator"}
+	old, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, sel)
+	if err != nil || len(old.Items) != 1 {
+		e.t.Fatalf("operator pods: %v %v", old, err)
+	}
+	if err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, old.Items[0].Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.clientOK("during-operator-restart", l, 4*time.Minute)
+	e.eventually("a new operator ready", 2*time.Minute, func() (bool, string) {
+		l, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, sel)
+		if err != nil || len(l.Items) != 1 || l.Items[0].UID == old.Items[0].UID {
+			return false, fmt.Sprintf("%d operator pods %v", len(l.Items), err)
+		}
+		return podReady(&l.Items[0]), "not ready"
+	})
+	e.eventually("the service Ready under the new operator", 2*time.Minute, e.agentReady)
+	e.deletePod("during-operator-restart")
+}
+
+// verdict is what an echo client wrote to its termination log once it
+// ended (examples/echo --verdict).
+type verdict struct {
+	OK        bool      `json:"ok"`
+	Error     string    `json:"error"`
+	At        time.Time `json:"at"`
+	Sent      int64     `json:"sent"`
+	Delivered int64     `json:"delivered"`
+}
+
+// clientVerdict waits for the client pod to end and returns its verdict.
+func (e *env) clientVerdict(name string, timeout time.Duration) verdict {
+	e.t.Helper()
+	var v verdict
+	e.eventually("client "+name+" ended", timeout, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if t := cs.State.Terminated; t != nil {
+				if err := json.Unmarshal([]byte(t.Message), &v); err != nil {
+					e.t.Fatalf("client %s ended (exit %d) without a verdict: %q: %v", name, t.ExitCode, t.Message, err)
+				}
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("phase %s", p.Status.Phase)
+	})
+	return v
+}
+
+// nodeLost freezes every process of a node (its agent, kubelet, pods)
+// while a client on another node exchanges messages with a server on it:
+// the client's vconns fail with an error naming the lost node within 5 s,
+// the client's agent releases the QPs and vconns it held toward it, and
+// once the node is back a new client reaches the same server. The node
+// lost is not the operator's: a single operator on a lost node reports
+// nothing until it is back (or rescheduled), which is what its one replica
+// costs.
+func (e *env) nodeLost() {
+	from := e.clientNode()
+	ops, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component=operator"})
+	if err != nil || len(ops.Items) != 1 {
+		e.t.Fatalf("operator pods: %v %v", ops, err)
+	}
+	lost := ""
+	for _, n := range slices.Backward(e.nodes) {
+		if n != from && n != ops.Items[0].Spec.NodeName {
+			lost = n
+			break
+		}
+	}
+	e.createPod(e.serverPod("lost-server", lost, 8))
+	e.eventually("the server on "+lost+" running", 2*time.Minute, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "lost-server", metav1.GetOptions{})
+		return err == nil && podReady(p), fmt.Sprintf("%v", err)
+	})
+	endless := load{conns: 4, msgs: 1 << 30, size: 1024}
+	e.startClient("lost-client", from, e.podIP("lost-server"), endless)
+	peerVConns := `rdmavisor_peer_vconns{peer="` + lost + `"}`
+	e.eventually("the client's vconns open toward "+lost, 2*time.Minute, func() (bool, string) {
+		n := e.agentMetrics(from).sum(peerVConns)
+		return n == float64(endless.conns), fmt.Sprintf("%s = %v", peerVConns, n)
+	})
+	frozen := time.Now()
+	e.nodeSH(lost, "freeze")
+	thawed := false
+	defer func() {
+		if !thawed {
+			e.nodeSH(lost, "thaw")
+		}
+	}()
+	v := e.clientVerdict("lost-client", time.Minute)
+	took := v.At.Sub(frozen)
+	e.t.Logf("node %s frozen: the client on %s failed after %s: %s", lost, from, took.Round(time.Millisecond), v.Error)
+	if v.OK || !strings.Contains(v.Error, lost) {
+		e.t.Errorf("client verdict %+v: want a failure naming %s", v, lost)
+	}
+	if took > 5*time.Second {
+		e.t.Errorf("the client's vconns failed %s after the node was lost, want within 5s", took)
+	}
+	e.eventually("the agent on "+from+" released its vconns and QPs toward "+lost, time.Minute, func() (bool, string) {
+		m := e.agentMetrics(from)
+		open, qps := m.sum(peerVConns), m.sum(`rdmavisor_qps{peer="`+lost+`"}`)
+		return open == 0 && qps == 0, fmt.Sprintf("%s = %v, QPs toward it %v", peerVConns, open, qps)
+	})
+	e.deletePod("lost-client")
+	// The surviving agents say which node they lost, and the operator
+	// says it on the service.
+	e.eventually("the RDMANode of "+from+" and the RDMAService name "+lost+" unreachable", time.Minute, func() (bool, string) {
+		var rn v1alpha1.RDMANode
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: from}, &rn); err != nil {
+			return false, err.Error()
+		}
+		pc := meta.FindStatusCondition(rn.Status.Conditions, v1alpha1.ConditionPeersReachable)
+		if pc == nil || pc.Status != metav1.ConditionFalse || !strings.Contains(pc.Message, lost) || !slices.Contains(rn.Status.UnreachablePeers, lost) {
+			return false, fmt.Sprintf("RDMANode %s: PeersReachable %+v, unreachable %v", from, pc, rn.Status.UnreachablePeers)
+		}
+		var svc v1alpha1.RDMAService
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.svc.Name}, &svc); err != nil {
+			return false, err.Error()
+		}
+		dc := meta.FindStatusCondition(svc.Status.Conditions, v1alpha1.ConditionDegraded)
+		if dc == nil || dc.Status != metav1.ConditionTrue || dc.Reason != "NodeUnreachable" || !strings.Contains(dc.Message, "node "+lost+" unreachable") {
+			return false, fmt.Sprintf("RDMAService Degraded %+v", dc)
+		}
+		e.t.Logf("RDMANode %s: %s; RDMAService Degraded: %s", from, pc.Message, dc.Message)
+		return true, ""
+	})
+	e.nodeSH(lost, "thaw")
+	thawed = true
+	e.eventually("every agent ready again", 3*time.Minute, e.agentReady)
+	l := load{conns: 4, msgs: 200, size: 4096}
+	e.startClient("back-client", from, e.podIP("lost-server"), l)
+	e.clientOK("back-client", l, 3*time.Minute)
+	for _, p := range []string{"back-client", "lost-server"} {
+		e.deletePod(p)
+	}
+}
