@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/discovery"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -149,13 +148,9 @@ type target struct {
 // parseDialAddr splits a Dial's "host:port". The host is an IP, a node
 // name or another name (for the client to resolve); the port 1..65535.
 func parseDialAddr(addr string) (host string, port uint32, err error) {
-	h, p, err := net.SplitHostPort(addr)
+	h, n, err := frame.SplitAddr(addr)
 	if err != nil {
-		return "", 0, fmt.Errorf("address %q: want host:port: %w", addr, err)
-	}
-	n, err := strconv.ParseUint(p, 10, 16)
-	if err != nil || n == 0 {
-		return "", 0, fmt.Errorf("address %q: port %q: want 1..65535", addr, p)
+		return "", 0, err
 	}
 	if h == "" {
 		return "", 0, fmt.Errorf("address %q: no host", addr)

@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
+
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // Resolver resolves host names to IPs; *net.Resolver is one (the default,
@@ -25,19 +26,9 @@ func (Addr) Network() string { return "vconn" }
 
 func (a Addr) String() string { return string(a) }
 
-// splitAddr parses "host:port" with a port of 1..65535. The host may be
-// empty (Listen's ":port").
-func splitAddr(addr string) (host string, port uint16, err error) {
-	h, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, fmt.Errorf("address %q: want host:port: %w", addr, err)
-	}
-	n, err := strconv.ParseUint(p, 10, 16)
-	if err != nil || n == 0 {
-		return "", 0, fmt.Errorf("address %q: port %q: want 1..65535", addr, p)
-	}
-	return h, uint16(n), nil
-}
+// splitAddr parses "host:port" with a port of 1..65535 as the agent
+// does (frame.SplitAddr). The host may be empty (Listen's ":port").
+func splitAddr(addr string) (host string, port uint16, err error) { return frame.SplitAddr(addr) }
 
 // Dial connects a vconn to the listener at addr, "host:port", as a TCP
 // dial would: host is a pod IP (the port is that pod's), a node's name or
