@@ -216,3 +216,35 @@ func (e *env) startServerAfterRestart() {
 		e.deletePod("echo-server")
 	}
 }
+
+// verdict is what an echo client writes (examples/echo --verdict): read
+// from the pod while it runs, or from its status once it ended.
+type verdict struct {
+	OK        bool      `json:"ok"`
+	Error     string    `json:"error"`
+	At        time.Time `json:"at"`
+	Sent      int64     `json:"sent"`
+	Delivered int64     `json:"delivered"`
+}
+
+// clientVerdict waits for the client pod to end and returns its verdict.
+func (e *env) clientVerdict(name string, timeout time.Duration) verdict {
+	e.t.Helper()
+	var v verdict
+	e.eventually("client "+name+" ended", timeout, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if t := cs.State.Terminated; t != nil {
+				if err := json.Unmarshal([]byte(t.Message), &v); err != nil {
+					e.t.Fatalf("client %s ended (exit %d) without a verdict: %q: %v", name, t.ExitCode, t.Message, err)
+				}
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("phase %s", p.Status.Phase)
+	})
+	return v
+}

@@ -94,38 +94,6 @@ func (e *env) operatorRestart() {
 	e.deletePod("during-operator-restart")
 }
 
-// verdict is what an echo client wrote to its termination log once it
-// ended (examples/echo --verdict).
-type verdict struct {
-	OK        bool      `json:"ok"`
-	Error     string    `json:"error"`
-	At        time.Time `json:"at"`
-	Sent      int64     `json:"sent"`
-	Delivered int64     `json:"delivered"`
-}
-
-// clientVerdict waits for the client pod to end and returns its verdict.
-func (e *env) clientVerdict(name string, timeout time.Duration) verdict {
-	e.t.Helper()
-	var v verdict
-	e.eventually("client "+name+" ended", timeout, func() (bool, string) {
-		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, cs := range p.Status.ContainerStatuses {
-			if t := cs.State.Terminated; t != nil {
-				if err := json.Unmarshal([]byte(t.Message), &v); err != nil {
-					e.t.Fatalf("client %s ended (exit %d) without a verdict: %q: %v", name, t.ExitCode, t.Message, err)
-				}
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("phase %s", p.Status.Phase)
-	})
-	return v
-}
-
 // nodeLost freezes every process of a node (its agent, kubelet, pods)
 // while a client on another node exchanges messages with a server on it:
 // the client's vconns fail with an error naming the lost node within 5 s,

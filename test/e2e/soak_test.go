@@ -24,14 +24,6 @@ import (
 // soakLoad is what each checker run sends from one node to another.
 var soakLoad = load{conns: 4, msgs: 300, size: 2048}
 
-// soakVerdict is examples/echo's --verdict with its counts.
-type soakVerdict struct {
-	OK        bool   `json:"ok"`
-	Error     string `json:"error"`
-	Sent      int64  `json:"sent"`
-	Delivered int64  `json:"delivered"`
-}
-
 // pairStats is what the checker saw between two nodes.
 type pairStats struct {
 	runs, ok, failed      int
@@ -127,7 +119,7 @@ func TestSoak(t *testing.T) {
 	for _, n := range e.nodes {
 		e.soakServer(n)
 	}
-	final := map[[2]string]soakVerdict{}
+	final := map[[2]string]verdict{}
 	for key := range stats {
 		final[key] = e.soakRun(fmt.Sprintf("final-%s-%s", short(key[0]), short(key[1])), key[0], key[1])
 	}
@@ -163,7 +155,7 @@ func TestSoak(t *testing.T) {
 
 func short(node string) string { return node[strings.LastIndexByte(node, '-')+1:] }
 
-func (ps *pairStats) add(v soakVerdict) {
+func (ps *pairStats) add(v verdict) {
 	ps.runs++
 	ps.sent += v.Sent
 	ps.delivered += v.Delivered
@@ -202,16 +194,16 @@ func (e *env) soakServer(node string) {
 // soakRun runs one checker from one node to another and returns its
 // verdict; a run that cannot even start (its pod refused while an agent
 // restarts) is a failure with the reason.
-func (e *env) soakRun(name, from, to string) soakVerdict {
+func (e *env) soakRun(name, from, to string) verdict {
 	server, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "soak-server-"+to, metav1.GetOptions{})
 	if err != nil || server.Status.PodIP == "" {
-		return soakVerdict{Error: fmt.Sprintf("the server on %s has no IP: %v", to, err)}
+		return verdict{Error: fmt.Sprintf("the server on %s has no IP: %v", to, err)}
 	}
 	pod := e.echoPod(name, from, int64(soakLoad.conns), "client", fmt.Sprintf("--addr=%s:%d", server.Status.PodIP, echoPort),
 		fmt.Sprintf("--conns=%d", soakLoad.conns), fmt.Sprintf("--messages=%d", soakLoad.msgs),
 		fmt.Sprintf("--size=%d", soakLoad.size), "--timeout=90s", "--verdict=/dev/termination-log")
 	if _, err := e.kube.CoreV1().Pods("default").Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
-		return soakVerdict{Error: "creating the checker: " + err.Error()}
+		return verdict{Error: "creating the checker: " + err.Error()}
 	}
 	defer func() {
 		_ = e.kube.CoreV1().Pods("default").Delete(e.ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))})
@@ -222,19 +214,19 @@ func (e *env) soakRun(name, from, to string) soakVerdict {
 			continue
 		}
 		if p.Status.Phase == corev1.PodFailed && len(p.Status.ContainerStatuses) == 0 {
-			return soakVerdict{Error: "pod failed: " + p.Status.Reason + ": " + p.Status.Message}
+			return verdict{Error: "pod failed: " + p.Status.Reason + ": " + p.Status.Message}
 		}
 		for _, cs := range p.Status.ContainerStatuses {
 			if term := cs.State.Terminated; term != nil {
-				var v soakVerdict
+				var v verdict
 				if err := json.Unmarshal([]byte(term.Message), &v); err != nil {
-					return soakVerdict{Error: fmt.Sprintf("exit %d without a verdict: %s", term.ExitCode, term.Message)}
+					return verdict{Error: fmt.Sprintf("exit %d without a verdict: %s", term.ExitCode, term.Message)}
 				}
 				return v
 			}
 		}
 	}
-	return soakVerdict{Error: "no verdict in 3 minutes"}
+	return verdict{Error: "no verdict in 3 minutes"}
 }
 
 // chaos does one thing at random every 20 to 40 seconds until stop: kills
@@ -322,7 +314,7 @@ func (e *env) soakLeaks(baseline map[string]samples) []string {
 	return leaks
 }
 
-func soakReport(d time.Duration, stats map[[2]string]*pairStats, final map[[2]string]soakVerdict, events, leaks []string) string {
+func soakReport(d time.Duration, stats map[[2]string]*pairStats, final map[[2]string]verdict, events, leaks []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Soak: %s, %d vconns × %d messages of %d bytes per checker run\n\n", d, soakLoad.conns, soakLoad.msgs, soakLoad.size)
 	b.WriteString("| from → to | runs | ok | failed with an error | sent | delivered | failed in flight | lost | corrupt/duplicated | after the chaos |\n")
