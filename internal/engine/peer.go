@@ -53,9 +53,7 @@ func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
 		if !failed {
 			return p, nil
 		}
-		delete(e.peers, gid)
-		e.retired = append(e.retired, p)
-		p.retire()
+		e.drop(p)
 	}
 	n := e.cfg.QPsPerPeer
 	if e.epochs == nil {
@@ -86,9 +84,7 @@ func (e *Engine) Forget(gid verbs.GID, err error) bool {
 	if busy {
 		return false
 	}
-	delete(e.peers, gid)
-	e.retired = append(e.retired, p)
-	p.retire()
+	e.drop(p)
 	return true
 }
 
@@ -108,10 +104,16 @@ func (e *Engine) Release(p *Peer) bool {
 	if !idle {
 		return false
 	}
+	e.drop(p)
+	return true
+}
+
+// drop takes a failed or forgotten peer out of the engine: the next Peer
+// for its GID is a new one, and its QPs go (retire). With peersMu held.
+func (e *Engine) drop(p *Peer) {
 	delete(e.peers, p.gid)
 	e.retired = append(e.retired, p)
 	p.retire()
-	return true
 }
 
 // GID is the peer's address.
