@@ -1,0 +1,521 @@
+package clib_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/shm"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+)
+
+// sanitize is how the library and its C tests are built here: every
+// report of AddressSanitizer or UndefinedBehaviorSanitizer fails the run.
+const sanitize = "-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+
+var built struct {
+	once sync.Once
+	dir  string // lib/ (the sanitized library), bin/ (the C tests)
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+func run(dir, name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// build makes the sanitized library with its Makefile and links each C
+// test (test/test_*.c) against it, and the parsers' harness from the
+// sources; once per test binary.
+func build(t testing.TB) string {
+	t.Helper()
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "libvconn")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.dir = dir
+		lib := filepath.Join(dir, "lib")
+		if built.err = run(".", "make", "BUILD="+lib, "CC=cc", "CFLAGS=-O1 -g -Werror "+sanitize); built.err != nil {
+			return
+		}
+		tests, _ := filepath.Glob("test/test_*.c")
+		cflags := append([]string{"-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"}, strings.Fields(sanitize)...)
+		for _, src := range tests {
+			out := filepath.Join(dir, "bin", strings.TrimSuffix(filepath.Base(src), ".c"))
+			_ = os.MkdirAll(filepath.Dir(out), 0o755)
+			args := append(append([]string(nil), cflags...), src, filepath.Join(lib, "libvconn.a"), "-pthread", "-o", out)
+			if built.err = run(".", "cc", args...); built.err != nil {
+				return
+			}
+		}
+		srcs, _ := filepath.Glob("src/*.c")
+		args := append(append(append([]string(nil), cflags...), "test/fuzz_harness.c"), srcs...)
+		built.err = run(".", "cc", append(args, "-pthread", "-o", filepath.Join(dir, "bin", "fuzz_harness"))...)
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.dir
+}
+
+// sanitizerEnv makes every sanitizer report fatal, leaks included.
+func sanitizerEnv() []string {
+	return append(os.Environ(),
+		"ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1",
+		"UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
+}
+
+// runC runs a C test with env added and fails the test unless it exits 0.
+func runC(t *testing.T, name string, env ...string) string {
+	t.Helper()
+	dir := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "bin", name))
+	cmd.Env = append(sanitizerEnv(), env...)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s:\n%s", name, out)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return string(out)
+}
+
+func cluster(t *testing.T) *agenttest.Cluster {
+	t.Helper()
+	o := agenttest.Options{}
+	if testing.Verbose() {
+		o.Log = testr.NewWithInterface(t, testr.Options{Verbosity: 0})
+	}
+	c, err := agenttest.Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close cluster: %v", err)
+		}
+	})
+	return c
+}
+
+// allocate makes allocation id of k vconns on n: its socket.
+func allocate(t *testing.T, n *agenttest.Node, id string, k int) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sock, err := n.Allocate(ctx, id, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sock
+}
+
+// TestCAgainstAgents runs test/test_vconn.c against node-a and node-b, on
+// the socket and on shared memory.
+func TestCAgainstAgents(t *testing.T) {
+	for _, mode := range []string{"socket", "shm"} {
+		t.Run(mode, func(t *testing.T) {
+			cl := cluster(t)
+			a := allocate(t, cl.Nodes[0], "c-a", 4)
+			b := allocate(t, cl.Nodes[1], "c-b", 16)
+			shmOn := "0"
+			if mode == "shm" {
+				shmOn = "1"
+			}
+			out := runC(t, "test_vconn", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name,
+				"VCONN_PORT=7000", "VCONN_SHM="+shmOn)
+			if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
+				t.Fatalf("test_vconn did not finish")
+			}
+		})
+	}
+}
+
+// TestCBadInput: a C client's malformed frames each get a clear error
+// and close its connection only; the library's clients, and a Go client
+// of the same allocation, work afterwards.
+func TestCBadInput(t *testing.T) {
+	cl := cluster(t)
+	a := allocate(t, cl.Nodes[0], "bad-a", 4)
+	b := allocate(t, cl.Nodes[1], "bad-b", 4)
+	out := runC(t, "test_badinput", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT=7001")
+	for _, want := range []string{"short datagram: error 1", "version 2: error 1", "unknown op: error 1", "unknown flag: error 1",
+		"length mismatch: error 1", "dial before hello: error 1", "a reply sent as a request: error 1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in the output", want)
+		}
+	}
+	// And a Go client of the same allocation.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ga, err := vconn.NewClient(ctx, vconn.Options{Socket: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ga.Close()
+	gb, err := vconn.NewClient(ctx, vconn.Options{Socket: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gb.Close()
+	ln, err := gb.Listen(ctx, ":7002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go agenttest.ServeEcho(ln)
+	c, err := ga.Dial(ctx, cl.Nodes[1].Name+":7002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping" {
+		t.Fatalf("echo after the bad clients: %q, %v", got, err)
+	}
+}
+
+// fakeAgent serves one connection per variant on a unixpacket socket,
+// answering as serve says: a hostile or broken agent.
+func fakeAgent(t *testing.T, serve func(c *net.UnixConn)) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fake.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return path
+}
+
+func encode(t testing.TB, f frame.Frame) []byte {
+	b, err := frame.Append(nil, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestCMalformedAgent: whatever the agent sends, libvconn returns a clear
+// error (never crashes, never reads out of bounds: the sanitizers watch).
+func TestCMalformedAgent(t *testing.T) {
+	helloOK := func(req uint32) []byte {
+		return encode(t, frame.Frame{Op: frame.OpOK, Req: req, Arg: frame.Version,
+			Payload: frame.AppendHello(nil, frame.HelloInfo{Quota: 4, SendWindow: 16, MaxMessage: 65536, Node: "fake"})})
+	}
+	// reqOf reads the request's id; 0 if the client sent nothing.
+	next := func(c *net.UnixConn) uint32 {
+		b := make([]byte, frame.MaxFrame)
+		n, err := c.Read(b)
+		if err != nil {
+			return 0
+		}
+		f, err := frame.Decode(b[:n])
+		if err != nil {
+			return 0
+		}
+		return f.Req
+	}
+	afterHello := func(reply func(req uint32) []byte) func(c *net.UnixConn) {
+		return func(c *net.UnixConn) {
+			_, _ = c.Write(helloOK(next(c)))
+			if b := reply(next(c)); b != nil {
+				_, _ = c.Write(b)
+			}
+			_, _ = io.Copy(io.Discard, c)
+		}
+	}
+	onHello := func(reply func(req uint32) []byte) func(c *net.UnixConn) {
+		return func(c *net.UnixConn) {
+			if b := reply(next(c)); b != nil {
+				_, _ = c.Write(b)
+			}
+		}
+	}
+	mutate := func(b []byte, f func([]byte)) []byte { f(b); return b }
+	for _, tc := range []struct {
+		name  string
+		serve func(*net.UnixConn)
+		want  string
+	}{
+		{"garbage", onHello(func(uint32) []byte { return []byte{1, 2, 3} }), "open=-71 "},
+		{"version byte", onHello(func(r uint32) []byte { return mutate(helloOK(r), func(b []byte) { b[0] = 2 }) }), "open=-71 "},
+		{"length", onHello(func(r uint32) []byte { return mutate(helloOK(r), func(b []byte) { b[27]++ }) }), "open=-71 "},
+		{"flags", onHello(func(r uint32) []byte { return mutate(helloOK(r), func(b []byte) { b[2] = 0xff }) }), "open=-71 "},
+		{"oversized", onHello(func(r uint32) []byte {
+			b := append(helloOK(r), make([]byte, frame.MaxFrame)...)[:frame.MaxFrame+1]
+			binary.BigEndian.PutUint32(b[24:], frame.MaxPayload+1)
+			return b
+		}), "open=-71 "},
+		{"short hello info", onHello(func(r uint32) []byte {
+			return encode(t, frame.Frame{Op: frame.OpOK, Req: r, Arg: frame.Version, Payload: []byte{0, 0, 0, 4, 0}})
+		}), "open=-71 "},
+		{"wrong version", onHello(func(r uint32) []byte {
+			return mutate(helloOK(r), func(b []byte) { b[15] = 2 })
+		}), "open=-93 "},
+		{"version refused", onHello(func(r uint32) []byte {
+			return encode(t, frame.Frame{Op: frame.OpError, Req: r, Arg: uint32(frame.CodeVersion), Payload: []byte("speaks 2")})
+		}), "open=-93 "},
+		{"hang up", onHello(func(uint32) []byte { return nil }), "open=-107 "},
+		{"dial answered with garbage", afterHello(func(uint32) []byte { return []byte("not a frame at all, nothing like one") }), "dial=-71 "},
+		{"dial answered with a request", afterHello(func(r uint32) []byte {
+			return encode(t, frame.Frame{Op: frame.OpListen, Req: r})
+		}), "dial=-71 "},
+		{"dial refused", afterHello(func(r uint32) []byte {
+			return encode(t, frame.Frame{Op: frame.OpError, Req: r, Arg: uint32(frame.CodeRefused), Payload: []byte("nobody")})
+		}), "dial=-111 "},
+		{"dial code unknown", afterHello(func(r uint32) []byte {
+			return encode(t, frame.Frame{Op: frame.OpError, Req: r, Arg: 4000})
+		}), "dial=-121 "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := runC(t, "test_fakeagent", "VCONN_SOCK="+fakeAgent(t, tc.serve))
+			if !strings.Contains(out, tc.want) {
+				t.Fatalf("want %q in the output", tc.want)
+			}
+		})
+	}
+}
+
+// TestInstall installs the library with make install PREFIX=..., then
+// builds a program against it through pkg-config, shared and static.
+func TestInstall(t *testing.T) {
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "prefix")
+	if err := run(".", "make", "install", "BUILD="+filepath.Join(dir, "build"), "PREFIX="+prefix); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"include/vconn.h", "lib/libvconn.a", "lib/libvconn.so", "lib/libvconn.so.0", "lib/pkgconfig/vconn.pc"} {
+		if _, err := os.Stat(filepath.Join(prefix, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pc := exec.Command("pkg-config", "--cflags", "--libs", "vconn")
+	pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(prefix, "lib", "pkgconfig"))
+	flags, err := pc.Output()
+	if err != nil {
+		t.Fatalf("pkg-config: %v", err)
+	}
+	for _, link := range []string{"shared", "static"} {
+		out := filepath.Join(dir, "example-"+link)
+		args := append([]string{"-std=c11", "-Wall", "-Werror", "test/example.c", "-o", out}, strings.Fields(string(flags))...)
+		if link == "static" {
+			args = append(args, "-Wl,-Bstatic", "-lvconn", "-Wl,-Bdynamic", "-pthread")
+		}
+		if err := run(".", "cc", args...); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(out)
+		cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Join(prefix, "lib"))
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", link, err, b)
+		}
+	}
+}
+
+// harness is the parsers' C harness, one process for many inputs.
+type harness struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func startHarness(t testing.TB) *harness {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(build(t), "bin", "fuzz_harness"))
+	cmd.Env = sanitizerEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	t.Cleanup(func() {
+		_ = in.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("harness: %v\n%s", err, stderr.String())
+		}
+	})
+	return h
+}
+
+// parse feeds b to the harness: its line.
+func (h *harness) parse(t testing.TB, b []byte) string {
+	t.Helper()
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(b)))
+	if _, err := h.in.Write(append(n[:], b...)); err != nil {
+		t.Fatalf("harness died: %v", err)
+	}
+	l, err := h.out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("harness died on %x: %v", b, err)
+	}
+	return strings.TrimSuffix(l, "\n")
+}
+
+// want is the harness's line as package frame and package shm read b,
+// but for the ring part, which only the harness reads.
+func want(b []byte) string {
+	var s strings.Builder
+	if f, err := frame.Decode(b); err == nil {
+		fmt.Fprintf(&s, "frame ok op=%d flags=%d req=%d handle=%d arg=%d arg2=%d len=%d", f.Op, f.Flags, f.Req, f.Handle, f.Arg, f.Arg2, len(f.Payload))
+	} else {
+		s.WriteString("frame err ")
+		for name, e := range map[string]error{"short": frame.ErrShort, "version": frame.ErrVersion, "op": frame.ErrOp,
+			"flags": frame.ErrFlags, "too-big": frame.ErrTooBig, "length": frame.ErrLength} {
+			if strings.HasPrefix(err.Error(), e.Error()) {
+				s.WriteString(name)
+			}
+		}
+	}
+	if h, err := frame.DecodeHello(b); err == nil {
+		fmt.Fprintf(&s, " | hello ok %d %d %d %s", h.Quota, h.SendWindow, h.MaxMessage, hex.EncodeToString([]byte(h.Node)))
+	} else {
+		s.WriteString(" | hello err")
+	}
+	if l, err := shm.DecodeLayout(b); err == nil {
+		fmt.Fprintf(&s, " | layout ok %d %d %d %d", l.Entries, l.Slab, l.MaxMessage, l.Size())
+	} else {
+		s.WriteString(" | layout err")
+	}
+	return s.String()
+}
+
+func compare(t testing.TB, h *harness, b []byte) {
+	got := h.parse(t, b)
+	w := want(b)
+	if g, _, _ := strings.Cut(got, " | ring"); g != w {
+		t.Fatalf("input %x:\n   libvconn: %s\npackage Go: %s", b, g, w)
+	}
+}
+
+// docExamples are the datagrams of docs/protocol.md's frame and
+// frame-invalid blocks, with the check each invalid one names.
+func docExamples(t testing.TB) (valid [][]byte, invalid map[string]string) {
+	doc, err := os.ReadFile("../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	invalid = map[string]string{}
+	lines := strings.Split(string(doc), "\n")
+	for i, l := range lines {
+		if (l != "```frame" && l != "```frame-invalid") || i+2 >= len(lines) {
+			continue
+		}
+		b, err := hex.DecodeString(strings.ReplaceAll(lines[i+1], " ", ""))
+		if err != nil {
+			t.Fatalf("protocol.md:%d: %v", i+2, err)
+		}
+		if l == "```frame" {
+			valid = append(valid, b)
+		} else {
+			invalid[string(b)] = strings.TrimPrefix(lines[i+2], "error=")
+		}
+	}
+	if len(valid) < 10 || len(invalid) < 5 {
+		t.Fatalf("protocol.md: %d frames, %d invalid ones", len(valid), len(invalid))
+	}
+	return valid, invalid
+}
+
+// TestCDecodesDocExamples: libvconn reads the document's examples as
+// package frame does (which TestProtocolDocExamples holds to the
+// document), and refuses the invalid ones for the reason the document
+// gives.
+func TestCDecodesDocExamples(t *testing.T) {
+	h := startHarness(t)
+	valid, invalid := docExamples(t)
+	for _, b := range valid {
+		compare(t, h, b)
+		if !strings.HasPrefix(h.parse(t, b), "frame ok") {
+			t.Errorf("%x: refused", b)
+		}
+	}
+	for b, why := range invalid {
+		compare(t, h, []byte(b))
+		if got := h.parse(t, []byte(b)); !strings.HasPrefix(got, "frame err "+why+" ") {
+			t.Errorf("%x: %s, the document says %s", b, got, why)
+		}
+	}
+	// Payload shapes: the Hello info and shm layout of the document.
+	compare(t, h, frame.AppendHello(nil, frame.HelloInfo{Quota: 4, SendWindow: 16, MaxMessage: 65536, Node: "node-a"}))
+	compare(t, h, shm.AppendLayout(nil, shm.DefaultLayout))
+}
+
+// FuzzCDecode feeds arbitrary bytes through libvconn's parsers (frames,
+// Hello info, shm layouts, a ring RX an agent wrote) under the
+// sanitizers, and checks that the frame, Hello and layout parsers agree
+// with package frame's and shm's.
+func FuzzCDecode(f *testing.F) {
+	valid, invalid := docExamples(f)
+	for _, b := range valid {
+		f.Add(b)
+	}
+	for b := range invalid {
+		f.Add([]byte(b))
+	}
+	f.Add(shm.AppendLayout(nil, shm.DefaultLayout))
+	// A ring with one good descriptor and one out of bounds.
+	ring := make([]byte, 256+4*16+256)
+	ring[0] = 2 // tail
+	copy(ring[256:], []byte{64, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0})
+	copy(ring[272:], []byte{250, 0, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Add(ring)
+	h := startHarness(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) > frame.MaxFrame+8 {
+			return
+		}
+		compare(t, h, b)
+	})
+}
