@@ -159,8 +159,62 @@ func TestCAgainstAgents(t *testing.T) {
 			if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
 				t.Fatalf("test_vconn did not finish")
 			}
+			goRoundTrips(t, cl, a, b, mode == "shm")
 		})
 	}
+}
+
+// goRoundTrips measures what test_vconn.c prints, round trips of 32-byte
+// messages, with the Go SDK on the same agents: the figure to set beside
+// libvconn's (a measurement, not an assertion).
+func goRoundTrips(t *testing.T, cl *agenttest.Cluster, sockA, sockB string, shared bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ga, err := vconn.NewClient(ctx, vconn.Options{Socket: sockA, SharedMemory: shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ga.Close()
+	gb, err := vconn.NewClient(ctx, vconn.Options{Socket: sockB, SharedMemory: shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gb.Close()
+	ln, err := gb.Listen(ctx, ":7100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.AcceptVConn()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for {
+			m, err := c.RecvMsg(ctx)
+			if err != nil || c.SendMsg(ctx, m.Data) != nil {
+				return
+			}
+		}
+	}()
+	c, err := ga.Dial(ctx, cl.Nodes[1].Name+":7100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const rounds = 500
+	msg := make([]byte, 32)
+	start := time.Now()
+	for i := 0; i < rounds; i++ {
+		if err := c.SendMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.RecvMsg(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("Go SDK round trip: %d of 32 bytes, %.1f us each", rounds, float64(time.Since(start).Microseconds())/rounds)
 }
 
 // TestCBadInput: a C client's malformed frames each get a clear error

@@ -21,7 +21,19 @@
  * is waiting. vconn_listener_fd is readable when vconn_accept would not
  * block. Combined with vconn_set_nonblock (calls return -EAGAIN instead of
  * waiting) an event loop can serve many vconns, and a bridge (an
- * LD_PRELOAD socketpair, say) can poll them beside kernel sockets.
+ * LD_PRELOAD socketpair, say) can poll them beside kernel sockets. Each
+ * vconn has its own descriptor, so one thread per vconn, or one poll over
+ * all of them, both work.
+ *
+ * Shared memory (vconn_options.shared_memory): a vconn's messages travel
+ * in rings the agent maps for it; vconn_fd is then the ring's doorbell,
+ * which is made readable by a message that arrives after a vconn_recv
+ * returned -EAGAIN (or vconn_wait looked): poll after -EAGAIN, and treat
+ * a wake-up as a hint (vconn_recv may return -EAGAIN again). A failure
+ * the agent reports on the socket for a shared-memory vconn shows at the
+ * next call, not on the descriptor.
+ *
+ * Fork: a client and its vconns belong to the process that opened them.
  */
 #ifndef VCONN_H
 #define VCONN_H
@@ -117,7 +129,8 @@ VCONN_API int vconn_set_timeouts(vconn *v, int read_ms, int write_ms);
 VCONN_API int vconn_set_nonblock(vconn *v, int on);
 VCONN_API int vconn_fd(vconn *v);
 /* Waits until v is readable (events & 1) or writable (events & 2), for
- * at most timeout_ms: the events ready, 0 on timeout, or -errno. */
+ * at most timeout_ms: the events ready, 0 on timeout, or -errno. On
+ * shared memory, writable is reported at once: vconn_send finds out. */
 #define VCONN_POLLIN 1
 #define VCONN_POLLOUT 2
 VCONN_API int vconn_wait(vconn *v, int events, int timeout_ms);

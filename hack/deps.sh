@@ -24,6 +24,8 @@ test_deps=(
   "cmd:git|git|make lint and the generators list files with git"
   "cmd:gcc|gcc|go test -race needs cgo"
   "file:/usr/include/stdlib.h|libc6-dev|go test -race needs cgo (C headers)"
+  "cmd:make|make|clib's test builds libvconn with its Makefile"
+  "cmd:pkg-config|pkg-config|clib's TestInstall builds a program against the installed vconn.pc"
   "file:/etc/ssl/certs/ca-certificates.crt|ca-certificates|helm, etcd and kube-apiserver are built from the Go module proxy (HTTPS)"
   "cmd:ip|iproute2|internal/cni and the demo make network namespaces and links with ip"
   "cmd:tshark|tshark|internal/verbs/soft/roce TestTsharkDecodesRoCEv2 decodes captured packets with tshark"
