@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -25,9 +26,14 @@ import (
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
-// sanitize is how the library and its C tests are built here: every
-// report of AddressSanitizer or UndefinedBehaviorSanitizer fails the run.
-const sanitize = "-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+// sanitizers the library and its C tests are built with: every report
+// fails the run. -clib.sanitize=thread runs them under ThreadSanitizer
+// instead (it cannot be combined with AddressSanitizer).
+var sanitizers = flag.String("clib.sanitize", "address,undefined", "the C tests' -fsanitize= list")
+
+func sanitize() string {
+	return "-fsanitize=" + *sanitizers + " -fno-sanitize-recover=all -fno-omit-frame-pointer"
+}
 
 var built struct {
 	once sync.Once
@@ -66,11 +72,11 @@ func build(t testing.TB) string {
 		}
 		built.dir = dir
 		lib := filepath.Join(dir, "lib")
-		if built.err = run(".", "make", "BUILD="+lib, "CC=cc", "CFLAGS=-O1 -g -Werror "+sanitize); built.err != nil {
+		if built.err = run(".", "make", "BUILD="+lib, "CC=cc", "CFLAGS=-O1 -g -Werror "+sanitize()); built.err != nil {
 			return
 		}
 		tests, _ := filepath.Glob("test/test_*.c")
-		cflags := append([]string{"-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"}, strings.Fields(sanitize)...)
+		cflags := append([]string{"-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"}, strings.Fields(sanitize())...)
 		for _, src := range tests {
 			out := filepath.Join(dir, "bin", strings.TrimSuffix(filepath.Base(src), ".c"))
 			_ = os.MkdirAll(filepath.Dir(out), 0o755)
@@ -93,6 +99,7 @@ func build(t testing.TB) string {
 func sanitizerEnv() []string {
 	return append(os.Environ(),
 		"ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1",
+		"TSAN_OPTIONS=halt_on_error=1",
 		"UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
 }
 

@@ -964,8 +964,9 @@ int vconn_listener_close(vconn_listener *l)
 	return err == -ENOTCONN || err == -EBADF ? 0 : err;
 }
 
-/* acquire takes a slot of the send window (mu held). */
-static int acquire(vconn *v, int ms)
+/* acquire takes a slot of the send window (mu held); nonblock: fail
+ * with -EAGAIN rather than wait. */
+static int acquire(vconn *v, int ms, int nonblock)
 {
 	vconn_client *c = v->c;
 	struct timespec ts;
@@ -979,7 +980,7 @@ static int acquire(vconn *v, int ms)
 			return c->err;
 		if (v->outstanding < (int)c->info.send_window)
 			break;
-		if (v->nonblock)
+		if (nonblock)
 			return -EAGAIN;
 		int err = cv_wait(c, dl);
 		if (err)
@@ -1010,7 +1011,7 @@ static int send_msg(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm
 	pthread_mutex_lock(&c->mu);
 	int err = v->send_err;
 	if (!err)
-		err = acquire(v, v->wto);
+		err = acquire(v, v->wto, v->nonblock);
 	if (err) {
 		err = fail_with(v, err);
 		pthread_mutex_unlock(&c->mu);
@@ -1169,10 +1170,8 @@ static int op(vconn *v, struct vconn_frame *f, struct reply *r)
 {
 	vconn_client *c = v->c;
 	pthread_mutex_lock(&c->mu);
-	int nb = v->nonblock;
-	v->nonblock = 0; /* one-sided operations block: their reply is the result */
-	int err = acquire(v, c->timeout_ms);
-	v->nonblock = nb;
+	/* One-sided operations block: their reply is the result. */
+	int err = acquire(v, c->timeout_ms, 0);
 	if (err)
 		err = fail_with(v, err);
 	pthread_mutex_unlock(&c->mu);
