@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
@@ -579,4 +580,156 @@ func FuzzCDecode(f *testing.F) {
 		}
 		compare(t, h, b)
 	})
+}
+
+// TestCHostileSharedMemory: a fake agent that answers Shm with a segment
+// the client must not trust (unsealed, too small, a bad layout, missing
+// or wrong descriptors, a ring whose indices lie) gets a clear error from
+// libvconn, never a crash or an access outside the mapping.
+func TestCHostileSharedMemory(t *testing.T) {
+	layout := shm.DefaultLayout
+	memfd := func(t *testing.T, size int, seal bool) int {
+		fd, err := unix.MemfdCreate("fake", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Ftruncate(fd, int64(size)); err != nil {
+			t.Fatal(err)
+		}
+		if seal {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return fd
+	}
+	bells := func(t *testing.T) (mine, theirs [2]int) {
+		for i := range 2 {
+			p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mine[i], theirs[i] = p[0], p[1]
+		}
+		return mine, theirs
+	}
+	for _, tc := range []struct {
+		name string
+		// segment returns the Shm reply's payload and descriptors, and
+		// what to do to the mapping once the client has it.
+		segment func(t *testing.T) (payload []byte, fds []int, after func())
+		want    string
+	}{
+		{"unsealed", func(t *testing.T) ([]byte, []int, func()) {
+			_, b := bells(t)
+			return shm.AppendLayout(nil, layout), []int{memfd(t, layout.Size(), false), b[0], b[1]}, nil
+		}, "dial=-71 "},
+		{"too small", func(t *testing.T) ([]byte, []int, func()) {
+			_, b := bells(t)
+			return shm.AppendLayout(nil, layout), []int{memfd(t, layout.Size()/2, true), b[0], b[1]}, nil
+		}, "dial=-71 "},
+		{"bad layout", func(t *testing.T) ([]byte, []int, func()) {
+			_, b := bells(t)
+			l := layout
+			l.Entries = 3
+			return shm.AppendLayout(nil, l), []int{memfd(t, layout.Size(), true), b[0], b[1]}, nil
+		}, "dial=-71 "},
+		{"two descriptors", func(t *testing.T) ([]byte, []int, func()) {
+			_, b := bells(t)
+			return shm.AppendLayout(nil, layout), []int{memfd(t, layout.Size(), true), b[0]}, nil
+		}, "dial=-71 "},
+		{"doorbell not a stream", func(t *testing.T) ([]byte, []int, func()) {
+			_, b := bells(t)
+			p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return shm.AppendLayout(nil, layout), []int{memfd(t, layout.Size(), true), b[0], p[0]}, nil
+		}, "dial=-71 "},
+		{"ring tail lies", func(t *testing.T) ([]byte, []int, func()) {
+			mine, b := bells(t)
+			fd := memfd(t, layout.Size(), true)
+			mem, err := unix.Mmap(fd, 0, layout.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Munmap(mem) })
+			return shm.AppendLayout(nil, layout), []int{fd, b[0], b[1]}, func() {
+				rx := mem[layout.Size()/2:]
+				binary.LittleEndian.PutUint32(rx, 1000) // tail: 1000 descriptors in a ring of 256
+				_, _ = unix.Write(mine[1], []byte{1})
+			}
+		}, "recv=-71 "},
+		{"descriptor outside the slab", func(t *testing.T) ([]byte, []int, func()) {
+			mine, b := bells(t)
+			fd := memfd(t, layout.Size(), true)
+			mem, err := unix.Mmap(fd, 0, layout.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Munmap(mem) })
+			return shm.AppendLayout(nil, layout), []int{fd, b[0], b[1]}, func() {
+				rx := mem[layout.Size()/2:]
+				d := rx[256:]
+				binary.LittleEndian.PutUint32(d, layout.Slab-8) // off
+				binary.LittleEndian.PutUint32(d[4:], 4096)      // len: past the slab's end
+				binary.LittleEndian.PutUint32(rx, 1)            // tail
+				_, _ = unix.Write(mine[1], []byte{1})
+			}
+		}, "recv=-71 "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := fakeAgent(t, func(c *net.UnixConn) {
+				b := make([]byte, frame.MaxFrame)
+				var after func()
+				for {
+					n, err := c.Read(b)
+					if err != nil || n == 0 {
+						return
+					}
+					f, err := frame.Decode(b[:n])
+					if err != nil {
+						return
+					}
+					var rep frame.Frame
+					var fds []int
+					switch f.Op {
+					case frame.OpHello:
+						rep = frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: frame.Version,
+							Payload: frame.AppendHello(nil, frame.HelloInfo{Quota: 4, SendWindow: 16, MaxMessage: 65536, Node: "fake"})}
+					case frame.OpDial:
+						rep = frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: 1, Payload: f.Payload}
+					case frame.OpShm:
+						rep = frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: 1}
+						rep.Payload, fds, after = tc.segment(t)
+					default:
+						rep = frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: f.Handle}
+					}
+					if f.Op == frame.OpGrant {
+						continue
+					}
+					out := encode(t, rep)
+					var oob []byte
+					if len(fds) > 0 {
+						oob = unix.UnixRights(fds...)
+					}
+					_, _, err = c.WriteMsgUnix(out, oob, nil)
+					for _, fd := range fds {
+						_ = unix.Close(fd)
+					}
+					if err != nil {
+						return
+					}
+					if after != nil {
+						after()
+						after = nil
+					}
+				}
+			})
+			out := runC(t, "test_fakeagent", "VCONN_SOCK="+sock, "VCONN_SHM=1")
+			if !strings.Contains(out, tc.want) {
+				t.Fatalf("want %q in the output", tc.want)
+			}
+		})
+	}
 }

@@ -168,7 +168,7 @@ const char *vconn_strerror(int err)
 	case -ENXIO: return "unknown host";
 	case -EREMOTEIO: return "the agent reported an unknown error code";
 	case -ENOTCONN: return "connection to the agent lost";
-	case -EPROTO: return "protocol error: malformed frame";
+	case -EPROTO: return "protocol error: the agent broke the protocol";
 	case -EPROTOTYPE: return "not a byte stream: the transport may lose messages";
 	case -ENODATA: return "end of stream: the peer closed";
 	case -ETIMEDOUT: return "timed out";

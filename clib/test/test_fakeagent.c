@@ -7,7 +7,8 @@
 
 int main(void)
 {
-	struct vconn_options o = {.socket = env("VCONN_SOCK"), .timeout_ms = 5000};
+	struct vconn_options o = {.socket = env("VCONN_SOCK"), .timeout_ms = 5000,
+				  .shared_memory = getenv("VCONN_SHM") && atoi(getenv("VCONN_SHM"))};
 	vconn_client *c = NULL;
 	int err = vconn_client_open(&c, &o);
 	printf("open=%d (%s: %s)\n", err, vconn_strerror(err), vconn_errmsg());
