@@ -591,14 +591,14 @@ func TestCHostileSharedMemory(t *testing.T) {
 	memfd := func(t *testing.T, size int, seal bool) int {
 		fd, err := unix.MemfdCreate("fake", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 		if err != nil {
-			t.Fatal(err)
+			t.Error(err) // on the fake agent's goroutine: no Fatal
 		}
 		if err := unix.Ftruncate(fd, int64(size)); err != nil {
-			t.Fatal(err)
+			t.Error(err) // on the fake agent's goroutine: no Fatal
 		}
 		if seal {
 			if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
-				t.Fatal(err)
+				t.Error(err) // on the fake agent's goroutine: no Fatal
 			}
 		}
 		return fd
@@ -607,7 +607,7 @@ func TestCHostileSharedMemory(t *testing.T) {
 		for i := range 2 {
 			p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
-				t.Fatal(err)
+				t.Error(err) // on the fake agent's goroutine: no Fatal
 			}
 			mine[i], theirs[i] = p[0], p[1]
 		}
@@ -642,7 +642,7 @@ func TestCHostileSharedMemory(t *testing.T) {
 			_, b := bells(t)
 			p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
-				t.Fatal(err)
+				t.Error(err) // on the fake agent's goroutine: no Fatal
 			}
 			return shm.AppendLayout(nil, layout), []int{memfd(t, layout.Size(), true), b[0], p[0]}, nil
 		}, "dial=-71 "},
@@ -651,7 +651,7 @@ func TestCHostileSharedMemory(t *testing.T) {
 			fd := memfd(t, layout.Size(), true)
 			mem, err := unix.Mmap(fd, 0, layout.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 			if err != nil {
-				t.Fatal(err)
+				t.Error(err) // on the fake agent's goroutine: no Fatal
 			}
 			t.Cleanup(func() { _ = unix.Munmap(mem) })
 			return shm.AppendLayout(nil, layout), []int{fd, b[0], b[1]}, func() {
@@ -665,7 +665,7 @@ func TestCHostileSharedMemory(t *testing.T) {
 			fd := memfd(t, layout.Size(), true)
 			mem, err := unix.Mmap(fd, 0, layout.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 			if err != nil {
-				t.Fatal(err)
+				t.Error(err) // on the fake agent's goroutine: no Fatal
 			}
 			t.Cleanup(func() { _ = unix.Munmap(mem) })
 			return shm.AppendLayout(nil, layout), []int{fd, b[0], b[1]}, func() {
