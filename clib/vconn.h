@@ -86,6 +86,8 @@ enum vconn_transport {
 
 /* Client. */
 VCONN_API int vconn_client_open(vconn_client **out, const struct vconn_options *opts);
+/* Closes the connection to the agent, and with it every vconn and
+ * listener of the client: their pointers are invalid afterwards. */
 VCONN_API void vconn_client_close(vconn_client *c);
 VCONN_API int vconn_client_quota(vconn_client *c);          /* vconns the allocation may hold open */
 VCONN_API int vconn_client_send_window(vconn_client *c);    /* operations of one vconn that may be unanswered */
