@@ -104,6 +104,18 @@ func sanitizerEnv() []string {
 		"UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
 }
 
+// stacks makes a C test that runs past its time print every thread's
+// stack (gdb, where installed) before it is killed: a hang's diagnosis.
+func stacks(t *testing.T, cmd *exec.Cmd) {
+	cmd.Cancel = func() error {
+		if gdb, err := exec.LookPath("gdb"); err == nil {
+			out, _ := exec.Command(gdb, "-p", fmt.Sprint(cmd.Process.Pid), "-batch", "-ex", "thread apply all bt").CombinedOutput()
+			t.Logf("%s ran past its time; its threads:\n%s", cmd.Path, out)
+		}
+		return cmd.Process.Kill()
+	}
+}
+
 // runC runs a C test with env added and fails the test unless it exits 0.
 func runC(t *testing.T, name string, env ...string) string {
 	t.Helper()
@@ -112,6 +124,7 @@ func runC(t *testing.T, name string, env ...string) string {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "bin", name))
 	cmd.Env = append(sanitizerEnv(), env...)
+	stacks(t, cmd)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s:\n%s", name, out)
 	if err != nil {
@@ -223,6 +236,53 @@ func goRoundTrips(t *testing.T, cl *agenttest.Cluster, sockA, sockB string, shar
 		}
 	}
 	t.Logf("Go SDK round trip: %d of 32 bytes, %.1f us each", rounds, float64(time.Since(start).Microseconds())/rounds)
+}
+
+// TestCThreads runs test/test_threads.c: concurrent vconns, dials and
+// closes on one client, then node-a's agent stops under a blocked read
+// (when the program prints "stop").
+func TestCThreads(t *testing.T) {
+	for _, mode := range []string{"socket", "shm"} {
+		t.Run(mode, func(t *testing.T) {
+			cl := cluster(t)
+			a := allocate(t, cl.Nodes[0], "t-a", 8)
+			b := allocate(t, cl.Nodes[1], "t-b", 16)
+			shmOn := "0"
+			if mode == "shm" {
+				shmOn = "1"
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, filepath.Join(build(t), "bin", "test_threads"))
+			cmd.Env = append(sanitizerEnv(), "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name,
+				"VCONN_PORT=7003", "VCONN_SHM="+shmOn)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			stacks(t, cmd)
+			stdout, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var out strings.Builder
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				out.WriteString(sc.Text() + "\n")
+				if sc.Text() == "stop" {
+					if err := cl.Nodes[0].Stop(); err != nil {
+						t.Errorf("stop node-a: %v", err)
+					}
+				}
+			}
+			err := cmd.Wait()
+			t.Logf("test_threads:\n%s%s", out.String(), stderr.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasSuffix(strings.TrimSpace(out.String()), "ok") {
+				t.Fatal("test_threads did not finish")
+			}
+		})
+	}
 }
 
 // TestCBadInput: a C client's malformed frames each get a clear error

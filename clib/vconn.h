@@ -104,6 +104,13 @@ VCONN_API int vconn_listener_fd(vconn_listener *l);
 VCONN_API const char *vconn_listener_addr(vconn_listener *l);
 VCONN_API int vconn_listener_set_nonblock(vconn_listener *l, int on);
 VCONN_API int vconn_listener_set_timeout(vconn_listener *l, int timeout_ms); /* <0: none */
+/* Stops listening: accepts inside and after return -EBADF, and vconns
+ * accepted but not taken are closed; l stays valid until
+ * vconn_listener_close, so that threads in vconn_accept can be joined
+ * first. */
+VCONN_API int vconn_listener_shutdown(vconn_listener *l);
+/* Shuts the listener down if it is not yet, and frees it: no call may be
+ * inside or follow. */
 VCONN_API int vconn_listener_close(vconn_listener *l);
 
 /* Byte stream: only on reliable transports (rc, auto), else -EPROTOTYPE.
@@ -121,7 +128,8 @@ VCONN_API int vconn_send_imm(vconn *v, const void *buf, size_t n, uint32_t imm);
 VCONN_API ssize_t vconn_recv(vconn *v, void *buf, size_t cap, uint32_t *imm, int *has_imm);
 
 /* Closes the vconn after what was sent has been handed over (waiting up
- * to 5 s); the peer reads EOF. Frees v. */
+ * to 5 s); the peer reads EOF. Calls of other threads blocked on v return
+ * -EBADF first; then v is freed, and no call may follow. */
 VCONN_API int vconn_close(vconn *v);
 
 /* Deadlines and modes. Timeouts in milliseconds, <0: wait for ever; a

@@ -83,6 +83,7 @@ struct vconn {
 	struct msg *cur; /* the message a stream read is in */
 	size_t curoff;
 	int eof, err, send_err, closed;
+	int users; /* calls inside: vconn_close waits for them to leave */
 	char errmsg[256];
 	int consumed, outstanding;
 	int efd, efd_set;
@@ -98,6 +99,7 @@ struct vconn_listener {
 	char addr[256];
 	vconn *qhead, *qtail;
 	int err, closed;
+	int users; /* vconn_accept calls inside: close waits for them */
 	int efd, efd_set;
 	int nonblock, timeout;
 };
@@ -155,6 +157,28 @@ static void v_ready(vconn *v)
 }
 
 static void l_ready(vconn_listener *l) { efd_set(l->efd, &l->efd_set, l->qhead || l->err || l->closed); }
+
+/* enter and leave bracket a call on v, so that vconn_close, which wakes
+ * the calls inside, frees v only once they left. */
+static int enter(vconn *v)
+{
+	pthread_mutex_lock(&v->c->mu);
+	int closed = v->closed;
+	if (!closed)
+		v->users++;
+	pthread_mutex_unlock(&v->c->mu);
+	if (closed)
+		vc_seterr("the vconn is closed");
+	return closed ? -EBADF : 0;
+}
+
+static void leave(vconn *v)
+{
+	pthread_mutex_lock(&v->c->mu);
+	if (--v->users == 0)
+		pthread_cond_broadcast(&v->c->cv);
+	pthread_mutex_unlock(&v->c->mu);
+}
 
 static void free_pending(struct pending *p)
 {
@@ -906,6 +930,11 @@ int vconn_accept(vconn_listener *l, vconn **out)
 	const struct timespec *dl = deadline(l->timeout, &ts) ? &ts : NULL;
 	*out = NULL;
 	pthread_mutex_lock(&c->mu);
+	if (l->closed) {
+		pthread_mutex_unlock(&c->mu);
+		return -EBADF;
+	}
+	l->users++;
 	for (;;) {
 		vconn *v = l->qhead;
 		if (v) {
@@ -914,6 +943,8 @@ int vconn_accept(vconn_listener *l, vconn **out)
 				l->qtail = NULL;
 			v->qnext = NULL;
 			l_ready(l);
+			if (--l->users == 0)
+				pthread_cond_broadcast(&c->cv);
 			pthread_mutex_unlock(&c->mu);
 			int err = start(v);
 			if (err) {
@@ -931,19 +962,29 @@ int vconn_accept(vconn_listener *l, vconn **out)
 		if (err) {
 			if (err == l->err)
 				vc_seterr("accept: %s", c->errmsg);
+			if (--l->users == 0)
+				pthread_cond_broadcast(&c->cv);
 			pthread_mutex_unlock(&c->mu);
 			return err;
 		}
 	}
 }
 
-int vconn_listener_close(vconn_listener *l)
+int vconn_listener_shutdown(vconn_listener *l)
 {
 	vconn_client *c = l->c;
 	pthread_mutex_lock(&c->mu);
+	if (l->closed) {
+		pthread_mutex_unlock(&c->mu);
+		return 0;
+	}
 	l->closed = 1;
 	vconn *q = l->qhead;
 	l->qhead = l->qtail = NULL;
+	l_ready(l);
+	pthread_cond_broadcast(&c->cv);
+	while (l->users > 0) /* accepts inside return -EBADF */
+		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);
 	while (q) {
 		vconn *n = q->qnext;
@@ -952,6 +993,13 @@ int vconn_listener_close(vconn_listener *l)
 	}
 	struct vconn_frame f = {.op = VC_OP_CLOSE, .handle = l->h};
 	int err = call(c, &f, c->timeout_ms, NULL);
+	return err == -ENOTCONN || err == -EBADF ? 0 : err;
+}
+
+int vconn_listener_close(vconn_listener *l)
+{
+	vconn_client *c = l->c;
+	int err = vconn_listener_shutdown(l);
 	pthread_mutex_lock(&c->mu);
 	for (vconn_listener **pp = &c->lns; *pp; pp = &(*pp)->next)
 		if (*pp == l) {
@@ -961,7 +1009,7 @@ int vconn_listener_close(vconn_listener *l)
 	pthread_mutex_unlock(&c->mu);
 	close(l->efd);
 	free(l);
-	return err == -ENOTCONN || err == -EBADF ? 0 : err;
+	return err;
 }
 
 /* acquire takes a slot of the send window (mu held); nonblock: fail
@@ -999,7 +1047,19 @@ static int fail_with(vconn *v, int err)
 
 static int shm_send(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm);
 
+static int send_msg_in(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm);
+
 static int send_msg(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm)
+{
+	int err = enter(v);
+	if (err)
+		return err;
+	err = send_msg_in(v, b, n, imm, has_imm);
+	leave(v);
+	return err;
+}
+
+static int send_msg_in(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm)
 {
 	vconn_client *c = v->c;
 	if (n > v->max_msg) {
@@ -1095,9 +1155,13 @@ static int next_msg(vconn *v, size_t cap, struct msg **out)
 ssize_t vconn_recv(vconn *v, void *buf, size_t cap, uint32_t *imm, int *has_imm)
 {
 	struct msg *m;
+	int err = enter(v);
+	if (err)
+		return err;
 	pthread_mutex_lock(&v->rxmu);
-	int err = next_msg(v, cap, &m);
+	err = next_msg(v, cap, &m);
 	pthread_mutex_unlock(&v->rxmu);
+	leave(v);
 	if (err)
 		return err;
 	if (m->len)
@@ -1122,11 +1186,15 @@ ssize_t vconn_read(vconn *v, void *buf, size_t n)
 	}
 	if (n == 0)
 		return 0;
+	int err = enter(v);
+	if (err)
+		return err;
 	pthread_mutex_lock(&v->rxmu);
 	while (!v->cur) {
-		int err = next_msg(v, (size_t)-1, &v->cur);
+		err = next_msg(v, (size_t)-1, &v->cur);
 		if (err) {
 			pthread_mutex_unlock(&v->rxmu);
+			leave(v);
 			return err == -ENODATA ? 0 : err;
 		}
 		v->curoff = 0;
@@ -1145,6 +1213,7 @@ ssize_t vconn_read(vconn *v, void *buf, size_t n)
 		v->cur = NULL;
 	}
 	pthread_mutex_unlock(&v->rxmu);
+	leave(v);
 	return (ssize_t)k;
 }
 
@@ -1169,20 +1238,24 @@ ssize_t vconn_write(vconn *v, const void *buf, size_t n)
 static int op(vconn *v, struct vconn_frame *f, struct reply *r)
 {
 	vconn_client *c = v->c;
+	int err = enter(v);
+	if (err)
+		return err;
 	pthread_mutex_lock(&c->mu);
 	/* One-sided operations block: their reply is the result. */
-	int err = acquire(v, c->timeout_ms, 0);
+	err = acquire(v, c->timeout_ms, 0);
 	if (err)
 		err = fail_with(v, err);
 	pthread_mutex_unlock(&c->mu);
-	if (err)
-		return err;
-	f->handle = v->h;
-	err = call(c, f, c->timeout_ms, r);
-	pthread_mutex_lock(&c->mu);
-	v->outstanding--;
-	pthread_cond_broadcast(&c->cv);
-	pthread_mutex_unlock(&c->mu);
+	if (!err) {
+		f->handle = v->h;
+		err = call(c, f, c->timeout_ms, r);
+		pthread_mutex_lock(&c->mu);
+		v->outstanding--;
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+	}
+	leave(v);
 	return err;
 }
 
@@ -1272,12 +1345,24 @@ int vconn_is_shm(vconn *v) { return v->shm != NULL; }
 const char *vconn_remote_addr(vconn *v) { return v->remote; }
 uint32_t vconn_handle(vconn *v) { return v->h; }
 
+static int wait_in(vconn *v, int events, int ms);
+
 int vconn_wait(vconn *v, int events, int ms)
+{
+	int err = enter(v);
+	if (err)
+		return err;
+	err = wait_in(v, events, ms);
+	leave(v);
+	return err;
+}
+
+static int wait_in(vconn *v, int events, int ms)
 {
 	vconn_client *c = v->c;
 	if (v->shm) {
 		/* Readable: look at the ring, arm, sleep on its doorbell. */
-		struct pollfd p = {.fd = v->shm->rxbell, .events = POLLIN};
+		struct pollfd p[2] = {{.fd = v->shm->rxbell, .events = POLLIN}, {.fd = v->efd, .events = POLLIN}};
 		if (!(events & VCONN_POLLIN))
 			return events & VCONN_POLLOUT;
 		pthread_mutex_lock(&v->rxmu);
@@ -1285,7 +1370,7 @@ int vconn_wait(vconn *v, int events, int ms)
 		pthread_mutex_unlock(&v->rxmu);
 		if (ready)
 			return VCONN_POLLIN;
-		int n = poll(&p, 1, ms);
+		int n = poll(p, 2, ms); /* efd: a close or a failure the socket reported */
 		vc_bell_drain(v->shm->rxbell);
 		return n > 0 ? VCONN_POLLIN : n < 0 ? -errno : 0;
 	}
@@ -1295,6 +1380,10 @@ int vconn_wait(vconn *v, int events, int ms)
 	int got;
 	for (;;) {
 		got = 0;
+		if (v->closed) {
+			got = -EBADF;
+			break;
+		}
 		if ((events & VCONN_POLLIN) && (v->qhead || v->cur || v->eof || v->err || c->err))
 			got |= VCONN_POLLIN;
 		if ((events & VCONN_POLLOUT) && (v->outstanding < (int)c->info.send_window || v->err || c->err))
@@ -1316,7 +1405,7 @@ int vconn_close(vconn *v)
 	/* What was sent is handed over first: the agent drops operations
 	 * still queued at Close (docs/protocol.md §3, Close). */
 	if (v->shm) {
-		pthread_mutex_lock(&v->txmu);
+		/* Without txmu: a sender asleep on a full ring holds it. */
 		while (!vc_shm_prod_empty(&v->shm->tx) && remaining_ms(&ts) > 0) {
 			pthread_mutex_lock(&c->mu);
 			int dead = v->err || c->err;
@@ -1326,13 +1415,15 @@ int vconn_close(vconn *v)
 			struct timespec nap = {0, 50000};
 			nanosleep(&nap, NULL);
 		}
-		pthread_mutex_unlock(&v->txmu);
 	}
 	pthread_mutex_lock(&c->mu);
 	while (v->outstanding > 0 && !c->err && cv_wait(c, &ts) == 0)
 		;
 	v->closed = 1;
+	v_ready(v); /* wakes a call asleep on a doorbell, which also polls efd */
 	pthread_cond_broadcast(&c->cv);
+	while (v->users > 0) /* the calls inside return -EBADF */
+		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);
 	struct vconn_frame f = {.op = VC_OP_CLOSE, .handle = v->h};
 	int err = call(c, &f, c->timeout_ms, NULL);
@@ -1367,10 +1458,20 @@ static int bell_sleep(vconn *v, int bell, const struct timespec *dl)
 	if (n < 0 && errno != EINTR)
 		return -errno;
 	if (n > 0 && (p[0].revents & POLLIN) && vc_bell_drain(bell) == -ENOTCONN) {
-		/* The agent dropped the segment: the vconn is over; its reason
-		 * comes on the socket. */
+		/* The agent dropped the segment: the vconn is over. Its reason
+		 * may yet come on the socket; until then, this is it. */
 		int err = v_dead(v);
-		return err ? err : -ECONNRESET;
+		if (!err) {
+			pthread_mutex_lock(&v->c->mu);
+			if (!v->err) {
+				v->err = -ECONNRESET;
+				snprintf(v->errmsg, sizeof v->errmsg, "the agent dropped the vconn's shared memory");
+			}
+			err = fail_with(v, v->err);
+			v_ready(v);
+			pthread_mutex_unlock(&v->c->mu);
+		}
+		return err;
 	}
 	return 0;
 }

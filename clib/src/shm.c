@@ -204,7 +204,9 @@ int vc_shm_push(struct vc_producer *p, const void *b, uint32_t n, uint32_t imm, 
 
 void vc_shm_prod_arm(struct vc_producer *p) { atomic_store(p->r.prod_wait, 1); }
 
-int vc_shm_prod_empty(struct vc_producer *p) { return atomic_load(p->r.head) == p->tail; }
+/* What was published against what was released: both atomics, so that a
+ * closer may look while a sender holds the ring. */
+int vc_shm_prod_empty(struct vc_producer *p) { return atomic_load(p->r.head) == atomic_load(p->r.tail); }
 
 int vc_shm_peek(struct vc_consumer *c, struct vc_desc *d, const uint8_t **payload)
 {
