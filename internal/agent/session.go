@@ -122,10 +122,10 @@ func (s *session) dispatch(f frame.Frame) bool {
 		}()
 	case frame.OpDial:
 		s.wg.Add(1)
-		host := string(f.Payload)
+		host, bridged := string(f.Payload), f.Flags&frame.FlagBridge != 0
 		go func() {
 			defer s.wg.Done()
-			s.dial(f.Req, host)
+			s.dial(f.Req, host, bridged)
 		}()
 	case frame.OpClose:
 		s.closeHandle(f)
