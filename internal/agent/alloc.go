@@ -172,7 +172,7 @@ func (a *Agent) Allocations() []admin.Allocation {
 func (al *allocation) info() admin.Allocation {
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used, PodScoped: al.podScoped, Pod: al.pod}
+	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used, Listeners: al.held.listeners, PodScoped: al.podScoped, Pod: al.pod}
 }
 
 // take claims a vconn of the quota, for a dial or an accept alike
