@@ -73,7 +73,13 @@ class Session:
         self.request(fr.Frame(fr.OP_HELLO, arg=fr.VERSION), call.complete)
         try:
             f = call._block(call.check, timeout, "hello")
+            if f.arg != fr.VERSION:
+                raise fr.FrameError(f"the agent answered with protocol version {f.arg}, this client speaks {fr.VERSION}")
             self.info = fr.decode_hello(f.payload)
+        except fr.FrameError as e:
+            err = AgentGoneError(f"hello: {e}")
+            self.shutdown(err)
+            raise err from None
         except BaseException as e:
             self.shutdown(AgentGoneError(f"hello: {e}"))
             raise

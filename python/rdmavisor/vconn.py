@@ -392,6 +392,7 @@ class VConn(Waitable):
         self._consumed = 0  # read since the last grant
         self._outstanding = 0  # operations the agent has not answered
         self._closing = False
+        self._calls = set()  # operations (_OpCall) awaiting the agent's reply
         self._cur = memoryview(b"")  # the rest of the message a stream recv is in
         self._rlock = threading.Lock()  # serialises stream reads
 
@@ -675,8 +676,7 @@ class VConn(Waitable):
         except (AgentGoneError, NoHandleError):
             pass
         finally:
-            with self._s._lock:
-                self._s.conns.pop(self.handle, None)
+            self._closed()
 
     async def aclose(self):
         with self._cond:
@@ -696,8 +696,19 @@ class VConn(Waitable):
         except (AgentGoneError, NoHandleError):
             pass
         finally:
-            with self._s._lock:
-                self._s.conns.pop(self.handle, None)
+            self._closed()
+
+    def _closed(self):
+        """After Close: the agent drops the operations it still had queued
+        without answering them; their callers learn it here."""
+        with self._s._lock:
+            self._s.conns.pop(self.handle, None)
+        with self._cond:
+            calls, self._calls = self._calls, set()
+        for c in calls:
+            with c._cond:
+                c.done, c.err = True, ClosedError("the vconn was closed before the agent ran the operation")
+                c._wake()
 
     def _close_async(self):
         with self._cond:
@@ -734,9 +745,16 @@ class _OpCall(Waitable):
         super().__init__()
         self._conn = conn
         self.done, self.frame, self.err = False, None, None
+        with conn._cond:
+            conn._calls.add(self)
 
     def complete(self, f, err):
-        self._conn._release()
+        c = self._conn
+        with c._cond:
+            if self not in c._calls:
+                return  # abandoned at close
+            c._calls.discard(self)
+        c._release()
         with self._cond:
             self.done, self.frame, self.err = True, f, err
             self._wake()
