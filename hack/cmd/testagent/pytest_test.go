@@ -84,8 +84,8 @@ func TestPytest(t *testing.T) {
 		t.Fatal(err)
 	}
 	tmp := t.TempDir()
-	// pip builds in the source tree; a copy keeps build/ and egg-info out
-	// of the repository.
+	// A copy: what pip and Python write next to the sources stays out of
+	// the repository.
 	src := filepath.Join(tmp, "src")
 	if err := copyTree(filepath.Join(repo, "python"), src); err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func copyTree(from, to string) error {
 		}
 		dst := filepath.Join(to, rel)
 		switch {
-		case d.IsDir() && (d.Name() == "__pycache__" || d.Name() == "build" || strings.HasSuffix(d.Name(), ".egg-info")):
+		case d.IsDir() && d.Name() == "__pycache__":
 			return filepath.SkipDir
 		case d.IsDir():
 			return os.MkdirAll(dst, 0o755)
