@@ -34,6 +34,12 @@ class Call(Waitable):
         return self.frame
 
 
+# The codes of the errors the agent sends right before it closes a session
+# (a malformed frame, a version it does not speak, too many sessions): the
+# end of the connection is reported with them.
+_HANGUP_CODES = (1, 2, 16)
+
+
 def error_of(f):
     """The exception an Error frame carries; None for other frames."""
     if f.op != fr.OP_ERROR:
@@ -178,7 +184,7 @@ class Session:
                 cb = self._pending.pop(f.req, None)
             if cb is not None:
                 cb(f, error_of(f))
-            elif f.op == fr.OP_ERROR:
+            elif f.op == fr.OP_ERROR and f.arg in _HANGUP_CODES:
                 self._hangup = error_of(f)
             return
         if f.op in (fr.OP_DATA, fr.OP_EOF, fr.OP_ERROR):
@@ -186,7 +192,7 @@ class Session:
                 c = self.conns.get(f.handle)
             if c is not None:
                 c._deliver(f)
-            elif f.op == fr.OP_ERROR and f.handle == 0:
+            elif f.op == fr.OP_ERROR and f.handle == 0 and f.arg in _HANGUP_CODES:
                 self._hangup = error_of(f)  # e.g. the answer to a malformed frame, req unknown
         elif f.op == fr.OP_ACCEPT:
             with self._lock:

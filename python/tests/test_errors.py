@@ -2,6 +2,7 @@
 
 import socket
 import struct
+import threading
 
 import pytest
 
@@ -139,3 +140,23 @@ def test_closed_client(agents, echo_server):
         v.recv(1, timeout=10)
     with pytest.raises(rdmavisor.ClosedError):
         c.dial(echo_server)
+
+
+def test_sessions_limit(agents):
+    """An allocation takes limits.sessions connections (64 by default); the
+    next one is told why it is refused."""
+    sock = agents.alloc("node-a")
+    clients = [rdmavisor.Client(sock) for _ in range(64)]
+    with pytest.raises(rdmavisor.LimitError, match=r"limits\.sessions"):
+        rdmavisor.Client(sock)
+    clients.pop().close()
+    # The agent frees the place once it has seen the connection end.
+    for _ in range(200):
+        try:
+            clients.append(rdmavisor.Client(sock))
+            break
+        except rdmavisor.LimitError:
+            threading.Event().wait(0.05)
+    assert len(clients) == 64
+    for c in clients:
+        c.close()
