@@ -134,3 +134,35 @@ def test_hello_reply_of_another_version(tmp_path):
     with pytest.raises(rdmavisor.AgentGoneError, match="protocol version 2, this client speaks 1"):
         rdmavisor.Client(agent.path, timeout=10)
     agent.close()
+
+
+def test_operations_the_agent_drops_at_close_fail(tmp_path, monkeypatch):
+    """The agent never answers operations still queued when Close comes:
+    their callers get ClosedError instead of waiting forever."""
+    monkeypatch.setattr(rdmavisor.vconn, "CLOSE_TIMEOUT", 0.05)  # the drain before Close
+    exports = threading.Event()
+
+    def script(f):
+        if f.op == fr.OP_HELLO:
+            return [hello_ok(f.req)]
+        if f.op == fr.OP_DIAL:
+            return [fr.encode(fr.Frame(fr.OP_OK, req=f.req, handle=1, arg2=1 << 32 | 65536, payload=f.payload))]
+        if f.op == fr.OP_EXPORT:
+            exports.set()
+            return []  # queued behind something slow, as it were
+        if f.op == fr.OP_CLOSE:
+            return [fr.encode(fr.Frame(fr.OP_OK, req=f.req, handle=f.handle))]
+        return []
+
+    agent = FakeAgent(tmp_path, script)
+    c = rdmavisor.Client(agent.path, timeout=10)
+    v = c.dial("node-b:1")
+    got = []
+    t = threading.Thread(target=lambda: got.append(pytest.raises(rdmavisor.ClosedError, v.export, 4096)))
+    t.start()
+    assert exports.wait(10)
+    v.close()
+    t.join(10)
+    assert not t.is_alive() and "closed before the agent ran" in str(got[0].value)
+    c.close()
+    agent.close()
