@@ -399,6 +399,9 @@ class VConn(Waitable):
     def __repr__(self):
         return f"<VConn {self.local_address} -> {self.remote_address} {self.transport or 'rc'}>"
 
+    def _readable(self):
+        return bool(self._q) or self._eof or self._err is not None or self._closing or bool(self._cur)
+
     # State changes from the reader thread.
 
     def _deliver(self, f):
@@ -491,7 +494,9 @@ class VConn(Waitable):
                     return b""
                 self._cur = memoryview(m.data)
             out, self._cur = bytes(self._cur[:bufsize]), self._cur[bufsize:]
-            return out
+        with self._cond:
+            self._sync_poll()
+        return out
 
     async def arecv(self, bufsize, *, timeout=None):
         self._stream()
@@ -505,6 +510,8 @@ class VConn(Waitable):
             # waited: the stream goes on after what it left.
             self._cur = memoryview(bytes(self._cur) + m.data) if self._cur else memoryview(m.data)
         out, self._cur = bytes(self._cur[:bufsize]), self._cur[bufsize:]
+        with self._cond:
+            self._sync_poll()
         return out
 
     def recv_into(self, buffer, nbytes=0, *, timeout=None):
@@ -705,6 +712,7 @@ class VConn(Waitable):
             self._s.conns.pop(self.handle, None)
         with self._cond:
             calls, self._calls = self._calls, set()
+            self._close_poll()
         for c in calls:
             with c._cond:
                 c.done, c.err = True, ClosedError("the vconn was closed before the agent ran the operation")
@@ -843,6 +851,9 @@ class Listener(Waitable):
                 self._err = err
             self._wake()
 
+    def _readable(self):
+        return bool(self._q) or self._err is not None or self._closed
+
     def _next(self):
         if self._closed:
             raise ClosedError(f"accept on the closed listener {self.address}")
@@ -867,6 +878,7 @@ class Listener(Waitable):
             self._closed = True
             q, self._q = self._q, []
             self._wake()
+            self._close_poll()
         for c in q:
             c._close_async()
         try:

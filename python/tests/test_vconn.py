@@ -163,3 +163,37 @@ def test_read_only_region_refuses_writes(pair):
     with pytest.raises(rdmavisor.RegionError):
         c.write_region(r.id, 0, b"theirs")
     assert r.read(0, 4) == b"mine"
+
+
+def test_fileno_polls_readable_while_recv_would_not_wait(agents, port):
+    import selectors
+
+    with agents.client("node-b") as b, agents.client("node-a") as a, b.listen(port) as ln:
+        sel = selectors.DefaultSelector()
+        sel.register(ln, selectors.EVENT_READ, "listener")
+        assert sel.select(0) == []
+        c1 = a.dial(f"node-b:{port}")
+        assert [k.data for k, _ in sel.select(10)] == ["listener"]
+        s1 = ln.accept(timeout=0)
+        assert sel.select(0) == []
+        c2 = a.dial(f"node-b:{port}")
+        sel.select(10)
+        s2 = ln.accept(timeout=0)
+        sel.register(s1, selectors.EVENT_READ, "s1")
+        sel.register(s2, selectors.EVENT_READ, "s2")
+        assert sel.select(0) == []
+        c2.sendall(b"abcdef")
+        assert [k.data for k, _ in sel.select(10)] == ["s2"]
+        assert s2.recv(2, timeout=0) == b"ab"  # the rest of the message keeps it readable
+        assert [k.data for k, _ in sel.select(0)] == ["s2"]
+        assert s2.recv(10, timeout=0) == b"cdef"
+        assert sel.select(0) == []
+        c1.close()  # the end of the stream is readable
+        assert [k.data for k, _ in sel.select(10)] == ["s1"]
+        assert s1.recv(1, timeout=0) == b""
+        sel.unregister(s1)
+        s1.close()
+        assert s1.fileno() == -1
+        sel.close()
+        for x in (c2, s2):
+            x.close()
