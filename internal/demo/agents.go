@@ -103,24 +103,17 @@ func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
 
 // echo answers every message on every vconn the listener accepts.
 func echo(ctx context.Context, ln *vconn.Listener) {
-	for {
-		c, err := ln.AcceptVConn()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			for {
-				m, err := c.RecvMsg(ctx)
-				if err != nil {
-					return
-				}
-				if err := c.SendMsg(ctx, m.Data); err != nil {
-					return
-				}
+	minicluster.Serve(ln, func(c *vconn.Conn) {
+		for {
+			m, err := c.RecvMsg(ctx)
+			if err != nil {
+				return
 			}
-		}()
-	}
+			if err := c.SendMsg(ctx, m.Data); err != nil {
+				return
+			}
+		}
+	})
 }
 
 // roundTrips opens o.VConns vconns to addr, ping-pongs on all of them from

@@ -21,6 +21,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
 // Options configure a Cluster.
@@ -207,6 +208,22 @@ func (c *Cluster) writeCert(dir, node string, ip net.IP) (config.TLSConfig, erro
 		}
 	}
 	return t, nil
+}
+
+// Serve accepts vconns on ln until it closes, running handle on each in a
+// goroutine of its own and closing the vconn after: the servers of the
+// demo and the tests.
+func Serve(ln *vconn.Listener, handle func(*vconn.Conn)) {
+	for {
+		c, err := ln.AcceptVConn()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			handle(c)
+		}()
+	}
 }
 
 // Stop stops the node's agent (a crash, as far as peers can tell).

@@ -109,26 +109,11 @@ func (h *Hosts) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, er
 // and discarding what it reads, then closing it: a peer for tests that only
 // need their dials answered.
 func ServeDiscard(ln *vconn.Listener) {
-	serve(ln, func(c *vconn.Conn) { _, _ = io.Copy(io.Discard, c) })
+	minicluster.Serve(ln, func(c *vconn.Conn) { _, _ = io.Copy(io.Discard, c) })
 }
 
 // ServeEcho accepts vconns on ln until it closes, writing back what each
 // reads until EOF, then closing it.
 func ServeEcho(ln *vconn.Listener) {
-	serve(ln, func(c *vconn.Conn) { _, _ = io.Copy(c, c) })
-}
-
-// serve accepts vconns on ln until it closes, running handle on each in a
-// goroutine of its own and closing the vconn after.
-func serve(ln *vconn.Listener, handle func(*vconn.Conn)) {
-	for {
-		c, err := ln.AcceptVConn()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			handle(c)
-		}()
-	}
+	minicluster.Serve(ln, func(c *vconn.Conn) { _, _ = io.Copy(c, c) })
 }

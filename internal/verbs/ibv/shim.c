@@ -52,6 +52,17 @@ int rv_dealloc_mw(struct ibv_mw *mw)
 // shared between threads posting to the same QP (libibverbs allows that).
 #define RV_CHUNK 64
 
+// copy_sges copies n (at most RV_MAX_SGE) SGEs into dst and returns it.
+static struct ibv_sge *copy_sges(struct ibv_sge *dst, const struct rv_sge *src, int n)
+{
+	for (int i = 0; i < n; i++) {
+		dst[i].addr = src[i].addr;
+		dst[i].length = src[i].length;
+		dst[i].lkey = src[i].lkey;
+	}
+	return dst;
+}
+
 // check_send guards only what would make this file read out of bounds or
 // through NULL: the Go side has checked every WR before (verbs.CheckSendWR,
 // the address handles, the binds' windows and regions) and posts only the
@@ -91,13 +102,8 @@ int64_t rv_post_send(struct ibv_qp *qp, uint32_t type, struct ibv_ah **ahs, uint
 			memset(c, 0, sizeof(*c));
 			c->wr_id = w->wr_id;
 			c->next = &chain[k + 1];
-			c->sg_list = &sges[k * RV_MAX_SGE];
+			c->sg_list = copy_sges(&sges[k * RV_MAX_SGE], w->sg, w->num_sge);
 			c->num_sge = w->num_sge;
-			for (int i = 0; i < w->num_sge; i++) {
-				c->sg_list[i].addr = w->sg[i].addr;
-				c->sg_list[i].length = w->sg[i].length;
-				c->sg_list[i].lkey = w->sg[i].lkey;
-			}
 			c->opcode = (enum ibv_wr_opcode)w->opcode;
 			c->send_flags = w->flags;
 			c->imm_data = htonl(w->imm_data);
@@ -159,13 +165,8 @@ int64_t rv_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, uint32_t max_sge, c
 			struct ibv_recv_wr *c = &chain[k];
 			c->wr_id = w->wr_id;
 			c->next = &chain[k + 1];
-			c->sg_list = &sges[k * RV_MAX_SGE];
+			c->sg_list = copy_sges(&sges[k * RV_MAX_SGE], w->sg, w->num_sge);
 			c->num_sge = w->num_sge;
-			for (int i = 0; i < w->num_sge; i++) {
-				c->sg_list[i].addr = w->sg[i].addr;
-				c->sg_list[i].length = w->sg[i].length;
-				c->sg_list[i].lkey = w->sg[i].lkey;
-			}
 		}
 		if (k > 0) {
 			struct ibv_recv_wr *badwr = NULL;
