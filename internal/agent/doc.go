@@ -1,8 +1,9 @@
 // Package agent is the RDMAvisor node agent: it owns the node's RDMA
 // device, runs the engine (package engine) on it, serves applications over
 // per-allocation unix sockets, and talks to the other nodes' agents over
-// gRPC, authenticated with mutual TLS when configured. The device is opened by the wiring (Options.OpenDevice: cmd/node-agent
-// chooses the provider by configuration); the agent closes it.
+// gRPC, authenticated with mutual TLS when configured. The device is
+// opened by the wiring (Options.OpenDevice: cmd/node-agent chooses the
+// provider by configuration); the agent closes it.
 //
 // # Allocations and the admin socket
 //

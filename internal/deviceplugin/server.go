@@ -14,7 +14,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
-	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // ContainerSocketDir is where a container sees its allocation's
@@ -195,8 +195,8 @@ func (p *Plugin) rollback(ids []string) error {
 func (p *Plugin) containerResponse(id string, k int) *pluginapi.ContainerAllocateResponse {
 	r := &pluginapi.ContainerAllocateResponse{
 		Envs: map[string]string{
-			vconn.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
-			vconn.EnvVConns: strconv.Itoa(k),
+			frame.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
+			frame.EnvVConns: strconv.Itoa(k),
 		},
 		// Read-only is enough to connect to a unix socket; the pod cannot
 		// put anything beside it.

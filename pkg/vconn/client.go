@@ -14,8 +14,8 @@ import (
 
 // Environment variables the device plugin sets in a pod.
 const (
-	EnvSocket = "RDMAVISOR_SOCKET"
-	EnvVConns = "RDMAVISOR_VCONNS"
+	EnvSocket = frame.EnvSocket
+	EnvVConns = frame.EnvVConns
 )
 
 // Options configure a Client.
