@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"slices"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -45,22 +45,23 @@ func FuzzDecodeRequest(f *testing.F) {
 		if !json.Valid(b) {
 			t.Fatalf("accepted %q, which is not one JSON document", b)
 		}
-		// Only the fields Request names (encoding/json matches them
-		// without regard to case).
-		known := map[string][]string{"": {"version", "op", "allocation", "id", "pod"},
-			"allocation": {"id", "vconns", "socket", "inuse", "podscoped", "pod"},
-			"pod":        {"uid", "namespace", "name", "ips", "netns", "containerid"}}
+		// Only the fields Request names, and those of the structs it
+		// holds (encoding/json matches names without regard to case).
 		var top map[string]json.RawMessage
 		_ = json.Unmarshal(b, &top)
+		fields := jsonFields(reflect.TypeFor[admin.Request]())
 		for k, v := range top {
-			k = strings.ToLower(k)
-			if !slices.Contains(known[""], k) {
+			ft, ok := fields[strings.ToLower(k)]
+			if !ok {
 				t.Fatalf("%q: accepted the unknown field %q", b, k)
 			}
 			var inner map[string]json.RawMessage
-			_ = json.Unmarshal(v, &inner)
+			if ft.Kind() != reflect.Struct || json.Unmarshal(v, &inner) != nil {
+				continue
+			}
+			innerFields := jsonFields(ft)
 			for ik := range inner {
-				if !slices.Contains(known[k], strings.ToLower(ik)) {
+				if _, ok := innerFields[strings.ToLower(ik)]; !ok {
 					t.Fatalf("%q: accepted the unknown field %s.%s", b, k, ik)
 				}
 			}
@@ -85,4 +86,22 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("%q: decoded %+v, after a round trip %+v", b, req, again)
 		}
 	})
+}
+
+// jsonFields maps the lower-cased JSON names of struct type st's fields to
+// their types, pointers taken away.
+func jsonFields(st reflect.Type) map[string]reflect.Type {
+	m := map[string]reflect.Type{}
+	for f := range st.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			name = f.Name
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		m[strings.ToLower(name)] = ft
+	}
+	return m
 }
