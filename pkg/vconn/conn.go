@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -100,53 +101,113 @@ func (c *Conn) isClosed() bool {
 	}
 }
 
-// next waits for the next message; io.EOF after the peer closed.
+// next waits for the next message; io.EOF after the peer closed. It runs
+// on the receiving caller's goroutine (RecvMsg, Read), as do its
+// receiver's methods; a receiver that spins (shared memory) spins here.
 func (c *Conn) next(ctx context.Context, dl *deadline) (Message, error) {
+	var rx receiver = socketRX{}
 	if c.shm != nil {
-		return c.shmNext(ctx, dl)
+		rx = c.shm
 	}
+	var (
+		idle time.Time // when the first take found nothing
+		spin time.Duration
+	)
 	for {
 		if c.isClosed() {
 			return Message{}, net.ErrClosed
 		}
-		c.mu.Lock()
-		if len(c.q) > 0 {
-			m := c.q[0]
-			c.q[0] = Message{}
-			c.q = c.q[1:]
-			c.consumed++
-			grant := 0
-			if c.consumed >= recvWindow/2 {
-				grant, c.consumed = c.consumed, 0
-			}
-			c.mu.Unlock()
-			if grant > 0 {
-				_ = c.s.write(&frame.Frame{Op: frame.OpGrant, Handle: c.h, Arg: uint32(grant)})
-			}
-			return m, nil
+		if m, ok, err := rx.take(c); ok || err != nil {
+			return m, err
 		}
-		eof, err := c.eof, c.err
-		c.mu.Unlock()
-		if eof {
-			return Message{}, io.EOF
-		}
-		if err != nil {
+		if err := ctx.Err(); err != nil {
 			return Message{}, err
+		}
+		if idle.IsZero() {
+			idle, spin = time.Now(), rx.spin()
+		}
+		if spin > 0 && time.Since(idle) < spin {
+			runtime.Gosched()
+			continue
 		}
 		var dc chan struct{}
 		if dl != nil {
 			dc = dl.wait()
 		}
-		select {
-		case <-c.notify:
-		case <-c.closing:
-		case <-ctx.Done():
-			return Message{}, ctx.Err()
-		case <-dc:
-			return Message{}, os.ErrDeadlineExceeded
+		if err := rx.wait(ctx, c, dc); err != nil {
+			return Message{}, err
 		}
 	}
 }
+
+// receiver is where a vconn's received messages wait for the application:
+// socketRX, the queue the session's reader fills from the socket (deliver),
+// or shmConn, the shared-memory RX ring.
+type receiver interface {
+	// take returns the next message (ok), or, with none, io.EOF or the
+	// vconn's failure once the vconn ended.
+	take(c *Conn) (m Message, ok bool, err error)
+	// spin is how long next polls take before it sleeps in wait.
+	spin() time.Duration
+	// wait sleeps until a message may be there, or c closes; it fails
+	// when ctx ends or dc (the read deadline) closes.
+	wait(ctx context.Context, c *Conn, dc chan struct{}) error
+}
+
+// socketRX is the socket's receiver: messages the reader queued on c.
+type socketRX struct{}
+
+func (socketRX) take(c *Conn) (Message, bool, error) {
+	c.mu.Lock()
+	if len(c.q) == 0 {
+		// Under the lock that queued the messages: EOF and Error come
+		// after them.
+		err := c.ended()
+		c.mu.Unlock()
+		return Message{}, err != nil, err
+	}
+	m := c.q[0]
+	c.q[0] = Message{}
+	c.q = c.q[1:]
+	c.consumed++
+	grant := 0
+	if c.consumed >= recvWindow/2 {
+		grant, c.consumed = c.consumed, 0
+	}
+	c.mu.Unlock()
+	if grant > 0 {
+		_ = c.s.write(&frame.Frame{Op: frame.OpGrant, Handle: c.h, Arg: uint32(grant)})
+	}
+	return m, true, nil
+}
+
+func (socketRX) spin() time.Duration { return 0 }
+
+func (socketRX) wait(ctx context.Context, c *Conn, dc chan struct{}) error {
+	select {
+	case <-c.notify:
+	case <-c.closing:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-dc:
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// ended is io.EOF once the peer closed, else why the vconn failed, or
+// nil; c.mu held.
+func (c *Conn) ended() error {
+	if c.eof {
+		return io.EOF
+	}
+	return c.err
+}
+
+var (
+	_ receiver = socketRX{}
+	_ receiver = (*shmConn)(nil)
+)
 
 // RecvMsg returns the next message whole: io.EOF once the peer closed.
 func (c *Conn) RecvMsg(ctx context.Context) (Message, error) {
