@@ -282,7 +282,8 @@ func (x *shmVConn) pushErr(c frame.Code, msg string) {
 
 // push writes one descriptor into the RX ring, waiting for room (the pod
 // reads slowly: that holds the engine's credits, as the socket's window
-// does). On the delivery goroutine. False when the vconn is done or the ring broke.
+// does); on the delivery goroutine. False when the vconn is done or the
+// ring broke.
 func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
 	start, spin := time.Now(), time.Duration(0)
 	for {
