@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"sync"
 
@@ -140,67 +139,56 @@ func (h *vconnHandle) grant(n int) {
 	}
 }
 
-// pump delivers messages while the client has window: the agent reads
-// from the engine only then, so an application that does not read holds
-// its vconn's engine credits, not agent memory. The message it holds
-// counts against the allocation's limits.queuedBytes (claimRx).
+// pump is the vconn's delivery goroutine on the socket (deliver); on
+// shared memory it waits idle for the window a shared-memory vconn never
+// gets.
 func (h *vconnHandle) pump() {
 	defer h.s.wg.Done()
-	s := h.s
+	h.deliver(socketRX{h})
+}
+
+// socketRX is the socket's carrier: Data frames, one per message, while
+// the pod has window (grant).
+type socketRX struct{ h *vconnHandle }
+
+func (c socketRX) ready() bool {
+	h := c.h
 	for {
-		for {
-			h.gmu.Lock()
-			w := h.window
-			h.gmu.Unlock()
-			if w > 0 {
-				break
-			}
-			select {
-			case <-h.granted:
-			case <-h.ctx.Done():
-				return
-			}
-		}
-		m, err := h.vc.Recv(h.ctx)
-		if h.ctx.Err() != nil {
-			if err == nil {
-				m.Release()
-			}
-			return
-		}
-		switch {
-		case errors.Is(err, io.EOF):
-			_ = s.write(&frame.Frame{Op: frame.OpEOF, Handle: h.id})
-			return
-		case err != nil:
-			_ = s.replyErr(0, h.id, err)
-			return
-		}
-		f := frame.Frame{Op: frame.OpData, Handle: h.id, Payload: m.Data}
-		if m.HasImm {
-			f.Flags, f.Arg = frame.FlagImm, m.Imm
-		}
-		if len(m.Data) > frame.MaxPayload {
-			_ = s.reply(0, h.id, frame.CodeTooLarge, fmt.Sprintf("received a message of %d bytes: the socket carries at most %d", len(m.Data), frame.MaxPayload))
-			m.Release()
-			h.vc.Abort()
-			return
-		}
-		// Past the allocation's limits.queuedBytes the message waits
-		// here unreleased: its credit holds the peer back.
-		n := int64(len(m.Data))
-		if err := s.al.claimRx(h.ctx, n); err != nil {
-			m.Release() // the vconn ended
-			return
-		}
-		werr := s.write(&f)
-		m.Release()
-		s.al.releaseRx(n)
-		if werr != nil {
-			return
-		}
 		h.gmu.Lock()
-		h.window--
+		w := h.window
 		h.gmu.Unlock()
+		if w > 0 {
+			return true
+		}
+		select {
+		case <-h.granted:
+		case <-h.ctx.Done():
+			return false
+		}
 	}
 }
+
+func (c socketRX) put(m engine.Message) bool {
+	h := c.h
+	f := frame.Frame{Op: frame.OpData, Handle: h.id, Payload: m.Data}
+	if m.HasImm {
+		f.Flags, f.Arg = frame.FlagImm, m.Imm
+	}
+	if h.s.write(&f) != nil {
+		return false
+	}
+	h.gmu.Lock()
+	h.window--
+	h.gmu.Unlock()
+	return true
+}
+
+func (c socketRX) end(err error) {
+	if errors.Is(err, io.EOF) {
+		_ = c.h.s.write(&frame.Frame{Op: frame.OpEOF, Handle: c.h.id})
+		return
+	}
+	_ = c.h.s.replyErr(0, c.h.id, err)
+}
+
+func (socketRX) limit() (int, string) { return frame.MaxPayload, "the socket" }
