@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -81,9 +82,6 @@ func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
 }
 
 // up copies what the program writes into the vconn, a read at a time.
-// The program's end of file is its close (then the vconn closes, FIN
-// after what was sent) or its shutdown(SHUT_WR), which the engine cannot
-// pass on: a vconn has no half-close, so the bridge waits for the close.
 func (b *bridge) up() {
 	defer b.wg.Done()
 	buf := make([]byte, min(bridgeChunk, b.vc.MaxMessage()))
@@ -97,9 +95,15 @@ func (b *bridge) up() {
 		}
 		switch {
 		case errors.Is(err, io.EOF):
-			if b.waitClosed() {
-				_ = b.vc.Close()
+			// The program's close, or its shutdown(SHUT_WR): then the
+			// peer reads EOF and may still answer, until the close.
+			if !b.hungUp() {
+				_ = b.vc.CloseWrite()
+				if !b.waitClosed() {
+					return
+				}
 			}
+			_ = b.vc.Close()
 			return
 		case err != nil:
 			b.cancel()
@@ -108,27 +112,32 @@ func (b *bridge) up() {
 	}
 }
 
-// waitClosed waits, after the program's end of file, until its socket is
-// closed (POLLHUP: no process holds it), or the bridge ends; true if the
-// program closed it.
-func (b *bridge) waitClosed() bool {
+// hungUp: no process holds the program's end any more (POLLHUP: it was
+// closed, not only shut down for writing).
+func (b *bridge) hungUp() bool {
 	rc, err := b.c.SyscallConn()
 	if err != nil {
 		return true
 	}
+	hup := false
+	_ = rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(p, 0); err == nil && n > 0 {
+			hup = p[0].Revents&unix.POLLHUP != 0
+		}
+	})
+	return hup
+}
+
+// waitClosed waits, after the program's shutdown(SHUT_WR), until it
+// closes the socket, or the bridge ends; true if the program closed it.
+// Half-closed sockets are rare and the vconn still delivers meanwhile: a
+// slow check costs nothing on the data path.
+func (b *bridge) waitClosed() bool {
 	for b.ctx.Err() == nil {
-		hup := false
-		_ = rc.Control(func(fd uintptr) {
-			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-			if n, err := unix.Poll(p, 0); err == nil && n > 0 {
-				hup = p[0].Revents&unix.POLLHUP != 0
-			}
-		})
-		if hup {
+		if b.hungUp() {
 			return true
 		}
-		// Half-closed: rare, and the vconn still delivers to the
-		// program meanwhile; a slow check costs nothing on the data path.
 		select {
 		case <-b.ctx.Done():
 		case <-time.After(100 * time.Millisecond):
@@ -137,31 +146,41 @@ func (b *bridge) waitClosed() bool {
 	return false
 }
 
-// down copies the vconn's messages to the program. The peer's close is
-// the program's end of file (a shutdown of the agent's writing side); a
-// failed vconn resets the program's socket (the bridge closes it).
+// down delivers the vconn's messages to the program (bridgeRX).
 func (b *bridge) down() {
 	defer b.wg.Done()
-	for {
-		m, err := b.vc.Recv(b.ctx)
-		switch {
-		case errors.Is(err, io.EOF):
-			_ = b.c.CloseWrite()
-			return
-		case err != nil:
-			b.cancel()
-			return
-		}
-		_, werr := b.c.Write(m.Data)
-		m.Release()
-		if werr != nil {
-			// The program closed its socket: nothing more reaches it.
-			b.vc.Abort()
-			b.cancel()
-			return
-		}
-	}
+	deliver(b.ctx, b.vc, b.al, bridgeRX{b})
 }
+
+// bridgeRX is the bridge's carrier: the bytes of each message, in order,
+// on the stream socket, whose buffer is the window (a program that does
+// not read holds the vconn's credits).
+type bridgeRX struct{ b *bridge }
+
+func (c bridgeRX) ready() bool { return c.b.ctx.Err() == nil }
+
+func (c bridgeRX) put(m engine.Message) bool {
+	if _, err := c.b.c.Write(m.Data); err != nil {
+		// The program closed its socket: nothing more reaches it.
+		c.b.vc.Abort()
+		c.b.cancel()
+		return false
+	}
+	return true
+}
+
+// end: the peer's close is the program's end of file (a shutdown of the
+// agent's writing side); a failed vconn resets the program's socket (the
+// bridge closes it).
+func (c bridgeRX) end(err error) {
+	if errors.Is(err, io.EOF) {
+		_ = c.b.c.CloseWrite()
+		return
+	}
+	c.b.cancel()
+}
+
+func (bridgeRX) limit() (int, string) { return math.MaxInt, "the bridge" }
 
 // reap ends the bridge once both copies returned, or at once when it is
 // cancelled (the vconn failed, the program went, the allocation or the

@@ -112,8 +112,8 @@ func waitInUse(t *testing.T, n *agenttest.Node, id string, want int) {
 // TestBridge: a bridged Dial and a bridged Listen hand each end a plain
 // stream socket; 8 MiB cross in both directions at once, byte for byte;
 // a descriptor duplicated and closed keeps the stream (as after fork or
-// dup); the client's close is the server's end of file, and then both
-// vconns go back to their quotas.
+// dup); a half-close (shutdown(SHUT_WR)) is the peer's end of file while
+// the answer still flows back; then both vconns go back to their quotas.
 func TestBridge(t *testing.T) {
 	cl := startCluster(t, agenttest.Options{VConnsPerNode: 100})
 	ctx := ctxT(t)
@@ -187,13 +187,29 @@ func TestBridge(t *testing.T) {
 	if got, err := readN(server, len("after the session")); err != nil || string(got) != "after the session" {
 		t.Fatalf("after the session closed: %q %v", got, err)
 	}
-	// The client closes: the server reads its end of file, closes too.
-	_ = client.Close()
+	// A half-close, as a client that ends its request with
+	// shutdown(SHUT_WR): the server reads to its end of file, then answers,
+	// and the client reads the whole answer, then the server's close.
+	if _, err := client.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.(*net.UnixConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
 	_ = server.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if n, err := server.Read(make([]byte, 1)); err != io.EOF {
-		t.Fatalf("server read after the client's close: %d, %v; want EOF", n, err)
+	if req, err := io.ReadAll(server); err != nil || string(req) != "request" {
+		t.Fatalf("server read to the client's end of file: %q, %v", req, err)
+	}
+	answer := bytes.Repeat([]byte("answer "), 100000)
+	if _, err := server.Write(answer); err != nil {
+		t.Fatalf("the server answers after the client's half-close: %v", err)
 	}
 	_ = server.Close()
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if got, err := io.ReadAll(client); err != nil || !bytes.Equal(got, answer) {
+		t.Fatalf("client read of the answer: %d bytes, %v; want %d", len(got), err, len(answer))
+	}
+	_ = client.Close()
 	waitInUse(t, a, "server", 0)
 	waitInUse(t, b, "client", 0)
 }

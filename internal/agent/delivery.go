@@ -1,14 +1,16 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 )
 
 // carrier takes a vconn's received messages to its pod: socketRX (Data
-// frames on the session's socket, within the window the pod granted) or
-// the vconn's shared-memory RX ring (shmVConn). Its methods are called by
+// frames on the session's socket, within the window the pod granted), the
+// vconn's shared-memory RX ring (shmVConn), or a bridge's stream socket
+// (bridgeRX). Its methods are called by
 // deliver only, on the vconn's delivery goroutine.
 type carrier interface {
 	// ready waits until the pod can take a message: false once the vconn
@@ -33,10 +35,14 @@ type carrier interface {
 // the engine only once c is ready, so an application that does not read
 // holds its vconn's engine credits, not agent memory. The message it holds
 // counts against the allocation's limits.queuedBytes (claimRx).
-func (h *vconnHandle) deliver(c carrier) {
+func (h *vconnHandle) deliver(c carrier) { deliver(h.ctx, h.vc, h.s.al, c) }
+
+// deliver is the loop of a vconn of allocation al, until ctx ends; the
+// bridge's delivery runs it too (bridge.go).
+func deliver(ctx context.Context, vc *engine.VConn, al *allocation, c carrier) {
 	for c.ready() {
-		m, err := h.vc.Recv(h.ctx)
-		if h.ctx.Err() != nil {
+		m, err := vc.Recv(ctx)
+		if ctx.Err() != nil {
 			if err == nil {
 				m.Release()
 			}
@@ -50,19 +56,19 @@ func (h *vconnHandle) deliver(c carrier) {
 			n := len(m.Data)
 			m.Release()
 			c.end(tooLarge{n: n, max: max, carrier: name})
-			h.vc.Abort()
+			vc.Abort()
 			return
 		}
 		// Past the allocation's limits.queuedBytes the message waits
 		// here unreleased: its credit holds the peer back.
 		n := int64(len(m.Data))
-		if err := h.s.al.claimRx(h.ctx, n); err != nil {
+		if err := al.claimRx(ctx, n); err != nil {
 			m.Release() // the vconn ended
 			return
 		}
 		ok := c.put(m)
 		m.Release()
-		h.s.al.releaseRx(n)
+		al.releaseRx(n)
 		if !ok {
 			return
 		}
@@ -85,4 +91,5 @@ func (e tooLarge) Is(target error) bool { return target == engine.ErrTooLarge }
 var (
 	_ carrier = socketRX{}
 	_ carrier = (*shmVConn)(nil)
+	_ carrier = bridgeRX{}
 )
