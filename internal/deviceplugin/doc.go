@@ -28,13 +28,22 @@
 // itself is not generated yet). Unknown, duplicate or too many device IDs
 // are codes.InvalidArgument and allocate nothing.
 //
-// # Preferred allocation
+// # Topology and preferred allocation
 //
-// The soft provider's devices carry no NUMA information, so
+// Options.Rails are the RDMA devices serving the vconns (Rails reads them
+// from sysfs with package rdmadev: the one device the agent opens today).
+// The advertised devices are split over them in contiguous blocks, and
+// each carries its rail's NUMA node in TopologyInfo, so that the
+// kubelet's Topology Manager can align a pod's CPUs with its NIC. The
+// soft provider, and a device whose NUMA node is unknown, report no
+// topology.
+//
 // GetPreferredAllocation prefers, deterministically, the must-include
 // devices, then the lowest-starting run of contiguous available devices
-// long enough for the rest, else the lowest IDs. When devices gain a
-// topology, devices on the RDMA device's NUMA node will come first.
+// long enough for the rest, else the lowest IDs; with a topology it does
+// so on one NUMA node: the must-include devices' node, else the node with
+// the fewest available devices that fits the whole request (best fit),
+// and only what that node cannot give comes from the others.
 //
 // # Registration and kubelet restarts
 //

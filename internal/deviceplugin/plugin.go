@@ -21,6 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/rdmadev"
 )
 
 // ResourceDomain is the only domain of the resources a plugin serves (as
@@ -74,6 +75,13 @@ type Options struct {
 	// CDI adds a CDI device "<resourceName>=<allocation id>" to every
 	// container.
 	CDI bool
+	// Rails are the RDMA devices the agent serves the vconns with, as
+	// package rdmadev lists them: the advertised devices are split over
+	// them in contiguous blocks, and each reports its rail's NUMA node
+	// (TopologyInfo) so that the kubelet's Topology Manager can align a
+	// pod with its NIC; GetPreferredAllocation prefers one NUMA node.
+	// Empty, or no rail with a known NUMA node: no topology.
+	Rails []rdmadev.Device
 	// Registerer receives the metrics (default: a new registry).
 	Registerer prometheus.Registerer
 	Log        logr.Logger
@@ -82,8 +90,9 @@ type Options struct {
 // Plugin is the device plugin. Run serves it.
 type Plugin struct {
 	opts    Options
-	key     Key // derives the allocation ids
-	n       int // devices advertised
+	key     Key   // derives the allocation ids
+	n       int   // devices advertised
+	numa    []int // NUMA node of each advertised device; nil: unknown
 	log     logr.Logger
 	health  *health
 	metrics *metrics
@@ -175,7 +184,7 @@ func New(o Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
+	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, numa: numaOf(o.Config.VConnsPerNode, o.Rails), log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
 		born:    strconv.FormatInt(time.Now().UnixNano(), 36),
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))

@@ -38,7 +38,8 @@ func (s *server) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 	return s.p.pluginOptions(), nil
 }
 
-// devices lists every device with the given health.
+// devices lists every device with the given health, and the NUMA node
+// of its rail where that is known.
 func (p *Plugin) devices(healthy bool) []*pluginapi.Device {
 	h := pluginapi.Unhealthy
 	if healthy {
@@ -47,6 +48,9 @@ func (p *Plugin) devices(healthy bool) []*pluginapi.Device {
 	out := make([]*pluginapi.Device, p.n)
 	for i := range out {
 		out[i] = &pluginapi.Device{ID: DeviceID(i), Health: h}
+		if p.numa != nil && p.numa[i] >= 0 {
+			out[i].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(p.numa[i])}}}
+		}
 	}
 	return out
 }
@@ -72,7 +76,7 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	rep := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		ids := preferred(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n)
+		ids := preferredNUMA(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n, s.p.numa)
 		rep.ContainerResponses = append(rep.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return rep, nil
