@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2/textlogger"
 
+	"github.com/rdmavisor/rdmavisor/internal/cdispec"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
 )
@@ -40,7 +41,8 @@ func main() {
 	flag.DurationVar(&o.GCInterval, "gc-interval", deviceplugin.DefaultGCInterval, "how often allocations of pods that are gone are deleted")
 	flag.DurationVar(&o.GCGrace, "gc-grace", deviceplugin.DefaultGCGrace, "age under which an allocation this process made is never collected")
 	flag.DurationVar(&o.RetryInterval, "retry-interval", deviceplugin.DefaultRetryInterval, "delay between failed registrations")
-	flag.BoolVar(&o.CDI, "cdi", false, "add a CDI device <resourceName>=<allocation> to every container")
+	flag.BoolVar(&o.CDI, "cdi", false, "add a CDI device <resourceName>=<allocation> to every container, and write its spec")
+	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", cdispec.DefaultDir, "where the CDI specs are written (the runtime's dynamic spec directory)")
 	flag.StringVar(&sysfs, "sysfs-root", "/sys", "sysfs, where the RDMA devices' NUMA nodes are read (ibverbs provider)")
 	flag.IntVar(&v, "v", 0, "log verbosity")
 	flag.Parse()

@@ -111,7 +111,11 @@ func testPlugin(t *testing.T, a Agent, cdi bool) *Plugin {
 	cfg := config.Default()
 	cfg.VConnsPerNode = 4
 	cfg.SocketDir = "/run/rv"
-	p, err := New(Options{Config: cfg, Agent: a, CDI: cdi, Key: &testKey})
+	o := Options{Config: cfg, Agent: a, CDI: cdi, Key: &testKey}
+	if cdi {
+		o.CDISpecDir = t.TempDir()
+	}
+	p, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,9 +23,14 @@
 // as many vconns as devices. A retried Allocate for the same devices finds
 // the allocation already there and returns the same answer. The container
 // gets the allocation's directory, <socketDir>/alloc/<id> on the host,
-// mounted at ContainerSocketDir, and RDMAVISOR_SOCKET and RDMAVISOR_VCONNS;
-// with CDI enabled also a CDI device "<resourceName>=<id>" (the CDI spec
-// itself is not generated yet). Unknown, duplicate or too many device IDs
+// mounted at ContainerSocketDir, and RDMAVISOR_SOCKET and RDMAVISOR_VCONNS.
+// With CDI enabled (Options.CDI) it also gets a CDI device
+// "<resourceName>=<id>", whose spec Allocate writes first (package
+// cdispec, in Options.CDISpecDir) with the same mount and environment:
+// the response keeps both, because a runtime without CDI (containerd
+// before 1.7, as Debian 12 ships) ignores the device. Collection removes
+// the spec with its allocation, and writes again a kept allocation's
+// spec that is missing. Unknown, duplicate or too many device IDs
 // are codes.InvalidArgument and allocate nothing.
 //
 // # Topology and preferred allocation

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/rdmavisor/rdmavisor/internal/cdispec"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/rdmadev"
 )
@@ -73,8 +74,12 @@ type Options struct {
 	// KeyFile of Config.StateDir, made there if missing (LoadOrCreateKey).
 	Key *Key
 	// CDI adds a CDI device "<resourceName>=<allocation id>" to every
-	// container.
-	CDI bool
+	// container and writes its spec (package cdispec) in CDISpecDir,
+	// default cdispec.DefaultDir. The mounts and environment are still
+	// answered too: a runtime without CDI (containerd before 1.7) ignores
+	// the device, and one with it applies the same edits twice, harmlessly.
+	CDI        bool
+	CDISpecDir string
 	// Rails are the RDMA devices the agent serves the vconns with, as
 	// package rdmadev lists them: the advertised devices are split over
 	// them in contiguous blocks, and each reports its rail's NUMA node
@@ -90,9 +95,10 @@ type Options struct {
 // Plugin is the device plugin. Run serves it.
 type Plugin struct {
 	opts    Options
-	key     Key   // derives the allocation ids
-	n       int   // devices advertised
-	numa    []int // NUMA node of each advertised device; nil: unknown
+	key     Key            // derives the allocation ids
+	n       int            // devices advertised
+	numa    []int          // NUMA node of each advertised device; nil: unknown
+	cdi     *cdispec.Specs // the allocations' CDI specs; nil without Options.CDI
 	log     logr.Logger
 	health  *health
 	metrics *metrics
@@ -180,11 +186,19 @@ func New(o Options) (*Plugin, error) {
 		}
 		key = k
 	}
+	var specs *cdispec.Specs
+	if o.CDI {
+		s, err := cdispec.New(o.CDISpecDir, o.Config.ResourceName)
+		if err != nil {
+			return nil, fmt.Errorf("device plugin: %w", err)
+		}
+		specs = &s
+	}
 	m, err := newMetrics(o.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, numa: numaOf(o.Config.VConnsPerNode, o.Rails), log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
+	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, numa: numaOf(o.Config.VConnsPerNode, o.Rails), cdi: specs, log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
 		born:    strconv.FormatInt(time.Now().UnixNano(), 36),
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))

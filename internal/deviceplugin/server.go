@@ -129,7 +129,14 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 		if isNew {
 			created = append(created, id)
 		}
-		rep.ContainerResponses = append(rep.ContainerResponses, p.containerResponse(id, len(ids)))
+		r := p.containerResponse(id, len(ids))
+		if err := p.writeSpec(id, r); err != nil {
+			if rerr := p.rollback(created); rerr != nil {
+				p.log.Error(rerr, "Cannot roll back a failed Allocate", "allocations", created)
+			}
+			return nil, status.Errorf(codes.Internal, "allocate %s: %v", id, err)
+		}
+		rep.ContainerResponses = append(rep.ContainerResponses, r)
 		p.log.Info("Allocated", "allocation", id, "vconns", len(ids), "devices", ids, "new", isNew)
 	}
 	p.refreshAllocated(ctx)
@@ -191,6 +198,12 @@ func (p *Plugin) rollback(ids []string) error {
 	for _, id := range ids {
 		if err := p.opts.Agent.DeleteAllocation(ctx, id); err != nil && !errors.Is(err, admin.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("rolling back allocation %s: %w", id, err))
+			continue
+		}
+		if p.cdi != nil {
+			if err := p.cdi.Remove(id); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
