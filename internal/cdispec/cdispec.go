@@ -32,10 +32,13 @@ type Mount struct {
 	ReadOnly                bool
 }
 
-// Edits are what a device puts into a container.
+// Edits are what a device puts into a container. Annotations are the
+// device's CDI annotations: the runtime passes them on to no container,
+// so a writer may keep there what it needs to read back (Read).
 type Edits struct {
-	Env    map[string]string
-	Mounts []Mount
+	Env         map[string]string
+	Mounts      []Mount
+	Annotations map[string]string
 }
 
 // Specs are the transient specs of one CDI kind ("rdmavisor.io/vconn")
@@ -88,7 +91,7 @@ func (s Specs) Write(name string, e Edits) error {
 		}
 		edits.Mounts = append(edits.Mounts, &specs.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: opts})
 	}
-	raw := &specs.Spec{Kind: s.Kind, Devices: []specs.Device{{Name: name, ContainerEdits: edits}}}
+	raw := &specs.Spec{Kind: s.Kind, Devices: []specs.Device{{Name: name, Annotations: e.Annotations, ContainerEdits: edits}}}
 	// The oldest version that holds the spec: runtimes built with an
 	// older CDI library accept it too.
 	v, err := cdi.MinimumRequiredVersion(raw)
@@ -104,6 +107,30 @@ func (s Specs) Write(name string, e Edits) error {
 		return fmt.Errorf("cdi: writing the spec of %s: %w", name, err)
 	}
 	return nil
+}
+
+// Read reads back the spec of device name as Write wrote it.
+func (s Specs) Read(name string) (Edits, error) {
+	spec, err := cdi.ReadSpec(filepath.Join(s.Dir, s.file(name)+".json"), 0)
+	if err != nil {
+		return Edits{}, fmt.Errorf("cdi: reading the spec of %s: %w", name, err)
+	}
+	d := spec.GetDevice(name)
+	if d == nil {
+		return Edits{}, fmt.Errorf("cdi: the spec of %s has no such device", name)
+	}
+	e := Edits{Annotations: d.Annotations}
+	for _, kv := range d.ContainerEdits.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		if e.Env == nil {
+			e.Env = make(map[string]string)
+		}
+		e.Env[k] = v
+	}
+	for _, m := range d.ContainerEdits.Mounts {
+		e.Mounts = append(e.Mounts, Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro")})
+	}
+	return e, nil
 }
 
 // Remove removes the spec of device name; a missing one is no error.

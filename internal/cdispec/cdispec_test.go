@@ -3,6 +3,7 @@ package cdispec_test
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -37,6 +38,17 @@ func TestWriteInjectRemove(t *testing.T) {
 	}
 	if names, err := s.Names(); err != nil || !slices.Equal(names, []string{"dp-1", "dp-2"}) {
 		t.Fatalf("Names = %v, %v", names, err)
+	}
+	// What Write wrote reads back, annotations included.
+	e.Annotations = map[string]string{"rdmavisor.io/pod": "default/p"}
+	if err := s.Write("dp-2", e); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Read("dp-2"); err != nil || !reflect.DeepEqual(got, e) {
+		t.Errorf("Read = %+v, %v; want %+v", got, err, e)
+	}
+	if _, err := s.Read("dp-9"); err == nil || !strings.Contains(err.Error(), "dp-9") {
+		t.Errorf("Read of a missing spec: %v", err)
 	}
 	if dev := s.Device("dp-1"); dev != "rdmavisor.io/vconn=dp-1" {
 		t.Errorf("Device = %q", dev)
