@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
@@ -90,3 +91,15 @@ func TestDNSLabel(t *testing.T) {
 }
 
 func resourceQN(s string) resourceapi.QualifiedName { return resourceapi.QualifiedName(s) }
+
+// Any RDMA device name makes a valid DRA device name.
+func FuzzDNSLabel(f *testing.F) {
+	for _, s := range []string{"mlx5_0", "soft-10.0.0.1:4791", "", "_", "ÄÖ", "rxe0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if l := dnsLabel(s); len(validation.IsDNS1123Label(l)) != 0 {
+			t.Fatalf("dnsLabel(%q) = %q: %v", s, l, validation.IsDNS1123Label(l))
+		}
+	})
+}
