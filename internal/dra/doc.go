@@ -16,10 +16,12 @@
 //
 // # Prepare and unprepare
 //
-// A prepared claim gets, per allocated device, an agent allocation
-// exactly as a device-plugin container does (the same admin socket): id
-// "dra-<claim uid>-<result index>", quota the consumed vconns, bound to
-// the claim's one pod. The container gets it by CDI (package cdispec,
+// A prepared claim gets an agent allocation exactly as a device-plugin
+// container does (the same admin socket): id "dra-<claim uid>", quota the
+// vconns its results consume together, bound to the claim's one pod. (A
+// container has one socket directory: several requests of a claim, or an
+// extended resource's count, add up to one quota; a pod should use one
+// claim of the class.) The container gets it by CDI (package cdispec,
 // kind rdmavisor.io/claim): the allocation's directory mounted read-only
 // and RDMAVISOR_SOCKET, RDMAVISOR_VCONNS. Unprepare deletes the
 // allocations and the specs. Both are idempotent, as the kubelet retries

@@ -128,11 +128,9 @@ func New(o Options) (*Driver, error) {
 	return &Driver{opts: o, specs: specs, log: o.Log, fatal: make(chan error, 1)}, nil
 }
 
-// allocationID is the id of the agent allocation of a claim's i-th
-// result: lower-case letters, digits and '-' (a UID is), 42 characters.
-func allocationID(claim types.UID, i int) string {
-	return allocPrefix + string(claim) + "-" + strconv.Itoa(i)
-}
+// allocationID is the id of a claim's agent allocation: lower-case
+// letters, digits and '-' (a UID is), 40 characters.
+func allocationID(claim types.UID) string { return allocPrefix + string(claim) }
 
 // PrepareResourceClaims prepares each claim on its own: one claim's
 // failure is its own result.
@@ -150,7 +148,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	return out, nil
 }
 
-func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (_ []kubeletplugin.Device, err error) {
+func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	if c.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", c.Namespace, c.Name)
 	}
@@ -158,38 +156,45 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (_ [
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.opts.RequestTimeout)
-	defer cancel()
-	var made []string
-	defer func() {
-		if err != nil {
-			d.release(made)
-		}
-	}()
-	var devs []kubeletplugin.Device
-	for i, r := range c.Status.Allocation.Devices.Results {
+	// One allocation for all the claim's results: a container has one
+	// socket directory, so what several requests (or an extended
+	// resource's count) consume adds up to one quota.
+	k := 0
+	var results []resourceapi.DeviceRequestAllocationResult
+	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != d.opts.DriverName {
 			continue
 		}
-		k, err := consumed(r)
+		n, err := consumed(r)
 		if err != nil {
 			return nil, fmt.Errorf("claim %s/%s, request %s: %w", c.Namespace, c.Name, r.Request, err)
 		}
-		id := allocationID(c.UID, i)
-		isNew, err := d.ensure(ctx, id, k, pod)
-		if err != nil {
-			return nil, fmt.Errorf("claim %s/%s, request %s: %w", c.Namespace, c.Name, r.Request, err)
-		}
-		if isNew {
-			made = append(made, id)
-		}
-		if err := d.specs.Write(id, d.edits(id, k, pod)); err != nil {
-			return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
-		}
-		devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device,
-			CDIDeviceIDs: []string{d.specs.Device(id)}, ShareID: r.ShareID})
-		d.log.Info("Prepared a claim's vconns", "claim", c.Namespace+"/"+c.Name, "allocation", id, "vconns", k, "pod", pod, "new", isNew)
+		k += n
+		results = append(results, r)
 	}
+	if len(results) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.opts.RequestTimeout)
+	defer cancel()
+	id := allocationID(c.UID)
+	isNew, err := d.ensure(ctx, id, k, pod)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+	}
+	if err := d.specs.Write(id, d.edits(id, k, pod)); err != nil {
+		if isNew {
+			d.release([]string{id})
+		}
+		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+	}
+	devs := make([]kubeletplugin.Device, len(results))
+	for i, r := range results {
+		devs[i] = kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, ShareID: r.ShareID}
+	}
+	// The CDI device once: the container gets the allocation once.
+	devs[0].CDIDeviceIDs = []string{d.specs.Device(id)}
+	d.log.Info("Prepared a claim's vconns", "claim", c.Namespace+"/"+c.Name, "allocation", id, "vconns", k, "pod", pod, "new", isNew)
 	return devs, nil
 }
 
@@ -296,10 +301,10 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	}
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		prefix := allocPrefix + string(c.UID) + "-"
+		id := allocationID(c.UID)
 		var errs []error
 		for _, al := range als {
-			if !strings.HasPrefix(al.ID, prefix) {
+			if al.ID != id {
 				continue
 			}
 			if err := d.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, admin.ErrNotFound) {
@@ -309,11 +314,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			d.log.Info("Released a claim's vconns", "claim", c.Namespace+"/"+c.Name, "allocation", al.ID, "vconns", al.VConns)
 		}
 		if len(errs) == 0 { // keep the record while an allocation may remain
-			for _, id := range specs {
-				if strings.HasPrefix(id, prefix) {
-					if err := d.specs.Remove(id); err != nil {
-						errs = append(errs, err)
-					}
+			if slices.Contains(specs, id) {
+				if err := d.specs.Remove(id); err != nil {
+					errs = append(errs, err)
 				}
 			}
 		}

@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -77,22 +78,21 @@ func TestPrepareUnprepare(t *testing.T) {
 		if len(devs) != 2 {
 			t.Fatalf("devices %+v, want the two of this driver", devs)
 		}
-		for i, want := range []struct {
-			req, id string
-			k       int
-		}{{"rdma1", "dra-" + uid1 + "-0", 3}, {"rdma2", "dra-" + uid1 + "-2", 1}} {
+		for i, req := range []string{"rdma1", "rdma2"} {
 			dev := devs[i]
-			if !slices.Equal(dev.Requests, []string{want.req}) || dev.PoolName != "node-a" || dev.DeviceName != "mlx5-1" ||
-				dev.ShareID == nil || !slices.Equal(dev.CDIDeviceIDs, []string{CDIKind + "=" + want.id}) {
+			if !slices.Equal(dev.Requests, []string{req}) || dev.PoolName != "node-a" || dev.DeviceName != "mlx5-1" || dev.ShareID == nil {
 				t.Errorf("device %d: %+v", i, dev)
 			}
-			al, ok := fa.get(want.id)
-			if !ok || al.VConns != want.k || al.Pod != "ns/p" {
-				t.Errorf("allocation %s: %+v, %v; want %d vconns for ns/p", want.id, al, ok, want.k)
-			}
 		}
-		if got := fa.ids(); len(got) != 2 {
-			t.Errorf("allocations %v, want 2", got)
+		// One allocation of what both requests consume, named once.
+		if !slices.Equal(devs[0].CDIDeviceIDs, []string{CDIKind + "=dra-" + uid1}) || len(devs[1].CDIDeviceIDs) != 0 {
+			t.Errorf("CDI devices %v and %v, want the allocation's once", devs[0].CDIDeviceIDs, devs[1].CDIDeviceIDs)
+		}
+		if al, ok := fa.get("dra-" + uid1); !ok || al.VConns != 4 || al.Pod != "ns/p" {
+			t.Errorf("allocation: %+v, %v; want 4 vconns for ns/p", al, ok)
+		}
+		if got := fa.ids(); len(got) != 1 {
+			t.Errorf("allocations %v, want 1", got)
 		}
 	}
 	// The container runtime resolves the CDI device.
@@ -101,11 +101,11 @@ func TestPrepareUnprepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := &oci.Spec{Process: &oci.Process{}}
-	if _, err := cache.InjectDevices(spec, CDIKind+"=dra-"+uid1+"-0"); err != nil {
+	if _, err := cache.InjectDevices(spec, CDIKind+"=dra-"+uid1); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(spec.Process.Env, "RDMAVISOR_VCONNS=3") || !slices.Contains(spec.Process.Env, "RDMAVISOR_SOCKET=/var/run/rdmavisor/vconn.sock") ||
-		len(spec.Mounts) != 1 || spec.Mounts[0].Source != "/run/rv/alloc/dra-"+uid1+"-0" || spec.Mounts[0].Destination != "/var/run/rdmavisor" {
+	if !slices.Contains(spec.Process.Env, "RDMAVISOR_VCONNS=4") || !slices.Contains(spec.Process.Env, "RDMAVISOR_SOCKET=/var/run/rdmavisor/vconn.sock") ||
+		len(spec.Mounts) != 1 || spec.Mounts[0].Source != "/run/rv/alloc/dra-"+uid1 || spec.Mounts[0].Destination != "/var/run/rdmavisor" {
 		t.Errorf("container: env %v, mounts %+v", spec.Process.Env, spec.Mounts)
 	}
 
@@ -141,7 +141,7 @@ func TestPrepareBadClaims(t *testing.T) {
 		"not allocated":          "is not allocated",
 		"reserved for 2 pods":    "reserved for 2 pods (ns/p, ns/q): an RDMAvisor allocation serves exactly one pod",
 		"consumes no capacity":   `consumes no "vconns" capacity`,
-		"over the agent's quota": "request r2: allocation dra-0b0e4c8e-5555-4a51-9a8c-6a0f3d2b9e01-1 of 2 vconns",
+		"over the agent's quota": "allocation dra-0b0e4c8e-5555-4a51-9a8c-6a0f3d2b9e01 of 4 vconns",
 	}
 	list := []*resourceapi.ResourceClaim{good}
 	for _, c := range claims {
@@ -159,10 +159,10 @@ func TestPrepareBadClaims(t *testing.T) {
 			t.Errorf("%s: %v, want an error with %q", name, err, want[name])
 		}
 	}
-	if got := fa.ids(); !slices.Equal(got, []string{"dra-" + uid1 + "-0"}) {
+	if got := fa.ids(); !slices.Equal(got, []string{"dra-" + uid1}) {
 		t.Errorf("allocations %v, want only the good claim's", got)
 	}
-	if names, _ := d.specs.Names(); !slices.Equal(names, []string{"dra-" + uid1 + "-0"}) {
+	if names, _ := d.specs.Names(); !slices.Equal(names, []string{"dra-" + uid1}) {
 		t.Errorf("specs %v, want only the good claim's", names)
 	}
 	if errors.Is(res[claims["over the agent's quota"].UID].Err, admin.ErrQuota) != true {
@@ -202,16 +202,16 @@ func TestSync(t *testing.T) {
 	// The agent restarts (its allocations gone); a leaked allocation of a
 	// crashed prepare and another component's appear.
 	fa.mu.Lock()
-	fa.allocs = map[string]admin.Allocation{"dra-leaked-0": {ID: "dra-leaked-0", VConns: 1}, "dp-1": {ID: "dp-1", VConns: 1}}
+	fa.allocs = map[string]admin.Allocation{"dra-leaked": {ID: "dra-leaked", VConns: 1}, "dp-1": {ID: "dp-1", VConns: 1}}
 	fa.capacity = 16 // a new capacity: published again
 	fa.mu.Unlock()
 	if err := d.Sync(ctx, publish); err != nil {
 		t.Fatal(err)
 	}
-	if got := fa.ids(); !slices.Equal(got, []string{"dp-1", "dra-" + uid1 + "-0"}) {
+	if got := fa.ids(); !slices.Equal(got, []string{"dp-1", "dra-" + uid1}) {
 		t.Errorf("allocations after sync %v", got)
 	}
-	if al, _ := fa.get("dra-" + uid1 + "-0"); al.VConns != 3 || al.Pod != "ns/p" {
+	if al, _ := fa.get("dra-" + uid1); al.VConns != 3 || al.Pod != "ns/p" {
 		t.Errorf("re-created %+v, want 3 vconns for ns/p", al)
 	}
 	if len(published) != 2 {
@@ -234,5 +234,26 @@ func TestSync(t *testing.T) {
 	}
 	if r := d.healthReport(); len(r.Devices) != 1 || r.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy || r.Devices[0].PoolName != "node-a" {
 		t.Errorf("health %+v, want unhealthy", r)
+	}
+}
+
+// A spec that cannot be written fails the claim and takes its new
+// allocation back.
+func TestPrepareSpecUnwritable(t *testing.T) {
+	fa := newFakeAgent(8)
+	d := testDriver(t, fa)
+	if err := os.Remove(d.specs.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.specs.Dir, nil, 0o644); err != nil { // a file where the directory should be
+		t.Fatal(err)
+	}
+	c := claim(uid1, []string{"p"}, result("r1", 2))
+	res, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c})
+	if err != nil || res[c.UID].Err == nil || !strings.Contains(res[c.UID].Err.Error(), "writing the spec") {
+		t.Fatalf("prepare: %v, %v; want the claim's error", err, res[c.UID].Err)
+	}
+	if got := fa.ids(); len(got) != 0 {
+		t.Errorf("allocations left: %v", got)
 	}
 }
