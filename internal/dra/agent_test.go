@@ -18,6 +18,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -98,7 +99,7 @@ func TestPrepareWithAgent(t *testing.T) {
 		}
 		var sock string
 		for _, e := range spec.Process.Env {
-			if v, ok := strings.CutPrefix(e, vconn.EnvSocket+"="); ok {
+			if v, ok := strings.CutPrefix(e, frame.EnvSocket+"="); ok {
 				sock = filepath.Join(spec.Mounts[0].Source, strings.TrimPrefix(v, spec.Mounts[0].Destination))
 			}
 		}

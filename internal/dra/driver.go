@@ -18,8 +18,8 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/cdispec"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/internal/rdmadev"
-	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
 // Defaults of Options.
@@ -261,8 +261,8 @@ func (d *Driver) ensure(ctx context.Context, id string, k int, pod string) (isNe
 func (d *Driver) edits(id string, k int, pod string) cdispec.Edits {
 	return cdispec.Edits{
 		Env: map[string]string{
-			vconn.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
-			vconn.EnvVConns: strconv.Itoa(k),
+			frame.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
+			frame.EnvVConns: strconv.Itoa(k),
 		},
 		Mounts:      []cdispec.Mount{{HostPath: filepath.Join(d.opts.SocketDir, "alloc", id), ContainerPath: ContainerSocketDir, ReadOnly: true}},
 		Annotations: map[string]string{annotationPod: pod, annotationVConns: strconv.Itoa(k)},
