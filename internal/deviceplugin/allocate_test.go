@@ -24,6 +24,7 @@ type fakeAgent struct {
 	capacity int
 	down     bool
 	ready    bool
+	device   string // the RDMA device the agent reports
 	allocs   map[string]admin.Allocation
 }
 
@@ -39,7 +40,7 @@ func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
 	if f.down {
 		return admin.Status{}, errDown
 	}
-	return admin.Status{Ready: f.ready, Capacity: f.capacity}, nil
+	return admin.Status{Ready: f.ready, Capacity: f.capacity, Device: f.device}, nil
 }
 
 func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {

@@ -35,13 +35,15 @@
 //
 // # Topology and preferred allocation
 //
-// Options.Rails are the RDMA devices serving the vconns (Rails reads them
-// from sysfs with package rdmadev: the one device the agent opens today).
-// The advertised devices are split over them in contiguous blocks, and
-// each carries its rail's NUMA node in TopologyInfo, so that the
-// kubelet's Topology Manager can align a pod's CPUs with its NIC. The
-// soft provider, and a device whose NUMA node is unknown, report no
-// topology.
+// Options.Rails are the RDMA devices that may serve the vconns (Rails
+// reads them from sysfs with package rdmadev). The advertised devices
+// carry, in TopologyInfo, the NUMA node of the one the agent serves them
+// with (known at once with one rail, else once the agent's status names
+// its device; the streams are sent again then), so that the kubelet's
+// Topology Manager can align a pod's CPUs with its NIC. The soft
+// provider, and a device whose NUMA node is unknown, report no topology.
+// (numaOf already splits the devices over several rails in contiguous
+// blocks, for when the agent serves several.)
 //
 // GetPreferredAllocation prefers, deterministically, the must-include
 // devices, then the lowest-starting run of contiguous available devices

@@ -80,12 +80,13 @@ type Options struct {
 	// the device, and one with it applies the same edits twice, harmlessly.
 	CDI        bool
 	CDISpecDir string
-	// Rails are the RDMA devices the agent serves the vconns with, as
-	// package rdmadev lists them: the advertised devices are split over
-	// them in contiguous blocks, and each reports its rail's NUMA node
-	// (TopologyInfo) so that the kubelet's Topology Manager can align a
-	// pod with its NIC; GetPreferredAllocation prefers one NUMA node.
-	// Empty, or no rail with a known NUMA node: no topology.
+	// Rails are the RDMA devices that may serve the vconns, as package
+	// rdmadev lists them (Rails): the advertised devices report the NUMA
+	// node of the one the agent serves them with (TopologyInfo), so that
+	// the kubelet's Topology Manager can align a pod with its NIC, and
+	// GetPreferredAllocation prefers one NUMA node. With one rail that is
+	// known at once; with several, once the agent's status names its
+	// device. Empty, or a rail of unknown NUMA node: no topology.
 	Rails []rdmadev.Device
 	// Registerer receives the metrics (default: a new registry).
 	Registerer prometheus.Registerer
@@ -97,7 +98,7 @@ type Plugin struct {
 	opts    Options
 	key     Key            // derives the allocation ids
 	n       int            // devices advertised
-	numa    []int          // NUMA node of each advertised device; nil: unknown
+	topo    *topology      // where the advertised devices are
 	cdi     *cdispec.Specs // the allocations' CDI specs; nil without Options.CDI
 	log     logr.Logger
 	health  *health
@@ -198,7 +199,7 @@ func New(o Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, numa: numaOf(o.Config.VConnsPerNode, o.Rails), cdi: specs, log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
+	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, topo: newTopology(o.Config.VConnsPerNode, o.Rails), cdi: specs, log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
 		born:    strconv.FormatInt(time.Now().UnixNano(), 36),
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))

@@ -45,11 +45,12 @@ func (p *Plugin) devices(healthy bool) []*pluginapi.Device {
 	if healthy {
 		h = pluginapi.Healthy
 	}
+	numa := p.topo.nodes()
 	out := make([]*pluginapi.Device, p.n)
 	for i := range out {
 		out[i] = &pluginapi.Device{ID: DeviceID(i), Health: h}
-		if p.numa != nil && p.numa[i] >= 0 {
-			out[i].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(p.numa[i])}}}
+		if numa != nil && numa[i] >= 0 {
+			out[i].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(numa[i])}}}
 		}
 	}
 	return out
@@ -76,7 +77,7 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	rep := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		ids := preferredNUMA(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n, s.p.numa)
+		ids := preferredNUMA(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n, s.p.topo.nodes())
 		rep.ContainerResponses = append(rep.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return rep, nil

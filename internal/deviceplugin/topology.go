@@ -3,13 +3,61 @@ package deviceplugin
 import (
 	"maps"
 	"slices"
+	"sync"
 
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/rdmadev"
 )
 
+// topology is where the n advertised devices are: the NUMA node of the
+// rail serving each. With one rail it is known at once; with several it
+// waits for the agent to name the device it opened (learn).
+type topology struct {
+	n     int
+	rails []rdmadev.Device
+
+	mu      sync.Mutex
+	serving string // the rail the agent names; guarded by mu
+	numa    []int  // per advertised device; nil: unknown; guarded by mu
+}
+
+func newTopology(n int, rails []rdmadev.Device) *topology {
+	t := &topology{n: n, rails: rails}
+	if len(rails) == 1 {
+		t.serving, t.numa = rails[0].Name, numaOf(n, rails)
+	}
+	return t
+}
+
+// nodes is the NUMA node of each advertised device, or nil. The caller
+// must not modify it.
+func (t *topology) nodes() []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.numa
+}
+
+// learn places the devices on the rail the agent serves them with; it
+// reports whether that changed where they are. A device no rail is
+// (the soft provider's, or none yet) changes nothing.
+func (t *topology) learn(device string) bool {
+	i := slices.IndexFunc(t.rails, func(r rdmadev.Device) bool { return r.Name == device })
+	if i < 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.serving == device {
+		return false
+	}
+	old := t.numa
+	t.serving, t.numa = device, numaOf(t.n, t.rails[i:i+1])
+	return !slices.Equal(old, t.numa)
+}
+
 // numaOf maps the n advertised devices onto the RDMA devices that serve
-// them, in contiguous blocks: device i is served by rails[i*len/n]. It
+// them, in contiguous blocks: device i is served by rails[i*len/n] (one
+// rail today; several when the agent serves several, multi-rail). It
 // returns the NUMA node of each advertised device, or nil when no RDMA
 // device knows its node (the soft provider, a single-node machine): then
 // the plugin reports no topology.
@@ -72,11 +120,11 @@ func preferredNUMA(available, must []string, size, n int, numa []int) []string {
 	return chosen
 }
 
-// Rails lists the RDMA devices under the sysfs root that serve the
-// agent's vconns: none for the soft provider; for ibverbs the first
-// device the configured names accept (all when none are given), in name
-// order, as the agent opens only one device today. Vendors are not
-// matched: libibverbs' vendor IDs are not in sysfs.
+// Rails lists the RDMA devices under the sysfs root that may serve the
+// agent's vconns: none for the soft provider; for ibverbs those the
+// configured names accept (all when none are given). Vendors are not
+// matched: libibverbs' vendor IDs are not in sysfs. The agent opens one
+// of them: the plugin learns which from the agent's status.
 func Rails(root string, d config.DeviceConfig) ([]rdmadev.Device, error) {
 	if d.Provider != config.ProviderIBVerbs {
 		return nil, nil
@@ -85,10 +133,11 @@ func Rails(root string, d config.DeviceConfig) ([]rdmadev.Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	var out []rdmadev.Device
 	for _, dev := range devs {
 		if len(d.Names) == 0 || slices.Contains(d.Names, dev.Name) {
-			return []rdmadev.Device{dev}, nil
+			out = append(out, dev)
 		}
 	}
-	return nil, nil
+	return out, nil
 }

@@ -15,7 +15,8 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/rdmadev/rdmadevtest"
 )
 
-// twoNUMAPlugin is a plugin of 8 devices over the fake tree's two rails:
+// twoNUMAPlugin is a plugin of 8 devices served by both of the fake
+// tree's rails (multi-rail, which the agent does not do yet):
 // vconn-0000..0003 on mlx5_0 (NUMA node 0), vconn-0004..0007 on mlx5_1
 // (node 1).
 func twoNUMAPlugin(t *testing.T) *Plugin {
@@ -30,7 +31,70 @@ func twoNUMAPlugin(t *testing.T) *Plugin {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.topo.numa = numaOf(8, rails)
 	return p
+}
+
+// With two rails the devices have no topology until the agent names the
+// one it serves them with; then they report its NUMA node, and the
+// ListAndWatch streams are woken to send them again.
+func TestTopologyFollowsTheAgent(t *testing.T) {
+	rails, err := rdmadev.List(rdmadevtest.TwoNUMA(t), rdmadev.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.VConnsPerNode = 4
+	fa := newFakeAgent("/x", 4)
+	p, err := New(Options{Config: cfg, Agent: fa, Key: &testKey, Rails: rails})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topologyOf := func() []int64 {
+		var out []int64
+		for _, d := range p.devices(true) {
+			if d.Topology == nil {
+				out = append(out, -1)
+				continue
+			}
+			out = append(out, d.Topology.Nodes[0].ID)
+		}
+		return out
+	}
+	if got := topologyOf(); !slices.Equal(got, []int64{-1, -1, -1, -1}) {
+		t.Fatalf("before the agent answers: %v, want no topology", got)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		device string
+		want   []int64
+		wake   bool
+	}{
+		{"", []int64{-1, -1, -1, -1}, false},
+		{"soft-10.0.0.1:4791", []int64{-1, -1, -1, -1}, false},
+		{"mlx5_1", []int64{1, 1, 1, 1}, true},
+		{"mlx5_1", []int64{1, 1, 1, 1}, false},
+		{"mlx5_0", []int64{0, 0, 0, 0}, true},
+	} {
+		fa.mu.Lock()
+		fa.device = tc.device
+		fa.mu.Unlock()
+		_, changed := p.health.get()
+		p.updateHealth(ctx)
+		if got := topologyOf(); !slices.Equal(got, tc.want) {
+			t.Errorf("agent on %q: topology %v, want %v", tc.device, got, tc.want)
+		}
+		woken := false
+		select {
+		case <-changed:
+			woken = true
+		default:
+		}
+		// The first probe also changes the health (unknown to healthy).
+		if first := tc.device == ""; woken != (tc.wake || first) {
+			t.Errorf("agent on %q: streams woken %v, want %v", tc.device, woken, tc.wake)
+		}
+	}
 }
 
 // Each device reports its rail's NUMA node, read from sysfs.
@@ -146,7 +210,7 @@ func FuzzPreferredNUMA(f *testing.F) {
 	})
 }
 
-// Rails reads the devices the agent serves from sysfs: the first one the
+// Rails reads the devices that may serve the vconns from sysfs: those the
 // names accept, none for the soft provider; a malformed tree is an error.
 func TestRails(t *testing.T) {
 	root := rdmadevtest.TwoNUMA(t)
@@ -156,7 +220,7 @@ func TestRails(t *testing.T) {
 		want []string
 	}{
 		{"soft", config.DeviceConfig{Provider: config.ProviderSoft}, nil},
-		{"any", config.DeviceConfig{Provider: config.ProviderIBVerbs}, []string{"mlx5_0"}},
+		{"any", config.DeviceConfig{Provider: config.ProviderIBVerbs}, []string{"mlx5_0", "mlx5_1"}},
 		{"by name", config.DeviceConfig{Provider: config.ProviderIBVerbs, Names: []string{"mlx5_1"}}, []string{"mlx5_1"}},
 		{"no match", config.DeviceConfig{Provider: config.ProviderIBVerbs, Names: []string{"rxe0"}}, nil},
 	} {
@@ -179,5 +243,25 @@ func TestRails(t *testing.T) {
 	}
 	if _, err := Rails(root, config.DeviceConfig{Provider: config.ProviderIBVerbs}); err == nil || !strings.Contains(err.Error(), "node_guid") {
 		t.Errorf("Rails of a malformed tree: %v", err)
+	}
+}
+
+// With one rail the devices report its NUMA node before the agent
+// answers.
+func TestTopologyOneRail(t *testing.T) {
+	rails, err := Rails(rdmadevtest.TwoNUMA(t), config.DeviceConfig{Provider: config.ProviderIBVerbs, Names: []string{"mlx5_1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.VConnsPerNode = 2
+	p, err := New(Options{Config: cfg, Agent: newFakeAgent("/x", 2), Key: &testKey, Rails: rails})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range p.devices(true) {
+		if d.Topology == nil || d.Topology.Nodes[0].ID != 1 {
+			t.Errorf("%s: topology %v, want NUMA node 1", d.ID, d.Topology)
+		}
 	}
 }
