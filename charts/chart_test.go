@@ -21,10 +21,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/controllers"
+	"github.com/rdmavisor/rdmavisor/internal/dra"
 )
 
 const (
@@ -614,5 +617,28 @@ func TestTemplateMetrics(t *testing.T) {
 	}
 	if strings.TrimSpace(cm.Data["rdmavisor.json"]) != strings.TrimSpace(string(file)) {
 		t.Error("the ConfigMap's rdmavisor.json differs from dashboards/rdmavisor.json")
+	}
+}
+
+// The DRA driver's DeviceClass selects the driver's devices, and maps an
+// extended resource only when asked to.
+func TestDeviceClass(t *testing.T) {
+	for name, tc := range map[string]struct {
+		set      []string
+		extended string
+	}{
+		"plain":             {set: []string{"dra.deviceClass.enabled=true"}},
+		"extended resource": {set: []string{"dra.deviceClass.enabled=true", "dra.deviceClass.extendedResourceName=rdmavisor.io/vconn"}, extended: "rdmavisor.io/vconn"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var dc resourcev1.DeviceClass
+			find(t, render(t, tc.set...), "DeviceClass", "vconn.rdmavisor.io", &dc)
+			if len(dc.Spec.Selectors) != 1 || dc.Spec.Selectors[0].CEL == nil || dc.Spec.Selectors[0].CEL.Expression != `device.driver == "`+dra.DefaultDriverName+`"` {
+				t.Errorf("selectors %+v", dc.Spec.Selectors)
+			}
+			if got := ptr.Deref(dc.Spec.ExtendedResourceName, ""); got != tc.extended {
+				t.Errorf("extendedResourceName %q, want %q", got, tc.extended)
+			}
+		})
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
-	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
 )
 
 // Condition reasons of an RDMAService.
@@ -68,7 +67,7 @@ func assess(name string, rn *v1alpha1.RDMANode, now time.Time, timeout time.Dura
 			rep.badDevices = append(rep.badDevices, d.Name)
 		}
 	}
-	if c := meta.FindStatusCondition(rn.Status.Conditions, rdmanode.ConditionDeviceReady); c != nil && c.Status == metav1.ConditionFalse {
+	if c := meta.FindStatusCondition(rn.Status.Conditions, v1alpha1.ConditionDeviceReady); c != nil && c.Status == metav1.ConditionFalse {
 		rep.noDevice = true
 	}
 	cond := meta.FindStatusCondition(rn.Status.Conditions, v1alpha1.ConditionNodeReady)

@@ -32,6 +32,9 @@ test_deps=(
   "file:/usr/lib/cni/bridge|containernetworking-plugins|internal/cni TestChainedWithReferencePlugins runs the reference CNI plugins"
   "file:/usr/lib/cni/host-local|containernetworking-plugins|internal/cni TestChainedWithReferencePlugins runs the reference CNI plugins"
   "file:/usr/lib/cni/loopback|containernetworking-plugins|internal/cni TestChainedWithReferencePlugins runs the reference CNI plugins"
+  "file:/usr/bin/python3|python3|hack/cmd/testagent TestPytest runs the Python package's tests (python/)"
+  "file:/usr/lib/python3/dist-packages/pytest/__init__.py|python3-pytest|hack/cmd/testagent TestPytest runs python/tests with Debian's pytest"
+  "file:/usr/share/python-wheels|python3-venv|hack/cmd/testagent TestPytest pip-installs python/ into a virtual environment (ensurepip's wheels)"
 )
 e2e_deps=(
   "file:/etc/ssl/certs/ca-certificates.crt|ca-certificates|the cluster's binaries and helm are built from the Go module proxy (HTTPS)"

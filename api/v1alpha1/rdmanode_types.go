@@ -24,6 +24,12 @@ const ConditionNodeReady = "Ready"
 // answering its heartbeats (their nodes lost, frozen or cut off).
 const ConditionPeersReachable = "PeersReachable"
 
+// ConditionDeviceReady is the condition type an agent sets on its
+// RDMANode: whether it has its RDMA device open, and if not, why; the
+// operator reports the nodes whose device is not ready in the
+// RDMAService's Degraded.
+const ConditionDeviceReady = "DeviceReady"
+
 // RDMADevice is one RDMA device an agent uses.
 type RDMADevice struct {
 	// Name of the device (mlx5_0, or the soft provider's name).

@@ -10,6 +10,7 @@
 
 #define VC_VERSION 1
 #define VC_FLAG_IMM 1u
+#define VC_FLAG_BRIDGE 2u
 
 enum {
 	VC_OP_HELLO = 1, VC_OP_LISTEN, VC_OP_DIAL, VC_OP_SEND, VC_OP_GRANT, VC_OP_CLOSE,

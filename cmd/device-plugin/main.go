@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2/textlogger"
 
+	"github.com/rdmavisor/rdmavisor/internal/cdispec"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
 )
@@ -30,6 +31,7 @@ func main() {
 		o       deviceplugin.Options
 		metrics string
 		v       int
+		sysfs   string
 	)
 	flag.StringVar(&path, "config", "", "agent configuration file (AgentConfig YAML); empty: the defaults")
 	flag.StringVar(&o.KubeletDir, "kubelet-dir", deviceplugin.DefaultKubeletDir, "the kubelet's device-plugin directory (kubelet.sock and the plugin's socket)")
@@ -39,7 +41,9 @@ func main() {
 	flag.DurationVar(&o.GCInterval, "gc-interval", deviceplugin.DefaultGCInterval, "how often allocations of pods that are gone are deleted")
 	flag.DurationVar(&o.GCGrace, "gc-grace", deviceplugin.DefaultGCGrace, "age under which an allocation this process made is never collected")
 	flag.DurationVar(&o.RetryInterval, "retry-interval", deviceplugin.DefaultRetryInterval, "delay between failed registrations")
-	flag.BoolVar(&o.CDI, "cdi", false, "add a CDI device <resourceName>=<allocation> to every container")
+	flag.BoolVar(&o.CDI, "cdi", false, "add a CDI device <resourceName>=<allocation> to every container, and write its spec")
+	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", cdispec.DefaultDir, "where the CDI specs are written (the runtime's dynamic spec directory)")
+	flag.StringVar(&sysfs, "sysfs-root", "/sys", "sysfs, where the RDMA devices' NUMA nodes are read (ibverbs provider)")
 	flag.IntVar(&v, "v", 0, "log verbosity")
 	flag.Parse()
 	log := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(v)))
@@ -51,6 +55,10 @@ func main() {
 	}
 	o.Config = cfg
 	o.Log = log
+	if o.Rails, err = deviceplugin.Rails(sysfs, cfg.Device); err != nil {
+		// Topology is a preference: serve without it rather than not at all.
+		log.Error(err, "Cannot read the RDMA devices' topology; advertising none")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o.Registerer = reg
@@ -86,7 +94,7 @@ func main() {
 		}()
 		defer hs.Close()
 	}
-	log.Info("Starting the device plugin", "resource", cfg.ResourceName, "devices", cfg.VConnsPerNode, "kubeletDir", o.KubeletDir)
+	log.Info("Starting the device plugin", "resource", cfg.ResourceName, "devices", cfg.VConnsPerNode, "rails", len(o.Rails), "kubeletDir", o.KubeletDir)
 	if err := p.Run(ctx); err != nil {
 		log.Error(err, "Device plugin failed")
 		os.Exit(1)

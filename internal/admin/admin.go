@@ -92,6 +92,8 @@ type Allocation struct {
 	VConns int    `json:"vconns"`
 	Socket string `json:"socket,omitempty"` // set by the agent
 	InUse  int    `json:"inUse,omitempty"`  // set by the agent
+	// Listeners is how many ports it listens on (set by the agent).
+	Listeners int `json:"listeners,omitempty"`
 	// PodScoped: the allocation belongs to a pod (the device plugin's),
 	// and listens and dials only as that pod, once bound to it
 	// (OpBindAllocation). Otherwise it serves host services on the

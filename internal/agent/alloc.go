@@ -30,6 +30,7 @@ type allocation struct {
 	held     held                       // listeners, regions; guarded by mu (limits.go)
 	sessions map[*session]struct{}      // guarded by mu
 	refusing map[*net.UnixConn]struct{} // past the limit, waiting for refuse; guarded by mu
+	bridges  map[*bridge]struct{}       // vconns a program holds as a socket (bridge.go); guarded by mu
 	closed   bool                       // guarded by mu
 
 	// podScoped: the allocation is a pod's (the device plugin's): it
@@ -171,7 +172,7 @@ func (a *Agent) Allocations() []admin.Allocation {
 func (al *allocation) info() admin.Allocation {
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used, PodScoped: al.podScoped, Pod: al.pod}
+	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used, Listeners: al.held.listeners, PodScoped: al.podScoped, Pod: al.pod}
 }
 
 // take claims a vconn of the quota, for a dial or an accept alike
@@ -285,6 +286,7 @@ func (al *allocation) shutdown(keepDir bool) {
 	for _, s := range sessions {
 		s.close()
 	}
+	al.closeBridges()
 	if keepDir {
 		_ = os.Remove(filepath.Join(al.dir, admin.SocketName))
 		return

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
-	"github.com/rdmavisor/rdmavisor/internal/discovery"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -216,51 +215,6 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 			return nil
 		}
 	}
-}
-
-// peersChanged connects to discovered peers so heartbeats watch them, and
-// forgets the ones that left once no vconn uses them: their control
-// connection, heartbeat and engine peer (with its QPs) go.
-func (a *Agent) peersChanged(peers []discovery.Peer) {
-	known := make(map[string]bool, len(peers))
-	for _, p := range peers {
-		known[p.NodeName] = true
-		if _, err := a.remoteFor(p.NodeName, p.Address, true); err != nil {
-			a.log.Error(err, "Cannot reach peer agent", "peer", p.NodeName)
-		}
-	}
-	var gone []*remote
-	a.mu.Lock()
-	for node, r := range a.remotes {
-		if !known[node] && r.forget() {
-			delete(a.remotes, node)
-			gone = append(gone, r)
-		}
-	}
-	for gid, node := range a.gids {
-		if a.remotes[node] == nil {
-			delete(a.gids, gid)
-		}
-	}
-	for node := range a.announced {
-		if a.remotes[node] == nil {
-			delete(a.announced, node)
-		}
-	}
-	a.mu.Unlock()
-	for _, r := range gone {
-		r.close()
-		a.log.Info("Forgot a peer agent that left", "peer", r.node, "address", r.addr)
-	}
-}
-
-// forget drops the remote's engine peer unless a vconn uses it, and
-// reports whether the remote may go.
-func (r *remote) forget() bool {
-	r.mu.Lock()
-	p := r.peer
-	r.mu.Unlock()
-	return p == nil || r.a.eng.Forget(p.GID(), errors.New("its node left the cluster"))
 }
 
 // link is engine.PeerLink over the control plane, for the engine peer at

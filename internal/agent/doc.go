@@ -1,8 +1,9 @@
 // Package agent is the RDMAvisor node agent: it owns the node's RDMA
 // device, runs the engine (package engine) on it, serves applications over
 // per-allocation unix sockets, and talks to the other nodes' agents over
-// gRPC, authenticated with mutual TLS when configured. The device is opened by the wiring (Options.OpenDevice: cmd/node-agent
-// chooses the provider by configuration); the agent closes it.
+// gRPC, authenticated with mutual TLS when configured. The device is
+// opened by the wiring (Options.OpenDevice: cmd/node-agent chooses the
+// provider by configuration); the agent closes it.
 //
 // # Allocations and the admin socket
 //
@@ -41,8 +42,9 @@
 // One file per job: session.go reads and dispatches a connection's frames,
 // listen.go listens, dials and accepts, addr.go says which port space an
 // allocation's listeners take (its pod's, or the node's host services')
-// and where a dial's address goes, vconn.go runs a vconn's pump,
-// op.go its operations, and reply.go answers, with codeOf the one place
+// and where a dial's address goes, vconn.go holds a vconn and its pump,
+// delivery.go the one loop that delivers its messages to the pod, over
+// the socket or shared memory, op.go its operations, and reply.go answers, with codeOf the one place
 // where failures become the protocol's codes. quota_test.go and
 // pod_test.go hold the quota, isolation and pod contracts.
 //
@@ -60,7 +62,7 @@
 // Heartbeat (a bidirectional stream). A peer whose beats stop for
 // HeartbeatTimeout, whose stream breaks, or whose incarnation changes (it
 // restarted) is failed: every vconn to it fails with engine.ErrPeerGone.
-// Peers come from a discovery.Source: discovery.Static (standalone mode,
+// Peers come from a discovery.Source (discovery.go follows it): discovery.Static (standalone mode,
 // the configuration's list or --peers) or, in Kubernetes mode, the ready
 // RDMANodes of the same RDMAService (package rdmanode, which also writes
 // this agent's own). A dial

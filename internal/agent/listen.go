@@ -18,9 +18,10 @@ const dialTimeout = 10 * time.Second
 // listener is a port this node's vconns accept on, in one port space:
 // its allocation's pod's, or the node's host services'.
 type listener struct {
-	sess *session
-	id   uint32 // its handle in the session
-	key  portKey
+	sess    *session
+	id      uint32 // its handle in the session
+	key     portKey
+	bridged bool // frame.FlagBridge: each vconn accepted is handed over as a socket
 }
 
 // listen binds a port of the allocation's own port space: its pod's, or
@@ -43,7 +44,7 @@ func (s *session) listen(f frame.Frame) {
 	}
 	s.mu.Lock()
 	s.next++
-	l := &listener{sess: s, id: s.next, key: portKey{scope: scope, port: f.Arg}}
+	l := &listener{sess: s, id: s.next, key: portKey{scope: scope, port: f.Arg}, bridged: f.Flags&frame.FlagBridge != 0}
 	s.mu.Unlock()
 	a.mu.Lock()
 	if a.listeners[l.key] != nil {
@@ -96,8 +97,9 @@ func (s *session) unlisten(l *listener) {
 
 // dial connects a vconn to host:port: a pod IP (of this node or one a
 // peer announced), a node's address or name (its host services). The
-// allocation dials as its pod: the listener sees the pod's IP.
-func (s *session) dial(req uint32, addr string) {
+// allocation dials as its pod: the listener sees the pod's IP. A bridged
+// dial hands the vconn over as a socket (bridge.go) in the OK reply.
+func (s *session) dial(req uint32, addr string, bridged bool) {
 	a := s.al.a
 	host, port, err := parseDialAddr(addr)
 	if err != nil {
@@ -130,6 +132,20 @@ func (s *session) dial(req uint32, addr string) {
 		_ = s.reply(req, 0, codeOf(err), fmt.Sprintf("dial %s: %v", addr, err))
 		return
 	}
+	if bridged {
+		prog, err := s.al.newBridge(vc)
+		if err != nil {
+			vc.Abort()
+			s.al.give()
+			_ = s.replyErr(req, 0, fmt.Errorf("dial %s: %w", addr, err))
+			return
+		}
+		// If the reply is lost, so is the program's end: the bridge
+		// sees it closed and ends.
+		_ = s.writeRights(&frame.Frame{Op: frame.OpOK, Req: req, Arg2: vconnInfo(vc).Arg2(), Payload: []byte(addr)}, []int{int(prog.Fd())})
+		_ = prog.Close()
+		return
+	}
 	h := s.add(vc)
 	if h == nil {
 		vc.Abort()
@@ -149,6 +165,16 @@ func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
 	s.mu.Unlock()
 	if !live {
 		return false
+	}
+	if l.bridged {
+		prog, err := s.al.newBridge(vc)
+		if err != nil {
+			s.log.Error(err, "Cannot bridge an accepted vconn", "port", l.key.port)
+			return false
+		}
+		_ = s.writeRights(&frame.Frame{Op: frame.OpAccept, Handle: l.id, Arg2: vconnInfo(vc).Arg2(), Payload: []byte(remote)}, []int{int(prog.Fd())})
+		_ = prog.Close()
+		return true
 	}
 	h := s.add(vc)
 	if h == nil {

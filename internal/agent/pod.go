@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/atomicfile"
 )
 
 var podUID = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$`)
@@ -135,11 +136,7 @@ func (a *Agent) savePodsLocked() error {
 	if err := os.MkdirAll(a.cfg.SocketDir, 0o755); err != nil {
 		return err
 	}
-	tmp := a.podsFile() + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, a.podsFile())
+	return atomicfile.Write(a.podsFile(), b, 0o600)
 }
 
 // loadPods reads the pods a previous run of the agent saved; a missing

@@ -122,10 +122,10 @@ func (s *session) dispatch(f frame.Frame) bool {
 		}()
 	case frame.OpDial:
 		s.wg.Add(1)
-		host := string(f.Payload)
+		host, bridged := string(f.Payload), f.Flags&frame.FlagBridge != 0
 		go func() {
 			defer s.wg.Done()
-			s.dial(f.Req, host)
+			s.dial(f.Req, host, bridged)
 		}()
 	case frame.OpClose:
 		s.closeHandle(f)
@@ -144,19 +144,12 @@ func (s *session) dispatch(f frame.Frame) bool {
 		if h == nil {
 			return s.reply(f.Req, f.Handle, frame.CodeNoHandle, fmt.Sprintf("%v: no such vconn", f.Op)) == nil
 		}
-		// A payload past the allocation's limits.queuedBytes fails
-		// with the limit code, as one past the window with its own.
+		// Past the window, past the allocation's limits.queuedBytes, or
+		// on a vconn that ended: an error reply, the session goes on.
 		o := op{f: f}
-		var err error
-		if o.claimed, err = h.claimOp(f); err != nil {
-			return s.reply(f.Req, f.Handle, frame.CodeLimit, err.Error()) == nil
-		}
 		o.f.Payload = append([]byte(nil), f.Payload...)
-		select {
-		case h.ops <- o:
-		default:
-			h.doneOp(o)
-			return s.reply(f.Req, f.Handle, frame.CodeWindow, fmt.Sprintf("more than %d operations outstanding", SendWindow)) == nil
+		if err := h.enqueue(o); err != nil {
+			return s.replyErr(f.Req, f.Handle, err) == nil
 		}
 	default:
 		_ = s.reply(f.Req, 0, frame.CodeBadRequest, fmt.Sprintf("%v is not a request", f.Op))

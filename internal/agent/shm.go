@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/internal/shm"
 )
@@ -242,54 +243,38 @@ func (x *shmVConn) drainBlocking(p *shmPoller) {
 	p.kick.Ring()       // which may sleep with this ring unarmed
 }
 
+// serveRX is the vconn's delivery goroutine on shared memory (deliver),
+// with the RX ring as its carrier.
 func (x *shmVConn) serveRX() {
 	defer x.wg.Done()
-	h := x.h
-	for {
-		m, err := h.vc.Recv(h.ctx)
-		if h.ctx.Err() != nil {
-			if err == nil {
-				m.Release()
-			}
-			return
-		}
-		switch {
-		case errors.Is(err, io.EOF):
-			x.push(nil, 0, shm.FlagEOF)
-			return
-		case err != nil:
-			code := codeOf(err)
-			if r := x.reason.Load(); r != nil && errors.Is(*r, shm.ErrCorrupt) {
-				err, code = *r, frame.CodeBadRequest
-			}
-			x.pushErr(code, err.Error())
-			return
-		case len(m.Data) > x.rx.MaxMessage():
-			n := len(m.Data)
-			m.Release()
-			x.pushErr(frame.CodeTooLarge, fmt.Sprintf("received a message of %d bytes: shared memory carries at most %d", n, x.rx.MaxMessage()))
-			h.vc.Abort()
-			return
-		}
-		var flags uint32
-		if m.HasImm {
-			flags = shm.FlagImm
-		}
-		// Past the allocation's limits.queuedBytes the message waits
-		// here unreleased, as in the socket's pump.
-		n := int64(len(m.Data))
-		if err := h.s.al.claimRx(h.ctx, n); err != nil {
-			m.Release()
-			return
-		}
-		ok := x.push(m.Data, m.Imm, flags)
-		m.Release()
-		h.s.al.releaseRx(n)
-		if !ok {
-			return
-		}
-	}
+	x.h.deliver(x)
 }
+
+// ready: the RX ring has no window; push waits for room instead.
+func (x *shmVConn) ready() bool { return true }
+
+func (x *shmVConn) put(m engine.Message) bool {
+	var flags uint32
+	if m.HasImm {
+		flags = shm.FlagImm
+	}
+	return x.push(m.Data, m.Imm, flags)
+}
+
+func (x *shmVConn) end(err error) {
+	if errors.Is(err, io.EOF) {
+		x.push(nil, 0, shm.FlagEOF)
+		return
+	}
+	code := codeOf(err)
+	if r := x.reason.Load(); r != nil && errors.Is(*r, shm.ErrCorrupt) {
+		// The abort of a ring the pod broke ended the vconn: that is why.
+		err, code = *r, frame.CodeBadRequest
+	}
+	x.pushErr(code, err.Error())
+}
+
+func (x *shmVConn) limit() (int, string) { return x.rx.MaxMessage(), "shared memory" }
 
 func (x *shmVConn) pushErr(c frame.Code, msg string) {
 	x.push([]byte(msg[:min(len(msg), x.rx.MaxMessage())]), uint32(c), shm.FlagError)
@@ -297,7 +282,8 @@ func (x *shmVConn) pushErr(c frame.Code, msg string) {
 
 // push writes one descriptor into the RX ring, waiting for room (the pod
 // reads slowly: that holds the engine's credits, as the socket's window
-// does). False when the vconn is done or the ring broke.
+// does); on the delivery goroutine. False when the vconn is done or the
+// ring broke.
 func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
 	start, spin := time.Now(), time.Duration(0)
 	for {

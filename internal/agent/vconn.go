@@ -28,9 +28,10 @@ type vconnHandle struct {
 
 	regions map[uint32]*engine.Region // worker-owned
 
-	qmu      sync.Mutex
-	txQueued int64 // payload bytes of ops claimed against the allocation (claimTx); guarded by qmu
-	workDone bool  // the worker returned and gave txQueued back; guarded by qmu
+	qmu         sync.Mutex
+	outstanding int   // ops accepted and not yet answered, at most SendWindow; guarded by qmu
+	txQueued    int64 // payload bytes of ops claimed against the allocation (claimTx); guarded by qmu
+	workDone    bool  // the worker returned and gave txQueued back; guarded by qmu
 	// txRefused: an op met limits.queuedBytes; every later op with a
 	// payload is refused too (guarded by qmu). The client pipelines its
 	// sends and takes the first error as the end of the vconn's send
@@ -44,48 +45,75 @@ type op struct {
 	claimed int64       // bytes of the allocation's limits.queuedBytes the op holds
 }
 
-// claimOp counts an op's payload against the allocation (claimTx) until
-// doneOp; once the worker returned, nothing is claimed (the op will not
-// run).
-func (h *vconnHandle) claimOp(f frame.Frame) (int64, error) {
-	n := int64(len(f.Payload))
+// errWindow: an op past the vconn's SendWindow (frame.CodeWindow).
+var errWindow = fmt.Errorf("more than %d operations outstanding", SendWindow)
+
+// enqueue accepts an op for the worker: its payload counted against the
+// allocation (claimTx) and its place in the window held until doneOp. An
+// op past the window fails with errWindow, one past limits.queuedBytes
+// with errLimit; once the worker returned, with why the vconn ended.
+func (h *vconnHandle) enqueue(o op) error {
+	n := int64(len(o.f.Payload))
 	h.qmu.Lock()
 	defer h.qmu.Unlock()
-	if h.workDone || n == 0 {
-		return 0, nil
+	switch {
+	case h.workDone:
+		return h.ended()
+	case h.outstanding >= SendWindow:
+		return errWindow
+	case n > 0 && h.txRefused != nil:
+		return h.txRefused
 	}
-	if h.txRefused != nil {
-		return 0, h.txRefused
+	if n > 0 {
+		if err := h.s.al.claimTx(o.f.Op, n); err != nil {
+			h.txRefused = err
+			return err
+		}
+		h.txQueued += n
+		o.claimed = n
 	}
-	if err := h.s.al.claimTx(f.Op, n); err != nil {
-		h.txRefused = err
-		return 0, err
-	}
-	h.txQueued += n
-	return n, nil
+	h.outstanding++
+	h.ops <- o // never blocks: the channel holds SendWindow
+	return nil
 }
 
-// doneOp gives back an op's claim: it ran, or was never queued.
+// doneOp gives back an op's place in the window and its claim.
 func (h *vconnHandle) doneOp(o op) {
-	if o.claimed == 0 {
-		return
-	}
 	h.qmu.Lock()
 	defer h.qmu.Unlock()
 	if h.workDone {
 		return // given back with the rest
 	}
+	h.outstanding--
 	h.txQueued -= o.claimed
 	h.s.al.releaseTx(o.claimed)
 }
 
-// workerDone gives back the claims of the ops the worker will not run.
-func (h *vconnHandle) workerDone() {
+// refuseQueued runs as the worker returns: it gives back the claims of the
+// ops it will not run and answers each with why the vconn ended, so that
+// no request goes unanswered.
+func (h *vconnHandle) refuseQueued() {
 	h.qmu.Lock()
-	defer h.qmu.Unlock()
 	h.workDone = true
 	h.s.al.releaseTx(h.txQueued)
-	h.txQueued = 0
+	h.txQueued, h.outstanding = 0, 0
+	var left []op
+	for len(h.ops) > 0 {
+		left = append(left, <-h.ops)
+	}
+	err := h.ended()
+	h.qmu.Unlock()
+	for _, o := range left {
+		_ = h.s.replyErr(o.f.Req, h.id, err)
+	}
+}
+
+// ended is why the vconn's operations stop: its failure, or its close.
+func (h *vconnHandle) ended() error {
+	if err := h.vc.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("vconn %d: %w", h.id, engine.ErrClosed)
 }
 
 // add registers a vconn and starts its worker and pump; nil if the
@@ -140,67 +168,56 @@ func (h *vconnHandle) grant(n int) {
 	}
 }
 
-// pump delivers messages while the client has window: the agent reads
-// from the engine only then, so an application that does not read holds
-// its vconn's engine credits, not agent memory. The message it holds
-// counts against the allocation's limits.queuedBytes (claimRx).
+// pump is the vconn's delivery goroutine on the socket (deliver); on
+// shared memory it waits idle for the window a shared-memory vconn never
+// gets.
 func (h *vconnHandle) pump() {
 	defer h.s.wg.Done()
-	s := h.s
+	h.deliver(socketRX{h})
+}
+
+// socketRX is the socket's carrier: Data frames, one per message, while
+// the pod has window (grant).
+type socketRX struct{ h *vconnHandle }
+
+func (c socketRX) ready() bool {
+	h := c.h
 	for {
-		for {
-			h.gmu.Lock()
-			w := h.window
-			h.gmu.Unlock()
-			if w > 0 {
-				break
-			}
-			select {
-			case <-h.granted:
-			case <-h.ctx.Done():
-				return
-			}
-		}
-		m, err := h.vc.Recv(h.ctx)
-		if h.ctx.Err() != nil {
-			if err == nil {
-				m.Release()
-			}
-			return
-		}
-		switch {
-		case errors.Is(err, io.EOF):
-			_ = s.write(&frame.Frame{Op: frame.OpEOF, Handle: h.id})
-			return
-		case err != nil:
-			_ = s.replyErr(0, h.id, err)
-			return
-		}
-		f := frame.Frame{Op: frame.OpData, Handle: h.id, Payload: m.Data}
-		if m.HasImm {
-			f.Flags, f.Arg = frame.FlagImm, m.Imm
-		}
-		if len(m.Data) > frame.MaxPayload {
-			_ = s.reply(0, h.id, frame.CodeTooLarge, fmt.Sprintf("received a message of %d bytes: the socket carries at most %d", len(m.Data), frame.MaxPayload))
-			m.Release()
-			h.vc.Abort()
-			return
-		}
-		// Past the allocation's limits.queuedBytes the message waits
-		// here unreleased: its credit holds the peer back.
-		n := int64(len(m.Data))
-		if err := s.al.claimRx(h.ctx, n); err != nil {
-			m.Release() // the vconn ended
-			return
-		}
-		werr := s.write(&f)
-		m.Release()
-		s.al.releaseRx(n)
-		if werr != nil {
-			return
-		}
 		h.gmu.Lock()
-		h.window--
+		w := h.window
 		h.gmu.Unlock()
+		if w > 0 {
+			return true
+		}
+		select {
+		case <-h.granted:
+		case <-h.ctx.Done():
+			return false
+		}
 	}
 }
+
+func (c socketRX) put(m engine.Message) bool {
+	h := c.h
+	f := frame.Frame{Op: frame.OpData, Handle: h.id, Payload: m.Data}
+	if m.HasImm {
+		f.Flags, f.Arg = frame.FlagImm, m.Imm
+	}
+	if h.s.write(&f) != nil {
+		return false
+	}
+	h.gmu.Lock()
+	h.window--
+	h.gmu.Unlock()
+	return true
+}
+
+func (c socketRX) end(err error) {
+	if errors.Is(err, io.EOF) {
+		_ = c.h.s.write(&frame.Frame{Op: frame.OpEOF, Handle: c.h.id})
+		return
+	}
+	_ = c.h.s.replyErr(0, c.h.id, err)
+}
+
+func (socketRX) limit() (int, string) { return frame.MaxPayload, "the socket" }

@@ -35,13 +35,26 @@ var required = map[string][]string{
 
 // TestSmoke runs every suite at a tiny size and checks the lines: each
 // parses, names its suite, and has the suite's fields or an error.
+//
+// A configuration measures for 50 ms: on a host with more runnable threads
+// than cores (15 on 2), one in a few runs had a configuration deliver
+// nothing in its window ("no message delivered"). A design that cannot
+// deliver fails every run: so such a run is run again, up to 3 times.
 func TestSmoke(t *testing.T) {
 	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	err := Run(ctx, Options{Plan: tinyPlan(), Out: &out, Log: testr.NewWithInterface(t, testr.Options{})})
-	if err != nil {
-		t.Fatal(err)
+	for try := 1; ; try++ {
+		out.Reset()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		err := Run(ctx, Options{Plan: tinyPlan(), Out: &out, Log: testr.NewWithInterface(t, testr.Options{})})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stalled := strings.Count(out.String(), `"error":"no message delivered in `)
+		if stalled == 0 || try == 3 {
+			break
+		}
+		t.Logf("run %d: %d configurations delivered nothing in their window: running again\n%s", try, stalled, out.String())
 	}
 	counts := map[string]int{}
 	for i, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {

@@ -19,6 +19,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmavisor/rdmavisor/internal/atomicfile"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 )
 
@@ -339,7 +340,7 @@ func (in *Installer) install() (string, error) {
 	if err := in.writeState(next); err != nil {
 		return "", err
 	}
-	if err := writeFileAtomic(filepath.Join(in.ConfDir, target), out, mode); err != nil {
+	if err := atomicfile.Write(filepath.Join(in.ConfDir, target), out, mode); err != nil {
 		return "", fmt.Errorf("install: %w", err)
 	}
 	if target != name {
@@ -374,7 +375,7 @@ func (in *Installer) writeState(st *state) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(in.ConfDir, StateFile), append(b, '\n'), 0o600)
+	return atomicfile.Write(filepath.Join(in.ConfDir, StateFile), append(b, '\n'), 0o600)
 }
 
 // Uninstall removes the plugin from the node's CNI configuration and its
@@ -417,7 +418,7 @@ func (in *Installer) restore(st *state) error {
 		return fmt.Errorf("uninstall: %w", err)
 	case st.Original != nil && sum(data) == st.WrittenSHA256:
 		orig := filepath.Join(in.ConfDir, st.Original.File)
-		if err := writeFileAtomic(orig, st.Original.Bytes, st.Original.Mode); err != nil {
+		if err := atomicfile.Write(orig, st.Original.Bytes, st.Original.Mode); err != nil {
 			return fmt.Errorf("uninstall: %w", err)
 		}
 		if orig != path {
@@ -476,7 +477,7 @@ func (in *Installer) removeEntry(path string, data []byte, mode fs.FileMode) err
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(path, out, mode); err != nil {
+	if err := atomicfile.Write(path, out, mode); err != nil {
 		return fmt.Errorf("uninstall: %w", err)
 	}
 	in.Log.Info("Removed the plugin from a CNI configuration changed since install", "file", path)
@@ -494,45 +495,9 @@ func (in *Installer) copyBinary() error {
 	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, src) {
 		return nil
 	}
-	if err := writeFileAtomic(dst, src, 0o755); err != nil {
+	if err := atomicfile.Write(dst, src, 0o755); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
 	in.Log.Info("Installed the plugin binary", "path", dst)
-	return nil
-}
-
-// writeFileAtomic replaces path with data: readers see the old file or the
-// new one, never a part. The temporary file has no configuration
-// extension, so runtimes never load it.
-func writeFileAtomic(path string, data []byte, mode fs.FileMode) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".rdmavisor-cni-tmp-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = os.Remove(f.Name())
-		}
-	}()
-	if _, err = f.Write(data); err == nil {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err = os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if d, derr := os.Open(dir); derr == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
 	return nil
 }

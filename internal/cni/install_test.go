@@ -16,6 +16,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
+	"github.com/rdmavisor/rdmavisor/internal/atomicfile"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 )
 
@@ -387,7 +388,7 @@ func TestInstallWhenReady(t *testing.T) {
 	}
 	time.AfterFunc(50*time.Millisecond, func() {
 		// Atomically, as the primary CNI's installer should.
-		_ = writeFileAtomic(filepath.Join(in.ConfDir, "05-cilium.conflist"), orig, 0o644)
+		_ = atomicfile.Write(filepath.Join(in.ConfDir, "05-cilium.conflist"), orig, 0o644)
 	})
 	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -12,8 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/minicluster"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -59,7 +59,7 @@ func (o AgentsOptions) withDefaults() AgentsOptions {
 // engines actually use, messages/s and the round-trip latency.
 func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
 	o = o.withDefaults()
-	cl, err := agenttest.Start(agenttest.Options{TuneEngine: o.tune})
+	cl, err := minicluster.Start(minicluster.Options{TuneEngine: o.tune})
 	if err != nil {
 		return err
 	}
@@ -103,24 +103,17 @@ func Agents(ctx context.Context, w io.Writer, o AgentsOptions) error {
 
 // echo answers every message on every vconn the listener accepts.
 func echo(ctx context.Context, ln *vconn.Listener) {
-	for {
-		c, err := ln.AcceptVConn()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			for {
-				m, err := c.RecvMsg(ctx)
-				if err != nil {
-					return
-				}
-				if err := c.SendMsg(ctx, m.Data); err != nil {
-					return
-				}
+	minicluster.Serve(ln, func(c *vconn.Conn) {
+		for {
+			m, err := c.RecvMsg(ctx)
+			if err != nil {
+				return
 			}
-		}()
-	}
+			if err := c.SendMsg(ctx, m.Data); err != nil {
+				return
+			}
+		}
+	})
 }
 
 // roundTrips opens o.VConns vconns to addr, ping-pongs on all of them from

@@ -24,6 +24,7 @@ type fakeAgent struct {
 	capacity int
 	down     bool
 	ready    bool
+	device   string // the RDMA device the agent reports
 	allocs   map[string]admin.Allocation
 }
 
@@ -39,7 +40,7 @@ func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
 	if f.down {
 		return admin.Status{}, errDown
 	}
-	return admin.Status{Ready: f.ready, Capacity: f.capacity}, nil
+	return admin.Status{Ready: f.ready, Capacity: f.capacity, Device: f.device}, nil
 }
 
 func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {
@@ -111,7 +112,11 @@ func testPlugin(t *testing.T, a Agent, cdi bool) *Plugin {
 	cfg := config.Default()
 	cfg.VConnsPerNode = 4
 	cfg.SocketDir = "/run/rv"
-	p, err := New(Options{Config: cfg, Agent: a, CDI: cdi, Key: &testKey})
+	o := Options{Config: cfg, Agent: a, CDI: cdi, Key: &testKey}
+	if cdi {
+		o.CDISpecDir = t.TempDir()
+	}
+	p, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,18 +23,34 @@
 // as many vconns as devices. A retried Allocate for the same devices finds
 // the allocation already there and returns the same answer. The container
 // gets the allocation's directory, <socketDir>/alloc/<id> on the host,
-// mounted at ContainerSocketDir, and RDMAVISOR_SOCKET and RDMAVISOR_VCONNS;
-// with CDI enabled also a CDI device "<resourceName>=<id>" (the CDI spec
-// itself is not generated yet). Unknown, duplicate or too many device IDs
+// mounted at ContainerSocketDir, and RDMAVISOR_SOCKET and RDMAVISOR_VCONNS.
+// With CDI enabled (Options.CDI) it also gets a CDI device
+// "<resourceName>=<id>", whose spec Allocate writes first (package
+// cdispec, in Options.CDISpecDir) with the same mount and environment:
+// the response keeps both, because a runtime without CDI (containerd
+// before 1.7, as Debian 12 ships) ignores the device. Collection removes
+// the spec with its allocation, and writes again a kept allocation's
+// spec that is missing. Unknown, duplicate or too many device IDs
 // are codes.InvalidArgument and allocate nothing.
 //
-// # Preferred allocation
+// # Topology and preferred allocation
 //
-// The soft provider's devices carry no NUMA information, so
+// Options.Rails are the RDMA devices that may serve the vconns (Rails
+// reads them from sysfs with package rdmadev). The advertised devices
+// carry, in TopologyInfo, the NUMA node of the one the agent serves them
+// with (known at once with one rail, else once the agent's status names
+// its device; the streams are sent again then), so that the kubelet's
+// Topology Manager can align a pod's CPUs with its NIC. The soft
+// provider, and a device whose NUMA node is unknown, report no topology.
+// (numaOf already splits the devices over several rails in contiguous
+// blocks, for when the agent serves several.)
+//
 // GetPreferredAllocation prefers, deterministically, the must-include
 // devices, then the lowest-starting run of contiguous available devices
-// long enough for the rest, else the lowest IDs. When devices gain a
-// topology, devices on the RDMA device's NUMA node will come first.
+// long enough for the rest, else the lowest IDs; with a topology it does
+// so on one NUMA node: the must-include devices' node, else the node with
+// the fewest available devices that fits the whole request (best fit),
+// and only what that node cannot give comes from the others.
 //
 // # Registration and kubelet restarts
 //

@@ -36,6 +36,7 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	now := time.Now()
+	keep := make(map[string]int, len(als)) // the allocations kept, with their vconns
 	var deleted []string
 	var errs []error
 	allocated := 0
@@ -43,12 +44,9 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 		if !strings.HasPrefix(al.ID, allocPrefix) {
 			continue
 		}
-		p.mu.Lock()
-		t, recent := p.created[al.ID]
-		recent = recent && now.Sub(t) < p.opts.GCGrace
-		p.mu.Unlock()
-		if _, ok := live[al.ID]; ok || recent {
+		if _, ok := live[al.ID]; ok || p.recent(al.ID) {
 			allocated += al.VConns
+			keep[al.ID] = al.VConns
 			// The agent lets a pod's allocation listen and dial only as
 			// its pod, which it learns here.
 			if pod := owner[al.ID]; pod != "" && pod != al.Pod {
@@ -63,6 +61,7 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 		if err := p.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, admin.ErrNotFound) {
 			errs = append(errs, err)
 			allocated += al.VConns
+			keep[al.ID] = al.VConns
 			continue
 		}
 		p.mu.Lock()
@@ -89,7 +88,9 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 			p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k)
 			p.metrics.recreated.Inc()
 			allocated += k
+			keep[id] = k
 		case errors.Is(err, admin.ErrExists): // Allocate made it since the listing
+			keep[id] = k
 		default:
 			errs = append(errs, err)
 		}
@@ -103,7 +104,19 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 	}
 	p.mu.Unlock()
 	p.metrics.allocated.Set(float64(allocated))
+	if err := p.syncSpecs(keep); err != nil {
+		errs = append(errs, err)
+	}
 	return deleted, errors.Join(errs...)
+}
+
+// recent reports whether this process made allocation id within GCGrace:
+// the kubelet may not list its container yet.
+func (p *Plugin) recent(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.created[id]
+	return ok && time.Since(t) < p.opts.GCGrace
 }
 
 // refreshAllocated updates the allocated-devices gauge from the agent.

@@ -27,6 +27,15 @@ func (h *health) get() (bool, <-chan struct{}) {
 	return h.healthy, h.changed
 }
 
+// touch wakes the ListAndWatch streams without a change of health (the
+// devices' topology changed).
+func (h *health) touch() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
 // set records a probe's result; it reports whether the health changed.
 func (h *health) set(ok bool) bool {
 	h.mu.Lock()
@@ -40,13 +49,18 @@ func (h *health) set(ok bool) bool {
 	return true
 }
 
-// probe asks the agent whether it and its device are up.
+// probe asks the agent whether it and its device are up; the device it
+// names places the advertised devices on their NUMA node.
 func (p *Plugin) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
 	defer cancel()
 	st, err := p.opts.Agent.Status(ctx)
 	if err != nil {
 		return err
+	}
+	if p.topo.learn(st.Device) {
+		p.log.Info("The devices' NUMA node follows the agent's RDMA device", "device", st.Device)
+		p.health.touch()
 	}
 	if !st.Ready {
 		return errors.New("agent not ready")

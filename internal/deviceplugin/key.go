@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+
+	"github.com/rdmavisor/rdmavisor/internal/atomicfile"
 )
 
 // KeyFile is the node's allocation key, in the configuration's stateDir.
@@ -67,30 +69,10 @@ func LoadOrCreateKey(path string) (k Key, created bool, err error) {
 		return Key{}, false, fmt.Errorf("allocation key: %w", err)
 	}
 	rand.Read(k[:]) // never fails: Go's crypto/rand crashes the program instead
-	// CreateTemp opens with O_EXCL, mode 0600.
-	tmp, err := os.CreateTemp(dir, "."+KeyFile+"-*")
-	if err != nil {
-		return Key{}, false, fmt.Errorf("allocation key: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(k[:])
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return Key{}, false, fmt.Errorf("allocation key: writing %s: %w", tmp.Name(), err)
-	}
-	// link(2), unlike rename, fails if path exists: a key another process
-	// made in the meantime is kept, and read.
-	switch err := os.Link(tmp.Name(), path); {
+	// Written aside and linked in place, which fails if a key another
+	// process made in the meantime is there: that key is kept, and read.
+	switch err := atomicfile.Create(path, k[:], 0o600); {
 	case err == nil:
-		if d, err := os.Open(dir); err == nil {
-			_ = d.Sync()
-			_ = d.Close()
-		}
 		return k, true, nil
 	case errors.Is(err, fs.ErrExist):
 		k, err := readKey(path)

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/rdmavisor/rdmavisor/internal/cdispec"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/rdmadev"
 )
 
 // ResourceDomain is the only domain of the resources a plugin serves (as
@@ -72,8 +74,20 @@ type Options struct {
 	// KeyFile of Config.StateDir, made there if missing (LoadOrCreateKey).
 	Key *Key
 	// CDI adds a CDI device "<resourceName>=<allocation id>" to every
-	// container.
-	CDI bool
+	// container and writes its spec (package cdispec) in CDISpecDir,
+	// default cdispec.DefaultDir. The mounts and environment are still
+	// answered too: a runtime without CDI (containerd before 1.7) ignores
+	// the device, and one with it applies the same edits twice, harmlessly.
+	CDI        bool
+	CDISpecDir string
+	// Rails are the RDMA devices that may serve the vconns, as package
+	// rdmadev lists them (Rails): the advertised devices report the NUMA
+	// node of the one the agent serves them with (TopologyInfo), so that
+	// the kubelet's Topology Manager can align a pod with its NIC, and
+	// GetPreferredAllocation prefers one NUMA node. With one rail that is
+	// known at once; with several, once the agent's status names its
+	// device. Empty, or a rail of unknown NUMA node: no topology.
+	Rails []rdmadev.Device
 	// Registerer receives the metrics (default: a new registry).
 	Registerer prometheus.Registerer
 	Log        logr.Logger
@@ -82,8 +96,10 @@ type Options struct {
 // Plugin is the device plugin. Run serves it.
 type Plugin struct {
 	opts    Options
-	key     Key // derives the allocation ids
-	n       int // devices advertised
+	key     Key            // derives the allocation ids
+	n       int            // devices advertised
+	topo    *topology      // where the advertised devices are
+	cdi     *cdispec.Specs // the allocations' CDI specs; nil without Options.CDI
 	log     logr.Logger
 	health  *health
 	metrics *metrics
@@ -171,11 +187,19 @@ func New(o Options) (*Plugin, error) {
 		}
 		key = k
 	}
+	var specs *cdispec.Specs
+	if o.CDI {
+		s, err := cdispec.New(o.CDISpecDir, o.Config.ResourceName)
+		if err != nil {
+			return nil, fmt.Errorf("device plugin: %w", err)
+		}
+		specs = &s
+	}
 	m, err := newMetrics(o.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("device plugin: metrics: %w", err)
 	}
-	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
+	p := &Plugin{opts: o, key: key, n: o.Config.VConnsPerNode, topo: newTopology(o.Config.VConnsPerNode, o.Rails), cdi: specs, log: o.Log, health: newHealth(), metrics: m, sockBase: base, stale: stale, sock: o.SocketName,
 		born:    strconv.FormatInt(time.Now().UnixNano(), 36),
 		restart: make(chan struct{}, 1), kick: make(chan struct{}, 1), created: make(map[string]time.Time)}
 	m.advertised.Set(float64(p.n))

@@ -14,7 +14,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
-	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // ContainerSocketDir is where a container sees its allocation's
@@ -38,15 +38,20 @@ func (s *server) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 	return s.p.pluginOptions(), nil
 }
 
-// devices lists every device with the given health.
+// devices lists every device with the given health, and the NUMA node
+// of its rail where that is known.
 func (p *Plugin) devices(healthy bool) []*pluginapi.Device {
 	h := pluginapi.Unhealthy
 	if healthy {
 		h = pluginapi.Healthy
 	}
+	numa := p.topo.nodes()
 	out := make([]*pluginapi.Device, p.n)
 	for i := range out {
 		out[i] = &pluginapi.Device{ID: DeviceID(i), Health: h}
+		if numa != nil && numa[i] >= 0 {
+			out[i].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(numa[i])}}}
+		}
 	}
 	return out
 }
@@ -72,7 +77,7 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	rep := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		ids := preferred(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n)
+		ids := preferredNUMA(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n, s.p.topo.nodes())
 		rep.ContainerResponses = append(rep.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return rep, nil
@@ -125,7 +130,14 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 		if isNew {
 			created = append(created, id)
 		}
-		rep.ContainerResponses = append(rep.ContainerResponses, p.containerResponse(id, len(ids)))
+		r := p.containerResponse(id, len(ids))
+		if err := p.writeSpec(id, r); err != nil {
+			if rerr := p.rollback(created); rerr != nil {
+				p.log.Error(rerr, "Cannot roll back a failed Allocate", "allocations", created)
+			}
+			return nil, status.Errorf(codes.Internal, "allocate %s: %v", id, err)
+		}
+		rep.ContainerResponses = append(rep.ContainerResponses, r)
 		p.log.Info("Allocated", "allocation", id, "vconns", len(ids), "devices", ids, "new", isNew)
 	}
 	p.refreshAllocated(ctx)
@@ -187,6 +199,12 @@ func (p *Plugin) rollback(ids []string) error {
 	for _, id := range ids {
 		if err := p.opts.Agent.DeleteAllocation(ctx, id); err != nil && !errors.Is(err, admin.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("rolling back allocation %s: %w", id, err))
+			continue
+		}
+		if p.cdi != nil {
+			if err := p.cdi.Remove(id); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -195,8 +213,8 @@ func (p *Plugin) rollback(ids []string) error {
 func (p *Plugin) containerResponse(id string, k int) *pluginapi.ContainerAllocateResponse {
 	r := &pluginapi.ContainerAllocateResponse{
 		Envs: map[string]string{
-			vconn.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
-			vconn.EnvVConns: strconv.Itoa(k),
+			frame.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
+			frame.EnvVConns: strconv.Itoa(k),
 		},
 		// Read-only is enough to connect to a unix socket; the pod cannot
 		// put anything beside it.

@@ -402,9 +402,42 @@ func TestAutoAcksOnlyDatagrams(t *testing.T) {
 
 // TestAutoDelayedAcks: a receiver acknowledges Auto datagrams cumulatively
 // (with its credit grants, or after reliable.AckDelay, not once per message),
-// and a tail that brings no grant is still acknowledged: no
-// retransmission, no buffer held.
+// and a tail that brings no grant is still acknowledged: no buffer held,
+// and no retransmission, for the timeout follows the measured round trip.
+//
+// A retransmission on a lossless fabric is then the host's doing: a poller
+// or a goroutine of the soft device stalled past the timeout's 5 ms floor.
+// The race detector stalls goroutines for milliseconds; rxe in the rxe VM,
+// whose emulated CPUs stall the guest's pollers and rxe's own tasklets,
+// retransmitted 3 to 71 of 1603, with every message received once and no
+// gap reported; a host with more runnable threads than cores (8 on 2), 2 in
+// 20 runs. A retransmission the acknowledgements' delay caused would come
+// in every run: so without the race detector, on the soft fabric (the
+// second pass of hack/test.sh), one of five runs must have none.
 func TestAutoDelayedAcks(t *testing.T) {
+	const tries = 5
+	for try := 1; ; try++ {
+		a, b := delayedAcks(t)
+		rtx := a.Stats().Retransmits
+		if rtx == 0 {
+			return
+		}
+		t.Logf("run %d: %d retransmissions, %d of them on a gap report (sender %+v, receiver %+v)", try, rtx, a.Stats().GapResends, a.Stats(), b.Stats())
+		if raceEnabled || openVerbsDevice != nil {
+			return
+		}
+		if try == tries {
+			t.Fatalf("retransmissions on a lossless fabric in each of %d runs", tries)
+		}
+	}
+}
+
+// delayedAcks sends 1603 datagrams on a fresh Auto pair, receives them,
+// and checks that every send buffer comes back and that the receiver
+// acknowledged them in few control messages; it returns the sender and
+// the receiver.
+func delayedAcks(t *testing.T) (*Engine, *Engine) {
+	t.Helper()
 	ctx, a, b, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
 	before := b.Stats().WRsPosted
 	const n = 1603 // not a multiple of the half window: a tail is left
@@ -434,21 +467,11 @@ func TestAutoDelayedAcks(t *testing.T) {
 			t.Fatalf("%d send buffers still held: datagrams never acknowledged", left)
 		}
 	}
-	// The timeout follows the measured round trip: delayed
-	// acknowledgements cause no spurious retransmission (except under the
-	// race detector, which stalls goroutines for milliseconds, and on rxe
-	// in the rxe VM, whose emulated CPUs stall the guest's pollers and
-	// rxe's own tasklets for longer than the 5 ms floor: 3 to 71 of 1603
-	// there, with every message received once and no gap reported).
-	if rtx := a.Stats().Retransmits; rtx != 0 && !raceEnabled && openVerbsDevice == nil {
-		t.Errorf("%d retransmissions on a lossless fabric (sender %+v, receiver %+v)", rtx, a.Stats(), b.Stats())
-	} else if rtx != 0 {
-		t.Logf("%d retransmissions, %d of them on a gap report", rtx, a.Stats().GapResends)
-	}
 	// Per message acknowledgements would be n control messages.
 	if ctl := b.Stats().WRsPosted - before; ctl > n/8 {
 		t.Errorf("the receiver posted %d control messages for %d datagrams", ctl, n)
 	}
+	return a, b
 }
 
 // closeAll closes a vconn pair and waits until both engines released it

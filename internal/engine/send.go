@@ -50,6 +50,9 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 		return false, nil
 	}
 	defer vc.sendMu.Unlock()
+	if vc.wrClosed.Load() {
+		return false, fmt.Errorf("engine: send on vconn %v: %w (its sending side was closed)", vc.id, ErrClosed)
+	}
 	if !block && vc.ring.free() < chunks {
 		return false, nil
 	}

@@ -201,7 +201,9 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 		p.control(q, vc, remote, wire.Credit)
 	}
 	p.confirmUnexports(q, vc, remote)
-	if st == stateClosing && vc.finDue.Load() && !vc.finPosted {
+	// A FIN is due after the last data of a closing vconn, or of an open
+	// one whose sending side was closed (CloseWrite).
+	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.finPosted {
 		vc.finPosted = true
 		p.control(q, vc, remote, wire.Fin)
 	}

@@ -84,8 +84,9 @@ type VConn struct {
 	txWake     chan struct{}              // created by the producer before it sets txWaiting
 	rel        atomic.Pointer[rel]        // Auto's reliability state, created on first use
 	rstDue     atomic.Bool                // Abort asked for a RST
-	finDue     atomic.Bool                // Close asked for a FIN after the queued data (read only once closing)
+	finDue     atomic.Bool                // Close or CloseWrite asked for a FIN after the queued data
 	finSent    atomic.Bool                // the FIN's send completed
+	wrClosed   atomic.Bool                // CloseWrite: no more sends (set under sendMu)
 	closeTimer atomic.Pointer[time.Timer] // releases a closing vconn whose peer never answers
 	prev       *VConn                     // peer list; guarded by peer.mu
 	next       *VConn
@@ -231,6 +232,11 @@ func (vc *VConn) onPeerFin() {
 // the vQPN is released anyway, as TCP leaves FIN_WAIT_2.
 func (vc *VConn) onFinSent() {
 	vc.finSent.Store(true)
+	if vc.state.Load() == stateOpen {
+		// Half-closed (CloseWrite): the vconn still receives, and
+		// Close, which sees finSent, does the rest.
+		return
+	}
 	vc.rxMu.Lock()
 	fin := vc.peerFin
 	vc.rxMu.Unlock()
@@ -260,6 +266,12 @@ func (vc *VConn) Close() error {
 		case stateOpen:
 			if vc.state.CompareAndSwap(st, stateClosing) {
 				vc.dropReceived()
+				if vc.finSent.Load() {
+					// CloseWrite's FIN went before: what onFinSent
+					// left to the close.
+					vc.onFinSent()
+					return nil
+				}
 				vc.finDue.Store(true)
 				vc.schedule()
 				return nil
@@ -268,6 +280,25 @@ func (vc *VConn) Close() error {
 			return nil
 		}
 	}
+}
+
+// CloseWrite ends the vconn's sending side, as shutdown(SHUT_WR) does a
+// TCP connection's: messages already queued are still sent, then a FIN,
+// after which the peer's Recv returns io.EOF; this side goes on receiving
+// until the peer closes too. Sends after it fail with ErrClosed. Close
+// still ends the vconn (and releases it once the peer's FIN came).
+func (vc *VConn) CloseWrite() error {
+	if st := vc.state.Load(); st != stateOpen {
+		return fmt.Errorf("engine: close-write of vconn %v: %w", vc.id, vc.stateErr())
+	}
+	// Under sendMu: no send is between its check and its push, so the
+	// FIN, which goes once the ring is empty, follows every message.
+	vc.sendMu.Lock()
+	vc.wrClosed.Store(true)
+	vc.sendMu.Unlock()
+	vc.finDue.Store(true)
+	vc.schedule()
+	return nil
 }
 
 // Abort closes the vconn at once, like a TCP reset: queued messages are

@@ -26,7 +26,7 @@ func Decode(b []byte) (Frame, error) {
 	switch {
 	case f.Op == 0 || f.Op >= opLimit:
 		return Frame{}, fmt.Errorf("%w %d", ErrOp, b[1])
-	case f.Flags&^FlagImm != 0:
+	case f.Flags&^knownFlags != 0:
 		return Frame{}, fmt.Errorf("%w %#x", ErrFlags, f.Flags)
 	case n > MaxPayload:
 		return Frame{}, fmt.Errorf("%w: %d bytes", ErrTooBig, n)

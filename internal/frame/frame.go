@@ -6,7 +6,7 @@
 //	offset size field
 //	0      1    version  protocol version, Version (1)
 //	1      1    op       operation (Op)
-//	2      2    flags    FlagImm; other bits must be zero
+//	2      2    flags    FlagImm, FlagBridge; other bits must be zero
 //	4      4    req      request id chosen by the client, echoed in the
 //	                     reply; 0 on frames the agent pushes
 //	8      4    handle   vconn or listener handle, 0 when none
@@ -117,8 +117,19 @@ func (o Op) String() string {
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
 
-// FlagImm says the message carries an application immediate in arg.
-const FlagImm uint16 = 1 << 0
+// Flags.
+const (
+	// FlagImm says the message carries an application immediate in arg.
+	FlagImm uint16 = 1 << 0
+	// FlagBridge, on Dial and Listen, asks that the vconns be handed to
+	// the client as stream sockets the agent bridges to them (for
+	// programs that know only TCP: the preload library). Dial's OK and
+	// each Accept then carry the socket (SCM_RIGHTS) and no handle; the
+	// vconn is the socket's from then on, and ends when it is closed.
+	FlagBridge uint16 = 1 << 1
+
+	knownFlags = FlagImm | FlagBridge
+)
 
 // Frame is one protocol frame. A decoded frame's Payload aliases the
 // datagram it was decoded from.

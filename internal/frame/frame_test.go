@@ -94,8 +94,9 @@ func TestHello(t *testing.T) {
 	}
 }
 
-// FuzzDecode checks that Decode never panics and that what it accepts
-// re-encodes to the same bytes.
+// FuzzDecode: what Decode accepts re-encodes to the same bytes, and what
+// it refuses, it refuses with one of the frame's errors; likewise for the
+// payloads DecodeHello and DecodeLength parse.
 func FuzzDecode(f *testing.F) {
 	for _, g := range golden {
 		b, _ := hex.DecodeString(g.hex)
@@ -109,16 +110,33 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fr, err := Decode(b)
 		if err != nil {
-			return
+			if !errors.Is(err, ErrShort) && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrOp) &&
+				!errors.Is(err, ErrFlags) && !errors.Is(err, ErrTooBig) && !errors.Is(err, ErrLength) {
+				t.Fatalf("%x: %v, none of the frame's errors", b, err)
+			}
+			fr.Payload = b // the payload parsers take any bytes
+		} else {
+			out, err := Append(nil, &fr)
+			if err != nil {
+				t.Fatalf("re-encode: %v", err)
+			}
+			if !bytes.Equal(out, b) {
+				t.Fatalf("round trip:\n got %x\nwant %x", out, b)
+			}
 		}
-		out, err := Append(nil, &fr)
-		if err != nil {
-			t.Fatalf("re-encode: %v", err)
+		if h, err := DecodeHello(fr.Payload); err != nil {
+			if !errors.Is(err, ErrPayload) {
+				t.Fatalf("hello %x: %v, not ErrPayload", fr.Payload, err)
+			}
+		} else if out := AppendHello(nil, h); !bytes.Equal(out, fr.Payload) {
+			t.Fatalf("hello %x decoded as %+v, re-encoded as %x", fr.Payload, h, out)
 		}
-		if !bytes.Equal(out, b) {
-			t.Fatalf("round trip:\n got %x\nwant %x", out, b)
+		if n, err := DecodeLength(fr.Payload); err != nil {
+			if !errors.Is(err, ErrPayload) && !errors.Is(err, ErrTooBig) {
+				t.Fatalf("length %x: %v, neither ErrPayload nor ErrTooBig", fr.Payload, err)
+			}
+		} else if n > MaxPayload || !bytes.Equal(AppendLength(nil, n), fr.Payload) {
+			t.Fatalf("length %x decoded as %d", fr.Payload, n)
 		}
-		_, _ = DecodeHello(fr.Payload)
-		_, _ = DecodeLength(fr.Payload)
 	})
 }

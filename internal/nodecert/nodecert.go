@@ -12,8 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/rdmavisor/rdmavisor/internal/atomicfile"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
 )
 
@@ -106,11 +105,11 @@ func (k *Keeper) request(ctx context.Context) error {
 	// The key first: a reader that sees the new certificate then finds
 	// its key (a reader between the two renames fails to load the pair
 	// and keeps its last good one).
-	if err := writeFile(k.KeyFile, keyPEM); err != nil {
-		return err
+	if err := atomicfile.Write(k.KeyFile, keyPEM, 0o600); err != nil {
+		return fmt.Errorf("nodecert: %w", err)
 	}
-	if err := writeFile(k.CertFile, cert); err != nil {
-		return err
+	if err := atomicfile.Write(k.CertFile, cert, 0o600); err != nil {
+		return fmt.Errorf("nodecert: %w", err)
 	}
 	k.Log.Info("Installed a node certificate", "csr", csr.Name, "renewAt", k.renewAt())
 	return nil
@@ -186,25 +185,6 @@ func (k *Keeper) Run(ctx context.Context) {
 		case <-time.After(max(wait, time.Second)):
 		}
 	}
-}
-
-func writeFile(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".nodecert-*")
-	if err != nil {
-		return fmt.Errorf("nodecert: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("nodecert: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("nodecert: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("nodecert: %w", err)
-	}
-	return nil
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -52,16 +52,16 @@ func TestReporterDeviceNotOpen(t *testing.T) {
 			return c != nil && c.Status == status && c.Reason == reason && strings.Contains(c.Message, msg)
 		})
 	}
-	waitCond(ConditionDeviceReady, metav1.ConditionFalse, "DeviceNotFound", `no RDMA device matches names ["mlx5_9"]`)
+	waitCond(v1alpha1.ConditionDeviceReady, metav1.ConditionFalse, "DeviceNotFound", `no RDMA device matches names ["mlx5_9"]`)
 	waitCond(v1alpha1.ConditionNodeReady, metav1.ConditionFalse, "DeviceNotFound", "cannot open the ibverbs device")
 
 	p.Fail(reasoned{"PortDown", errors.New("ibv: port 1 of rxe0 is DOWN, not ACTIVE")})
-	waitCond(ConditionDeviceReady, metav1.ConditionFalse, "PortDown", "not ACTIVE")
+	waitCond(v1alpha1.ConditionDeviceReady, metav1.ConditionFalse, "PortDown", "not ACTIVE")
 	// An error without a reason is a DeviceOpenFailed.
 	p.Fail(errors.New("ibv: open rxe0: permission denied"))
-	waitCond(ConditionDeviceReady, metav1.ConditionFalse, ReasonDeviceOpenFailed, "permission denied")
+	waitCond(v1alpha1.ConditionDeviceReady, metav1.ConditionFalse, ReasonDeviceOpenFailed, "permission denied")
 
 	p.Start(newFake(admin.Status{Ready: true, Node: "node-nodev", Capacity: 8, Device: "rxe0", GID: "10.99.0.2", Control: "10.99.0.2:7471"}))
-	waitCond(ConditionDeviceReady, metav1.ConditionTrue, ReasonDeviceOpen, "rxe0")
+	waitCond(v1alpha1.ConditionDeviceReady, metav1.ConditionTrue, ReasonDeviceOpen, "rxe0")
 	waitCond(v1alpha1.ConditionNodeReady, metav1.ConditionTrue, ReasonServing, "")
 }

@@ -45,11 +45,6 @@ const (
 	ReasonPeerUnreachable = "PeerUnreachable"
 )
 
-// ConditionDeviceReady is the RDMANode condition that says whether the
-// agent has its RDMA device open, and if not, why; the operator reports
-// the nodes whose device is not ready in the RDMAService's Degraded.
-const ConditionDeviceReady = "DeviceReady"
-
 // Source is what the reporter reports: the agent.
 type Source interface {
 	Status() admin.Status
@@ -200,10 +195,10 @@ func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha
 		}
 		msg := fmt.Sprintf("cannot open the %s device: %v; retrying", r.Provider, devErr)
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, reason, msg
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDeviceReady,
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionDeviceReady,
 			Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 	case s.Device != "":
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDeviceReady,
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionDeviceReady,
 			Status: metav1.ConditionTrue, Reason: ReasonDeviceOpen, Message: fmt.Sprintf("device %s, GID %s", s.Device, s.GID)})
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)

@@ -14,4 +14,8 @@
 //
 // Backends: soft (pure Go, RoCEv2 over UDP or an in-memory fabric) and, behind
 // the ibverbs build tag, libibverbs. Both are checked by package verbstest.
+// Both run this package's checks (CheckQPInitAttr, CheckQPAttr,
+// CheckSendWR) before their own, as the kernel's ib_core checks a call
+// before the provider does, so an argument wrong on every device is
+// refused the same way, with the same reason, on each.
 package verbs

@@ -100,52 +100,54 @@ func (c *Conn) isClosed() bool {
 	}
 }
 
-// next waits for the next message; io.EOF after the peer closed.
-func (c *Conn) next(ctx context.Context, dl *deadline) (Message, error) {
-	if c.shm != nil {
-		return c.shmNext(ctx, dl)
-	}
-	for {
-		if c.isClosed() {
-			return Message{}, net.ErrClosed
-		}
-		c.mu.Lock()
-		if len(c.q) > 0 {
-			m := c.q[0]
-			c.q[0] = Message{}
-			c.q = c.q[1:]
-			c.consumed++
-			grant := 0
-			if c.consumed >= recvWindow/2 {
-				grant, c.consumed = c.consumed, 0
-			}
-			c.mu.Unlock()
-			if grant > 0 {
-				_ = c.s.write(&frame.Frame{Op: frame.OpGrant, Handle: c.h, Arg: uint32(grant)})
-			}
-			return m, nil
-		}
-		eof, err := c.eof, c.err
+// socketRX is the socket's receiver: messages the reader queued on c.
+type socketRX struct{}
+
+func (socketRX) take(c *Conn) (Message, bool, error) {
+	c.mu.Lock()
+	if len(c.q) == 0 {
+		// Under the lock that queued the messages: EOF and Error come
+		// after them.
+		err := c.ended()
 		c.mu.Unlock()
-		if eof {
-			return Message{}, io.EOF
-		}
-		if err != nil {
-			return Message{}, err
-		}
-		var dc chan struct{}
-		if dl != nil {
-			dc = dl.wait()
-		}
-		select {
-		case <-c.notify:
-		case <-c.closing:
-		case <-ctx.Done():
-			return Message{}, ctx.Err()
-		case <-dc:
-			return Message{}, os.ErrDeadlineExceeded
-		}
+		return Message{}, err != nil, err
 	}
+	m := c.q[0]
+	c.q[0] = Message{}
+	c.q = c.q[1:]
+	c.consumed++
+	grant := 0
+	if c.consumed >= recvWindow/2 {
+		grant, c.consumed = c.consumed, 0
+	}
+	c.mu.Unlock()
+	if grant > 0 {
+		_ = c.s.write(&frame.Frame{Op: frame.OpGrant, Handle: c.h, Arg: uint32(grant)})
+	}
+	return m, true, nil
+}
+
+func (socketRX) spin() time.Duration { return 0 }
+
+func (socketRX) wait(ctx context.Context, c *Conn, dc chan struct{}) error {
+	select {
+	case <-c.notify:
+	case <-c.closing:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-dc:
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// ended is io.EOF once the peer closed, else why the vconn failed, or
+// nil; c.mu held.
+func (c *Conn) ended() error {
+	if c.eof {
+		return io.EOF
+	}
+	return c.err
 }
 
 // RecvMsg returns the next message whole: io.EOF once the peer closed.

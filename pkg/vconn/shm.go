@@ -135,59 +135,32 @@ func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, 
 	}
 }
 
-// shmNext is next on shared memory.
-func (c *Conn) shmNext(ctx context.Context, dl *deadline) (Message, error) {
-	x := c.shm
-	var (
-		start time.Time
-		spin  time.Duration
-	)
-	for {
-		if c.isClosed() {
-			return Message{}, net.ErrClosed
-		}
-		if m, ok, err := x.recv(c); ok || err != nil {
-			return m, err
-		}
-		c.mu.Lock()
-		eof, err := c.eof, c.err
-		c.mu.Unlock()
-		if eof {
-			return Message{}, io.EOF
-		}
-		if err != nil {
-			return Message{}, err
-		}
-		if err := ctx.Err(); err != nil {
-			return Message{}, err
-		}
-		if start.IsZero() {
-			start, spin = time.Now(), shm.SpinFor()
-		}
-		if time.Since(start) < spin {
-			runtime.Gosched()
-			continue
-		}
-		var dc chan struct{}
-		if dl != nil {
-			dc = dl.wait()
-		}
-		if closedChan(dc) {
-			return Message{}, os.ErrDeadlineExceeded
-		}
-		if err := x.sleepRX(slice(ctx, dc)); err != nil {
-			// Shut down (Close) or the agent dropped the segment:
-			// wait for the reason on the socket's side.
-			select {
-			case <-c.notify:
-			case <-c.closing:
-			case <-ctx.Done():
-				return Message{}, ctx.Err()
-			case <-dc:
-				return Message{}, os.ErrDeadlineExceeded
-			}
-		}
+// take is the receiver's take on the RX ring, where EOF and failures
+// the agent meets come in order after the messages; one the socket
+// reports (the session broke) is c's.
+func (x *shmConn) take(c *Conn) (Message, bool, error) {
+	if m, ok, err := x.recv(c); ok || err != nil {
+		return m, ok, err
 	}
+	c.mu.Lock()
+	err := c.ended()
+	c.mu.Unlock()
+	return Message{}, err != nil, err
+}
+
+func (x *shmConn) spin() time.Duration { return shm.SpinFor() }
+
+// wait sleeps on RX's doorbell, a slice at a time.
+func (x *shmConn) wait(ctx context.Context, c *Conn, dc chan struct{}) error {
+	if closedChan(dc) {
+		return os.ErrDeadlineExceeded
+	}
+	if err := x.sleepRX(slice(ctx, dc)); err != nil {
+		// Shut down (Close) or the agent dropped the segment: wait for
+		// the reason on the socket's side.
+		return socketRX{}.wait(ctx, c, dc)
+	}
+	return nil
 }
 
 // sleepRX announces the receiver sleeps and sleeps on RX's doorbell, for

@@ -106,9 +106,17 @@ func (e *env) cniRegistered() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	// Its allocation (bound to it: it dialed) goes too.
+	var others []allocation
+	for _, a := range e.allocations(client.Spec.NodeName) {
+		if a.Pod != "default/echo-client" {
+			others = append(others, a)
+		}
+	}
 	e.deletePod("echo-client")
 	e.eventually("client unregistered", time.Minute, func() (bool, string) {
 		_, ok := e.registered(client.Spec.NodeName)[string(client.UID)]
 		return !ok, "still registered"
 	})
+	e.allocationsBackTo(client.Spec.NodeName, others)
 }

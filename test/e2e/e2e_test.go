@@ -73,7 +73,7 @@ func TestE2E(t *testing.T) {
 		{"the node advertises the vconn resource", (*env).allocatable},
 		{"two pods on different nodes exchange messages over vconns", (*env).echo},
 		{"metrics: both agents counted the messages, the operator serves a reader only", (*env).metricsMoved},
-		{"the CNI plugin registered each pod with its own node's agent", (*env).cniRegistered},
+		{"the CNI plugin registered each pod with its own node's agent; a deleted pod unregistered, its allocation released", (*env).cniRegistered},
 		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
 		{"a link losing and reordering 5% of packets: every message once, in order", (*env).lossyLink},
@@ -82,12 +82,15 @@ func TestE2E(t *testing.T) {
 		{"the operator restarted mid-traffic: the vconns carry on", (*env).operatorRestart},
 		{"a node lost: its peers' vconns fail within 5s, their QPs released; back, it serves again", (*env).nodeLost},
 		{"a pod asking more vconns than any node has stays Pending", (*env).overQuota},
-		{"kubelet restart: the device plugin registers again", (*env).kubeletRestart},
+		{"kubelet restart: the device plugin registers again, and releases a deleted pod's allocation", (*env).kubeletRestart},
 		{"agent pod killed: recreated, devices healthy again", (*env).agentKilled},
 		{"helm upgrade changes the transport to rc: the agents roll one node at a time", func(e *env) { e.rollTo("rc") }},
-		{"1,000 vconns across nodes over rc, every byte checked; QP pools stay at qpsPerPeer", func(e *env) {
+		{"1,000 vconns across nodes over rc, every byte checked; QP pools stay at qpsPerPeer; the echo pods gone, no agent holds an allocation", func(e *env) {
 			e.thousandVConns("rc")
 			e.deletePod("echo-server")
+			for _, n := range e.nodes {
+				e.allocationsBackTo(n, nil)
+			}
 		}},
 		{"RDMAService deleted: agent, RDMANode and node resource gone", (*env).deleteService},
 		{"ibverbs sample on a node without RDMA: the agent waits and says why", (*env).ibverbsWithoutDevice},
@@ -307,12 +310,42 @@ func (e *env) allocatable() {
 type allocation struct {
 	ID     string
 	VConns int
+	Pod    string // namespace/name, once the device plugin bound it
 }
 
 func (e *env) allocations(node string) []allocation {
 	var allocs []allocation
 	e.agentState(node, "allocations", &allocs)
 	return allocs
+}
+
+// allocationsBackTo waits until the agent on node holds the allocations
+// want (those it held before a pod that is gone now came) and no other,
+// and its status counts their vconns as allocated. Nothing tells the agent
+// that a pod went: the device plugin deletes the allocation of a pod the
+// real kubelet's pod-resources API no longer lists, in a garbage
+// collection pass every minute that spares allocations younger than a
+// minute (deviceplugin.DefaultGCInterval and DefaultGCGrace); so within
+// three.
+func (e *env) allocationsBackTo(node string, want []allocation) {
+	e.t.Helper()
+	ids, quota := []string{}, 0
+	for _, a := range want {
+		ids = append(ids, a.ID)
+		quota += a.VConns
+	}
+	slices.Sort(ids)
+	e.eventually("the agent on "+node+" releases the allocations of pods that are gone", 3*time.Minute, func() (bool, string) {
+		got := []string{}
+		for _, a := range e.allocations(node) {
+			got = append(got, a.ID)
+		}
+		slices.Sort(got)
+		var st struct{ Allocated int }
+		e.agentState(node, "status", &st)
+		return slices.Equal(got, ids) && st.Allocated == quota,
+			fmt.Sprintf("allocations %v (%d vconns allocated), want %v (%d)", got, st.Allocated, ids, quota)
+	})
 }
 
 func (e *env) echo() {
@@ -415,9 +448,13 @@ func (e *env) kubeletRestart() {
 		return n > before, fmt.Sprintf("%d registrations (before the restart: %d)", n, before)
 	})
 	e.eventually("allocatable back", 2*time.Minute, e.allocatableIs(e.capacity, node))
-	// The new kubelet admits and allocates: a new client gets its vconns.
+	// The new kubelet admits and allocates: a new client gets its vconns;
+	// once it is deleted, the plugin learns it from the new kubelet and
+	// releases them.
+	held := e.allocations(node)
 	e.exchange("echo-client-2", node, defaultLoad)
 	e.deletePod("echo-client-2")
+	e.allocationsBackTo(node, held)
 }
 
 // agentKilled kills the server's node's agent: a new one comes up, and a

@@ -112,11 +112,12 @@ func TestVerifyRejects(t *testing.T) {
 
 // TestImageTarball checks a tarball hack/images.sh wrote, when
 // RDMAVISOR_IMAGE_TARBALL names one (and RDMAVISOR_IMAGE_TAG its tag, by
-// default local.test/rdmavisor:dev).
+// default local.test/rdmavisor:dev): hack/e2e.sh runs it on the image it
+// builds, before the cluster imports it.
 func TestImageTarball(t *testing.T) {
 	path := os.Getenv("RDMAVISOR_IMAGE_TARBALL")
 	if path == "" {
-		t.Skip("RDMAVISOR_IMAGE_TARBALL is not set: build one with hack/images.sh")
+		t.Skip("RDMAVISOR_IMAGE_TARBALL is not set: hack/e2e.sh sets it to the tarball hack/images.sh built")
 	}
 	tag := os.Getenv("RDMAVISOR_IMAGE_TAG")
 	if tag == "" {

@@ -11,10 +11,12 @@
 //
 // Work requests and completions cross cgo once per PostSend, PostRecv and
 // Poll: a C helper builds the ibv_send_wr/ibv_recv_wr chain from the flat Go
-// structs, or converts a batch of ibv_wc, on the C stack. Every WR is
-// checked before it reaches the provider (SGE count, opcode for the QP type,
-// inline length, UD payload against the active MTU, QP state), so a refused
-// WR is reported as bad_wr the same way whatever the provider does later.
+// structs, or converts a batch of ibv_wc, on the C stack. Every send WR is
+// checked in Go before it reaches the provider (the QP state,
+// verbs.CheckSendWR with the active MTU for UD, then its address handle or
+// a bind's window and region), and only the WRs before the first refused
+// one are posted: a refused WR is reported, with why, the same way
+// whatever the provider would do later.
 //
 // Memory of an MR is mmap'd outside the Go heap (verbs.AllocMemory) and then
 // registered with ibv_reg_mr.

@@ -87,14 +87,18 @@ func hasBind(wrs []verbs.SendWR) bool {
 	return false
 }
 
-// postBinds posts a batch holding binds: their windows and regions are
-// resolved in the QP's PD (unknown ones stay NULL, and the shim refuses
-// the WR), and the table stays read-locked while the provider uses them.
-func (q *qp) postBinds(wp *C.struct_rv_send_wr, wrs []verbs.SendWR) C.int64_t {
+// postBinds posts a batch holding binds, checked but for their windows
+// and regions: those are resolved in the QP's PD, and the table stays
+// read-locked while the provider uses them. The batch stops before the
+// first bind whose window or region the PD does not have; it returns the
+// post's result, how many WRs it offered, and why it stopped (bad, the
+// caller's, when it did not stop early).
+func (q *qp) postBinds(wp *C.struct_rv_send_wr, wrs []verbs.SendWR, bad error) (C.int64_t, int, error) {
 	binds := make([]C.struct_rv_bind, len(wrs))
 	p := q.pd
 	p.mwMu.RLock()
 	defer p.mwMu.RUnlock()
+	n := len(wrs)
 	for i := range wrs {
 		w := &wrs[i]
 		if w.Opcode != verbs.WRBindMW {
@@ -104,8 +108,17 @@ func (q *qp) postBinds(wp *C.struct_rv_send_wr, wrs []verbs.SendWR) C.int64_t {
 			binds[i].mw = p.mws[h-1]
 		}
 		binds[i].mr = p.mrs[w.SG[0].LKey]
+		if binds[i].mw == nil {
+			n, bad = i, fmt.Errorf("%w: bind of window %#x, not one of the QP's PD", verbs.ErrInvalid, w.MW)
+			break
+		}
+		if binds[i].mr == nil {
+			n, bad = i, fmt.Errorf("%w: bind to lkey %#x, not an MR of the QP's PD", verbs.ErrInvalid, w.SG[0].LKey)
+			break
+		}
 	}
-	return C.rv_post_send(q.qp, &q.lim, nil, 0, (*C.struct_rv_bind)(unsafe.Pointer(&binds[0])), wp, C.int(len(wrs)))
+	r := C.rv_post_send(q.qp, C.uint32_t(q.typ), nil, 0, (*C.struct_rv_bind)(unsafe.Pointer(&binds[0])), wp, C.int(n))
+	return r, n, bad
 }
 
 // deregErr is MR.Close's error: the kernel's rxe refuses to deregister a

@@ -24,8 +24,9 @@ type qp struct {
 	qpn        uint32
 	send, recv *cq
 	srq        *srq
-	// lim is read by the C post helper; it never changes after create.
-	lim C.struct_rv_qp_limits
+	// lim is what PostSend checks a WR against (verbs.CheckSendWR); it
+	// never changes after create.
+	lim verbs.SendLimits
 	cap verbs.QPCap
 	// state is the state the last successful Modify set. Posts are
 	// checked against it (the provider would queue a WR and fail only at
@@ -38,9 +39,6 @@ type qp struct {
 var _ verbs.QP = (*qp)(nil)
 
 func asCQ(c verbs.CQ, which string) (*cq, error) {
-	if c == nil {
-		return nil, fmt.Errorf("ibv: create QP: %w: no %s CQ", verbs.ErrInvalid, which)
-	}
 	x, ok := c.(*cq)
 	if !ok {
 		return nil, fmt.Errorf("ibv: create QP: %w: %s CQ is an %T (%w)", verbs.ErrInvalid, which, c, errForeign)
@@ -49,12 +47,10 @@ func asCQ(c verbs.CQ, which string) (*cq, error) {
 }
 
 func (p *pd) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
-	what := fmt.Sprintf("create %v QP", attr.Type)
-	switch attr.Type {
-	case verbs.QPTypeRC, verbs.QPTypeUC, verbs.QPTypeUD:
-	default:
-		return nil, fmt.Errorf("ibv: %s: %w: type %d is not RC, UC or UD", what, verbs.ErrInvalid, uint8(attr.Type))
+	if err := verbs.CheckQPInitAttr(attr); err != nil {
+		return nil, fmt.Errorf("ibv: create QP: %w", err)
 	}
+	what := fmt.Sprintf("create %v QP", attr.Type)
 	scq, err := asCQ(attr.SendCQ, "send")
 	if err != nil {
 		return nil, err
@@ -126,10 +122,7 @@ func (p *pd) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
 	ia.cap = c
 	x.cap = verbs.QPCap{MaxSendWR: uint32(c.max_send_wr), MaxRecvWR: uint32(c.max_recv_wr),
 		MaxSendSGE: uint32(c.max_send_sge), MaxRecvSGE: uint32(c.max_recv_sge), MaxInlineData: uint32(c.max_inline_data)}
-	x.lim = C.struct_rv_qp_limits{
-		_type: C.uint32_t(attr.Type), max_send_sge: ia.cap.max_send_sge, max_recv_sge: ia.cap.max_recv_sge,
-		max_inline: ia.cap.max_inline_data, mtu: C.uint32_t(p.dev.mtu),
-	}
+	x.lim = verbs.SendLimits{Type: attr.Type, MaxSGE: x.cap.MaxSendSGE, MaxInline: x.cap.MaxInlineData, MTU: p.dev.mtu}
 	return x, nil
 }
 
@@ -150,13 +143,13 @@ func (q *qp) State() verbs.QPState {
 }
 
 func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
-	what := fmt.Sprintf("modify %v QP %#x to %v (mask %#x)", q.typ, q.qpn, attr.State, uint32(mask))
-	if err := q.closed(what); err != nil {
+	if err := q.closed(fmt.Sprintf("modify %v QP %#x", q.typ, q.qpn)); err != nil {
 		return err
 	}
-	if err := checkRanges(attr, mask); err != nil {
-		return fmt.Errorf("ibv: %s: %w", what, err)
+	if err := verbs.CheckQPAttr(attr, mask); err != nil {
+		return fmt.Errorf("ibv: modify %v QP %#x (mask %#x): %w", q.typ, q.qpn, uint32(mask), err)
 	}
+	what := fmt.Sprintf("modify %v QP %#x to %v (mask %#x)", q.typ, q.qpn, attr.State, uint32(mask))
 	var a C.struct_ibv_qp_attr
 	a.qp_state = C.enum_ibv_qp_state(attr.State)
 	a.cur_qp_state = C.enum_ibv_qp_state(attr.CurState)
@@ -191,37 +184,6 @@ func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	}
 	if mask&verbs.QPAttrState != 0 {
 		q.state.Store(uint32(attr.State))
-	}
-	return nil
-}
-
-// checkRanges refuses values outside their IB field widths: rxe (6.1)
-// accepts RetryCnt 8 and similar and truncates them.
-func checkRanges(a *verbs.QPAttr, mask verbs.QPAttrMask) error {
-	bad := func(name string, v, hi int) error {
-		return fmt.Errorf("%w: %s %d out of range 0..%d", verbs.ErrInvalid, name, v, hi)
-	}
-	switch {
-	case mask&verbs.QPAttrState != 0 && a.State > verbs.QPStateErr:
-		return bad("state", int(a.State), int(verbs.QPStateErr))
-	case mask&verbs.QPAttrCurState != 0 && a.CurState > verbs.QPStateErr:
-		return bad("current state", int(a.CurState), int(verbs.QPStateErr))
-	case mask&verbs.QPAttrPathMTU != 0 && a.PathMTU.Bytes() == 0:
-		return fmt.Errorf("%w: path MTU enum %d: want 1 (256) .. 5 (4096)", verbs.ErrInvalid, uint8(a.PathMTU))
-	case mask&verbs.QPAttrRetryCnt != 0 && a.RetryCnt > 7:
-		return bad("retry count", int(a.RetryCnt), 7)
-	case mask&verbs.QPAttrRNRRetry != 0 && a.RNRRetry > 7:
-		return bad("RNR retry", int(a.RNRRetry), 7)
-	case mask&verbs.QPAttrTimeout != 0 && a.Timeout > 31:
-		return bad("timeout", int(a.Timeout), 31)
-	case mask&verbs.QPAttrMinRNRTimer != 0 && a.MinRNRTimer > 31:
-		return bad("min RNR timer", int(a.MinRNRTimer), 31)
-	case mask&verbs.QPAttrRQPSN != 0 && a.RQPSN > 0xFFFFFF:
-		return bad("RQ PSN", int(a.RQPSN), 0xFFFFFF)
-	case mask&verbs.QPAttrSQPSN != 0 && a.SQPSN > 0xFFFFFF:
-		return bad("SQ PSN", int(a.SQPSN), 0xFFFFFF)
-	case mask&verbs.QPAttrDestQPN != 0 && a.DestQPN > 0xFFFFFF:
-		return bad("destination QPN", int(a.DestQPN), 0xFFFFFF)
 	}
 	return nil
 }
@@ -280,27 +242,56 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 	default:
 		return 0, fmt.Errorf("ibv: %v QP %#x: post send in %v: %w", q.typ, q.qpn, verbs.QPState(q.state.Load()), verbs.ErrInvalidState)
 	}
+	// The WRs up to the first that a check refuses are posted, as a
+	// provider posts those before the one it refuses.
+	n, bad := len(wrs), error(nil)
+	for i := range wrs {
+		if err := verbs.CheckSendWR(&wrs[i], &q.lim); err != nil {
+			n, bad = i, err
+			break
+		}
+	}
 	var r C.int64_t
 	wp := (*C.struct_rv_send_wr)(unsafe.Pointer(&wrs[0]))
-	if q.typ == verbs.QPTypeUD {
+	switch {
+	case n == 0:
+	case q.typ == verbs.QPTypeUD:
 		p := q.pd
 		p.ahMu.RLock()
+		if i, err := p.checkAHs(wrs[:n]); err != nil {
+			n, bad = i, err
+		}
 		var ahs **C.struct_ibv_ah
 		if len(p.ahs) > 0 {
 			ahs = &p.ahs[0]
 		}
-		r = C.rv_post_send(q.qp, &q.lim, ahs, C.uint32_t(len(p.ahs)), nil, wp, C.int(len(wrs)))
+		r = C.rv_post_send(q.qp, C.uint32_t(q.typ), ahs, C.uint32_t(len(p.ahs)), nil, wp, C.int(n))
 		p.ahMu.RUnlock()
-	} else if hasBind(wrs) {
-		r = q.postBinds(wp, wrs)
-	} else {
-		r = C.rv_post_send(q.qp, &q.lim, nil, 0, nil, wp, C.int(len(wrs)))
+	case hasBind(wrs[:n]):
+		r, n, bad = q.postBinds(wp, wrs[:n], bad)
+	default:
+		r = C.rv_post_send(q.qp, C.uint32_t(q.typ), nil, 0, nil, wp, C.int(n))
 	}
-	n, e := postResult(r)
+	posted, e := postResult(r)
 	if e != 0 {
-		return n, q.postErr("send", n, len(wrs), wrs[n].WRID, e)
+		return posted, q.postErr("send", posted, len(wrs), wrs[posted].WRID, e)
 	}
-	return n, nil
+	if bad != nil {
+		// EINVAL in the chain too, as when the provider refuses.
+		return posted, fmt.Errorf("ibv: %v QP %#x: post send: WR %d of %d (wr_id %#x) refused: %w (%w)", q.typ, q.qpn, n, len(wrs), wrs[n].WRID, bad, syscall.EINVAL)
+	}
+	return posted, nil
+}
+
+// checkAHs returns the index of the first WR whose address handle is not
+// one of the PD's (len(wrs) when none) and why; ahMu read-locked.
+func (p *pd) checkAHs(wrs []verbs.SendWR) (int, error) {
+	for i := range wrs {
+		if h := wrs[i].AH; h == 0 || int(h) > len(p.ahs) || p.ahs[h-1] == nil {
+			return i, fmt.Errorf("%w: address handle %d is not one of the PD's", verbs.ErrInvalid, h)
+		}
+	}
+	return len(wrs), nil
 }
 
 func (q *qp) postErr(kind string, n, total int, wrid uint64, e syscall.Errno) error {
@@ -320,7 +311,7 @@ func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	if verbs.QPState(q.state.Load()) == verbs.QPStateReset {
 		return 0, fmt.Errorf("ibv: %v QP %#x: post receive in RESET: %w", q.typ, q.qpn, verbs.ErrInvalidState)
 	}
-	r := C.rv_post_recv(q.qp, nil, q.lim.max_recv_sge, (*C.struct_rv_recv_wr)(unsafe.Pointer(&wrs[0])), C.int(len(wrs)))
+	r := C.rv_post_recv(q.qp, nil, C.uint32_t(q.cap.MaxRecvSGE), (*C.struct_rv_recv_wr)(unsafe.Pointer(&wrs[0])), C.int(len(wrs)))
 	n, e := postResult(r)
 	if n > 0 && verbs.QPState(q.state.Load()) == verbs.QPStateErr {
 		// A receive posted in ERR must complete flushed. rxe (user QPs)

@@ -59,29 +59,19 @@ struct rv_wc {
 	uint16_t pkey_index;
 };
 
-// What the post helpers check before a WR reaches the provider, so that a
-// refused WR is refused the same way on every provider (some providers
-// queue a WR first and fail only at the doorbell).
-struct rv_qp_limits {
-	uint32_t type;
-	uint32_t max_send_sge;
-	uint32_t max_recv_sge;
-	uint32_t max_inline;
-	uint32_t mtu; // bytes: the longest UD payload
-};
-
 size_t rv_layout(int what);
 // rv_query_port calls ibv_query_port, a macro cgo cannot call.
 int rv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
 
-// rv_post_send posts n WRs. It returns how many were posted in the low 32
+// rv_post_send posts n WRs to a QP of the given type (enum ibv_qp_type),
+// which the Go side has checked (verbs.CheckSendWR). It returns how many were posted in the low 32
 // bits and the errno that stopped it (0: none) in the high 32 bits, so Go
 // passes no pointer to a result (which would escape and allocate). binds,
 // when not NULL, has n entries: the window and region of each WRBindMW
 // (NULL where unknown: the WR is refused). A posted bind sets the window's
 // ibv_mw.rkey to the new key, which the provider reads as the window's
 // current key in the next bind.
-int64_t rv_post_send(struct ibv_qp *qp, const struct rv_qp_limits *lim, struct ibv_ah **ahs, uint32_t nah,
+int64_t rv_post_send(struct ibv_qp *qp, uint32_t type, struct ibv_ah **ahs, uint32_t nah,
 		     const struct rv_bind *binds, const struct rv_send_wr *wrs, int n);
 // rv_alloc_mw and rv_dealloc_mw wrap the static inline libibverbs calls.
 struct ibv_mw *rv_alloc_mw(struct ibv_pd *pd);

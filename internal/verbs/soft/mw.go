@@ -102,26 +102,18 @@ func (r *mr) dropWindow() {
 
 func isLocalOp(op verbs.WROpcode) bool { return op == verbs.WRBindMW || op == verbs.WRLocalInv }
 
-// checkLocalOp is PostSend's check of a bind or invalidate: the window and
-// region a bind names must be this QP's PD's.
+// checkLocalOp is PostSend's check of a bind or invalidate, after
+// verbs.CheckSendWR: the window and region a bind names must be this QP's
+// PD's.
 func (q *qp) checkLocalOp(wr *verbs.SendWR) error {
-	if wr.Flags&verbs.SendInline != 0 {
-		return fmt.Errorf("%w: inline %v", verbs.ErrInvalid, wr.Opcode)
-	}
 	if wr.Opcode == verbs.WRLocalInv {
 		return nil
-	}
-	if wr.NumSGE != 1 {
-		return fmt.Errorf("%w: a bind takes one SGE, not %d", verbs.ErrInvalid, wr.NumSGE)
 	}
 	if m := q.dev.mws.at(wr.MW); m == nil || m.pd != q.pd {
 		return fmt.Errorf("%w: bind of window %#x, not one of the QP's PD", verbs.ErrInvalid, wr.MW)
 	}
 	if r := q.dev.lookupKey(wr.SG[0].LKey); r == nil || r.pd != q.pd {
 		return fmt.Errorf("%w: bind to lkey %#x, not an MR of the QP's PD", verbs.ErrInvalid, wr.SG[0].LKey)
-	}
-	if wr.MWAccess&^(verbs.AccessRemoteRead|verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic|verbs.AccessZeroBased) != 0 {
-		return fmt.Errorf("%w: window access %#x", verbs.ErrInvalid, uint32(wr.MWAccess))
 	}
 	return nil
 }

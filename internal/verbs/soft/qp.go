@@ -44,13 +44,8 @@ func (p *pd) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
 	if p.closed.Load() {
 		return nil, fmt.Errorf("soft: create qp: %w", verbs.ErrClosed)
 	}
-	if attr == nil {
-		return nil, fmt.Errorf("soft: create qp: %w: no attributes", verbs.ErrInvalid)
-	}
-	switch attr.Type {
-	case verbs.QPTypeRC, verbs.QPTypeUC, verbs.QPTypeUD:
-	default:
-		return nil, fmt.Errorf("soft: create qp: %w: type %v", verbs.ErrInvalid, attr.Type)
+	if err := verbs.CheckQPInitAttr(attr); err != nil {
+		return nil, fmt.Errorf("soft: create qp: %w", err)
 	}
 	scq, ok1 := attr.SendCQ.(*cq)
 	rcq, ok2 := attr.RecvCQ.(*cq)
@@ -231,13 +226,13 @@ func transitionFor(t verbs.QPType, from, to verbs.QPState) (transition, bool) {
 
 // Modify changes the QP's state and attributes.
 func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
-	if attr == nil {
-		return fmt.Errorf("soft: modify qp: %w: no attributes", verbs.ErrInvalid)
-	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return fmt.Errorf("soft: modify qp %#x: %w", q.qpn, verbs.ErrClosed)
+	}
+	if err := verbs.CheckQPAttr(attr, mask); err != nil {
+		return fmt.Errorf("soft: modify %v qp %#x: %w", q.typ, q.qpn, err)
 	}
 	from := q.state
 	if mask&verbs.QPAttrCurState != 0 && attr.CurState != from {
@@ -285,36 +280,14 @@ func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	return nil
 }
 
+// checkAttr is Modify's check of what is the soft device's own, after
+// verbs.CheckQPAttr: its one port and pkey, and a destination to send to.
 func (q *qp) checkAttr(a *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	if mask&verbs.QPAttrPort != 0 && a.Port != 1 {
 		return fmt.Errorf("%w: port %d (the device has port 1)", verbs.ErrInvalid, a.Port)
 	}
 	if mask&verbs.QPAttrPKeyIndex != 0 && a.PKeyIndex != 0 {
 		return fmt.Errorf("%w: pkey index %d (the port has one pkey)", verbs.ErrInvalid, a.PKeyIndex)
-	}
-	if mask&verbs.QPAttrPathMTU != 0 && (a.PathMTU.Bytes() == 0 || a.PathMTU > verbs.MTU4096) {
-		return fmt.Errorf("%w: path MTU %v", verbs.ErrInvalid, a.PathMTU)
-	}
-	if mask&verbs.QPAttrDestQPN != 0 && a.DestQPN > psnMask {
-		return fmt.Errorf("%w: destination QPN %#x is wider than 24 bits", verbs.ErrInvalid, a.DestQPN)
-	}
-	if mask&verbs.QPAttrRQPSN != 0 && a.RQPSN > psnMask {
-		return fmt.Errorf("%w: RQ PSN %#x is wider than 24 bits", verbs.ErrInvalid, a.RQPSN)
-	}
-	if mask&verbs.QPAttrSQPSN != 0 && a.SQPSN > psnMask {
-		return fmt.Errorf("%w: SQ PSN %#x is wider than 24 bits", verbs.ErrInvalid, a.SQPSN)
-	}
-	if mask&verbs.QPAttrRetryCnt != 0 && a.RetryCnt > 7 {
-		return fmt.Errorf("%w: retry count %d > 7", verbs.ErrInvalid, a.RetryCnt)
-	}
-	if mask&verbs.QPAttrRNRRetry != 0 && a.RNRRetry > 7 {
-		return fmt.Errorf("%w: RNR retry %d > 7", verbs.ErrInvalid, a.RNRRetry)
-	}
-	if mask&verbs.QPAttrMinRNRTimer != 0 && a.MinRNRTimer > 31 {
-		return fmt.Errorf("%w: min RNR timer %d > 31", verbs.ErrInvalid, a.MinRNRTimer)
-	}
-	if mask&verbs.QPAttrTimeout != 0 && a.Timeout > 31 {
-		return fmt.Errorf("%w: timeout %d > 31", verbs.ErrInvalid, a.Timeout)
 	}
 	if mask&verbs.QPAttrAV != 0 && a.AH.DGID == (verbs.GID{}) {
 		return fmt.Errorf("%w: address vector without a destination GID", verbs.ErrInvalid)
@@ -422,9 +395,10 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 		return 0, fmt.Errorf("soft: post send on qp %#x: %w: %v", q.qpn, verbs.ErrInvalidState, q.state)
 	}
 	r := &q.req
+	lim := verbs.SendLimits{Type: q.typ, MaxSGE: q.cap.MaxSendSGE, MaxInline: q.cap.MaxInlineData, MTU: q.mtu}
 	for i := range wrs {
 		wr := &wrs[i]
-		if err := q.checkSendWR(wr); err != nil {
+		if err := q.checkSendWR(wr, &lim); err != nil {
 			q.kick()
 			return i, fmt.Errorf("soft: post send on %v qp %#x, wr %d: %w", q.typ, q.qpn, i, err)
 		}
@@ -469,44 +443,18 @@ func (q *qp) kick() {
 	q.dev.putTxq(tx)
 }
 
-func (q *qp) checkSendWR(wr *verbs.SendWR) error {
-	if int(wr.NumSGE) > int(q.cap.MaxSendSGE) {
-		return fmt.Errorf("%w: %d SGEs, QP allows %d", verbs.ErrInvalid, wr.NumSGE, q.cap.MaxSendSGE)
+// checkSendWR is PostSend's check of one WR: verbs.CheckSendWR, then what
+// is the soft device's own.
+func (q *qp) checkSendWR(wr *verbs.SendWR, lim *verbs.SendLimits) error {
+	if err := verbs.CheckSendWR(wr, lim); err != nil {
+		return err
 	}
-	n := wr.Len()
-	if wr.Flags&verbs.SendInline != 0 {
-		if n > uint64(q.cap.MaxInlineData) {
-			return fmt.Errorf("%w: %d bytes of inline data, the QP allows %d", verbs.ErrInvalid, n, q.cap.MaxInlineData)
-		}
-		if wr.Opcode == verbs.WRRDMARead {
-			return fmt.Errorf("%w: inline RDMA read", verbs.ErrInvalid)
-		}
-	}
-	if n > 1<<31 {
+	// IBA's largest message (as the kernel's rxe refuses for its own QPs).
+	if n := wr.Len(); n > 1<<31 {
 		return fmt.Errorf("%w: message of %d bytes exceeds 2 GiB", verbs.ErrInvalid, n)
 	}
-	switch q.typ {
-	case verbs.QPTypeUD:
-		if wr.Opcode != verbs.WRSend && wr.Opcode != verbs.WRSendWithImm {
-			return fmt.Errorf("%w: %v on a UD QP", verbs.ErrInvalid, wr.Opcode)
-		}
-		if n > uint64(q.mtu) {
-			return fmt.Errorf("%w: UD message of %d bytes exceeds the %d-byte MTU", verbs.ErrInvalid, n, q.mtu)
-		}
-	case verbs.QPTypeUC:
-		if isLocalOp(wr.Opcode) {
-			return q.checkLocalOp(wr)
-		}
-		if wr.Opcode == verbs.WRRDMARead || wr.Opcode > verbs.WRRDMARead {
-			return fmt.Errorf("%w: %v on a UC QP", verbs.ErrInvalid, wr.Opcode)
-		}
-	default:
-		if isLocalOp(wr.Opcode) {
-			return q.checkLocalOp(wr)
-		}
-		if wr.Opcode > verbs.WRRDMARead {
-			return fmt.Errorf("%w: opcode %v", verbs.ErrInvalid, wr.Opcode)
-		}
+	if isLocalOp(wr.Opcode) {
+		return q.checkLocalOp(wr)
 	}
 	return nil
 }

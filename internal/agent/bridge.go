@@ -1,0 +1,222 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/frame"
+)
+
+// bridgeChunk bounds the bytes one Send of a bridge carries: what one
+// read of the program's socket returns, at most a frame's payload, as on
+// the socket path.
+const bridgeChunk = frame.MaxPayload
+
+// bridge carries a vconn as a byte stream over one end of a socketpair
+// whose other end a program holds as if it were a TCP socket (Dial or
+// Listen with frame.FlagBridge: the preload library's connect and
+// accept). The program's socket is a real kernel socket, so poll, epoll,
+// fork, dup and non-blocking I/O behave as they do on TCP; the agent
+// copies between it and the engine.
+//
+// A bridge outlives the session that made it (the program keeps the
+// socket, not the session): it holds a vconn of the allocation's quota
+// until both directions end, and goes with the allocation.
+type bridge struct {
+	al     *allocation
+	vc     *engine.VConn
+	c      *net.UnixConn // the agent's end
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// newBridge makes the socketpair of a vconn the allocation holds (take
+// was called), registers the bridge with its allocation and starts its
+// copies. It returns the program's end, to be passed by SCM_RIGHTS and
+// then closed; from then on the bridge owns the vconn and its place in the
+// quota. On error the caller still owns both.
+func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: socketpair: %w", err)
+	}
+	mine := os.NewFile(uintptr(fds[0]), "bridge")
+	prog := os.NewFile(uintptr(fds[1]), "bridge-program")
+	fc, err := net.FileConn(mine)
+	_ = mine.Close() // FileConn holds its own descriptor
+	if err != nil {
+		_ = prog.Close()
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	ctx, cancel := context.WithCancel(al.a.ctx)
+	b := &bridge{al: al, vc: vc, c: fc.(*net.UnixConn), ctx: ctx, cancel: cancel}
+	al.mu.Lock()
+	if al.closed {
+		al.mu.Unlock()
+		cancel()
+		_ = b.c.Close()
+		_ = prog.Close()
+		return nil, fmt.Errorf("bridge: allocation %s: %w", al.id, engine.ErrClosed)
+	}
+	if al.bridges == nil {
+		al.bridges = make(map[*bridge]struct{})
+	}
+	al.bridges[b] = struct{}{}
+	al.mu.Unlock()
+	b.wg.Add(2)
+	go b.up()
+	go b.down()
+	go b.reap()
+	return prog, nil
+}
+
+// up copies what the program writes into the vconn, a read at a time.
+func (b *bridge) up() {
+	defer b.wg.Done()
+	buf := make([]byte, min(bridgeChunk, b.vc.MaxMessage()))
+	for {
+		n, err := b.c.Read(buf)
+		if n > 0 {
+			if serr := b.vc.Send(b.ctx, buf[:n]); serr != nil {
+				b.cancel() // the vconn failed or the agent stops: reset the program's socket
+				return
+			}
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			// The program's close, or its shutdown(SHUT_WR): then the
+			// peer reads EOF and may still answer, until the close.
+			if !b.hungUp() {
+				_ = b.vc.CloseWrite()
+				if !b.waitClosed() {
+					return
+				}
+			}
+			_ = b.vc.Close()
+			return
+		case err != nil:
+			b.cancel()
+			return
+		}
+	}
+}
+
+// hungUp: no process holds the program's end any more (POLLHUP: it was
+// closed, not only shut down for writing).
+func (b *bridge) hungUp() bool {
+	rc, err := b.c.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hup := false
+	_ = rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(p, 0); err == nil && n > 0 {
+			hup = p[0].Revents&unix.POLLHUP != 0
+		}
+	})
+	return hup
+}
+
+// waitClosed waits, after the program's shutdown(SHUT_WR), until it
+// closes the socket, or the bridge ends; true if the program closed it.
+// Half-closed sockets are rare and the vconn still delivers meanwhile: a
+// slow check costs nothing on the data path.
+func (b *bridge) waitClosed() bool {
+	for b.ctx.Err() == nil {
+		if b.hungUp() {
+			return true
+		}
+		select {
+		case <-b.ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+// down delivers the vconn's messages to the program (bridgeRX).
+func (b *bridge) down() {
+	defer b.wg.Done()
+	deliver(b.ctx, b.vc, b.al, bridgeRX{b})
+}
+
+// bridgeRX is the bridge's carrier: the bytes of each message, in order,
+// on the stream socket, whose buffer is the window (a program that does
+// not read holds the vconn's credits).
+type bridgeRX struct{ b *bridge }
+
+func (c bridgeRX) ready() bool { return c.b.ctx.Err() == nil }
+
+func (c bridgeRX) put(m engine.Message) bool {
+	if _, err := c.b.c.Write(m.Data); err != nil {
+		// The program closed its socket: nothing more reaches it.
+		c.b.vc.Abort()
+		c.b.cancel()
+		return false
+	}
+	return true
+}
+
+// end: the peer's close is the program's end of file (a shutdown of the
+// agent's writing side); a failed vconn resets the program's socket (the
+// bridge closes it).
+func (c bridgeRX) end(err error) {
+	if errors.Is(err, io.EOF) {
+		_ = c.b.c.CloseWrite()
+		return
+	}
+	c.b.cancel()
+}
+
+func (bridgeRX) limit() (int, string) { return math.MaxInt, "the bridge" }
+
+// reap ends the bridge once both copies returned, or at once when it is
+// cancelled (the vconn failed, the program went, the allocation or the
+// agent stops): the socket closes, the vconn goes back to the quota.
+func (b *bridge) reap() {
+	done := make(chan struct{})
+	go func() {
+		b.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-b.ctx.Done():
+	}
+	b.cancel()
+	_ = b.c.Close() // unblocks a copy waiting on the socket
+	<-done
+	if !b.al.a.stopping.Load() {
+		_ = b.vc.Close() // FIN after what was sent; nothing when it failed or was aborted
+	}
+	b.al.mu.Lock()
+	delete(b.al.bridges, b)
+	b.al.mu.Unlock()
+	b.al.give()
+}
+
+// closeBridges ends an allocation's bridges (it is going).
+func (al *allocation) closeBridges() {
+	al.mu.Lock()
+	bs := make([]*bridge, 0, len(al.bridges))
+	for b := range al.bridges {
+		bs = append(bs, b)
+	}
+	al.mu.Unlock()
+	for _, b := range bs {
+		b.vc.Abort()
+		b.cancel()
+	}
+}

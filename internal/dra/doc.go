@@ -1,0 +1,38 @@
+// Package dra is RDMAvisor's Dynamic Resource Allocation driver (the
+// kubelet plugin of k8s.io/dynamic-resource-allocation): the Kubernetes
+// native way into the node agent, beside the device plugin.
+//
+// # Devices
+//
+// The driver publishes one ResourceSlice pool per node, named after the
+// node, with one device per RDMA endpoint the agent serves (Endpoints;
+// one today: the agent opens one device). A device allows multiple
+// allocations and has a consumable "vconns" capacity, the agent's quota,
+// of which a request consumes 1 unless it asks for more. Its attributes,
+// for CEL selectors: transport (RoCE, InfiniBand, or UDP for the soft
+// provider), linkLayer, deviceName, gid, numaNode and pciRoot (where
+// sysfs knows them, with the standard resource.kubernetes.io/numaNode,
+// pcieRoot and pciBusID too) and version.
+//
+// # Prepare and unprepare
+//
+// A prepared claim gets an agent allocation exactly as a device-plugin
+// container does (the same admin socket): id "dra-<claim uid>", quota the
+// vconns its results consume together, bound to the claim's one pod. (A
+// container has one socket directory: several requests of a claim, or an
+// extended resource's count, add up to one quota; a pod should use one
+// claim of the class.) The container gets it by CDI (package cdispec,
+// kind rdmavisor.io/claim): the allocation's directory mounted read-only
+// and RDMAVISOR_SOCKET, RDMAVISOR_VCONNS. Unprepare deletes the
+// allocations and the specs. Both are idempotent, as the kubelet retries
+// them.
+//
+// # Restarts
+//
+// The CDI specs are the driver's record of what it prepared (their
+// annotations keep each allocation's pod and quota): every SyncInterval
+// the driver re-creates the allocations a restarted agent lost, and
+// deletes the "dra-" allocations no spec records (a driver killed in the
+// middle of a prepare). A restarted kubelet prepares or unprepares again;
+// a restarted driver reads its specs.
+package dra

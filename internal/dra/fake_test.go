@@ -1,0 +1,103 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/rdmavisor/rdmavisor/internal/admin"
+)
+
+// fakeAgent is an Agent in memory, of capacity vconns.
+type fakeAgent struct {
+	mu       sync.Mutex
+	capacity int
+	device   string
+	down     bool
+	allocs   map[string]admin.Allocation
+}
+
+var errDown = errors.New("fake agent: connection refused")
+
+func newFakeAgent(capacity int) *fakeAgent {
+	return &fakeAgent{capacity: capacity, device: "mlx5_1", allocs: make(map[string]admin.Allocation)}
+}
+
+func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return admin.Status{}, errDown
+	}
+	return admin.Status{Ready: true, Capacity: f.capacity, Device: f.device, GID: "fe80::c42:a103:65:7b20"}, nil
+}
+
+func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return admin.Allocation{}, errDown
+	}
+	if _, ok := f.allocs[id]; ok {
+		return admin.Allocation{}, &admin.Error{Code: "exists", Message: id}
+	}
+	used := k
+	for _, al := range f.allocs {
+		used += al.VConns
+	}
+	if used > f.capacity {
+		return admin.Allocation{}, &admin.Error{Code: "quota", Message: id}
+	}
+	f.allocs[id] = admin.Allocation{ID: id, VConns: k}
+	return f.allocs[id], nil
+}
+
+func (f *fakeAgent) BindAllocation(_ context.Context, id, pod string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	al, ok := f.allocs[id]
+	if !ok {
+		return &admin.Error{Code: "notFound", Message: id}
+	}
+	al.Pod = pod
+	f.allocs[id] = al
+	return nil
+}
+
+func (f *fakeAgent) DeleteAllocation(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return errDown
+	}
+	if _, ok := f.allocs[id]; !ok {
+		return &admin.Error{Code: "notFound", Message: id}
+	}
+	delete(f.allocs, id)
+	return nil
+}
+
+func (f *fakeAgent) ListAllocations(context.Context) ([]admin.Allocation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return nil, errDown
+	}
+	return slices.Collect(maps.Values(f.allocs)), nil
+}
+
+// get returns allocation id, if any.
+func (f *fakeAgent) get(id string) (admin.Allocation, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	al, ok := f.allocs[id]
+	return al, ok
+}
+
+func (f *fakeAgent) ids() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Sorted(maps.Keys(f.allocs))
+}
