@@ -289,6 +289,19 @@ func TestCThreads(t *testing.T) {
 	}
 }
 
+// TestCBridge runs test/test_bridge.c: vconns the agent hands over as
+// kernel sockets (FlagBridge), read and written, half-closed, shared with
+// a forked child, outliving their client.
+func TestCBridge(t *testing.T) {
+	cl := cluster(t)
+	a := allocate(t, cl.Nodes[0], "br-a", 8)
+	b := allocate(t, cl.Nodes[1], "br-b", 8)
+	out := runC(t, "test_bridge", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT=7004")
+	if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
+		t.Fatal("test_bridge did not finish")
+	}
+}
+
 // TestCBadInput: a C client's malformed frames each get a clear error
 // and close its connection only; the library's clients, and a Go client
 // of the same allocation, work afterwards.

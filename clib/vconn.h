@@ -100,6 +100,17 @@ VCONN_API int vconn_dial(vconn_client *c, const char *addr, vconn **out);
 /* addr is ":port" (or "host:port" with the allocation's own host). */
 VCONN_API int vconn_listen(vconn_client *c, const char *addr, vconn_listener **out);
 VCONN_API int vconn_accept(vconn_listener *l, vconn **out);
+
+/* Bridged vconns (docs/protocol.md, FlagBridge): the agent hands each
+ * vconn over as a kernel stream socket and copies between it and the
+ * vconn, for code that knows only sockets (poll, epoll, fork, dup and
+ * sendfile work on it as on TCP). The socket is the vconn: read and write
+ * it, shutdown(SHUT_WR) half-closes, close(2) closes; it outlives the
+ * client. vconn_dial_socket returns the socket in *fd; a listener made
+ * with vconn_listen_socket accepts sockets with vconn_accept_socket. */
+VCONN_API int vconn_dial_socket(vconn_client *c, const char *addr, int *fd);
+VCONN_API int vconn_listen_socket(vconn_client *c, const char *addr, vconn_listener **out);
+VCONN_API int vconn_accept_socket(vconn_listener *l, int *fd);
 VCONN_API int vconn_listener_fd(vconn_listener *l);
 VCONN_API const char *vconn_listener_addr(vconn_listener *l);
 VCONN_API int vconn_listener_set_nonblock(vconn_listener *l, int on);

@@ -92,12 +92,19 @@ struct vconn {
 	pthread_mutex_t txmu, rxmu; /* the rings' single producer and consumer */
 };
 
+struct sockq {
+	struct sockq *next;
+	int fd;
+};
+
 struct vconn_listener {
 	vconn_client *c;
 	vconn_listener *next;
 	uint32_t h;
 	char addr[256];
 	vconn *qhead, *qtail;
+	int bridged;                /* FlagBridge: Accepts carry sockets */
+	struct sockq *shead, *stail; /* their sockets, not yet taken */
 	int err, closed;
 	int users; /* vconn_accept calls inside: close waits for them */
 	int efd, efd_set;
@@ -156,7 +163,17 @@ static void v_ready(vconn *v)
 	efd_set(v->efd, &v->efd_set, v->qhead || v->cur || v->eof || v->err || v->closed);
 }
 
-static void l_ready(vconn_listener *l) { efd_set(l->efd, &l->efd_set, l->qhead || l->err || l->closed); }
+static void l_ready(vconn_listener *l) { efd_set(l->efd, &l->efd_set, l->qhead || l->shead || l->err || l->closed); }
+
+static void free_sockq(struct sockq *q)
+{
+	while (q) {
+		struct sockq *n = q->next;
+		close(q->fd);
+		free(q);
+		q = n;
+	}
+}
 
 /* enter and leave bracket a call on v, so that vconn_close, which wakes
  * the calls inside, frees v only once they left. */
@@ -476,6 +493,24 @@ static void dispatch(vconn_client *c, const struct vconn_frame *f, int *fds, int
 		}
 		return;
 	}
+	if (f->op == VC_OP_ACCEPT && nfds > 0) {
+		/* A bridged listener's vconn, as a socket. */
+		vconn_listener *l = find_listener(c, f->handle);
+		struct sockq *q = l && l->bridged && !l->closed ? malloc(sizeof *q) : NULL;
+		for (int i = q ? 1 : 0; i < nfds; i++)
+			close(fds[i]);
+		if (!q)
+			return; /* closing the socket ends the bridged vconn */
+		q->fd = fds[0];
+		q->next = NULL;
+		if (l->stail)
+			l->stail->next = q;
+		else
+			l->shead = q;
+		l->stail = q;
+		l_ready(l);
+		return;
+	}
 	for (int i = 0; i < nfds; i++)
 		close(fds[i]);
 	vconn *v;
@@ -521,6 +556,10 @@ static void dispatch(vconn_client *c, const struct vconn_frame *f, int *fds, int
 		return;
 	case VC_OP_ACCEPT: {
 		vconn_listener *l = find_listener(c, f->handle);
+		if (l && l->bridged) {
+			fail(c, -EPROTO, "the agent accepted on a bridged listener without a socket");
+			return;
+		}
 		if (!l || l->closed || !(v = new_vconn(c, f->arg, f->arg2, f->payload, f->len))) {
 			/* Nobody takes it: give its quota slot back. */
 			struct vconn_frame cl = {.op = VC_OP_CLOSE, .handle = f->arg};
@@ -641,6 +680,7 @@ void vconn_client_close(vconn_client *c)
 	}
 	for (vconn_listener *l = c->lns, *n; l; l = n) {
 		n = l->next;
+		free_sockq(l->shead);
 		close(l->efd);
 		free(l);
 	}
@@ -778,16 +818,31 @@ static void drop_vconn(vconn *v)
 	destroy_vconn(v);
 }
 
-static int dial_once(vconn_client *c, const char *addr, vconn **out)
+/* dial_once dials addr as given: a vconn into *out, or, with sock, a
+ * bridged vconn's socket into *sock. */
+static int dial_once(vconn_client *c, const char *addr, vconn **out, int *sock)
 {
 	size_t n = strlen(addr);
 	if (n > VCONN_MAX_PAYLOAD)
 		return -EINVAL;
 	struct vconn_frame f = {.op = VC_OP_DIAL, .payload = (const uint8_t *)addr, .len = (uint32_t)n};
+	if (sock)
+		f.flags = VC_FLAG_BRIDGE;
 	struct reply r = {0};
 	int err = call(c, &f, c->timeout_ms, &r);
 	if (err)
 		return err;
+	if (sock) {
+		if (r.nfds != 1) {
+			vc_seterr("dial %s: the agent's bridged reply carried %d descriptors, want 1", addr, r.nfds);
+			reply_free(&r);
+			return -EPROTO;
+		}
+		*sock = r.fds[0];
+		r.nfds = 0;
+		reply_free(&r);
+		return 0;
+	}
 	pthread_mutex_lock(&c->mu);
 	vconn *v = c->err ? NULL : new_vconn(c, r.f.handle, r.f.arg2, (const uint8_t *)addr, (uint32_t)n);
 	err = v ? 0 : c->err ? c->err : -ENOMEM;
@@ -828,16 +883,15 @@ static int split_addr(const char *addr, char *host, size_t hcap, unsigned *port)
 	return 0;
 }
 
-int vconn_dial(vconn_client *c, const char *addr, vconn **out)
+static int dial(vconn_client *c, const char *addr, vconn **out, int *sock)
 {
 	char host[256];
 	unsigned port;
-	*out = NULL;
 	if (split_addr(addr, host, sizeof host, &port) != 0 || !host[0]) {
 		vc_seterr("dial %s: want host:port with a port of 1..65535", addr);
 		return -EINVAL;
 	}
-	int err = dial_once(c, addr, out);
+	int err = dial_once(c, addr, out, sock);
 	if (err != -ENXIO)
 		return err;
 	/* A name the agent does not know: resolve it and dial its IPs. */
@@ -851,14 +905,26 @@ int vconn_dial(vconn_client *c, const char *addr, vconn **out)
 		if (getnameinfo(ai->ai_addr, ai->ai_addrlen, ip, sizeof ip, NULL, 0, NI_NUMERICHOST) != 0)
 			continue;
 		snprintf(a, sizeof a, ai->ai_family == AF_INET6 ? "[%s]:%u" : "%s:%u", ip, port);
-		if ((err = dial_once(c, a, out)) == 0)
+		if ((err = dial_once(c, a, out, sock)) == 0)
 			break;
 	}
 	freeaddrinfo(res);
 	return err;
 }
 
-int vconn_listen(vconn_client *c, const char *addr, vconn_listener **out)
+int vconn_dial(vconn_client *c, const char *addr, vconn **out)
+{
+	*out = NULL;
+	return dial(c, addr, out, NULL);
+}
+
+int vconn_dial_socket(vconn_client *c, const char *addr, int *fd)
+{
+	*fd = -1;
+	return dial(c, addr, NULL, fd);
+}
+
+static int listen_as(vconn_client *c, const char *addr, vconn_listener **out, int bridged)
 {
 	char host[256];
 	unsigned port;
@@ -877,7 +943,8 @@ int vconn_listen(vconn_client *c, const char *addr, vconn_listener **out)
 	}
 	l->c = c;
 	l->timeout = -1;
-	struct vconn_frame f = {.op = VC_OP_LISTEN, .arg = port};
+	l->bridged = bridged;
+	struct vconn_frame f = {.op = VC_OP_LISTEN, .arg = port, .flags = bridged ? VC_FLAG_BRIDGE : 0};
 	struct reply r = {0};
 	int err = call(c, &f, c->timeout_ms, &r);
 	if (err) {
@@ -910,6 +977,51 @@ int vconn_listen(vconn_client *c, const char *addr, vconn_listener **out)
 	return 0;
 }
 
+int vconn_listen(vconn_client *c, const char *addr, vconn_listener **out) { return listen_as(c, addr, out, 0); }
+int vconn_listen_socket(vconn_client *c, const char *addr, vconn_listener **out) { return listen_as(c, addr, out, 1); }
+
+int vconn_accept_socket(vconn_listener *l, int *fd)
+{
+	vconn_client *c = l->c;
+	struct timespec ts;
+	const struct timespec *dl = deadline(l->timeout, &ts) ? &ts : NULL;
+	*fd = -1;
+	if (!l->bridged) {
+		vc_seterr("accept: the listener was not made with vconn_listen_socket");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (l->closed) {
+		pthread_mutex_unlock(&c->mu);
+		return -EBADF;
+	}
+	l->users++;
+	int err = 0;
+	for (;;) {
+		struct sockq *q = l->shead;
+		if (q) {
+			l->shead = q->next;
+			if (!l->shead)
+				l->stail = NULL;
+			*fd = q->fd;
+			free(q);
+			l_ready(l);
+			break;
+		}
+		err = l->closed ? -EBADF : l->err;
+		if (!err && l->nonblock)
+			err = -EAGAIN;
+		if (!err)
+			err = cv_wait(c, dl);
+		if (err)
+			break;
+	}
+	if (--l->users == 0)
+		pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	return err;
+}
+
 int vconn_listener_fd(vconn_listener *l) { return l->efd; }
 const char *vconn_listener_addr(vconn_listener *l) { return l->addr; }
 int vconn_listener_set_nonblock(vconn_listener *l, int on)
@@ -929,6 +1041,10 @@ int vconn_accept(vconn_listener *l, vconn **out)
 	struct timespec ts;
 	const struct timespec *dl = deadline(l->timeout, &ts) ? &ts : NULL;
 	*out = NULL;
+	if (l->bridged) {
+		vc_seterr("accept: a listener made with vconn_listen_socket accepts with vconn_accept_socket");
+		return -EINVAL;
+	}
 	pthread_mutex_lock(&c->mu);
 	if (l->closed) {
 		pthread_mutex_unlock(&c->mu);
@@ -981,11 +1097,14 @@ int vconn_listener_shutdown(vconn_listener *l)
 	l->closed = 1;
 	vconn *q = l->qhead;
 	l->qhead = l->qtail = NULL;
+	struct sockq *sq = l->shead;
+	l->shead = l->stail = NULL;
 	l_ready(l);
 	pthread_cond_broadcast(&c->cv);
 	while (l->users > 0) /* accepts inside return -EBADF */
 		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);
+	free_sockq(sq);
 	while (q) {
 		vconn *n = q->qnext;
 		drop_vconn(q);

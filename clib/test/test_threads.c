@@ -195,8 +195,11 @@ int main(void)
 	printf("agent gone: the read: %s (%s)\n", vconn_strerror((int)n), vconn_errmsg());
 	CHECK(vconn_send(v, "x", 1) < 0, "a send after");
 	vconn *x;
-	int derr = vconn_dial(a, addr, &x); /* the agent may answer while it stops */
-	CHECK(derr == -ENOTCONN || derr == -ESHUTDOWN, "a dial after: %s", vconn_strerror(derr));
+	/* The agent may still answer while it stops (shutting down, quota):
+	 * any failure will do, then the session's end. */
+	int derr = vconn_dial(a, addr, &x);
+	CHECK(derr < 0, "a dial after: %s", vconn_strerror(derr));
+	printf("agent gone: a dial: %s\n", vconn_strerror(derr));
 	vconn_close(v);
 	vconn_listener_close(l);
 	for (int i = 0; i < PAIRS; i++)
