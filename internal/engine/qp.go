@@ -142,10 +142,21 @@ func (e *Engine) newQP(t verbs.QPType, cq verbs.CQ) (verbs.QP, error) {
 	})
 }
 
-func (e *Engine) pathOptions(psn uint32) verbs.PathOptions {
+// pathOptions are a QP's attributes. Only RC QPs allow remote access: the
+// engine's one-sided operations travel on them alone. A UC QP takes a
+// message's first packet whatever its PSN and drops a bad key silently
+// (no NAK on UC), so one that allowed RDMA WRITE would let a host that
+// spoofs the peer's address try keys freely, and write to a region
+// exported without a window (whose MR key holds on every QP) with no PSN
+// at all.
+func (e *Engine) pathOptions(t verbs.QPType, psn uint32) verbs.PathOptions {
+	access := verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	if t == verbs.QPTypeUC {
+		access = 0
+	}
 	return verbs.PathOptions{
 		MTU:    e.cfg.MTU,
-		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+		Access: access,
 		SQPSN:  psn,
 		// Retry for about two seconds before declaring the path dead:
 		// 7 retries of 4.096 µs × 2^16 ≈ 268 ms. The agents' heartbeats
@@ -221,7 +232,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w: reply without a secret", p.gid, verbs.ErrInvalid)
 	}
-	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(psn)); err != nil {
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(t, psn)); err != nil {
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
 	}
@@ -285,7 +296,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	opt := e.pathOptions(psn)
+	opt := e.pathOptions(req.Type, psn)
 	opt.MTU = min(req.MTU, e.cfg.MTU)
 	if err := verbs.ConnectQP(qp, verbs.Remote{GID: req.GID, QPN: req.QPN, PSN: req.PSN}, opt); err != nil {
 		_ = qp.Close()

@@ -70,14 +70,14 @@ type spoofNet struct {
 	spoofer softwire.Wire
 }
 
-func newSpoofNet(t *testing.T) *spoofNet {
+func newSpoofNet(t *testing.T, wrapA ...func(verbs.Device) verbs.Device) *spoofNet {
 	t.Helper()
 	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	gid := func(ip string) verbs.GID { return verbs.GIDFromAddr(netip.MustParseAddr(ip)) }
 	ga, gb, gs := gid("10.9.0.1"), gid("10.9.0.2"), gid("10.9.0.99")
 	n := &spoofNet{}
-	open := func(g, other verbs.GID) (*Engine, *spoofWire) {
+	open := func(g, other verbs.GID, wrap ...func(verbs.Device) verbs.Device) (*Engine, *spoofWire) {
 		inner, err := fb.Attach(g)
 		if err != nil {
 			t.Fatal(err)
@@ -87,9 +87,9 @@ func newSpoofNet(t *testing.T) *spoofNet {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return testEngine(t, dev, Config{QPsPerPeer: 1}), w
+		return testEngine(t, dev, Config{QPsPerPeer: 1}, wrap...), w
 	}
-	n.a, n.wa = open(ga, gb)
+	n.a, n.wa = open(ga, gb, wrapA...)
 	n.b, n.wb = open(gb, ga)
 	var err error
 	if n.spoofer, err = fb.Attach(gs); err != nil {
@@ -316,5 +316,55 @@ func TestSpoofedCredit(t *testing.T) {
 	waitFor(t, func() bool { return forged(n.b) >= before+3 }, "the forged grants counted")
 	if got := forged(n.b) - before; got != 3 {
 		t.Fatalf("%d messages counted forged, want 3", got)
+	}
+}
+
+// noMWDevice is a device without type 2 memory windows (max_mw 0): the
+// engine exports regions with their MR's key, valid on any of its QPs.
+type noMWDevice struct{ verbs.Device }
+
+func (d noMWDevice) Attr() verbs.DeviceAttr {
+	a := d.Device.Attr()
+	a.MaxMW = 0
+	return a
+}
+
+// TestSpoofedWriteOnUC: on a device without memory windows, a spoofer
+// writes, as from the peer, to a region exported with its MR's key,
+// through the UC QP the peer sends on: no PSN is needed there, and a
+// wrong key is dropped silently, so the key could be found by trying.
+// The engine's UC QPs allow no remote access: bytes written 0.
+func TestSpoofedWriteOnUC(t *testing.T) {
+	n := newSpoofNet(t, func(d verbs.Device) verbs.Device { return noMWDevice{d} })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if n.a.windows {
+		t.Fatal("the engine uses memory windows on a device without them")
+	}
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := va.Export(ctx, 4096, AccessRead|AccessWrite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exchange(ctx, t, vb, va, 1, func(int) []byte { return []byte("hello") })
+	qpn := ingressQPN(t, n.a, n.b, vb.ID())
+	payload := bytes.Repeat([]byte{0xee}, 64)
+	h := roce.Header{Opcode: roce.UCWriteOnly, PKey: 0xffff, DestQPN: qpn, PSN: rand.Uint32() & roce.Mask24,
+		VA: r.mr.Addr(), RKey: r.mr.RKey(), DMALen: uint32(len(payload))}
+	buf := make([]byte, roce.MaxPacketLen(len(payload)))
+	k, err := roce.Encode(buf, &h, payload, roce.Endpoint{GID: n.b.GID(), Port: roce.DefaultPort}, roce.Endpoint{GID: n.a.GID(), Port: roce.DefaultPort})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.spoofer.Send([]softwire.Packet{{Buf: buf[:k], N: k, Addr: n.a.GID()}}); err != nil {
+		t.Fatal(err)
+	}
+	// b's own datagram after it, on the same QP: the write was handled.
+	exchange(ctx, t, vb, va, 1, func(int) []byte { return []byte("marker") })
+	if written := len(payload) - bytes.Count(r.Bytes()[:len(payload)], []byte{0}); written != 0 {
+		t.Fatalf("bytes written by the spoofer: %d, want 0", written)
 	}
 }
