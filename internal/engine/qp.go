@@ -91,8 +91,10 @@ func newSecret() uint64 {
 // PeerLink is the control plane toward one peer engine: the agents' gRPC
 // in production, a direct call in tests.
 type PeerLink interface {
-	// ConnectQP has the peer engine create an RC QP connected to req and
-	// return its end, as Engine.AcceptQP does.
+	// ConnectQP has the peer engine create an RC or UC QP connected to
+	// req and return its end and secrets, as Engine.AcceptQP does. The
+	// reply must come from the peer itself, on a channel no one else
+	// reads: it carries the secrets (the agents' mutual TLS).
 	ConnectQP(ctx context.Context, req QPRequest) (QPReply, error)
 }
 
@@ -257,8 +259,9 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 	return q, nil
 }
 
-// AcceptQP creates the receiving end of a peer's RC QP: an RC QP on the
-// shared SRQ, connected to req, and returns its end.
+// AcceptQP creates the receiving end of a peer's RC or UC QP: a QP on the
+// shared SRQ (the datagram SRQ for UC), connected to req, and returns its
+// end, with a fresh secret for the pair and the peer's datagram secret.
 func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	if e.closed.Load() {
 		return QPReply{}, ErrEngineClosed
