@@ -224,9 +224,11 @@ func (p *poller) dropUnacked(vc *VConn) {
 	}
 }
 
-// sendReliable posts an Auto datagram and keeps it until it is
-// acknowledged. Only the owner of the send side.
+// sendReliable posts an Auto datagram, with its UC QP pair's secret, and
+// keeps it until it is acknowledged (its resends carry the same secret:
+// the vconn's QPs never change). Only the owner of the send side.
 func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
+	wire.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
 	p.e.pool.share(bufSlot(u.Buf), 2) // the unacknowledged list and the post
 	wr := p.bundleWR(vc, remote, &u)
 	wr.WRID = wire.Retag(wr.WRID, wire.TagShared, 0)

@@ -91,6 +91,12 @@ const (
 	// RejectOverflow: a UC or UD datagram for a vconn whose receive queue
 	// already holds MaxCredits messages; datagrams may be lost.
 	RejectOverflow
+	// RejectForged: a message without the secret of the QP pair it came
+	// on (of the peer's datagrams, on UD), which the peer's engine was
+	// given over the control plane: a host that spoofs the peer's
+	// address, or a peer engine that lost its QPs' secrets (restarted).
+	// Dropped unread (wire.Authentic).
+	RejectForged
 	// NumRejectReasons is the number of reasons, for arrays indexed by
 	// reason.
 	NumRejectReasons
@@ -108,6 +114,8 @@ func (r RejectReason) String() string {
 		return "grant"
 	case RejectOverflow:
 		return "overflow"
+	case RejectForged:
+		return "forged"
 	}
 	return fmt.Sprintf("reject(%d)", uint8(r))
 }
