@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -38,8 +39,8 @@ type QPRequest struct {
 	Pool int
 }
 
-// maxIndex bounds QPRequest.Index: config.MaxQPsPerPeer.
-const maxIndex = 64
+// maxIndex bounds QPRequest.Index and Pool: a peer's QPsPerPeer.
+const maxIndex = transport.MaxQPsPerPeer
 
 // ingressSlot names a QP a peer made toward us by its place in the peer's
 // pools.
