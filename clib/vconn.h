@@ -111,6 +111,19 @@ VCONN_API int vconn_accept(vconn_listener *l, vconn **out);
 VCONN_API int vconn_dial_socket(vconn_client *c, const char *addr, int *fd);
 VCONN_API int vconn_listen_socket(vconn_client *c, const char *addr, vconn_listener **out);
 VCONN_API int vconn_accept_socket(vconn_listener *l, int *fd);
+/* The same without a client, for code that must survive fork and keeps
+ * no library state (the preload library): each call opens its own
+ * connection to the agent (o as for vconn_client_open; NULL: from the
+ * environment). vconn_bridge_dial returns the socket (flags: SOCK_NONBLOCK,
+ * SOCK_CLOEXEC). vconn_bridge_listen returns a descriptor that is the
+ * listener itself: readable when a vconn arrives, shared by fork, closed
+ * with close(2); the address bound goes into bound if not NULL.
+ * vconn_bridge_accept takes one vconn's socket from it (-EAGAIN when the
+ * descriptor is non-blocking and none waits; remote gets the peer's
+ * address if not NULL). Each returns a descriptor, or -errno. */
+VCONN_API int vconn_bridge_dial(const struct vconn_options *o, const char *addr, int flags);
+VCONN_API int vconn_bridge_listen(const struct vconn_options *o, const char *addr, char *bound, size_t cap);
+VCONN_API int vconn_bridge_accept(int lfd, int flags, char *remote, size_t cap);
 VCONN_API int vconn_listener_fd(vconn_listener *l);
 VCONN_API const char *vconn_listener_addr(vconn_listener *l);
 VCONN_API int vconn_listener_set_nonblock(vconn_listener *l, int on);
