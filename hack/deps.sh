@@ -35,6 +35,10 @@ test_deps=(
   "file:/usr/bin/python3|python3|hack/cmd/testagent TestPytest runs the Python package's tests (python/)"
   "file:/usr/lib/python3/dist-packages/pytest/__init__.py|python3-pytest|hack/cmd/testagent TestPytest runs python/tests with Debian's pytest"
   "file:/usr/share/python-wheels|python3-venv|hack/cmd/testagent TestPytest pip-installs python/ into a virtual environment (ensurepip's wheels)"
+  "cmd:iperf3|iperf3|test/preload runs iperf3 over vconns through the preload library"
+  "cmd:redis-server|redis-server|test/preload runs redis-server over vconns through the preload library"
+  "cmd:redis-benchmark|redis-tools|test/preload runs redis-benchmark and redis-cli against it"
+  "cmd:curl|curl|test/preload fetches a file from python3 -m http.server with curl over vconns"
 )
 e2e_deps=(
   "file:/etc/ssl/certs/ca-certificates.crt|ca-certificates|the cluster's binaries and helm are built from the Go module proxy (HTTPS)"
