@@ -31,6 +31,10 @@ type Config struct {
 	// RxBatch is how many packets the receive loop takes from the wire at
 	// once (default 64).
 	RxBatch int
+	// NIC, if set, models a NIC's QP-context cache and receive ring on
+	// the receive path (nic.go); zero fields take DefaultNICModel's. Nil,
+	// the default, runs at CPU speed with unbounded state.
+	NIC *NICModel
 }
 
 // Device limits, reported by Attr and enforced on create and post.
@@ -99,6 +103,13 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.RxBatch <= 0 {
 		cfg.RxBatch = 64
 	}
+	if cfg.NIC != nil {
+		m, err := cfg.NIC.withDefaults()
+		if err != nil {
+			return nil, fmt.Errorf("soft: open %s: %w", cfg.Name, err)
+		}
+		cfg.NIC = &m
+	}
 	d := &Device{
 		cfg:     cfg,
 		w:       cfg.Wire,
@@ -121,7 +132,11 @@ func Open(cfg Config) (*Device, error) {
 	d.self = roce.Endpoint{GID: d.gid, Port: d.port}
 	pktLen := roce.MaxPacketLen(4096)
 	d.txPool.New = func() any { return newTxq(d.w, pktLen, 64, &d.stats) }
-	go d.rxLoop()
+	if cfg.NIC != nil {
+		go d.rxLoopModel()
+	} else {
+		go d.rxLoop()
+	}
 	return d, nil
 }
 
