@@ -5,13 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 )
 
 // runE1 measures messages per second against the number of connections,
 // for the engine and the naive design: E1VConns connections from device a
 // to device b, 64-byte messages sent round-robin over all of them from
 // Plan.Producers goroutines, every message released on arrival; each
-// endpoint polls with Plan.Pollers goroutines.
+// endpoint polls with Plan.Pollers goroutines. Each count runs on devices
+// without and with the soft provider's NIC model (Plan.E1NICModels), which
+// makes the naive design's QP per connection cost what a NIC's QP-context
+// cache and receive ring make it cost.
 //
 // The counts are measured in Plan.Repeats passes over all of them, the two
 // designs alternating at each, rather than each count's runs back to back:
@@ -27,61 +32,75 @@ import (
 // descriptors than the process may open, is reported as an error line
 // instead of run. So is every count above one that failed, in any pass.
 func runE1(ctx context.Context, e *env) error {
-	designs := []string{designEngine, designNaive}
-	est := map[string]*estimator{}
-	for _, d := range designs {
-		est[d] = &estimator{}
+	models := e.Plan.E1NICModels
+	if len(models) == 0 {
+		models = []bool{false}
 	}
-	// lines[i][d] is the series of count E1VConns[i] for design d.
-	lines := make([]map[string]*series, len(e.Plan.E1VConns))
-	// failed[d] says why design d's counts above its first failure are
+	// A variant is a design on devices with or without the NIC model.
+	type variant struct {
+		design string
+		nic    bool
+	}
+	var vs []variant
+	for _, m := range models {
+		for _, d := range []string{designEngine, designNaive} {
+			vs = append(vs, variant{d, m})
+		}
+	}
+	est := map[variant]*estimator{}
+	for _, v := range vs {
+		est[v] = &estimator{}
+	}
+	// lines[i][v] is the series of count E1VConns[i] for variant v.
+	lines := make([]map[variant]*series, len(e.Plan.E1VConns))
+	// failed[v] says why variant v's counts above its first failure are
 	// not run.
-	failed := map[string]error{}
-	failAbove := func(d string, i int) {
-		if failed[d] == nil {
-			failed[d] = fmt.Errorf("not run: %s failed at %d connections", d, e.Plan.E1VConns[i])
+	failed := map[variant]error{}
+	failAbove := func(v variant, i int) {
+		if failed[v] == nil {
+			failed[v] = fmt.Errorf("not run: %s failed at %d connections", v.design, e.Plan.E1VConns[i])
 		}
 		for j := i + 1; j < len(lines); j++ {
-			if lines[j] != nil && lines[j][d].err == nil {
-				lines[j][d].err = failed[d]
+			if lines[j] != nil && lines[j][v].err == nil {
+				lines[j][v].err = failed[v]
 			}
 		}
 	}
 	for rep := 0; rep < e.Plan.Repeats; rep++ {
 		for i, n := range e.Plan.E1VConns {
 			if rep == 0 {
-				lines[i] = map[string]*series{}
-				for _, d := range designs {
-					s := &series{rec: Record{Suite: "e1", Design: d, VConns: n, MsgBytes: e.Plan.MsgBytes, Pollers: e.Plan.Pollers}}
-					s.err = failed[d]
+				lines[i] = map[variant]*series{}
+				for _, v := range vs {
+					s := &series{rec: Record{Suite: "e1", Design: v.design, NICModel: v.nic, VConns: n, MsgBytes: e.Plan.MsgBytes, Pollers: e.Plan.Pollers}}
+					s.err = failed[v]
 					if s.err == nil {
-						s.err = e.admit(d, n, *est[d])
+						s.err = e.admit(v.design, n, *est[v])
 					}
-					lines[i][d] = s
+					lines[i][v] = s
 				}
 			}
-			for _, d := range designs {
-				s := lines[i][d]
+			for _, v := range vs {
+				s := lines[i][v]
 				if s.err != nil {
 					continue
 				}
-				e.Log.Info("Measuring", "suite", "e1", "design", d, "vconns", n, "run", rep+1)
-				r, grown, err := e1Once(ctx, e, d, n, &s.rec)
+				e.Log.Info("Measuring", "suite", "e1", "design", v.design, "nicModel", v.nic, "vconns", n, "run", rep+1)
+				r, grown, err := e1Once(ctx, e, v.design, v.nic, n, &s.rec)
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
 				s.add(r, err)
 				if err != nil {
-					failAbove(d, i)
+					failAbove(v, i)
 				} else if rep == 0 {
-					est[d].observe(n, grown)
+					est[v].observe(n, grown)
 				}
 			}
 		}
 	}
 	for i := range lines {
-		for _, d := range designs {
-			if err := e.emit(lines[i][d].record(false)); err != nil {
+		for _, v := range vs {
+			if err := e.emit(lines[i][v].record(false)); err != nil {
 				return err
 			}
 		}
@@ -91,14 +110,14 @@ func runE1(ctx context.Context, e *env) error {
 
 // e1Once runs one count and fills in rec's QPs and setup time; it returns
 // the rate and the resident memory the run grew by.
-func e1Once(ctx context.Context, e *env, name string, n int, rec *Record) (_ rate, grown int64, err error) {
+func e1Once(ctx context.Context, e *env, name string, nic bool, n int, rec *Record) (_ rate, grown int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
 	defer cancel()
 	before, err := sampleMemory()
 	if err != nil {
 		return rate{}, 0, err
 	}
-	tb, err := openTestbed(e.wireFor("e1"))
+	tb, err := openTestbedNIC(e.wireFor("e1"), nic)
 	if err != nil {
 		return rate{}, 0, err
 	}
@@ -125,9 +144,16 @@ func e1Once(ctx context.Context, e *env, name string, n int, rec *Record) (_ rat
 	for i := range msg {
 		msg[i] = byte(i)
 	}
+	s0 := [2]soft.StatsSnapshot{tb.devs[0].Stats(), tb.devs[1].Stats()}
 	r, err := drive(ctx, senders, e.Plan.Producers, msg, rx, e.Plan.Warmup, e.Plan.Measure)
 	if err != nil {
 		return rate{}, 0, err
+	}
+	for i, d := range tb.devs {
+		s1 := d.Stats()
+		e.Log.V(1).Info("Device", "design", name, "nicModel", nic, "vconns", n, "device", i, "rxPackets", s1.RxPackets-s0[i].RxPackets,
+			"ringDrops", s1.RxRingDrops-s0[i].RxRingDrops, "qpCacheMisses", s1.QPCacheMisses-s0[i].QPCacheMisses,
+			"timeouts", s1.Timeouts-s0[i].Timeouts, "retransmits", s1.Retransmits-s0[i].Retransmits)
 	}
 	after, err := sampleMemory()
 	if err != nil {

@@ -108,6 +108,9 @@ func Open(cfg Config) (*Device, error) {
 		if err != nil {
 			return nil, fmt.Errorf("soft: open %s: %w", cfg.Name, err)
 		}
+		if err := m.setRing(cfg.Wire); err != nil {
+			return nil, fmt.Errorf("soft: open %s: %w", cfg.Name, err)
+		}
 		cfg.NIC = &m
 	}
 	d := &Device{
@@ -132,11 +135,7 @@ func Open(cfg Config) (*Device, error) {
 	d.self = roce.Endpoint{GID: d.gid, Port: d.port}
 	pktLen := roce.MaxPacketLen(4096)
 	d.txPool.New = func() any { return newTxq(d.w, pktLen, 64, &d.stats) }
-	if cfg.NIC != nil {
-		go d.rxLoopModel()
-	} else {
-		go d.rxLoop()
-	}
+	go d.rxLoop()
 	return d, nil
 }
 
@@ -183,7 +182,13 @@ func (d *Device) GID(index int) (verbs.GID, error) {
 }
 
 // Stats returns the device's counters.
-func (d *Device) Stats() StatsSnapshot { return d.stats.snapshot() }
+func (d *Device) Stats() StatsSnapshot {
+	s := d.stats.snapshot()
+	if d.cfg.NIC != nil {
+		s.RxRingDrops = d.w.Stats().DropQueueFull
+	}
+	return s
+}
 
 // AllocPD allocates a protection domain.
 func (d *Device) AllocPD() (verbs.PD, error) {
@@ -235,6 +240,9 @@ func (d *Device) rxLoop() {
 		pkts[i].Buf = make([]byte, pktLen)
 	}
 	rx := &rxState{dev: d, tx: newTxq(d.w, pktLen, 64, &d.stats), reqTx: newTxq(d.w, pktLen, 64, &d.stats)}
+	if d.cfg.NIC != nil {
+		rx.nic = newNIC(*d.cfg.NIC, &d.stats)
+	}
 	for {
 		n, err := d.w.Recv(pkts)
 		for i := 0; i < n; i++ {

@@ -1,13 +1,10 @@
 package soft
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
-	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -27,9 +24,12 @@ import (
 // QPCacheEntries the path used (LRU), by MissPenalty. The path sleeps when
 // the clock runs ahead of the time it has slept so far, so the modelled
 // cost is paid in wall-clock time on top of the software's own, without
-// burning a CPU (a 2-core machine can express it). Packets that arrive
-// while RxRingDepth packets wait in the ring are dropped and counted
-// (StatsSnapshot.RxRingDrops), as a NIC drops on receive-buffer overflow.
+// burning a CPU (a 2-core machine can express it). The ring is the wire's
+// receive queue bounded at RxRingDepth packets: packets that arrive while
+// it is full are dropped and counted (StatsSnapshot.RxRingDrops), as a NIC
+// drops on receive-buffer overflow. On a wire whose queue cannot be
+// bounded (UDP: the kernel's socket buffer is the ring there) only the
+// clock is modelled.
 //
 // Limits: only the receive path is modelled. A send's QP context is
 // touched when its ACK (RC) arrives, not when the work request is posted,
@@ -121,8 +121,8 @@ func (m NICModel) withDefaults() (NICModel, error) {
 		return m, fmt.Errorf("NIC model: %w: MissPenalty %v: want 0..1s", verbs.ErrInvalid, m.MissPenalty)
 	case !(m.LineRate >= 1e6 && m.LineRate <= 1e13):
 		return m, fmt.Errorf("NIC model: %w: LineRate %g: want 1e6..1e13 bits/s", verbs.ErrInvalid, m.LineRate)
-	case m.RxRingDepth < 1 || m.RxRingDepth > 1<<16:
-		return m, fmt.Errorf("NIC model: %w: RxRingDepth %d: want 1..65536", verbs.ErrInvalid, m.RxRingDepth)
+	case m.RxRingDepth < 1 || m.RxRingDepth > wire.RxQueueLen:
+		return m, fmt.Errorf("NIC model: %w: RxRingDepth %d: want 1..%d", verbs.ErrInvalid, m.RxRingDepth, wire.RxQueueLen)
 	}
 	return m, nil
 }
@@ -234,95 +234,18 @@ func (c *qpCache) pushFront(i int32) {
 	}
 }
 
-// rxLoopModel is rxLoop with the NIC model: a reader moves packets from
-// the wire into a ring of RxRingDepth slots, dropping what does not fit,
-// and the receive path drains the ring, charging each packet to the
-// modelled clock.
-func (d *Device) rxLoopModel() {
-	defer close(d.rxDone)
-	depth := d.cfg.NIC.RxRingDepth
-	pktLen := roce.MaxPacketLen(4096)
-	slots := make([]wire.Packet, depth)
-	free := make(chan int32, depth)
-	full := make(chan int32, depth)
-	for i := range slots {
-		slots[i].Buf = make([]byte, pktLen)
-		free <- int32(i)
-	}
-	go d.ringFill(slots, free, full)
-
-	rx := &rxState{dev: d, nic: newNIC(*d.cfg.NIC, &d.stats), tx: newTxq(d.w, pktLen, 64, &d.stats), reqTx: newTxq(d.w, pktLen, 64, &d.stats)}
-	batch := make([]int32, 0, d.cfg.RxBatch)
-	for i := range full {
-		batch = append(batch[:0], i)
-	more:
-		for len(batch) < cap(batch) {
-			select {
-			case j, ok := <-full:
-				if !ok {
-					break more
-				}
-				batch = append(batch, j)
-			default:
-				break more
-			}
-		}
-		for _, j := range batch {
-			p := &slots[j]
-			rx.handle(p.Buf[:p.N], p.Addr, p.Port)
-			p.N = 0
-			free <- j
-		}
-		rx.endBatch()
-	}
+// ringWire is a wire whose receive queue can be bounded (the fabric's).
+type ringWire interface {
+	SetRxQueueLen(n int) error
 }
 
-// ringFill is the model's receive ring's producer: it takes packets from
-// the wire into free slots and queues them for the receive path; when no
-// slot is free it takes them anyway, into a scratch batch, and drops them.
-// It closes full when the wire closes.
-func (d *Device) ringFill(slots []wire.Packet, free, full chan int32) {
-	defer close(full)
-	pktLen := roce.MaxPacketLen(4096)
-	scratch := make([]wire.Packet, d.cfg.RxBatch)
-	for i := range scratch {
-		scratch[i].Buf = make([]byte, pktLen)
-	}
-	pkts := make([]wire.Packet, 0, d.cfg.RxBatch)
-	ids := make([]int32, 0, d.cfg.RxBatch)
-	for {
-		pkts, ids = pkts[:0], ids[:0]
-	take:
-		for len(ids) < cap(ids) {
-			select {
-			case i := <-free:
-				ids = append(ids, i)
-				pkts = append(pkts, slots[i])
-			default:
-				break take
-			}
-		}
-		var n int
-		var err error
-		if len(ids) == 0 {
-			n, err = d.w.Recv(scratch)
-			d.stats.rxRingDrops.Add(uint64(n))
-		} else {
-			n, err = d.w.Recv(pkts)
-			for k := 0; k < len(ids); k++ {
-				if k < n {
-					slots[ids[k]].N, slots[ids[k]].Addr, slots[ids[k]].Port = pkts[k].N, pkts[k].Addr, pkts[k].Port
-					full <- ids[k]
-				} else {
-					free <- ids[k]
-				}
-			}
-		}
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) || d.closed.Load() {
-				return
-			}
-			d.stats.rxErrors.Add(1)
+// setRing bounds the wire's receive queue at the model's ring depth, where
+// the wire allows it.
+func (m NICModel) setRing(w wire.Wire) error {
+	if rw, ok := w.(ringWire); ok {
+		if err := rw.SetRxQueueLen(m.RxRingDepth); err != nil {
+			return fmt.Errorf("NIC model: %w", err)
 		}
 	}
+	return nil
 }

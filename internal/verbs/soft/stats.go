@@ -10,7 +10,7 @@ type Stats struct {
 	rxErrors                                                         atomic.Uint64
 	txPackets, txErrors, retransmits, timeouts                       atomic.Uint64
 	naksSent, rnrNaksSent, acksSent, cqOverruns                      atomic.Uint64
-	rxRingDrops, qpCacheMisses                                       atomic.Uint64
+	qpCacheMisses                                                    atomic.Uint64
 }
 
 // StatsSnapshot is a copy of a device's counters.
@@ -34,7 +34,7 @@ type StatsSnapshot struct {
 	ACKsSent        uint64
 	CQOverruns      uint64 // completions dropped because a CQ was full
 	// With the NIC model (Config.NIC) only:
-	RxRingDrops   uint64 // arrived while the receive ring was full: dropped
+	RxRingDrops   uint64 // arrived while the receive ring was full: dropped (the wire's DropQueueFull)
 	QPCacheMisses uint64 // packets whose QP context was not cached
 }
 
@@ -46,6 +46,6 @@ func (s *Stats) snapshot() StatsSnapshot {
 		RxErrors: s.rxErrors.Load(), TxPackets: s.txPackets.Load(), TxErrors: s.txErrors.Load(),
 		Retransmits: s.retransmits.Load(), Timeouts: s.timeouts.Load(), NAKsSent: s.naksSent.Load(),
 		RNRNAKsSent: s.rnrNaksSent.Load(), ACKsSent: s.acksSent.Load(), CQOverruns: s.cqOverruns.Load(),
-		RxRingDrops: s.rxRingDrops.Load(), QPCacheMisses: s.qpCacheMisses.Load(),
+		QPCacheMisses: s.qpCacheMisses.Load(),
 	}
 }
