@@ -75,8 +75,11 @@ const PaperKnee = 400
 
 // Figures draws the run's records and the E4 benchmark lines: E1 rate and
 // CPU per message against connections (model off and on), E2 bytes per
-// vconn, E5 rate by size, E4 by path. A figure without data is left out.
+// vconn, E5 rate by size, E4 by path. Records of consecutive runs are
+// merged (MergeRuns); an E4 line repeated by runs is drawn at its median.
+// A figure without data is left out.
 func Figures(recs []Record, e4 []GoBench) []Figure {
+	recs = MergeRuns(recs)
 	var figs []Figure
 	nan := math.NaN()
 	val := func(r *Record, v func(*Record) *float64) float64 {
@@ -143,14 +146,16 @@ func Figures(recs []Record, e4 []GoBench) []Figure {
 	}})
 	paths := []string{"socket", "shm", "engine"}
 	metric := func(name, unit string) float64 {
+		var xs []float64
 		for _, b := range e4 {
-			if b.Name == name {
-				if v, ok := b.Metrics[unit]; ok {
-					return v
-				}
+			if v, ok := b.Metrics[unit]; ok && b.Name == name {
+				xs = append(xs, v)
 			}
 		}
-		return nan
+		if len(xs) == 0 {
+			return nan
+		}
+		return median(xs)
 	}
 	var p50, mean, rate []float64
 	for _, p := range paths {

@@ -1,0 +1,43 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestMergeRuns folds three runs: samples concatenated in run order, the
+// rate their median, other figures the runs' median; a failure in one run
+// makes the line an error naming it.
+func TestMergeRuns(t *testing.T) {
+	recs, err := ReadRecords(strings.NewReader(`{"suite":"e1","design":"engine","vconns":100,"msgs_per_sec":200,"cpu_ns_per_msg":10,"samples":[100,200,300]}
+{"suite":"e1","design":"naive","vconns":100,"msgs_per_sec":50,"samples":[50,50,50]}
+{"suite":"e5","transport":"rc","msg_bytes":16,"msgs_per_sec":7}
+{"suite":"e1","design":"engine","vconns":100,"msgs_per_sec":500,"cpu_ns_per_msg":30,"samples":[400,500,600]}
+{"suite":"e1","design":"naive","vconns":100,"error":"send: retry counter exceeded"}
+{"suite":"e5","transport":"rc","msg_bytes":16,"msgs_per_sec":9}
+{"suite":"e1","design":"engine","vconns":100,"msgs_per_sec":800,"cpu_ns_per_msg":20,"samples":[700,800,900]}
+{"suite":"e1","design":"naive","vconns":100,"msgs_per_sec":50,"samples":[50,50,50]}
+{"suite":"e5","transport":"rc","msg_bytes":16,"msgs_per_sec":8}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := MergeRuns(recs)
+	if len(m) != 3 {
+		t.Fatalf("%d records, want 3: %+v", len(m), m)
+	}
+	e := m[0]
+	if len(e.Samples) != 9 || e.Samples[3] != 400 || *e.MsgsPerSec != 500 || *e.CPUNsPerMsg != 20 {
+		t.Errorf("engine: %+v", e)
+	}
+	if m[1].Error != "run 2 of 3: send: retry counter exceeded" || m[1].MsgsPerSec != nil {
+		t.Errorf("naive: %+v", m[1])
+	}
+	if got := m[2]; len(got.Samples) != 3 || *got.MsgsPerSec != 8 {
+		t.Errorf("e5: %+v", got)
+	}
+	one := recs[:3]
+	if got := MergeRuns(one); len(got) != 3 || got[0].Samples[0] != 100 {
+		t.Errorf("one run changed: %+v", got)
+	}
+}
