@@ -306,11 +306,18 @@ func (s *series) record(withMB bool) Record {
 	return r
 }
 
-// errLine makes a Record an error line.
+// errLine makes a Record an error line. A joined error of many lines (a
+// teardown's every failure) keeps its first few and counts the rest.
 func errLine(r Record, err error) Record {
 	r.Error = err.Error()
+	if lines := strings.Split(r.Error, "\n"); len(lines) > maxErrLines {
+		r.Error = fmt.Sprintf("%s (and %d more lines)", strings.Join(lines[:maxErrLines], "; "), len(lines)-maxErrLines)
+	}
 	return r
 }
+
+// maxErrLines is how many lines of an error a Record keeps.
+const maxErrLines = 3
 
 func ptr[T any](v T) *T { return &v }
 

@@ -47,9 +47,12 @@ func runE1(ctx context.Context, e *env) error {
 			vs = append(vs, variant{d, m})
 		}
 	}
-	est := map[variant]*estimator{}
+	// One estimator per design, whatever the model: resident memory does
+	// not shrink between runs, so the second variant at a count sees less
+	// growth than it needs; the estimate keeps the larger.
+	est := map[string]*estimator{}
 	for _, v := range vs {
-		est[v] = &estimator{}
+		est[v.design] = &estimator{}
 	}
 	// lines[i][v] is the series of count E1VConns[i] for variant v.
 	lines := make([]map[variant]*series, len(e.Plan.E1VConns))
@@ -74,7 +77,7 @@ func runE1(ctx context.Context, e *env) error {
 					s := &series{rec: Record{Suite: "e1", Design: v.design, NICModel: v.nic, VConns: n, MsgBytes: e.Plan.MsgBytes, Pollers: e.Plan.Pollers}}
 					s.err = failed[v]
 					if s.err == nil {
-						s.err = e.admit(v.design, n, *est[v])
+						s.err = e.admit(v.design, n, *est[v.design])
 					}
 					lines[i][v] = s
 				}
@@ -93,7 +96,7 @@ func runE1(ctx context.Context, e *env) error {
 				if err != nil {
 					failAbove(v, i)
 				} else if rep == 0 {
-					est[v].observe(n, grown)
+					est[v.design].observe(n, grown)
 				}
 			}
 		}
@@ -109,22 +112,22 @@ func runE1(ctx context.Context, e *env) error {
 }
 
 // e1Once runs one count and fills in rec's QPs and setup time; it returns
-// the rate and the resident memory the run grew by.
-func e1Once(ctx context.Context, e *env, name string, nic bool, n int, rec *Record) (_ rate, grown int64, err error) {
+// the rate and what the run grew by.
+func e1Once(ctx context.Context, e *env, name string, nic bool, n int, rec *Record) (_ rate, grown memSample, err error) {
 	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
 	defer cancel()
 	before, err := sampleMemory()
 	if err != nil {
-		return rate{}, 0, err
+		return rate{}, memSample{}, err
 	}
 	tb, err := openTestbedNIC(e.wireFor("e1"), nic)
 	if err != nil {
-		return rate{}, 0, err
+		return rate{}, memSample{}, err
 	}
 	rx := &counter{}
 	d, err := openDesignPollers(name, tb, rx, e.Plan.Pollers)
 	if err != nil {
-		return rate{}, 0, errors.Join(err, tb.close())
+		return rate{}, memSample{}, errors.Join(err, tb.close())
 	}
 	defer func() {
 		start := time.Now()
@@ -136,7 +139,7 @@ func e1Once(ctx context.Context, e *env, name string, nic bool, n int, rec *Reco
 	start := time.Now()
 	senders, err := openPairs(ctx, d, n)
 	if err != nil {
-		return rate{}, 0, err
+		return rate{}, memSample{}, err
 	}
 	rec.SetupSeconds = round(time.Since(start).Seconds(), 3)
 	rec.QPs = d.qps()
@@ -147,7 +150,7 @@ func e1Once(ctx context.Context, e *env, name string, nic bool, n int, rec *Reco
 	s0 := [2]soft.StatsSnapshot{tb.devs[0].Stats(), tb.devs[1].Stats()}
 	r, err := drive(ctx, senders, e.Plan.Producers, msg, rx, e.Plan.Warmup, e.Plan.Measure)
 	if err != nil {
-		return rate{}, 0, err
+		return rate{}, memSample{}, err
 	}
 	for i, d := range tb.devs {
 		s1 := d.Stats()
@@ -157,34 +160,50 @@ func e1Once(ctx context.Context, e *env, name string, nic bool, n int, rec *Reco
 	}
 	after, err := sampleMemory()
 	if err != nil {
-		return rate{}, 0, err
+		return rate{}, memSample{}, err
 	}
-	return r, after.RSS - before.RSS, nil
+	return r, after.sub(before), nil
 }
 
 // errOverBudget marks a count not run to protect the machine.
 var errOverBudget = errors.New("not run")
 
-// estimator predicts the resident memory of n connections from the largest
-// count measured so far (at least 100, where fixed costs no longer
-// dominate).
+// estimator predicts the resident memory and the memory mappings of n
+// connections from the largest count measured so far (at least 100, where
+// fixed costs no longer dominate), the larger of what the runs at that
+// count grew by.
 type estimator struct {
-	perConn float64
-	at      int
+	perConn, mapsPerConn float64
+	at                   int
 }
 
-func (s *estimator) observe(n int, grown int64) {
-	if n >= 100 && n >= s.at && grown > 0 {
-		s.perConn, s.at = float64(grown)/float64(n), n
+func (s *estimator) observe(n int, grown memSample) {
+	if n < 100 || n < s.at || grown.RSS <= 0 {
+		return
 	}
+	if n > s.at {
+		s.perConn, s.mapsPerConn, s.at = 0, 0, n
+	}
+	s.perConn = max(s.perConn, float64(grown.RSS)/float64(n))
+	s.mapsPerConn = max(s.mapsPerConn, float64(grown.Maps)/float64(n))
 }
 
-// admit says whether n connections of design d may run.
+// admit says whether n connections of design d may run: within the memory
+// budget, and within the kernel's limit on a process's memory mappings
+// (vm.max_map_count; past it munmap fails too, so a run could not even be
+// torn down).
 func (e *env) admit(d string, n int, est estimator) error {
-	if est.at > 0 {
-		if need := est.perConn * float64(n); need > float64(e.Budget) {
-			return fmt.Errorf("%w: %d %s connections would need about %.2f GiB resident (%.0f bytes per connection measured at %d), over the budget of %.2f GiB (--budget-bytes)",
-				errOverBudget, n, d, need/(1<<30), est.perConn, est.at, float64(e.Budget)/(1<<30))
+	if est.at == 0 {
+		return nil
+	}
+	if need := est.perConn * float64(n); need > float64(e.Budget) {
+		return fmt.Errorf("%w: %d %s connections would need about %.2f GiB resident (%.0f bytes per connection measured at %d), over the budget of %.2f GiB (--budget-bytes)",
+			errOverBudget, n, d, need/(1<<30), est.perConn, est.at, float64(e.Budget)/(1<<30))
+	}
+	if limit, err := readUint("/proc/sys/vm/max_map_count"); err == nil {
+		if need := est.mapsPerConn * float64(n); need > 0.9*float64(limit) {
+			return fmt.Errorf("%w: %d %s connections would need about %.0f memory mappings (%.1f per connection measured at %d), over 90%% of vm.max_map_count (%d)",
+				errOverBudget, n, d, need, est.mapsPerConn, est.at, limit)
 		}
 	}
 	return nil
