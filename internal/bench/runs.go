@@ -27,8 +27,9 @@ func keyOf(r *Record) recordKey {
 // record of a measurement belongs to run k), into one record per
 // measurement: its samples are every run's in order, its rates the median
 // of them, its other figures the median of the runs'. A measurement that
-// failed in any run is an error line naming the run. Records of a single
-// run come back unchanged.
+// failed in any run is an error line naming the first run that failed
+// (none, where every run failed alike). Records of a single run come back
+// unchanged.
 func MergeRuns(recs []Record) []Record {
 	groups := map[recordKey][]Record{}
 	var order []recordKey
@@ -54,6 +55,13 @@ func merge(runs []Record) Record {
 		return runs[0]
 	}
 	m := runs[0]
+	same := true
+	for _, r := range runs {
+		same = same && r.Error == runs[0].Error
+	}
+	if same && m.Error != "" {
+		return m // failed, or not run, alike in every run
+	}
 	for i, r := range runs {
 		if r.Error != "" {
 			m = r

@@ -254,23 +254,26 @@ func e1Models(recs []Record) []bool {
 // must fall for Knee to call it the knee.
 const kneeFall = 0.8
 
-// Knee finds where a design's E1 rate bends down: the first count whose
-// rate is below kneeFall of the best rate at fewer connections. It returns
-// that count and the one measured before it (0, 0 if the rate never falls
-// so far), and the ratio.
+// Knee finds where a design's E1 rate bends down for good: the first count
+// from which every rate, there and above, is below kneeFall of the best
+// rate at fewer connections (one slow measurement on a shared machine is
+// not a knee). It returns that count and the one measured before it (0, 0
+// if there is none), and the ratio at the knee.
 func Knee(recs []Record, design string, nic bool) (before, at int, fall float64) {
-	best := 0.0
-	prev := 0
+	var ns []int
+	var vs []float64
 	for _, n := range counts(recs, "e1") {
 		r := (results{recs}).find("e1", func(r *Record) bool { return r.Design == design && r.NICModel == nic && r.VConns == n })
 		if r == nil || r.Error != "" || r.MsgsPerSec == nil {
 			continue
 		}
-		v := *r.MsgsPerSec
-		if best > 0 && v < kneeFall*best {
-			return prev, n, v / best
+		ns, vs = append(ns, n), append(vs, *r.MsgsPerSec)
+	}
+	for i := 1; i < len(vs); i++ {
+		best := slices.Max(vs[:i])
+		if slices.Max(vs[i:]) < kneeFall*best {
+			return ns[i-1], ns[i], vs[i] / best
 		}
-		best, prev = max(best, v), n
 	}
 	return 0, 0, 0
 }
@@ -375,9 +378,9 @@ func Summarize(r io.Reader, w io.Writer) error {
 				model = "on"
 			}
 			if at == 0 {
-				fmt.Fprintf(b, "\nNaive's knee with the model %s: none measured (its rate never fell below %.0f%% of its best at fewer connections).\n\n", model, kneeFall*100)
+				fmt.Fprintf(b, "\nNaive's knee with the model %s: none measured (its rate never stayed below %.0f%% of its best at fewer connections).\n\n", model, kneeFall*100)
 			} else {
-				fmt.Fprintf(b, "\nNaive's knee with the model %s: between %s and %s connections (at %s its rate is %s of its best at fewer connections; the knee is the first count below %.0f%% of that best).\n\n",
+				fmt.Fprintf(b, "\nNaive's knee with the model %s: between %s and %s connections (at %s its rate is %s of its best at fewer connections; the knee is the first count from which every rate is below %.0f%% of that best).\n\n",
 					model, thousands(before), thousands(at), thousands(at), num(fall), kneeFall*100)
 			}
 		}

@@ -267,3 +267,19 @@ func TestSummarizeNICModel(t *testing.T) {
 		}
 	}
 }
+
+// TestKneeIgnoresADip: one slow count that the next ones recover from is
+// not the knee.
+func TestKneeIgnoresADip(t *testing.T) {
+	recs, err := ReadRecords(strings.NewReader(`{"suite":"e1","design":"naive","vconns":100,"msgs_per_sec":500}
+{"suite":"e1","design":"naive","vconns":200,"msgs_per_sec":300}
+{"suite":"e1","design":"naive","vconns":400,"msgs_per_sec":480}
+{"suite":"e1","design":"naive","vconns":1000,"msgs_per_sec":100}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, a, f := Knee(recs, designNaive, false); b != 400 || a != 1000 || math.Abs(f-0.2) > 1e-9 {
+		t.Errorf("knee: %d, %d, %v; want 400, 1000, 0.2", b, a, f)
+	}
+}
