@@ -69,6 +69,9 @@ type Figure struct {
 	Chart interface{ SVG(io.Writer) error }
 }
 
+// designColor keeps a design's color across the model's settings.
+var designColor = map[string]string{designEngine: "#1f77b4", designNaive: "#d62728"}
+
 // PaperKnee is the RDMAvisor paper's claim the E1 figure is drawn against:
 // one QP per connection collapses past about 400 connections.
 const PaperKnee = 400
@@ -94,7 +97,7 @@ func Figures(recs []Record, e4 []GoBench) []Figure {
 		ns := counts(recs, "e1")
 		for _, nic := range e1Models(recs) {
 			for _, d := range []string{designEngine, designNaive} {
-				s := plot.Series{Name: d, Dashed: nic}
+				s := plot.Series{Name: d, Dashed: nic, Color: designColor[d]}
 				if nic {
 					s.Name += ", NIC model"
 				}
@@ -121,7 +124,7 @@ func Figures(recs []Record, e4 []GoBench) []Figure {
 		}})
 	var e2 []plot.Series
 	for _, d := range []string{designEngine, designNaive} {
-		s := plot.Series{Name: d}
+		s := plot.Series{Name: d, Color: designColor[d]}
 		for _, n := range counts(recs, "e2") {
 			r := rs.find("e2", func(r *Record) bool { return r.Design == d && r.VConns == n })
 			s.X, s.Y = append(s.X, float64(n)), append(s.Y, val(r, bytesPerVConn))

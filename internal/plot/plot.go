@@ -19,6 +19,16 @@ type Series struct {
 	Name   string
 	X, Y   []float64
 	Dashed bool
+	// Color is an SVG color (default: the palette's, by position).
+	Color string
+}
+
+// color is s's color, the palette's k-th by default.
+func (s Series) color(k int) string {
+	if s.Color != "" {
+		return s.Color
+	}
+	return palette[k%len(palette)]
 }
 
 // Ref is a vertical reference line at X, labelled.
@@ -157,7 +167,7 @@ func (s *svg) axes(xs, ys scale, xlabel, ylabel string, xticks []float64, xtick 
 	s.f("<text transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n", (y0+y1)/2, html.EscapeString(ylabel))
 }
 
-func (s *svg) legend(names []string, dashed []bool) {
+func (s *svg) legend(names, colors []string, dashed []bool) {
 	x := float64(width - right + 16)
 	for i, n := range names {
 		y := float64(top+10) + float64(i)*18
@@ -165,7 +175,7 @@ func (s *svg) legend(names []string, dashed []bool) {
 		if dashed != nil && dashed[i] {
 			dash = " stroke-dasharray=\"6 4\""
 		}
-		s.f("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n", x, y, x+24, y, palette[i%len(palette)], dash)
+		s.f("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n", x, y, x+24, y, html.EscapeString(colors[i]), dash)
 		s.text(x+30, y+4, "start", "", n)
 	}
 }
@@ -209,10 +219,11 @@ func (c Chart) SVG(w io.Writer) error {
 		}
 	}
 	names := make([]string, len(c.Series))
+	colors := make([]string, len(c.Series))
 	dashed := make([]bool, len(c.Series))
 	for k, sr := range c.Series {
-		names[k], dashed[k] = sr.Name, sr.Dashed
-		color := palette[k%len(palette)]
+		color := html.EscapeString(sr.color(k))
+		names[k], colors[k], dashed[k] = sr.Name, color, sr.Dashed
 		dash := ""
 		if sr.Dashed {
 			dash = " stroke-dasharray=\"6 4\""
@@ -237,7 +248,7 @@ func (c Chart) SVG(w io.Writer) error {
 			s.f("<path d=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s/>\n", strings.TrimSpace(path.String()), color, dash)
 		}
 	}
-	s.legend(names, dashed)
+	s.legend(names, colors, dashed)
 	s.f("</svg>\n")
 	_, err := io.WriteString(w, s.b.String())
 	return err
@@ -269,8 +280,9 @@ func (b Bars) SVG(w io.Writer) error {
 	n := max(1, len(b.Series))
 	barW := groupW * 0.7 / float64(n)
 	names := make([]string, len(b.Series))
+	colors := make([]string, len(b.Series))
 	for k, sr := range b.Series {
-		names[k] = sr.Name
+		names[k], colors[k] = sr.Name, sr.color(k)
 		for i := range min(len(sr.Y), len(b.Groups)) {
 			y := sr.Y[i]
 			if !usable(y, false) {
@@ -278,11 +290,11 @@ func (b Bars) SVG(w io.Writer) error {
 			}
 			x := float64(left) + groupW*float64(i) + groupW*0.15 + barW*float64(k)
 			top := ys.px(y)
-			s.f("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x, top, barW, ys.px(0)-top, palette[k%len(palette)])
+			s.f("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x, top, barW, ys.px(0)-top, html.EscapeString(colors[k]))
 			s.text(x+barW/2, top-4, "middle", " font-size=\"11\"", Label(y))
 		}
 	}
-	s.legend(names, nil)
+	s.legend(names, colors, nil)
 	s.f("</svg>\n")
 	_, err := io.WriteString(w, s.b.String())
 	return err
