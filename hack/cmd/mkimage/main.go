@@ -7,6 +7,13 @@
 //
 //	mkimage -bin-dir _output/bin -tag local.test/rdmavisor:dev -out _output/rdmavisor.tar
 //	mkimage -verify _output/rdmavisor.tar -tag local.test/rdmavisor:dev
+//
+// -single builds an application image instead: one program as its
+// entrypoint, and with -add the build host's files it needs, such as an
+// interpreter with its libraries (app.go); -verify-app checks one.
+//
+//	mkimage -single echo.py -add /usr/bin/python3 -add /usr/lib/python3.11 -prune __pycache__ -tag t -out echo-py.tar
+//	mkimage -verify-app echo-py.tar -tag t
 package main
 
 import (
