@@ -78,6 +78,7 @@ func TestE2E(t *testing.T) {
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
 		{"a link losing and reordering 5% of packets: every message once, in order", (*env).lossyLink},
 		{"a gRPC client calls servers on other nodes by a headless Service's name", (*env).grpcEcho},
+		{"the echo example in C and Python: C server and Go client, Go server and Python client, Python server and C client, across nodes", (*env).languages},
 		{"every agent's certificate renewed mid-traffic: nothing lost, new certificates served", (*env).certRotation},
 		{"the operator restarted mid-traffic: the vconns carry on", (*env).operatorRestart},
 		{"a node lost: its peers' vconns fail within 5s, their QPs released; back, it serves again", (*env).nodeLost},

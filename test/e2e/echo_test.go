@@ -18,10 +18,37 @@ import (
 // The example program's pods (examples/echo): servers, clients, and the
 // verdicts clients write.
 
+// app is an echo program's image and what runs it in the image: the Go
+// example (examples/echo), or the same program in C (examples/echo-c) or
+// Python (examples/echo-py; languages_test.go), with the same flags and
+// files.
+type app struct {
+	lang  string
+	image string
+	exe   []string // the command line before the program's arguments: `show` in probes and exec
+}
+
+var goEcho = app{lang: "go", image: echoImage, exe: []string{"/echo"}}
+
+// appOf is the app a pod runs.
+func appOf(p *corev1.Pod) app {
+	for _, a := range []app{goEcho, cEcho, pyEcho} {
+		if len(p.Spec.Containers) > 0 && p.Spec.Containers[0].Image == a.image {
+			return a
+		}
+	}
+	return goEcho
+}
+
 // echoPod is a pod of the example program requesting vconns, pinned to
 // node (through the scheduler, which counts the extended resource) unless
 // node is empty.
 func (e *env) echoPod(name, node string, vconns int64, args ...string) *corev1.Pod {
+	return e.appPod(goEcho, name, node, vconns, args...)
+}
+
+// appPod is echoPod of app a.
+func (e *env) appPod(a app, name, node string, vconns int64, args ...string) *corev1.Pod {
 	q := *resource.NewQuantity(vconns, resource.DecimalSI)
 	var sel map[string]string
 	if node != "" {
@@ -34,7 +61,7 @@ func (e *env) echoPod(name, node string, vconns int64, args ...string) *corev1.P
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: new(int64(2)),
 			Containers: []corev1.Container{{
-				Name: "echo", Image: echoImage, ImagePullPolicy: corev1.PullNever, Args: args,
+				Name: "echo", Image: a.image, ImagePullPolicy: corev1.PullNever, Args: args,
 				Env: []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
 					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
 				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{e.resource: q}},
@@ -104,7 +131,12 @@ func (e *env) podIP(name string) string {
 // startClient starts an echo client pod on node that dials the echo
 // server's port at target, the server pod's IP.
 func (e *env) startClient(client, node, target string, l load) {
-	e.createPod(e.echoPod(client, node, int64(l.conns), "client", fmt.Sprintf("--addr=%s:%d", target, echoPort),
+	e.startAppClient(goEcho, client, node, target, l)
+}
+
+// startAppClient is startClient of app a.
+func (e *env) startAppClient(a app, client, node, target string, l load) {
+	e.createPod(e.appPod(a, client, node, int64(l.conns), "client", fmt.Sprintf("--addr=%s:%d", target, echoPort),
 		fmt.Sprintf("--conns=%d", l.conns), fmt.Sprintf("--messages=%d", l.msgs), fmt.Sprintf("--size=%d", l.size),
 		"--timeout=5m", "--hold", "--verdict=/dev/termination-log"))
 }
@@ -144,7 +176,8 @@ func (e *env) verdictOf(client string) (v verdict, ok bool, why string) {
 			raw = cs.State.Terminated.Message
 		case cs.State.Running != nil:
 			ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-			out, err := exec.CommandContext(ctx, e.kubectl, "exec", "-n", "default", client, "--", "/echo", "show", "/dev/termination-log").Output()
+			show := append(append([]string{"exec", "-n", "default", client, "--"}, appOf(p).exe...), "show", "/dev/termination-log")
+			out, err := exec.CommandContext(ctx, e.kubectl, show...).Output()
 			cancel()
 			if err != nil {
 				return v, false, fmt.Sprintf("no verdict yet (%v)", err)
@@ -173,9 +206,14 @@ const serverVConns = 1000
 // serverPod is an echo server: Ready once it listens (it writes its
 // address, which a readiness probe reads with `echo show`).
 func (e *env) serverPod(name, node string, vconns int64) *corev1.Pod {
-	p := e.echoPod(name, node, vconns, "server", fmt.Sprintf("--port=%d", echoPort), "--ready=/dev/termination-log")
+	return e.appServerPod(goEcho, name, node, vconns)
+}
+
+// appServerPod is serverPod of app a.
+func (e *env) appServerPod(a app, name, node string, vconns int64) *corev1.Pod {
+	p := e.appPod(a, name, node, vconns, "server", fmt.Sprintf("--port=%d", echoPort), "--ready=/dev/termination-log")
 	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1,
-		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/echo", "show", "/dev/termination-log"}}}}
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: append(append([]string(nil), a.exe...), "show", "/dev/termination-log")}}}
 	return p
 }
 

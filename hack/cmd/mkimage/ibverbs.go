@@ -81,9 +81,30 @@ func IBVerbsFiles(agent, arch string) ([]string, error) {
 	if len(drivers) == 0 || len(providers) == 0 {
 		return nil, fmt.Errorf("no rdma-core providers on this host (%s: %d driver files, %d providers): install ibverbs-providers", driverDir, len(drivers), len(providers))
 	}
-	files := append(slices.Clone(drivers), providers...)
+	data, err := os.ReadFile(agent)
+	if err != nil {
+		return nil, err
+	}
+	if interp, _, err := elfDeps(data); err != nil {
+		return nil, fmt.Errorf("%s: %w", agent, err)
+	} else if interp == "" {
+		return nil, fmt.Errorf("%s is not dynamically linked: build it with CGO_ENABLED=1 -tags ibverbs", agent)
+	}
+	deps, err := HostDeps(append([]string{agent}, providers...), arch)
+	if err != nil {
+		return nil, err
+	}
+	return append(append(slices.Clone(drivers), providers...), deps...), nil
+}
+
+// HostDeps returns what the build host's ELF files roots load: their
+// interpreters and shared libraries, transitively, as the loader names
+// them (symlinks; hostFile copies what they point to as well). A static
+// binary loads nothing.
+func HostDeps(roots []string, arch string) ([]string, error) {
+	var files []string
 	seen := map[string]bool{}
-	queue := append([]string{agent}, providers...)
+	queue := slices.Clone(roots)
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
@@ -94,9 +115,6 @@ func IBVerbsFiles(agent, arch string) ([]string, error) {
 		interp, needed, err := elfDeps(data)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p, err)
-		}
-		if p == agent && interp == "" {
-			return nil, fmt.Errorf("%s is not dynamically linked: build it with CGO_ENABLED=1 -tags ibverbs", agent)
 		}
 		if interp != "" && !seen[interp] {
 			seen[interp] = true
@@ -224,42 +242,20 @@ func verifyIBVerbs(files map[string]File, arch string) []error {
 		return nil
 	}
 	var errs []error
-	// check verifies that the ELF file at p finds its interpreter and
-	// libraries in the image, transitively.
 	seen := map[string]bool{}
-	var check func(p string, data []byte, root bool)
-	check = func(p string, data []byte, root bool) {
-		interp, needed, err := elfDeps(data)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", p, err))
-			return
-		}
+	check := func(p string, data []byte, root bool) {
 		if root {
+			interp, needed, err := elfDeps(data)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", p, err))
+				return
+			}
 			if interp == "" || !slices.Contains(needed, "libibverbs.so.1") {
 				errs = append(errs, fmt.Errorf("%s does not load libibverbs (interpreter %q, libraries %q): build it with CGO_ENABLED=1 -tags ibverbs", p, interp, needed))
 				return
 			}
-			if r := resolve(files, interp); r == "" || files[r].Dir {
-				errs = append(errs, fmt.Errorf("%s: its interpreter %s is not in the image", p, interp))
-			}
 		}
-		for _, n := range needed {
-			found := ""
-			for _, d := range libDirs(arch) {
-				if r := resolve(files, path.Join(d, n)); r != "" && !files[r].Dir {
-					found = r
-					break
-				}
-			}
-			if found == "" {
-				errs = append(errs, fmt.Errorf("%s needs %s, which is not in the image", p, n))
-				continue
-			}
-			if !seen[found] {
-				seen[found] = true
-				check(found, files[found].Data, false)
-			}
-		}
+		errs = append(errs, checkLoads(files, arch, p, data, seen)...)
 	}
 	check(binDir+"/"+IBVerbsAgent, agent.Data, true)
 	var drivers []string
@@ -292,6 +288,40 @@ func verifyIBVerbs(files map[string]File, arch string) []error {
 		if !seen[r] {
 			seen[r] = true
 			check(provider, files[r].Data, false)
+		}
+	}
+	return errs
+}
+
+// checkLoads checks that the image's ELF file p (contents data) finds its
+// interpreter and libraries in the image, transitively; seen holds the
+// libraries checked already.
+func checkLoads(files map[string]File, arch, p string, data []byte, seen map[string]bool) []error {
+	interp, needed, err := elfDeps(data)
+	if err != nil {
+		return []error{fmt.Errorf("%s: %w", p, err)}
+	}
+	var errs []error
+	if interp != "" {
+		if r := resolve(files, interp); r == "" || files[r].Dir {
+			errs = append(errs, fmt.Errorf("%s: its interpreter %s is not in the image", p, interp))
+		}
+	}
+	for _, n := range needed {
+		found := ""
+		for _, d := range libDirs(arch) {
+			if r := resolve(files, path.Join(d, n)); r != "" && !files[r].Dir {
+				found = r
+				break
+			}
+		}
+		if found == "" {
+			errs = append(errs, fmt.Errorf("%s needs %s, which is not in the image", p, n))
+			continue
+		}
+		if !seen[found] {
+			seen[found] = true
+			errs = append(errs, checkLoads(files, arch, found, files[found].Data, seen)...)
 		}
 	}
 	return errs

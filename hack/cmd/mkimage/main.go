@@ -7,6 +7,13 @@
 //
 //	mkimage -bin-dir _output/bin -tag local.test/rdmavisor:dev -out _output/rdmavisor.tar
 //	mkimage -verify _output/rdmavisor.tar -tag local.test/rdmavisor:dev
+//
+// -single builds an application image instead: one program as its
+// entrypoint, and with -add the build host's files it needs, such as an
+// interpreter with its libraries (app.go); -verify-app checks one.
+//
+//	mkimage -single echo.py -add /usr/bin/python3 -add /usr/lib/python3.11 -prune __pycache__ -tag t -out echo-py.tar
+//	mkimage -verify-app echo-py.tar -tag t
 package main
 
 import (
@@ -64,6 +71,11 @@ type Options struct {
 	// (symlinks as symlinks, with their targets): what the ibverbs node
 	// agent loads (IBVerbsFiles).
 	HostFiles []string
+	// Adds are trees of the build host an application image (-single)
+	// holds, with what their ELF files load; names matching a Prune
+	// pattern (path.Match, on base names) are left out.
+	Adds  []Add
+	Prune []string
 }
 
 // Build returns the image.
@@ -188,7 +200,8 @@ func rootLayer(o Options) (v1.Layer, error) {
 
 // BuildSingle returns an image of one static binary, /NAME, its entrypoint,
 // run as NonRootUser: the example applications and the local cluster's
-// pause image.
+// pause image. With o.Adds, /NAME may be a script whose interpreter they
+// bring (addTrees).
 func BuildSingle(bin string, o Options) (v1.Image, error) {
 	data, err := os.ReadFile(bin)
 	if err != nil {
@@ -200,6 +213,9 @@ func BuildSingle(bin string, o Options) (v1.Image, error) {
 		return nil, err
 	}
 	if err := w.file(name, 0o755, data); err != nil {
+		return nil, err
+	}
+	if err := w.addTrees(o.Adds, o.Prune, o.Arch, map[string]bool{"tmp": true, name: true}); err != nil {
 		return nil, err
 	}
 	layer, err := w.layer()
@@ -327,6 +343,7 @@ func main() {
 		ibverbs bool
 		// listIBVerbs names an agent whose files to list.
 		listIBVerbs string
+		verifyApp   string
 	)
 	flag.StringVar(&o.BinDir, "bin-dir", "_output/bin", "Directory of the static binaries: "+strings.Join(Binaries, ", ")+".")
 	flag.StringVar(&o.RootFS, "rootfs", "hack/image", "Directory of passwd and group.")
@@ -338,7 +355,32 @@ func main() {
 	flag.StringVar(&single, "single", "", "Build an image of this one static binary instead (entrypoint /NAME, non-root).")
 	flag.BoolVar(&ibverbs, "ibverbs", false, "The node-agent in -bin-dir is built with cgo and -tags ibverbs: add what it loads (libibverbs, the rdma-core providers, "+driverDir+") from this host.")
 	flag.StringVar(&listIBVerbs, "ibverbs-files", "", "Print the files of this host the ibverbs node agent at this path loads, one a line, and exit (the Dockerfile copies them).")
+	flag.Func("add", "With -single: add this host file or directory tree, SRC (at the same path) or SRC=/DST, with the shared libraries its ELF files load (repeatable).", func(s string) error {
+		a, err := ParseAdd(s)
+		o.Adds = append(o.Adds, a)
+		return err
+	})
+	flag.Func("prune", "With -add: leave out files and directories whose name matches this pattern (path.Match; repeatable).", func(s string) error {
+		if _, err := path.Match(s, ""); err != nil {
+			return fmt.Errorf("pattern %q: %w", s, err)
+		}
+		o.Prune = append(o.Prune, s)
+		return nil
+	})
+	flag.StringVar(&verifyApp, "verify-app", "", "Read this tarball back and check the -single image tagged -tag: its entrypoint (and a script's interpreter) is there, and every ELF file finds its libraries.")
 	flag.Parse()
+	if verifyApp != "" {
+		if err := VerifyApp(verifyApp, tag); err != nil {
+			fmt.Fprintf(os.Stderr, "mkimage: %s: %v\n", verifyApp, err)
+			os.Exit(1)
+		}
+		fmt.Printf("%s: %s runs and finds all it loads\n", verifyApp, tag)
+		return
+	}
+	if len(o.Adds) > 0 && single == "" {
+		fmt.Fprintln(os.Stderr, "mkimage: -add needs -single")
+		os.Exit(2)
+	}
 	if listIBVerbs != "" {
 		files, err := IBVerbsFiles(listIBVerbs, o.Arch)
 		if err != nil {
