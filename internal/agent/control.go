@@ -113,15 +113,16 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 	if err := s.a.authorize(ctx, claim{gid: gid, of: claimsGID}); err != nil {
 		return nil, err
 	}
-	if req.Type > 255 || req.Mtu > 255 {
-		return nil, status.Error(codes.InvalidArgument, "bad QP type or MTU")
+	if req.Type > 255 || req.Mtu > 255 || req.Lid > verbs.MaxUnicastLID {
+		return nil, status.Error(codes.InvalidArgument, "bad QP type, MTU or LID")
 	}
 	rep, err := s.a.eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
-		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch, Pool: int(min(req.Pool, 1<<16))})
+		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch, Pool: int(min(req.Pool, 1<<16)),
+		LID: uint16(req.Lid)})
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
-	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch, Secret: rep.Secret, UdSecret: rep.UDSecret}, nil
+	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch, Secret: rep.Secret, UdSecret: rep.UDSecret, Lid: uint32(rep.LID)}, nil
 }
 
 // Dial gives the caller's vconn a peer on a listener of this node.
@@ -228,7 +229,7 @@ type link struct {
 func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPReply, error) {
 	var from peer.Peer
 	rep, err := l.r.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
-		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool)},
+		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool), Lid: uint32(req.LID)},
 		grpc.Peer(&from))
 	if err != nil {
 		return engine.QPReply{}, statusError(err)
@@ -268,6 +269,8 @@ func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 		return engine.QPReply{}, fmt.Errorf("%w: epoch 0", errBadReply)
 	case rep.GetSecret() == 0 || rep.GetUdSecret() == 0:
 		return engine.QPReply{}, fmt.Errorf("%w: no secret", errBadReply)
+	case rep.GetLid() > verbs.MaxUnicastLID:
+		return engine.QPReply{}, fmt.Errorf("%w: LID %#x is not unicast", errBadReply, rep.GetLid())
 	}
 	for _, q := range rep.GetUdQpns() {
 		if q == 0 || q >= qpnLimit {
@@ -275,7 +278,7 @@ func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 		}
 	}
 	return engine.QPReply{QPN: rep.GetQpn(), PSN: rep.GetPsn(), UDQPNs: rep.GetUdQpns(), Epoch: rep.GetEpoch(),
-		Secret: rep.GetSecret(), UDSecret: rep.GetUdSecret()}, nil
+		Secret: rep.GetSecret(), UDSecret: rep.GetUdSecret(), LID: uint16(rep.GetLid())}, nil
 }
 
 // dialPeer connects a new vconn to a listener on another node. Its

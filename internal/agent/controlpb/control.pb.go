@@ -224,7 +224,10 @@ type QPRequest struct {
 	Epoch uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// pool is the size of the requester's pools (its QPs per peer): its vconn
 	// of vQPN v sends on the QPs of index v mod pool.
-	Pool          uint32 `protobuf:"varint,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	Pool uint32 `protobuf:"varint,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	// lid is the requester's port LID when its link layer is InfiniBand
+	// (the acceptor's QP path routes on it, without a GRH); 0 on RoCE.
+	Lid           uint32 `protobuf:"varint,10,opt,name=lid,proto3" json:"lid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +325,13 @@ func (x *QPRequest) GetPool() uint32 {
 	return 0
 }
 
+func (x *QPRequest) GetLid() uint32 {
+	if x != nil {
+		return x.Lid
+	}
+	return 0
+}
+
 type QPReply struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Qpn    uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
@@ -335,8 +345,10 @@ type QPReply struct {
 	// does not know it). ud_secret is the same for the requester's datagrams
 	// to the acceptor's UD QPs. Random, drawn by the acceptor, never 0; they
 	// travel only here, under the control plane's mutual TLS.
-	Secret        uint64 `protobuf:"fixed64,5,opt,name=secret,proto3" json:"secret,omitempty"`
-	UdSecret      uint64 `protobuf:"fixed64,6,opt,name=ud_secret,json=udSecret,proto3" json:"ud_secret,omitempty"`
+	Secret   uint64 `protobuf:"fixed64,5,opt,name=secret,proto3" json:"secret,omitempty"`
+	UdSecret uint64 `protobuf:"fixed64,6,opt,name=ud_secret,json=udSecret,proto3" json:"ud_secret,omitempty"`
+	// lid is the acceptor's port LID on InfiniBand, as in QPRequest.
+	Lid           uint32 `protobuf:"varint,7,opt,name=lid,proto3" json:"lid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -409,6 +421,13 @@ func (x *QPReply) GetSecret() uint64 {
 func (x *QPReply) GetUdSecret() uint64 {
 	if x != nil {
 		return x.UdSecret
+	}
+	return 0
+}
+
+func (x *QPReply) GetLid() uint32 {
+	if x != nil {
+		return x.Lid
 	}
 	return 0
 }
@@ -723,7 +742,7 @@ const file_control_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x04node\x12\x17\n" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
-	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xc0\x01\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xd2\x01\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -733,14 +752,17 @@ const file_control_proto_rawDesc = "" +
 	"\aud_qpns\x18\x06 \x03(\rR\x06udQpns\x12\x14\n" +
 	"\x05index\x18\a \x01(\rR\x05index\x12\x14\n" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x12\n" +
-	"\x04pool\x18\t \x01(\rR\x04pool\"\x91\x01\n" +
+	"\x04pool\x18\t \x01(\rR\x04pool\x12\x10\n" +
+	"\x03lid\x18\n" +
+	" \x01(\rR\x03lid\"\xa3\x01\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
 	"\aud_qpns\x18\x03 \x03(\rR\x06udQpns\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06secret\x18\x05 \x01(\x06R\x06secret\x12\x1b\n" +
-	"\tud_secret\x18\x06 \x01(\x06R\budSecret\"\x92\x01\n" +
+	"\tud_secret\x18\x06 \x01(\x06R\budSecret\x12\x10\n" +
+	"\x03lid\x18\a \x01(\rR\x03lid\"\x92\x01\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
