@@ -101,6 +101,10 @@ type Allocation struct {
 	PodScoped bool `json:"podScoped,omitempty"`
 	// Pod is the pod it is bound to, "namespace/name" (set by the agent).
 	Pod string `json:"pod,omitempty"`
+	// Rail is the agent's device (rail) whose engine carries its vconns:
+	// 0, the first, unless the creator chose another (by the NUMA node
+	// of the pod, as the device plugin places it).
+	Rail int `json:"rail,omitempty"`
 }
 
 // Pod is a pod the CNI plugin registered.

@@ -142,7 +142,7 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 		if req.Allocation == nil {
 			return adminErr(admin.CodeInvalid, errors.New("createAllocation: allocation is required"))
 		}
-		al, err := a.createAllocation(req.Allocation.ID, req.Allocation.VConns, req.Allocation.PodScoped)
+		al, err := a.createAllocation(req.Allocation.ID, req.Allocation.VConns, req.Allocation.PodScoped, req.Allocation.Rail)
 		if err != nil {
 			return classify(err)
 		}

@@ -141,11 +141,14 @@ func (x *IdentityRequest) GetCaller() *Node {
 }
 
 type IdentityReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	UdQpns        []uint32               `protobuf:"varint,2,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
-	Qkey          uint32                 `protobuf:"varint,3,opt,name=qkey,proto3" json:"qkey,omitempty"`
-	Mtu           uint32                 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Node   *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	UdQpns []uint32               `protobuf:"varint,2,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
+	Qkey   uint32                 `protobuf:"varint,3,opt,name=qkey,proto3" json:"qkey,omitempty"`
+	Mtu    uint32                 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// rail_gids are the GIDs of the callee's rails 1.. (multi-rail: a
+	// device and engine each); rail 0's is node.gid.
+	RailGids      [][]byte `protobuf:"bytes,5,rep,name=rail_gids,json=railGids,proto3" json:"rail_gids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -208,6 +211,13 @@ func (x *IdentityReply) GetMtu() uint32 {
 	return 0
 }
 
+func (x *IdentityReply) GetRailGids() [][]byte {
+	if x != nil {
+		return x.RailGids
+	}
+	return nil
+}
+
 type QPRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Gid    []byte                 `protobuf:"bytes,1,opt,name=gid,proto3" json:"gid,omitempty"`
@@ -227,7 +237,11 @@ type QPRequest struct {
 	Pool uint32 `protobuf:"varint,9,opt,name=pool,proto3" json:"pool,omitempty"`
 	// lid is the requester's port LID when its link layer is InfiniBand
 	// (the acceptor's QP path routes on it, without a GRH); 0 on RoCE.
-	Lid           uint32 `protobuf:"varint,10,opt,name=lid,proto3" json:"lid,omitempty"`
+	Lid uint32 `protobuf:"varint,10,opt,name=lid,proto3" json:"lid,omitempty"`
+	// rail is the requester's rail, whose engine makes the QP: the
+	// acceptor's engine of the same rail accepts it (rail i of a node talks
+	// to rail i of another, as rail-optimised fabrics are wired).
+	Rail          uint32 `protobuf:"varint,11,opt,name=rail,proto3" json:"rail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -328,6 +342,13 @@ func (x *QPRequest) GetPool() uint32 {
 func (x *QPRequest) GetLid() uint32 {
 	if x != nil {
 		return x.Lid
+	}
+	return 0
+}
+
+func (x *QPRequest) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
 	}
 	return 0
 }
@@ -443,7 +464,11 @@ type DialRequest struct {
 	Ip []byte `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
 	// from_ip is the dialing pod's IP (empty for a host service): what the
 	// listener sees as the remote address.
-	FromIp        []byte `protobuf:"bytes,5,opt,name=from_ip,json=fromIp,proto3" json:"from_ip,omitempty"`
+	FromIp []byte `protobuf:"bytes,5,opt,name=from_ip,json=fromIp,proto3" json:"from_ip,omitempty"`
+	// rail is the caller's vconn's rail, and rail_gid the caller's GID on
+	// it (rail 0: caller.gid): the callee makes its vconn on the same rail.
+	Rail          uint32 `protobuf:"varint,6,opt,name=rail,proto3" json:"rail,omitempty"`
+	RailGid       []byte `protobuf:"bytes,7,opt,name=rail_gid,json=railGid,proto3" json:"rail_gid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -509,6 +534,20 @@ func (x *DialRequest) GetIp() []byte {
 func (x *DialRequest) GetFromIp() []byte {
 	if x != nil {
 		return x.FromIp
+	}
+	return nil
+}
+
+func (x *DialRequest) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
+func (x *DialRequest) GetRailGid() []byte {
+	if x != nil {
+		return x.RailGid
 	}
 	return nil
 }
@@ -737,12 +776,13 @@ const file_control_proto_rawDesc = "" +
 	"\x03gid\x18\x03 \x01(\fR\x03gid\x12 \n" +
 	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"C\n" +
 	"\x0fIdentityRequest\x120\n" +
-	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\"|\n" +
+	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\"\x99\x01\n" +
 	"\rIdentityReply\x12,\n" +
 	"\x04node\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x04node\x12\x17\n" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
-	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xd2\x01\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\x12\x1b\n" +
+	"\trail_gids\x18\x05 \x03(\fR\brailGids\"\xe6\x01\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -754,7 +794,8 @@ const file_control_proto_rawDesc = "" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04pool\x18\t \x01(\rR\x04pool\x12\x10\n" +
 	"\x03lid\x18\n" +
-	" \x01(\rR\x03lid\"\xa3\x01\n" +
+	" \x01(\rR\x03lid\x12\x12\n" +
+	"\x04rail\x18\v \x01(\rR\x04rail\"\xa3\x01\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
@@ -762,13 +803,15 @@ const file_control_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06secret\x18\x05 \x01(\x06R\x06secret\x12\x1b\n" +
 	"\tud_secret\x18\x06 \x01(\x06R\budSecret\x12\x10\n" +
-	"\x03lid\x18\a \x01(\rR\x03lid\"\x92\x01\n" +
+	"\x03lid\x18\a \x01(\rR\x03lid\"\xc1\x01\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
 	"\x05vconn\x18\x03 \x01(\rR\x05vconn\x12\x0e\n" +
 	"\x02ip\x18\x04 \x01(\fR\x02ip\x12\x17\n" +
-	"\afrom_ip\x18\x05 \x01(\fR\x06fromIp\"!\n" +
+	"\afrom_ip\x18\x05 \x01(\fR\x06fromIp\x12\x12\n" +
+	"\x04rail\x18\x06 \x01(\rR\x04rail\x12\x19\n" +
+	"\brail_gid\x18\a \x01(\fR\arailGid\"!\n" +
 	"\tDialReply\x12\x14\n" +
 	"\x05vconn\x18\x01 \x01(\rR\x05vconn\"k\n" +
 	"\x04Beat\x12\x10\n" +
