@@ -132,6 +132,13 @@ func TestTwoRails(t *testing.T) {
 		}
 	}
 
+	// The status reports each rail's device and what is bound to it.
+	st := a.Agent.Status()
+	if len(st.Rails) != 2 || st.Rails[0].Device != "soft-127.0.0.2" || st.Rails[1].Device != "soft-127.0.0.4" ||
+		st.Rails[1].GID != "127.0.0.4" || st.Rails[0].Allocated != 4 || st.Rails[1].Allocated != 4 || st.Allocated != 8 ||
+		st.Rails[0].Peers != 1 || st.Rails[1].Peers != 1 || st.Rails[1].LinkLayer != "Ethernet" {
+		t.Errorf("node-a's status: %+v", st)
+	}
 	ac, err := admin.Dial(ctx, a.Config.AdminSocket)
 	if err != nil {
 		t.Fatal(err)
