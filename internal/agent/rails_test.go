@@ -165,3 +165,18 @@ func TestRailMissingOnPeer(t *testing.T) {
 	}
 	echo(ctx, t, railClient(t, cl.Nodes[0], "cli0", 0), "9", "rail 0")
 }
+
+// TestRailsUnderTLS: under mutual TLS a peer's rail GID must be one of
+// its certificate's addresses, as rail 0's is; the nodes' certificates
+// name their own address only, so rail 1 is refused, saying why, and
+// rail 0 works.
+func TestRailsUnderTLS(t *testing.T) {
+	cl := startCluster(t, agenttest.Options{TLS: true, TuneConfig: twoRails})
+	ctx := ctxT(t)
+	serveEcho(ctx, t, railClient(t, cl.Nodes[1], "srv", 0), "9")
+	c1 := railClient(t, cl.Nodes[0], "cli1", 1)
+	if _, err := c1.Dial(ctx, "node-b:9"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("dial on rail 1 without the rail's address in the certificates: %v; want a refusal naming the certificate", err)
+	}
+	echo(ctx, t, railClient(t, cl.Nodes[0], "cli0", 0), "9", "rail 0")
+}
