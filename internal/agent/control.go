@@ -215,7 +215,8 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 	if err := s.a.authorize(stream.Context(), claim{}); err != nil {
 		return err
 	}
-	var caller []byte // the GID authorized on this stream
+	var caller []byte               // the GID authorized on this stream
+	railOK := make(map[string]bool) // the caller's rail GIDs, authorized or not
 	for {
 		b, err := stream.Recv()
 		if err != nil {
@@ -237,10 +238,44 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 			}
 			epoch = s.a.eng.PeerEpoch(gid)
 		}
-		if err := stream.Send(&controlpb.Beat{Seq: b.Seq, Incarnation: s.a.incarnation, PeerEpoch: epoch}); err != nil {
+		ans := &controlpb.Beat{Seq: b.Seq, Incarnation: s.a.incarnation, PeerEpoch: epoch}
+		if len(b.RailGids) > 0 {
+			ans.RailEpochs = s.railEpochs(stream.Context(), b.RailGids, railOK)
+		}
+		if err := stream.Send(ans); err != nil {
 			return nil
 		}
 	}
+}
+
+// railEpochs answers a beat's rail GIDs (rails 1..) with this agent's
+// epochs for them, on its engines of the same rails: 0 (no news) past its
+// rails, and for a GID the caller's certificate does not hold (the
+// stream goes on: rail 0 still speaks). ok caches the authorization of
+// each GID for the stream.
+func (s *controlServer) railEpochs(ctx context.Context, gids [][]byte, ok map[string]bool) []uint64 {
+	a := s.a
+	n := min(len(gids), len(a.engines)-1)
+	out := make([]uint64, n)
+	for i := range n {
+		gid, err := gidOf(gids[i])
+		if err != nil {
+			continue
+		}
+		k := string(gids[i])
+		allowed, seen := ok[k]
+		if !seen {
+			if len(ok) >= 64 { // bounds what a stream makes this agent remember
+				continue
+			}
+			allowed = a.authorize(ctx, claim{gid: gid, of: claimsGID}) == nil
+			ok[k] = allowed
+		}
+		if allowed {
+			out[i] = a.engines[i+1].PeerEpoch(gid)
+		}
+	}
+	return out
 }
 
 // link is engine.PeerLink over the control plane, for the engine peer at

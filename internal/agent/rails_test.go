@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -179,4 +180,28 @@ func TestRailsUnderTLS(t *testing.T) {
 		t.Errorf("dial on rail 1 without the rail's address in the certificates: %v; want a refusal naming the certificate", err)
 	}
 	echo(ctx, t, railClient(t, cl.Nodes[0], "cli0", 0), "9", "rail 0")
+}
+
+// TestRailEpochs: when a node drops its side of a rail's connection (its
+// engine peer fails) without restarting, the other node learns it from
+// the heartbeat's rail epochs and fails its own side of that rail, as it
+// does for rail 0, and the rail connects afresh.
+func TestRailEpochs(t *testing.T) {
+	cl := startCluster(t, agenttest.Options{TuneConfig: twoRails})
+	ctx := ctxT(t)
+	a, b := cl.Nodes[0], cl.Nodes[1]
+	serveEcho(ctx, t, railClient(t, b, "srv", 0), "9")
+	c1 := railClient(t, a, "cli1", 1)
+	echo(ctx, t, c1, "9", "before")
+	aGID, bGID := a.Agent.Rails()[1].GID(), b.Agent.Rails()[1].GID()
+	if e := a.Agent.Rails()[1].PeerEpoch(bGID); e != 1 {
+		t.Fatalf("node-a's rail 1 epoch for node-b: %d, want 1", e)
+	}
+	p, err := b.Agent.Rails()[1].Peer(aGID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Fail(errors.New("test: node-b drops its side of rail 1"))
+	eventuallyT(t, "node-a's rail 1 to drop its side", func() bool { return a.Agent.Rails()[1].PeerEpoch(bGID) == 2 })
+	echo(ctx, t, c1, "9", "after")
 }

@@ -340,13 +340,18 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		g := e.GID()
 		gid = g[:]
 	}
+	var railGIDs [][]byte
+	for _, e := range r.a.engines[min(1, len(r.a.engines)):] {
+		g := e.GID()
+		railGIDs = append(railGIDs, g[:])
+	}
 	var sent atomic.Uint64 // the last beat's seq
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for seq := uint64(1); ; seq++ {
 			sent.Store(seq)
-			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid}) != nil {
+			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid, RailGids: railGIDs}) != nil {
 				return
 			}
 			select {
@@ -378,11 +383,20 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		r.lost = false
 		old := r.incarnation
 		r.incarnation = b.Incarnation
-		p := r.peer
+		peers := r.peersLocked()
 		r.mu.Unlock()
-		if p != nil && vouchFor(id, r.node, p.GID()) == nil {
-			// The peer's side of our connection is new: ours goes too.
-			r.a.eng.ObservePeerEpoch(p.GID(), b.PeerEpoch)
+		for rail, p := range peers {
+			epoch := b.PeerEpoch
+			if rail > 0 {
+				epoch = 0
+				if rail <= len(b.RailEpochs) {
+					epoch = b.RailEpochs[rail-1]
+				}
+			}
+			if p != nil && vouchFor(id, r.node, p.GID()) == nil {
+				// The peer's side of our connection is new: ours goes too.
+				r.a.engines[rail].ObservePeerEpoch(p.GID(), epoch)
+			}
 		}
 		if old != 0 && old != b.Incarnation {
 			return true, errRestarted

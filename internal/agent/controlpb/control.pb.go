@@ -603,8 +603,14 @@ type Beat struct {
 	// gid is the sender's (its certificate's, under mutual TLS); the answer
 	// carries in peer_epoch the answerer's epoch for it (QPRequest.epoch),
 	// 0 if it has no live side of a connection to it.
-	Gid           []byte `protobuf:"bytes,3,opt,name=gid,proto3" json:"gid,omitempty"`
-	PeerEpoch     uint64 `protobuf:"varint,4,opt,name=peer_epoch,json=peerEpoch,proto3" json:"peer_epoch,omitempty"`
+	Gid       []byte `protobuf:"bytes,3,opt,name=gid,proto3" json:"gid,omitempty"`
+	PeerEpoch uint64 `protobuf:"varint,4,opt,name=peer_epoch,json=peerEpoch,proto3" json:"peer_epoch,omitempty"`
+	// rail_gids are the sender's GIDs on its rails 1.. (multi-rail), and
+	// rail_epochs in the answer the answerer's epochs for them, by rail, as
+	// peer_epoch is for gid (0: no news, also for a GID the sender's
+	// certificate does not hold).
+	RailGids      [][]byte `protobuf:"bytes,5,rep,name=rail_gids,json=railGids,proto3" json:"rail_gids,omitempty"`
+	RailEpochs    []uint64 `protobuf:"varint,6,rep,packed,name=rail_epochs,json=railEpochs,proto3" json:"rail_epochs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -665,6 +671,20 @@ func (x *Beat) GetPeerEpoch() uint64 {
 		return x.PeerEpoch
 	}
 	return 0
+}
+
+func (x *Beat) GetRailGids() [][]byte {
+	if x != nil {
+		return x.RailGids
+	}
+	return nil
+}
+
+func (x *Beat) GetRailEpochs() []uint64 {
+	if x != nil {
+		return x.RailEpochs
+	}
+	return nil
 }
 
 type Announcement struct {
@@ -813,13 +833,16 @@ const file_control_proto_rawDesc = "" +
 	"\x04rail\x18\x06 \x01(\rR\x04rail\x12\x19\n" +
 	"\brail_gid\x18\a \x01(\fR\arailGid\"!\n" +
 	"\tDialReply\x12\x14\n" +
-	"\x05vconn\x18\x01 \x01(\rR\x05vconn\"k\n" +
+	"\x05vconn\x18\x01 \x01(\rR\x05vconn\"\xa9\x01\n" +
 	"\x04Beat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
 	"\x03gid\x18\x03 \x01(\fR\x03gid\x12\x1d\n" +
 	"\n" +
-	"peer_epoch\x18\x04 \x01(\x04R\tpeerEpoch\"Y\n" +
+	"peer_epoch\x18\x04 \x01(\x04R\tpeerEpoch\x12\x1b\n" +
+	"\trail_gids\x18\x05 \x03(\fR\brailGids\x12\x1f\n" +
+	"\vrail_epochs\x18\x06 \x03(\x04R\n" +
+	"railEpochs\"Y\n" +
 	"\fAnnouncement\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x17\n" +
 	"\apod_ips\x18\x02 \x03(\fR\x06podIps\"1\n" +
