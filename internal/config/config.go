@@ -88,6 +88,7 @@ const (
 	MaxVConnsPerNode   = 65536
 	MaxMaxMessageBytes = 1 << 30
 	MaxPollers         = 64 // the engine's bound
+	MaxRails           = 16 // devices an agent serves (device.rails): more than a node has NICs
 )
 
 // AgentConfig is the node agent's configuration.

@@ -31,9 +31,8 @@ func Open(cfg *config.AgentConfig) (verbs.Device, error) {
 	return nil, &OpenError{reason: ReasonInvalidRequest, Err: fmt.Errorf("device provider %q: want soft or ibverbs", cfg.Device.Provider)}
 }
 
-// MaxRails bounds config.DeviceConfig.Rails: more rails than a node has
-// NICs serve nothing.
-const MaxRails = 16
+// MaxRails bounds config.DeviceConfig.Rails.
+const MaxRails = config.MaxRails
 
 // OpenRails opens the devices of the node's rails (config.DeviceConfig
 // Rails), rail 0 first: one device, as Open does, unless more are
