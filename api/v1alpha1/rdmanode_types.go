@@ -65,6 +65,29 @@ type RDMADevice struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	Message string `json:"message,omitempty"`
+
+	// Rail is the device's index among the agent's devices (multi-rail,
+	// an engine each): allocations bound to it reach the other nodes'
+	// devices of the same rail.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Rail int32 `json:"rail,omitempty"`
+
+	// VConnsAllocated is the vconns of the allocations bound to the
+	// device: its share of the node's vconnCapacity.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	VConnsAllocated int32 `json:"vconnsAllocated,omitempty"`
+
+	// VConnsOpen is the number of vconns open on the device.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	VConnsOpen int32 `json:"vconnsOpen,omitempty"`
+
+	// QPsInUse is the number of queue pairs the agent holds on the device.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	QPsInUse int32 `json:"qpsInUse,omitempty"`
 }
 
 // AgentAddress is where peer agents reach this node's agent.

@@ -84,13 +84,23 @@ func main() {
 	// A device that does not open (none, a wrong name, a port down, a GID
 	// index out of range) is waited for, not exited on: exiting would
 	// crash-loop the pod with nothing said where the operator looks.
-	dev, err := waitForDevice(ctx, cfg, device.Open, device.DefaultBackoff, log, &node)
-	if err != nil {
+	// Every rail's device (one unless device.rails says more) opens
+	// together.
+	var rails []verbs.Device
+	openRails := func(c *config.AgentConfig) (verbs.Device, error) {
+		devs, err := device.OpenRails(c)
+		if err != nil {
+			return nil, err
+		}
+		rails = devs
+		return devs[0], nil
+	}
+	if _, err := waitForDevice(ctx, cfg, openRails, device.DefaultBackoff, log, &node); err != nil {
 		log.Info("Stopped waiting for the RDMA device")
 		<-reported
 		return
 	}
-	opts.OpenDevice = func(*config.AgentConfig) (verbs.Device, error) { return dev, nil }
+	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }
 	a, err := agent.New(opts)
 	if err != nil {
 		log.Error(err, "Cannot start the agent")

@@ -101,6 +101,10 @@ type Allocation struct {
 	PodScoped bool `json:"podScoped,omitempty"`
 	// Pod is the pod it is bound to, "namespace/name" (set by the agent).
 	Pod string `json:"pod,omitempty"`
+	// Rail is the agent's device (rail) whose engine carries its vconns:
+	// 0, the first, unless the creator chose another (by the NUMA node
+	// of the pod, as the device plugin places it).
+	Rail int `json:"rail,omitempty"`
 }
 
 // Pod is a pod the CNI plugin registered.
@@ -129,6 +133,24 @@ type Status struct {
 	// Unreachable are the peer nodes whose agents stopped answering this
 	// one's heartbeats, sorted.
 	Unreachable []string `json:"unreachable,omitempty"`
+	// Rails are the agent's devices, an engine each, rail 0 (Device,
+	// GID) first.
+	Rails []Rail `json:"rails,omitempty"`
+}
+
+// Rail is one of an agent's devices and the use of its engine.
+type Rail struct {
+	Device    string `json:"device"`
+	GID       string `json:"gid"`
+	LinkLayer string `json:"linkLayer,omitempty"`
+	// NUMANode of the device, -1 when unknown.
+	NUMANode int `json:"numaNode"`
+	// Allocated is the sum of the quotas of the allocations bound to
+	// the rail (their share of Status.Capacity).
+	Allocated int `json:"allocated"`
+	VConns    int `json:"vconns"`
+	QPs       int `json:"qps"`
+	Peers     int `json:"peers"`
 }
 
 // DecodeRequest parses one admin request strictly: unknown fields and

@@ -91,9 +91,10 @@ func (c *Client) CreateAllocation(ctx context.Context, id string, k int) (Alloca
 	return c.Create(ctx, Allocation{ID: id, VConns: k})
 }
 
-// Create creates the allocation al describes (ID, VConns, PodScoped).
+// Create creates the allocation al describes (ID, VConns, PodScoped,
+// Rail).
 func (c *Client) Create(ctx context.Context, al Allocation) (Allocation, error) {
-	rep, err := c.do(ctx, Request{Op: OpCreateAllocation, Allocation: &Allocation{ID: al.ID, VConns: al.VConns, PodScoped: al.PodScoped}})
+	rep, err := c.do(ctx, Request{Op: OpCreateAllocation, Allocation: &Allocation{ID: al.ID, VConns: al.VConns, PodScoped: al.PodScoped, Rail: al.Rail}})
 	if err != nil {
 		return Allocation{}, err
 	}

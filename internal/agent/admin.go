@@ -15,14 +15,23 @@ import (
 )
 
 // Status reports the agent's state.
+//
+// VConns and QPs are summed over the rails; Peers is rail 0's (a node is
+// a peer on every rail it shares).
 func (a *Agent) Status() admin.Status {
 	st := a.eng.Stats()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := admin.Status{Ready: a.ready.Load(), Node: a.cfg.NodeName, Capacity: a.cfg.VConnsPerNode, VConns: st.VConns, QPs: st.QPs, Peers: st.Peers,
 		Device: a.dev.Attr().Name, GID: a.eng.GID().String(), Control: a.ctlAddr}
+	for i, e := range a.engines {
+		est, attr := e.Stats(), a.devs[i].Attr()
+		s.Rails = append(s.Rails, admin.Rail{Device: attr.Name, GID: e.GID().String(), LinkLayer: attr.LinkLayer.String(), NUMANode: attr.NUMANode,
+			VConns: est.VConns, QPs: est.QPs, Peers: est.Peers})
+	}
 	for _, al := range a.allocs {
 		s.Allocated += al.quota
+		s.Rails[al.rail].Allocated += al.quota
 	}
 	for node, r := range a.remotes {
 		r.mu.Lock()
@@ -32,6 +41,9 @@ func (a *Agent) Status() admin.Status {
 		r.mu.Unlock()
 	}
 	slices.Sort(s.Unreachable)
+	for _, r := range s.Rails[1:] {
+		s.VConns, s.QPs = s.VConns+r.VConns, s.QPs+r.QPs
+	}
 	return s
 }
 
@@ -142,7 +154,7 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 		if req.Allocation == nil {
 			return adminErr(admin.CodeInvalid, errors.New("createAllocation: allocation is required"))
 		}
-		al, err := a.createAllocation(req.Allocation.ID, req.Allocation.VConns, req.Allocation.PodScoped)
+		al, err := a.createAllocation(req.Allocation.ID, req.Allocation.VConns, req.Allocation.PodScoped, req.Allocation.Rail)
 		if err != nil {
 			return classify(err)
 		}

@@ -40,6 +40,10 @@ type Options struct {
 	// owns the device from then on and closes it on Close, or when New
 	// fails.
 	OpenDevice func(*config.AgentConfig) (verbs.Device, error)
+	// OpenRails, when set, opens the devices of every rail instead
+	// (device.OpenRails; config.DeviceConfig.Rails), rail 0 first: the
+	// agent runs an engine on each, and owns them as OpenDevice's.
+	OpenRails func(*config.AgentConfig) ([]verbs.Device, error)
 	// Discovery finds peer agents (default: the config's static peers).
 	Discovery discovery.Source
 	// ControlListener serves the gRPC control plane (default: a TCP
@@ -57,12 +61,16 @@ type Options struct {
 
 // Agent is a running node agent.
 type Agent struct {
-	cfg         *config.AgentConfig
-	opts        Options
-	log         logr.Logger
-	disc        discovery.Source
-	dev         verbs.Device
-	eng         *engine.Engine
+	cfg  *config.AgentConfig
+	opts Options
+	log  logr.Logger
+	disc discovery.Source
+	dev  verbs.Device
+	eng  *engine.Engine
+	// devs and engines are the rails' (multi-rail), rail 0 first: dev and
+	// eng are rail 0's. An allocation's vconns use its rail's engine.
+	devs        []verbs.Device
+	engines     []*engine.Engine
 	incarnation uint64
 	ctlAddr     string // the advertised control address
 
@@ -133,13 +141,18 @@ func New(opts Options) (_ *Agent, err error) {
 	if err := a.openDevice(); err != nil {
 		return nil, err
 	}
-	ec, err := a.engineConfig()
-	if err != nil {
-		return nil, err
+	for i, dev := range a.devs {
+		ec, err := a.engineConfig(dev, i)
+		if err != nil {
+			return nil, err
+		}
+		e, err := engine.New(ec)
+		if err != nil {
+			return nil, fmt.Errorf("agent: start engine of rail %d: %w", i, err)
+		}
+		a.engines = append(a.engines, e)
 	}
-	if a.eng, err = engine.New(ec); err != nil {
-		return nil, fmt.Errorf("agent: start engine: %w", err)
-	}
+	a.eng = a.engines[0]
 	if err := a.serveControl(); err != nil {
 		return nil, err
 	}
@@ -155,7 +168,7 @@ func New(opts Options) (_ *Agent, err error) {
 		a.disc.Watch(a.ctx, a.peersChanged)
 	}()
 	a.ready.Store(true)
-	a.log.Info("Agent started", "control", a.ctlAddr, "admin", cfg.AdminSocket, "gid", a.eng.GID())
+	a.log.Info("Agent started", "control", a.ctlAddr, "admin", cfg.AdminSocket, "gid", a.eng.GID(), "rails", len(a.engines))
 	return a, nil
 }
 
@@ -167,6 +180,17 @@ func (a *Agent) bindAddr() (netip.Addr, error) {
 }
 
 func (a *Agent) openDevice() error {
+	if a.opts.OpenRails != nil {
+		devs, err := a.opts.OpenRails(a.cfg)
+		if err != nil {
+			return fmt.Errorf("agent: open %s devices: %w", a.cfg.Device.Provider, err)
+		}
+		if len(devs) == 0 {
+			return errors.New("agent: OpenRails opened no device")
+		}
+		a.devs, a.dev = devs, devs[0]
+		return nil
+	}
 	if a.opts.OpenDevice == nil {
 		return errors.New("agent: no device: Options.OpenDevice is required")
 	}
@@ -174,13 +198,22 @@ func (a *Agent) openDevice() error {
 	if err != nil {
 		return fmt.Errorf("agent: open %s device: %w", a.cfg.Device.Provider, err)
 	}
-	a.dev = dev
+	a.dev, a.devs = dev, []verbs.Device{dev}
 	return nil
 }
 
-// engineConfig derives the engine's configuration: half the buffer pool
-// receives, the other half sends.
-func (a *Agent) engineConfig() (engine.Config, error) {
+// engineOf returns the engine of rail, or an error naming how many rails
+// this node has.
+func (a *Agent) engineOf(rail int) (*engine.Engine, error) {
+	if rail < 0 || rail >= len(a.engines) {
+		return nil, fmt.Errorf("agent: rail %d: node %s has %d rail(s)", rail, a.cfg.NodeName, len(a.engines))
+	}
+	return a.engines[rail], nil
+}
+
+// engineConfig derives the configuration of the engine of rail on dev:
+// half the buffer pool receives, the other half sends (a pool per rail).
+func (a *Agent) engineConfig(dev verbs.Device, rail int) (engine.Config, error) {
 	tr, err := a.cfg.Transport.Kind()
 	if err != nil {
 		return engine.Config{}, fmt.Errorf("agent: %w", err)
@@ -188,8 +221,8 @@ func (a *Agent) engineConfig() (engine.Config, error) {
 	const chunk = engine.DefaultChunkSize
 	clamp := func(v, lo, hi int64) int { return int(max(lo, min(hi, v))) }
 	ec := engine.Config{
-		Device:     a.dev,
-		Log:        a.log.WithName("engine"),
+		Device:     dev,
+		Log:        a.log.WithName("engine").WithValues("rail", rail),
 		QPsPerPeer: a.cfg.QPsPerPeer,
 		Pollers:    a.cfg.PollerCount(),
 		MaxMessage: int(a.cfg.MaxMessageBytes),
@@ -281,6 +314,9 @@ func (a *Agent) ControlAddress() string { return a.ctlAddr }
 // Engine is the agent's engine (for statistics).
 func (a *Agent) Engine() *engine.Engine { return a.eng }
 
+// Rails returns the engines of the agent's rails, rail 0 (Engine) first.
+func (a *Agent) Rails() []*engine.Engine { return append([]*engine.Engine(nil), a.engines...) }
+
 // NodeName is the agent's node.
 func (a *Agent) NodeName() string { return a.cfg.NodeName }
 
@@ -326,11 +362,11 @@ func (a *Agent) Close() error {
 		errs = append(errs, a.http.Close())
 	}
 	a.wg.Wait()
-	if a.eng != nil {
-		errs = append(errs, a.eng.Close())
+	for _, e := range a.engines {
+		errs = append(errs, e.Close())
 	}
-	if a.dev != nil {
-		errs = append(errs, a.dev.Close())
+	for _, d := range a.devs {
+		errs = append(errs, d.Close())
 	}
 	a.log.Info("Agent stopped")
 	return errors.Join(errs...)

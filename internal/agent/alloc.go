@@ -38,6 +38,9 @@ type allocation struct {
 	// set. Otherwise it serves host services on the node's port space.
 	podScoped bool
 	pod       string // guarded by mu
+	// rail is the device whose engine carries the allocation's vconns
+	// (Agent.engines).
+	rail int
 }
 
 // socketMode is the mode of every allocation's socket: connecting needs
@@ -49,13 +52,13 @@ var allocID = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 // CreateAllocation creates an allocation of k vconns and its socket, for
 // host services: it listens on the node's own port space ("node:port").
 func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
-	return a.createAllocation(id, k, false)
+	return a.createAllocation(id, k, false, 0)
 }
 
 // CreatePodAllocation creates an allocation of k vconns for a pod: it
 // listens and dials as the pod BindAllocation names, and not before.
 func (a *Agent) CreatePodAllocation(id string, k int) (admin.Allocation, error) {
-	return a.createAllocation(id, k, true)
+	return a.createAllocation(id, k, true, 0)
 }
 
 // BindAllocation names the pod (namespace, name) a pod-scoped allocation
@@ -86,9 +89,12 @@ func (a *Agent) BindAllocation(id, namespace, name string) error {
 	return nil
 }
 
-func (a *Agent) createAllocation(id string, k int, podScoped bool) (admin.Allocation, error) {
+func (a *Agent) createAllocation(id string, k int, podScoped bool, rail int) (admin.Allocation, error) {
 	if !allocID.MatchString(id) {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation id %q: want lower-case letters, digits and '-', at most 63", id)
+	}
+	if _, err := a.engineOf(rail); err != nil {
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
 	if k < 1 || k > a.cfg.VConnsPerNode {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %d vconns: want 1..%d", id, k, a.cfg.VConnsPerNode)
@@ -136,11 +142,11 @@ func (a *Agent) createAllocation(id string, k int, podScoped bool) (admin.Alloca
 		_ = ln.Close()
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
-	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}), podScoped: podScoped,
+	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}), podScoped: podScoped, rail: rail,
 		sessions: make(map[*session]struct{}), refusing: make(map[*net.UnixConn]struct{})}
 	a.allocs[id] = al
 	go al.serve()
-	a.log.Info("Created allocation", "allocation", id, "vconns", k, "socket", path, "podScoped", podScoped)
+	a.log.Info("Created allocation", "allocation", id, "vconns", k, "socket", path, "podScoped", podScoped, "rail", rail)
 	return al.info(), nil
 }
 
@@ -172,7 +178,7 @@ func (a *Agent) Allocations() []admin.Allocation {
 func (al *allocation) info() admin.Allocation {
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used, Listeners: al.held.listeners, PodScoped: al.podScoped, Pod: al.pod}
+	return admin.Allocation{ID: al.id, VConns: al.quota, Socket: al.path, InUse: al.used, Listeners: al.held.listeners, PodScoped: al.podScoped, Pod: al.pod, Rail: al.rail}
 }
 
 // take claims a vconn of the quota, for a dial or an accept alike

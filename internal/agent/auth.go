@@ -166,17 +166,25 @@ func vouchFor(id *pki.Identity, node string, gid verbs.GID) error {
 
 // identityOf checks a peer agent's Identity reply, answered with the
 // certificate id (nil without TLS) by the remote for node, and returns the
-// peer's GID: the reply must name node, and its GID be node's (vouchFor).
-func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity) (verbs.GID, error) {
+// peer's GID on rail: the reply must name node, and the GID be node's
+// (vouchFor: under TLS a rail's address must be in the certificate too).
+func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity, rail int) (verbs.GID, error) {
 	n := rep.GetNode()
 	if n.GetName() != node {
 		return verbs.GID{}, fmt.Errorf("%w: node %q answered as %q", errBadReply, node, n.GetName())
 	}
-	var gid verbs.GID
-	if len(n.GetGid()) != len(gid) {
-		return verbs.GID{}, fmt.Errorf("%w: node %q: GID of %d bytes", errBadReply, node, len(n.GetGid()))
+	b := n.GetGid()
+	if rail > 0 {
+		if rail > len(rep.GetRailGids()) {
+			return verbs.GID{}, fmt.Errorf("%w: node %q has %d rail(s), not rail %d", errBadReply, node, len(rep.GetRailGids())+1, rail)
+		}
+		b = rep.GetRailGids()[rail-1]
 	}
-	copy(gid[:], n.GetGid())
+	var gid verbs.GID
+	if len(b) != len(gid) {
+		return verbs.GID{}, fmt.Errorf("%w: node %q: GID of %d bytes", errBadReply, node, len(b))
+	}
+	copy(gid[:], b)
 	if err := vouchFor(id, node, gid); err != nil {
 		return verbs.GID{}, err
 	}
@@ -193,8 +201,10 @@ func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity) (ve
 func (a *Agent) bindGID(gid verbs.GID, node string) error {
 	ip := net.IP(gid[:])
 	owner := ""
-	if gid == a.eng.GID() {
-		owner = a.cfg.NodeName
+	for _, e := range a.engines {
+		if gid == e.GID() {
+			owner = a.cfg.NodeName
+		}
 	}
 	for _, p := range a.disc.Peers() {
 		if h, _, err := net.SplitHostPort(p.Address); err == nil && ip.Equal(net.ParseIP(h)) {

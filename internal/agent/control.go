@@ -82,7 +82,12 @@ func (s *controlServer) Identity(ctx context.Context, req *controlpb.IdentityReq
 		return nil, err
 	}
 	ec := s.a.eng.Config()
-	return &controlpb.IdentityReply{Node: s.a.self(), Qkey: ec.QKey, Mtu: uint32(ec.MTU.Bytes())}, nil
+	rep := &controlpb.IdentityReply{Node: s.a.self(), Qkey: ec.QKey, Mtu: uint32(ec.MTU.Bytes())}
+	for _, e := range s.a.engines[1:] {
+		g := e.GID()
+		rep.RailGids = append(rep.RailGids, g[:])
+	}
+	return rep, nil
 }
 
 // claimOf is what a Node message claims: all of it, its GID of 16
@@ -113,15 +118,20 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 	if err := s.a.authorize(ctx, claim{gid: gid, of: claimsGID}); err != nil {
 		return nil, err
 	}
-	if req.Type > 255 || req.Mtu > 255 {
-		return nil, status.Error(codes.InvalidArgument, "bad QP type or MTU")
+	if req.Type > 255 || req.Mtu > 255 || req.Lid > verbs.MaxUnicastLID {
+		return nil, status.Error(codes.InvalidArgument, "bad QP type, MTU or LID")
 	}
-	rep, err := s.a.eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
-		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch, Pool: int(min(req.Pool, 1<<16))})
+	eng, err := s.a.engineOf(int(min(req.Rail, 1<<16)))
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	rep, err := eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
+		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch, Pool: int(min(req.Pool, 1<<16)),
+		LID: uint16(req.Lid)})
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
-	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch, Secret: rep.Secret, UdSecret: rep.UDSecret}, nil
+	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch, Secret: rep.Secret, UdSecret: rep.UDSecret, Lid: uint32(rep.LID)}, nil
 }
 
 // Dial gives the caller's vconn a peer on a listener of this node.
@@ -142,6 +152,22 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		return nil, err
 	}
 	gid := cl.gid
+	rail := int(min(req.GetRail(), 1<<16))
+	eng, err := a.engineOf(rail)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if rail > 0 {
+		// The caller's vconn is on its rail: ours of the same index
+		// reaches it, at the GID the caller has there (its certificate's,
+		// under TLS, as rail 0's).
+		if gid, err = gidOf(req.GetRailGid()); err != nil {
+			return nil, err
+		}
+		if err := a.authorize(ctx, claim{gid: gid, of: claimsGID}); err != nil {
+			return nil, err
+		}
+	}
 	key, err := a.portOf(req.GetIp(), req.Port)
 	if err != nil {
 		return nil, err
@@ -161,12 +187,12 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	r.observe(c.Incarnation)
-	ep, err := r.enginePeer(ctx, gid)
+	ep, err := r.enginePeer(ctx, gid, rail)
 	if err != nil {
 		l.sess.al.give()
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	vc, err := a.eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
+	vc, err := eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
 	if err != nil {
 		l.sess.al.give()
 		return nil, status.Error(codes.Unavailable, err.Error())
@@ -189,7 +215,8 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 	if err := s.a.authorize(stream.Context(), claim{}); err != nil {
 		return err
 	}
-	var caller []byte // the GID authorized on this stream
+	var caller []byte               // the GID authorized on this stream
+	railOK := make(map[string]bool) // the caller's rail GIDs, authorized or not
 	for {
 		b, err := stream.Recv()
 		if err != nil {
@@ -211,24 +238,59 @@ func (s *controlServer) Heartbeat(stream grpc.BidiStreamingServer[controlpb.Beat
 			}
 			epoch = s.a.eng.PeerEpoch(gid)
 		}
-		if err := stream.Send(&controlpb.Beat{Seq: b.Seq, Incarnation: s.a.incarnation, PeerEpoch: epoch}); err != nil {
+		ans := &controlpb.Beat{Seq: b.Seq, Incarnation: s.a.incarnation, PeerEpoch: epoch}
+		if len(b.RailGids) > 0 {
+			ans.RailEpochs = s.railEpochs(stream.Context(), b.RailGids, railOK)
+		}
+		if err := stream.Send(ans); err != nil {
 			return nil
 		}
 	}
+}
+
+// railEpochs answers a beat's rail GIDs (rails 1..) with this agent's
+// epochs for them, on its engines of the same rails: 0 (no news) past its
+// rails, and for a GID the caller's certificate does not hold (the
+// stream goes on: rail 0 still speaks). ok caches the authorization of
+// each GID for the stream.
+func (s *controlServer) railEpochs(ctx context.Context, gids [][]byte, ok map[string]bool) []uint64 {
+	a := s.a
+	n := min(len(gids), len(a.engines)-1)
+	out := make([]uint64, n)
+	for i := range n {
+		gid, err := gidOf(gids[i])
+		if err != nil {
+			continue
+		}
+		k := string(gids[i])
+		allowed, seen := ok[k]
+		if !seen {
+			if len(ok) >= 64 { // bounds what a stream makes this agent remember
+				continue
+			}
+			allowed = a.authorize(ctx, claim{gid: gid, of: claimsGID}) == nil
+			ok[k] = allowed
+		}
+		if allowed {
+			out[i] = a.engines[i+1].PeerEpoch(gid)
+		}
+	}
+	return out
 }
 
 // link is engine.PeerLink over the control plane, for the engine peer at
 // gid: its replies must come from the remote's node, with a certificate
 // that holds gid, since the engine connects its QP to what they say.
 type link struct {
-	r   *remote
-	gid verbs.GID
+	r    *remote
+	gid  verbs.GID
+	rail int // the engine's rail, and the peer's engine that accepts
 }
 
 func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPReply, error) {
 	var from peer.Peer
 	rep, err := l.r.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
-		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool)},
+		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool), Lid: uint32(req.LID), Rail: uint32(l.rail)},
 		grpc.Peer(&from))
 	if err != nil {
 		return engine.QPReply{}, statusError(err)
@@ -268,6 +330,8 @@ func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 		return engine.QPReply{}, fmt.Errorf("%w: epoch 0", errBadReply)
 	case rep.GetSecret() == 0 || rep.GetUdSecret() == 0:
 		return engine.QPReply{}, fmt.Errorf("%w: no secret", errBadReply)
+	case rep.GetLid() > verbs.MaxUnicastLID:
+		return engine.QPReply{}, fmt.Errorf("%w: LID %#x is not unicast", errBadReply, rep.GetLid())
 	}
 	for _, q := range rep.GetUdQpns() {
 		if q == 0 || q >= qpnLimit {
@@ -275,33 +339,43 @@ func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 		}
 	}
 	return engine.QPReply{QPN: rep.GetQpn(), PSN: rep.GetPsn(), UDQPNs: rep.GetUdQpns(), Epoch: rep.GetEpoch(),
-		Secret: rep.GetSecret(), UDSecret: rep.GetUdSecret()}, nil
+		Secret: rep.GetSecret(), UDSecret: rep.GetUdSecret(), LID: uint16(rep.GetLid())}, nil
 }
 
 // dialPeer connects a new vconn to a listener on another node. Its
 // errors carry their control-plane failure class (statusError).
-func (a *Agent) dialPeer(ctx context.Context, t target, from netip.Addr, port uint32) (*engine.VConn, error) {
-	vc, err := a.dialRemote(ctx, t, from, port)
+//
+// The vconn is on rail (the dialing allocation's), and so is the peer's.
+func (a *Agent) dialPeer(ctx context.Context, t target, from netip.Addr, port uint32, rail int) (*engine.VConn, error) {
+	vc, err := a.dialRemote(ctx, t, from, port, rail)
 	return vc, statusError(err)
 }
 
-func (a *Agent) dialRemote(ctx context.Context, t target, from netip.Addr, port uint32) (*engine.VConn, error) {
+func (a *Agent) dialRemote(ctx context.Context, t target, from netip.Addr, port uint32, rail int) (*engine.VConn, error) {
+	eng, err := a.engineOf(rail)
+	if err != nil {
+		return nil, err
+	}
 	p := t.peer
 	// Discovery says where a node's agent is (move).
 	r, err := a.remoteFor(p.NodeName, p.Address, true)
 	if err != nil {
 		return nil, err
 	}
-	ep, err := r.enginePeer(ctx, verbs.GID{})
+	ep, err := r.enginePeer(ctx, verbs.GID{}, rail)
 	if err != nil {
 		return nil, err
 	}
-	vc, err := a.eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
+	vc, err := eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
 	if err != nil {
 		return nil, err
 	}
 	var answer peer.Peer
 	req := &controlpb.DialRequest{Caller: a.self(), Port: port, Vconn: uint32(vc.ID())}
+	if rail > 0 {
+		g := eng.GID()
+		req.Rail, req.RailGid = uint32(rail), g[:]
+	}
 	if t.ip.IsValid() {
 		req.Ip = t.ip.AsSlice()
 	}

@@ -62,7 +62,13 @@ func (a *Agent) peersChanged(peers []discovery.Peer) {
 // reports whether the remote may go.
 func (r *remote) forget() bool {
 	r.mu.Lock()
-	p := r.peer
+	peers := r.peersLocked()
 	r.mu.Unlock()
-	return p == nil || r.a.eng.Forget(p.GID(), errors.New("its node left the cluster"))
+	gone := true
+	for rail, p := range peers {
+		if p != nil && !r.a.engines[rail].Forget(p.GID(), errors.New("its node left the cluster")) {
+			gone = false
+		}
+	}
+	return gone
 }

@@ -126,7 +126,7 @@ func (s *session) dial(req uint32, addr string, bridged bool) {
 	if len(from) > 0 {
 		fromIP = from[0]
 	}
-	vc, err := a.dialPeer(ctx, t, fromIP, port)
+	vc, err := a.dialPeer(ctx, t, fromIP, port, s.al.rail)
 	if err != nil {
 		s.al.give()
 		_ = s.reply(req, 0, codeOf(err), fmt.Sprintf("dial %s: %v", addr, err))

@@ -42,6 +42,7 @@ func FuzzIdentityReply(f *testing.F) {
 	} {
 		f.Add(marshal(f, &controlpb.IdentityReply{Node: n, Qkey: 1, Mtu: 1024}))
 	}
+	f.Add(marshal(f, &controlpb.IdentityReply{Node: &controlpb.Node{Name: "node-b", Gid: v4.To16()}, RailGids: [][]byte{v6, v4.To4()}}))
 	f.Add([]byte{})
 	certs := []*pki.Identity{{Node: "node-b", IPs: []net.IP{v4, v6}}, {Node: "node-x", IPs: []net.IP{v4, v6}}, nil}
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -49,9 +50,16 @@ func FuzzIdentityReply(f *testing.F) {
 		if proto.Unmarshal(in, &rep) != nil {
 			return
 		}
-		g := rep.GetNode().GetGid()
-		for _, id := range certs {
-			gid, err := identityOf(&rep, "node-b", id)
+		for k := range 3 * len(certs) {
+			id, rail := certs[k%len(certs)], k/len(certs)
+			// Rail 0's GID is the node's, rail i's the i-th of RailGids.
+			var g []byte
+			if rail == 0 {
+				g = rep.GetNode().GetGid()
+			} else if rail <= len(rep.GetRailGids()) {
+				g = rep.GetRailGids()[rail-1]
+			}
+			gid, err := identityOf(&rep, "node-b", id, rail)
 			want := rep.GetNode().GetName() == "node-b" && len(g) == 16 && !bytes.Equal(g, make([]byte, 16)) &&
 				(id == nil || id.Node == "node-b" && (net.IP(g).Equal(v4) || net.IP(g).Equal(v6)))
 			switch {

@@ -32,9 +32,13 @@ type remote struct {
 	kick    chan struct{} // asks the announcer to run now; buffered 1
 	annDone chan struct{} // closed when the announcer returned
 
-	mu          sync.Mutex
-	peer        *engine.Peer // guarded by mu
-	incarnation uint64       // last seen; guarded by mu
+	mu   sync.Mutex
+	peer *engine.Peer // rail 0's engine peer; guarded by mu
+	// rails are the engine peers of rails 1.. (index rail-1), nil until
+	// used; guarded by mu. Rail i of this node talks to rail i of the
+	// peer's only.
+	rails       []*engine.Peer
+	incarnation uint64 // last seen; guarded by mu
 	// lost: the peer answered beats, then stopped; cleared by its next
 	// answer. Guarded by mu.
 	lost bool
@@ -98,20 +102,52 @@ func (a *Agent) remoteFor(node, addr string, move bool) (*remote, error) {
 // replaces: the node is the same, only its address changed.
 func (r *remote) adopt(old *remote) {
 	old.mu.Lock()
-	p, inc := old.peer, old.incarnation
+	inc := old.incarnation
+	peers := old.peersLocked()
 	old.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.incarnation == 0 {
 		r.incarnation = inc
 	}
-	if p == nil || r.peer != nil || p.Err() != nil {
+	for rail, p := range peers {
+		if p == nil || r.railPeer(rail) != nil || p.Err() != nil {
+			continue
+		}
+		// The engine peer's control link moves to this connection.
+		if q, err := r.a.engines[rail].Peer(p.GID(), link{r: r, gid: p.GID(), rail: rail}); err == nil {
+			r.setRailPeer(rail, q)
+		}
+	}
+}
+
+// peersLocked returns the engine peers of every rail, by rail (nil where
+// none); r.mu held.
+func (r *remote) peersLocked() []*engine.Peer {
+	return append([]*engine.Peer{r.peer}, r.rails...)
+}
+
+// railPeer returns rail's engine peer, or nil; r.mu held.
+func (r *remote) railPeer(rail int) *engine.Peer {
+	if rail == 0 {
+		return r.peer
+	}
+	if rail-1 < len(r.rails) {
+		return r.rails[rail-1]
+	}
+	return nil
+}
+
+// setRailPeer sets rail's engine peer; r.mu held.
+func (r *remote) setRailPeer(rail int, p *engine.Peer) {
+	if rail == 0 {
+		r.peer = p
 		return
 	}
-	// The engine peer's control link moves to this connection.
-	if q, err := r.a.eng.Peer(p.GID(), link{r: r, gid: p.GID()}); err == nil {
-		r.peer = q
+	for len(r.rails) < rail {
+		r.rails = append(r.rails, nil)
 	}
+	r.rails[rail-1] = p
 }
 
 func (r *remote) close() {
@@ -126,9 +162,16 @@ func (r *remote) close() {
 // bound to the answering agent's certificate (identityOf): a node that
 // answers with another's GID would have this engine route that node's
 // QPs, and its heartbeat's verdicts, to itself.
-func (r *remote) enginePeer(ctx context.Context, gid verbs.GID) (*engine.Peer, error) {
+//
+// rail names the engine (this node's rail, paired with the peer's rail of
+// the same index); gid is then the peer's GID on that rail.
+func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, rail int) (*engine.Peer, error) {
+	eng, err := r.a.engineOf(rail)
+	if err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
-	p := r.peer
+	p := r.railPeer(rail)
 	r.mu.Unlock()
 	if p != nil && p.Err() == nil {
 		return p, nil
@@ -141,7 +184,7 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID) (*engine.Peer, e
 		}
 		id, err := r.a.answerer(&from)
 		if err == nil {
-			gid, err = identityOf(rep, r.node, id)
+			gid, err = identityOf(rep, r.node, id, rail)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("agent: identity of peer %s at %s: %w", r.node, r.addr, err)
@@ -151,17 +194,17 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID) (*engine.Peer, e
 	if err := r.a.bindGID(gid, r.node); err != nil {
 		return nil, fmt.Errorf("agent: peer %s at %s: %w", r.node, r.addr, err)
 	}
-	p, err := r.a.eng.Peer(gid, link{r: r, gid: gid})
+	p, err = eng.Peer(gid, link{r: r, gid: gid, rail: rail})
 	if err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
-	if r.peer == nil || r.peer.Err() != nil {
+	if q := r.railPeer(rail); q == nil || q.Err() != nil {
 		// First use, or the peer failed (its agent restarted): the engine
 		// gave a fresh peer with new QPs.
-		r.peer = p
+		r.setRailPeer(rail, p)
 	}
-	p = r.peer
+	p = r.railPeer(rail)
 	r.mu.Unlock()
 	return p, nil
 }
@@ -188,16 +231,22 @@ func (r *remote) observe(inc uint64) {
 	}
 }
 
-// fail fails every vconn to the peer.
+// fail fails every vconn to the peer, on every rail.
 func (r *remote) fail(err error) {
 	r.mu.Lock()
-	p := r.peer
+	peers := r.peersLocked()
 	r.mu.Unlock()
-	if p == nil {
-		return
+	logged := false
+	for _, p := range peers {
+		if p == nil {
+			continue
+		}
+		if !logged {
+			r.a.log.Info("Peer agent lost: failing its vconns", "peer", r.node, "address", r.addr, "reason", err.Error())
+			logged = true
+		}
+		p.Fail(fmt.Errorf("agent %s at %s: %w", r.node, r.addr, err))
 	}
-	r.a.log.Info("Peer agent lost: failing its vconns", "peer", r.node, "address", r.addr, "reason", err.Error())
-	p.Fail(fmt.Errorf("agent %s at %s: %w", r.node, r.addr, err))
 }
 
 // heartbeat keeps a beat stream open to the peer. A stream that breaks,
@@ -249,16 +298,18 @@ func (r *remote) heartbeat(ctx context.Context) {
 // heartbeat calls it again every interval.
 func (r *remote) release() {
 	r.mu.Lock()
-	p := r.peer
+	peers := r.peersLocked()
 	r.mu.Unlock()
-	if p == nil || p.Err() == nil || !r.a.eng.Release(p) {
-		return
+	for rail, p := range peers {
+		if p == nil || p.Err() == nil || !r.a.engines[rail].Release(p) {
+			continue
+		}
+		r.mu.Lock()
+		if r.railPeer(rail) == p {
+			r.setRailPeer(rail, nil)
+		}
+		r.mu.Unlock()
 	}
-	r.mu.Lock()
-	if r.peer == p {
-		r.peer = nil
-	}
-	r.mu.Unlock()
 }
 
 // errRestarted: the peer's beats carry a new incarnation.
@@ -289,13 +340,18 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		g := e.GID()
 		gid = g[:]
 	}
+	var railGIDs [][]byte
+	for _, e := range r.a.engines[min(1, len(r.a.engines)):] {
+		g := e.GID()
+		railGIDs = append(railGIDs, g[:])
+	}
 	var sent atomic.Uint64 // the last beat's seq
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for seq := uint64(1); ; seq++ {
 			sent.Store(seq)
-			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid}) != nil {
+			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid, RailGids: railGIDs}) != nil {
 				return
 			}
 			select {
@@ -327,11 +383,20 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		r.lost = false
 		old := r.incarnation
 		r.incarnation = b.Incarnation
-		p := r.peer
+		peers := r.peersLocked()
 		r.mu.Unlock()
-		if p != nil && vouchFor(id, r.node, p.GID()) == nil {
-			// The peer's side of our connection is new: ours goes too.
-			r.a.eng.ObservePeerEpoch(p.GID(), b.PeerEpoch)
+		for rail, p := range peers {
+			epoch := b.PeerEpoch
+			if rail > 0 {
+				epoch = 0
+				if rail <= len(b.RailEpochs) {
+					epoch = b.RailEpochs[rail-1]
+				}
+			}
+			if p != nil && vouchFor(id, r.node, p.GID()) == nil {
+				// The peer's side of our connection is new: ours goes too.
+				r.a.engines[rail].ObservePeerEpoch(p.GID(), epoch)
+			}
 		}
 		if old != 0 && old != b.Incarnation {
 			return true, errRestarted

@@ -88,6 +88,7 @@ const (
 	MaxVConnsPerNode   = 65536
 	MaxMaxMessageBytes = 1 << 30
 	MaxPollers         = 64 // the engine's bound
+	MaxRails           = 16 // devices an agent serves (device.rails): more than a node has NICs
 )
 
 // AgentConfig is the node agent's configuration.
@@ -244,6 +245,13 @@ type DeviceConfig struct {
 	// else the first usable one).
 	Port     int  `json:"port,omitempty"`
 	GIDIndex *int `json:"gidIndex,omitempty"`
+	// Rails is how many devices the agent serves, an engine each
+	// (multi-rail); 0 or 1: one, the first the selector accepts. With
+	// more, ibverbs opens the first Rails of Names, in order, and the soft
+	// provider binds BindAddress and then Soft.RailAddresses. Rail i of a
+	// node talks only to rail i of another, as rail-optimised fabrics are
+	// wired.
+	Rails int `json:"rails,omitempty"`
 }
 
 // SoftConfig configures the software provider.
@@ -252,6 +260,9 @@ type SoftConfig struct {
 	UDPPort int  `json:"udpPort"`
 	// BindAddress is the IP the provider binds; empty means the node IP.
 	BindAddress string `json:"bindAddress,omitempty"`
+	// RailAddresses are the IPs of the devices of rails 1.. (Device.Rails),
+	// on the same UDP port; rail 0 is BindAddress.
+	RailAddresses []string `json:"railAddresses,omitempty"`
 }
 
 // PeerDiscovery says how the agent finds peer agents.

@@ -92,6 +92,11 @@ func (d *DeviceConfig) check(p *problems) {
 	if d.Provider == ProviderSoft && (d.Port != 0 || d.GIDIndex != nil) {
 		p.add("device", "port and gidIndex address a hardware device's GID table: they cannot be set with provider soft")
 	}
+	if d.Rails < 0 || d.Rails > MaxRails {
+		p.add("device.rails", "must be between 1 and %d, or 0 for one, got %d", MaxRails, d.Rails)
+	} else if d.Provider == ProviderIBVerbs && d.Rails > 1 && len(d.Names) < d.Rails {
+		p.add("device.rails", "%d rails of provider ibverbs need as many device.names, one a rail, got %d", d.Rails, len(d.Names))
+	}
 	for i, n := range d.Names {
 		if !deviceWord.MatchString(n) {
 			p.add(fmt.Sprintf("device.names[%d]", i), "invalid device name %q", n)
@@ -114,6 +119,11 @@ func (s *SoftConfig) check(p *problems) {
 	if s.BindAddress != "" {
 		if _, err := netip.ParseAddr(s.BindAddress); err != nil {
 			p.add("soft.bindAddress", "must be an IP address, got %q", s.BindAddress)
+		}
+	}
+	for i, a := range s.RailAddresses {
+		if _, err := netip.ParseAddr(a); err != nil {
+			p.add(fmt.Sprintf("soft.railAddresses[%d]", i), "must be an IP address, got %q", a)
 		}
 	}
 }

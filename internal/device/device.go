@@ -30,3 +30,61 @@ func Open(cfg *config.AgentConfig) (verbs.Device, error) {
 	}
 	return nil, &OpenError{reason: ReasonInvalidRequest, Err: fmt.Errorf("device provider %q: want soft or ibverbs", cfg.Device.Provider)}
 }
+
+// MaxRails bounds config.DeviceConfig.Rails.
+const MaxRails = config.MaxRails
+
+// OpenRails opens the devices of the node's rails (config.DeviceConfig
+// Rails), rail 0 first: one device, as Open does, unless more are
+// configured. The caller owns the devices; on error none is left open.
+func OpenRails(cfg *config.AgentConfig) (_ []verbs.Device, err error) {
+	n := max(cfg.Device.Rails, 1)
+	if n > MaxRails {
+		return nil, &OpenError{reason: ReasonInvalidRequest, Err: fmt.Errorf("device: %d rails: want at most %d", n, MaxRails)}
+	}
+	if n == 1 {
+		dev, err := Open(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return []verbs.Device{dev}, nil
+	}
+	rail := func(i int) *config.AgentConfig {
+		c := *cfg
+		switch cfg.Device.Provider {
+		case config.ProviderSoft:
+			if i > 0 {
+				c.Soft.BindAddress = cfg.Soft.RailAddresses[i-1]
+			}
+		case config.ProviderIBVerbs:
+			c.Device.Names = []string{cfg.Device.Names[i]}
+		}
+		return &c
+	}
+	switch cfg.Device.Provider {
+	case config.ProviderSoft:
+		if len(cfg.Soft.RailAddresses) != n-1 {
+			return nil, &OpenError{reason: ReasonInvalidRequest, Err: fmt.Errorf("device: %d rails of the soft provider need %d soft.railAddresses (rail 0 binds soft.bindAddress), not %d", n, n-1, len(cfg.Soft.RailAddresses))}
+		}
+	case config.ProviderIBVerbs:
+		if len(cfg.Device.Names) < n {
+			return nil, &OpenError{reason: ReasonInvalidRequest, Err: fmt.Errorf("device: %d rails of the ibverbs provider need %d device names, one a rail, not %d", n, n, len(cfg.Device.Names))}
+		}
+	}
+	devs := make([]verbs.Device, 0, n)
+	defer func() {
+		if err != nil {
+			for _, d := range devs {
+				_ = d.Close()
+			}
+		}
+	}()
+	for i := range n {
+		dev, err := Open(rail(i))
+		if err != nil {
+			return nil, fmt.Errorf("device: rail %d: %w", i, err)
+		}
+		devs = append(devs, dev)
+	}
+	return devs, nil
+}

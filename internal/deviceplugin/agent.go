@@ -51,6 +51,22 @@ func (a AdminAgent) CreateAllocation(ctx context.Context, id string, k int) (al 
 	return al, err
 }
 
+// CreateRailAllocation is CreateAllocation bound to the agent's rail
+// (multi-rail: its device of that index).
+func (a AdminAgent) CreateRailAllocation(ctx context.Context, id string, k, rail int) (al admin.Allocation, err error) {
+	err = a.with(ctx, func(c *admin.Client) (err error) {
+		al, err = c.Create(ctx, admin.Allocation{ID: id, VConns: k, PodScoped: true, Rail: rail})
+		return err
+	})
+	return al, err
+}
+
+// RailAgent is an Agent that binds an allocation to one of its rails;
+// allocations on other rails than 0 are made through it.
+type RailAgent interface {
+	CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error)
+}
+
 // BindAllocation names the pod ("namespace/name") an allocation is for.
 func (a AdminAgent) BindAllocation(ctx context.Context, id, pod string) error {
 	ns, name, ok := strings.Cut(pod, "/")

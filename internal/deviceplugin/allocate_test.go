@@ -24,7 +24,9 @@ type fakeAgent struct {
 	capacity int
 	down     bool
 	ready    bool
-	device   string // the RDMA device the agent reports
+	device   string         // the RDMA device the agent reports
+	rails    []string       // the devices of its rails (multi-rail), if several
+	railOf   map[string]int // the rail each allocation was bound to
 	allocs   map[string]admin.Allocation
 }
 
@@ -40,7 +42,24 @@ func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
 	if f.down {
 		return admin.Status{}, errDown
 	}
-	return admin.Status{Ready: f.ready, Capacity: f.capacity, Device: f.device}, nil
+	st := admin.Status{Ready: f.ready, Capacity: f.capacity, Device: f.device}
+	for _, r := range f.rails {
+		st.Rails = append(st.Rails, admin.Rail{Device: r})
+	}
+	return st, nil
+}
+
+func (f *fakeAgent) CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error) {
+	al, err := f.CreateAllocation(ctx, id, k)
+	if err == nil {
+		f.mu.Lock()
+		if f.railOf == nil {
+			f.railOf = make(map[string]int)
+		}
+		f.railOf[id] = rail
+		f.mu.Unlock()
+	}
+	return al, err
 }
 
 func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {

@@ -42,8 +42,11 @@
 // its device; the streams are sent again then), so that the kubelet's
 // Topology Manager can align a pod's CPUs with its NIC. The soft
 // provider, and a device whose NUMA node is unknown, report no topology.
-// (numaOf already splits the devices over several rails in contiguous
-// blocks, for when the agent serves several.)
+// An agent that serves several rails (multi-rail; its status lists them)
+// serves the advertised devices in contiguous blocks, one a rail, each
+// with its rail's NUMA node, and Allocate binds each allocation to the
+// rail of most of its devices (RailAgent), so a container the preferred
+// allocation kept on one NUMA node uses that node's NIC.
 //
 // GetPreferredAllocation prefers, deterministically, the must-include
 // devices, then the lowest-starting run of contiguous available devices

@@ -58,8 +58,15 @@ func (p *Plugin) probe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if p.topo.learn(st.Device) {
-		p.log.Info("The devices' NUMA node follows the agent's RDMA device", "device", st.Device)
+	devices := []string{st.Device}
+	if len(st.Rails) > 0 {
+		devices = devices[:0]
+		for _, r := range st.Rails {
+			devices = append(devices, r.Device)
+		}
+	}
+	if p.topo.learn(devices) {
+		p.log.Info("The devices' NUMA node follows the agent's RDMA devices", "devices", devices)
 		p.health.touch()
 	}
 	if !st.Ready {

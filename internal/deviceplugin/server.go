@@ -120,7 +120,8 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	for _, cr := range crs {
 		ids := cr.GetDevicesIds()
 		id := AllocationID(&p.key, ids)
-		isNew, err := p.ensureAllocation(ctx, id, len(ids))
+		rail := p.topo.railOf(ids)
+		isNew, err := p.ensureAllocation(ctx, id, len(ids), rail)
 		if err != nil {
 			if rerr := p.rollback(created); rerr != nil {
 				p.log.Error(rerr, "Cannot roll back a failed Allocate", "allocations", created)
@@ -138,7 +139,7 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 			return nil, status.Errorf(codes.Internal, "allocate %s: %v", id, err)
 		}
 		rep.ContainerResponses = append(rep.ContainerResponses, r)
-		p.log.Info("Allocated", "allocation", id, "vconns", len(ids), "devices", ids, "new", isNew)
+		p.log.Info("Allocated", "allocation", id, "vconns", len(ids), "devices", ids, "rail", rail, "new", isNew)
 	}
 	p.refreshAllocated(ctx)
 	p.bindSoon()
@@ -160,13 +161,18 @@ func (p *Plugin) bindSoon() {
 	}
 }
 
-// ensureAllocation creates allocation id of k vconns, or finds it made by
-// an earlier try of the same Allocate.
-func (p *Plugin) ensureAllocation(ctx context.Context, id string, k int) (isNew bool, _ error) {
+// ensureAllocation creates allocation id of k vconns on rail, or finds it
+// made by an earlier try of the same Allocate.
+func (p *Plugin) ensureAllocation(ctx context.Context, id string, k, rail int) (isNew bool, _ error) {
 	p.mu.Lock()
 	p.created[id] = time.Now() // before creating: a GC pass must not race with it
 	p.mu.Unlock()
-	_, err := p.opts.Agent.CreateAllocation(ctx, id, k)
+	var err error
+	if ra, ok := p.opts.Agent.(RailAgent); ok && rail > 0 {
+		_, err = ra.CreateRailAllocation(ctx, id, k, rail)
+	} else {
+		_, err = p.opts.Agent.CreateAllocation(ctx, id, k)
+	}
 	switch {
 	case err == nil:
 		return true, nil

@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/rdmavisor/rdmavisor/internal/config"
@@ -11,14 +12,18 @@ import (
 
 // topology is where the n advertised devices are: the NUMA node of the
 // rail serving each. With one rail it is known at once; with several it
-// waits for the agent to name the device it opened (learn).
+// waits for the agent to name the devices it opened (learn). An agent
+// that serves several rails (multi-rail) serves the devices in contiguous
+// blocks, one a rail, and an allocation goes to the rail of most of its
+// devices (railOf).
 type topology struct {
 	n     int
 	rails []rdmadev.Device
 
 	mu      sync.Mutex
-	serving string // the rail the agent names; guarded by mu
+	serving string // the rails the agent names, joined; guarded by mu
 	numa    []int  // per advertised device; nil: unknown; guarded by mu
+	count   int    // how many rails the agent serves (0: not known yet); guarded by mu
 }
 
 func newTopology(n int, rails []rdmadev.Device) *topology {
@@ -37,27 +42,60 @@ func (t *topology) nodes() []int {
 	return t.numa
 }
 
-// learn places the devices on the rail the agent serves them with; it
-// reports whether that changed where they are. A device no rail is
-// (the soft provider's, or none yet) changes nothing.
-func (t *topology) learn(device string) bool {
-	i := slices.IndexFunc(t.rails, func(r rdmadev.Device) bool { return r.Name == device })
-	if i < 0 {
-		return false
+// learn places the devices on the rails the agent serves them with, its
+// devices in rail order; it reports whether that changed where they are.
+// Devices no rail is (the soft provider's, or none yet) place nothing,
+// though their count still splits allocations over the rails.
+func (t *topology) learn(devices []string) bool {
+	var serving []rdmadev.Device
+	for _, name := range devices {
+		i := slices.IndexFunc(t.rails, func(r rdmadev.Device) bool { return r.Name == name })
+		if i < 0 {
+			serving = nil
+			break
+		}
+		serving = append(serving, t.rails[i])
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.serving == device {
+	t.count = len(devices)
+	joined := strings.Join(devices, ",")
+	if len(serving) == 0 || t.serving == joined {
 		return false
 	}
 	old := t.numa
-	t.serving, t.numa = device, numaOf(t.n, t.rails[i:i+1])
+	t.serving, t.numa = joined, numaOf(t.n, serving)
 	return !slices.Equal(old, t.numa)
+}
+
+// railOf returns the rail that serves most of the devices ids (the lowest
+// such rail on a tie), the one their allocation is bound to: 0 while the
+// agent serves one rail or has not said how many.
+func (t *topology) railOf(ids []string) int {
+	t.mu.Lock()
+	count := t.count
+	t.mu.Unlock()
+	if count <= 1 {
+		return 0
+	}
+	votes := make([]int, count)
+	for _, id := range ids {
+		if i, ok := deviceIndex(id, t.n); ok {
+			votes[i*count/t.n]++
+		}
+	}
+	best := 0
+	for r, v := range votes {
+		if v > votes[best] {
+			best = r
+		}
+	}
+	return best
 }
 
 // numaOf maps the n advertised devices onto the RDMA devices that serve
 // them, in contiguous blocks: device i is served by rails[i*len/n] (one
-// rail today; several when the agent serves several, multi-rail). It
+// rail, or several when the agent serves several: multi-rail). It
 // returns the NUMA node of each advertised device, or nil when no RDMA
 // device knows its node (the soft provider, a single-node machine): then
 // the plugin reports no topology.

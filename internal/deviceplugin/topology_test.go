@@ -265,3 +265,59 @@ func TestTopologyOneRail(t *testing.T) {
 		}
 	}
 }
+
+// An agent serving both of the fake tree's devices as two rails
+// (multi-rail): the advertised devices are split over them in blocks,
+// each with its rail's NUMA node, the preferred allocation keeps a
+// container on one node, and Allocate binds its allocation to the rail of
+// its devices, so that allocations spread over the rails by NUMA node.
+func TestRailsByNUMA(t *testing.T) {
+	rails, err := rdmadev.List(rdmadevtest.TwoNUMA(t), rdmadev.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.VConnsPerNode = 8
+	fa := newFakeAgent("/x", 8)
+	fa.device, fa.rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
+	p, err := New(Options{Config: cfg, Agent: fa, Key: &testKey, Rails: rails})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p.updateHealth(ctx)
+	if got := p.topo.nodes(); !slices.Equal(got, []int{0, 0, 0, 0, 1, 1, 1, 1}) {
+		t.Fatalf("NUMA nodes %v; want the first four on node 0, the rest on 1", got)
+	}
+	s := &server{p: p}
+	pref, err := s.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+			{AvailableDeviceIDs: ids(0, 1, 4, 5, 6), AllocationSize: 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onNode1 := pref.ContainerResponses[0].DeviceIDs
+	if !slices.Equal(onNode1, ids(4, 5, 6)) {
+		t.Fatalf("preferred %v; want node 1's 4, 5, 6", onNode1)
+	}
+	if _, err := p.allocate(ctx, containers(onNode1, ids(0, 1), ids(3, 7))); err != nil {
+		t.Fatal(err)
+	}
+	fa.mu.Lock()
+	defer fa.mu.Unlock()
+	want := map[string]int{
+		AllocationID(&testKey, onNode1):   1, // bound to rail 1, mlx5_1
+		AllocationID(&testKey, ids(3, 7)): 0, // one a rail: the lower
+	}
+	for id, rail := range want {
+		if got, ok := fa.railOf[id]; rail > 0 && (!ok || got != rail) {
+			t.Errorf("allocation of %s: rail %d (%v); want %d", id, got, ok, rail)
+		}
+		if _, ok := fa.railOf[id]; rail == 0 && ok {
+			t.Errorf("allocation %s made through CreateRailAllocation; want rail 0's CreateAllocation", id)
+		}
+	}
+	if _, ok := fa.railOf[AllocationID(&testKey, ids(0, 1))]; ok || len(fa.allocs) != 3 {
+		t.Errorf("allocations %v, rails %v; want three, node 0's on rail 0", fa.allocs, fa.railOf)
+	}
+}

@@ -5,14 +5,16 @@
 // # Devices
 //
 // The driver publishes one ResourceSlice pool per node, named after the
-// node, with one device per RDMA endpoint the agent serves (Endpoints;
-// one today: the agent opens one device). A device allows multiple
-// allocations and has a consumable "vconns" capacity, the agent's quota,
-// of which a request consumes 1 unless it asks for more. Its attributes,
-// for CEL selectors: transport (RoCE, InfiniBand, or UDP for the soft
-// provider), linkLayer, deviceName, gid, numaNode and pciRoot (where
-// sysfs knows them, with the standard resource.kubernetes.io/numaNode,
-// pcieRoot and pciBusID too) and version.
+// node, with one device per RDMA endpoint the agent serves (Endpoints:
+// one per rail; an agent serving several rails, multi-rail, splits its
+// quota evenly over them). A device allows multiple allocations and has a
+// consumable "vconns" capacity, the agent's quota (its share), of which a
+// request consumes 1 unless it asks for more. Its attributes, for CEL
+// selectors: transport (RoCE, InfiniBand, or UDP for the soft provider),
+// linkLayer, deviceName, gid, rail, numaNode and pciRoot (where sysfs
+// knows them, with the standard resource.kubernetes.io/numaNode, pcieRoot
+// and pciBusID too) and version. A claim's allocation is bound to the rail
+// of its first device (recorded in its CDI spec for restores).
 //
 // # Prepare and unprepare
 //

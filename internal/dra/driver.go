@@ -43,6 +43,9 @@ const allocPrefix = "dra-"
 const (
 	annotationPod    = "rdmavisor.io/pod"
 	annotationVConns = "rdmavisor.io/vconns"
+	// annotationRail is the agent's rail the allocation is bound to
+	// (multi-rail); absent for rail 0.
+	annotationRail = "rdmavisor.io/rail"
 )
 
 // Agent is what the driver needs of the node agent; the device plugin's
@@ -178,11 +181,15 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	ctx, cancel := context.WithTimeout(ctx, d.opts.RequestTimeout)
 	defer cancel()
 	id := allocationID(c.UID)
-	isNew, err := d.ensure(ctx, id, k, pod)
+	// The allocation goes on the rail of the claim's first device (one
+	// socket, one engine); the scheduler chose it, by the claim's
+	// selectors (numaNode, pciRoot).
+	rail := d.railOf(results[0].Device)
+	isNew, err := d.ensure(ctx, id, k, pod, rail)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 	}
-	if err := d.specs.Write(id, d.edits(id, k, pod)); err != nil {
+	if err := d.specs.Write(id, d.edits(id, k, pod, rail)); err != nil {
 		if isNew {
 			d.release([]string{id})
 		}
@@ -194,7 +201,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	}
 	// The CDI device once: the container gets the allocation once.
 	devs[0].CDIDeviceIDs = []string{d.specs.Device(id)}
-	d.log.Info("Prepared a claim's vconns", "claim", c.Namespace+"/"+c.Name, "allocation", id, "vconns", k, "pod", pod, "new", isNew)
+	d.log.Info("Prepared a claim's vconns", "claim", c.Namespace+"/"+c.Name, "allocation", id, "vconns", k, "pod", pod, "rail", rail, "new", isNew)
 	return devs, nil
 }
 
@@ -229,8 +236,13 @@ func consumed(r resourceapi.DeviceRequestAllocationResult) (int, error) {
 
 // ensure creates allocation id of k vconns for pod, or finds it made by
 // an earlier try of the same prepare.
-func (d *Driver) ensure(ctx context.Context, id string, k int, pod string) (isNew bool, _ error) {
-	_, err := d.opts.Agent.CreateAllocation(ctx, id, k)
+func (d *Driver) ensure(ctx context.Context, id string, k int, pod string, rail int) (isNew bool, _ error) {
+	var err error
+	if ra, ok := d.opts.Agent.(railAgent); ok && rail > 0 {
+		_, err = ra.CreateRailAllocation(ctx, id, k, rail)
+	} else {
+		_, err = d.opts.Agent.CreateAllocation(ctx, id, k)
+	}
 	switch {
 	case err == nil:
 		isNew = true
@@ -258,8 +270,8 @@ func (d *Driver) ensure(ctx context.Context, id string, k int, pod string) (isNe
 // edits are what a container of the claim gets: as a device-plugin
 // container, the allocation's directory and the pod protocol's
 // environment; the annotations record the allocation for sync.
-func (d *Driver) edits(id string, k int, pod string) cdispec.Edits {
-	return cdispec.Edits{
+func (d *Driver) edits(id string, k int, pod string, rail int) cdispec.Edits {
+	e := cdispec.Edits{
 		Env: map[string]string{
 			frame.EnvSocket: ContainerSocketDir + "/" + admin.SocketName,
 			frame.EnvVConns: strconv.Itoa(k),
@@ -267,6 +279,27 @@ func (d *Driver) edits(id string, k int, pod string) cdispec.Edits {
 		Mounts:      []cdispec.Mount{{HostPath: filepath.Join(d.opts.SocketDir, "alloc", id), ContainerPath: ContainerSocketDir, ReadOnly: true}},
 		Annotations: map[string]string{annotationPod: pod, annotationVConns: strconv.Itoa(k)},
 	}
+	if rail > 0 {
+		e.Annotations[annotationRail] = strconv.Itoa(rail)
+	}
+	return e
+}
+
+// railAgent is an Agent that binds an allocation to one of its rails
+// (deviceplugin.AdminAgent is one).
+type railAgent interface {
+	CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error)
+}
+
+// railOf is the agent's rail of the published device name (0 when it is
+// not one: the scheduler's view may be older than the last publication).
+func (d *Driver) railOf(name string) int {
+	for _, e := range d.published() {
+		if e.Name == name {
+			return e.Rail
+		}
+	}
+	return 0
 }
 
 // release deletes allocations and their specs, logging what fails: the

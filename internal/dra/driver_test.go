@@ -257,3 +257,53 @@ func TestPrepareSpecUnwritable(t *testing.T) {
 		t.Errorf("allocations left: %v", got)
 	}
 }
+
+// With an agent serving two rails, the node's pool has a device a rail; a
+// claim the scheduler gave rail 1's device gets an allocation bound to
+// rail 1, recorded in its CDI spec, so that an agent that lost it has it
+// re-created on rail 1; a claim of rail 0's device stays on rail 0.
+func TestPrepareRails(t *testing.T) {
+	fa := newFakeAgent(8)
+	fa.device, fa.rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
+	d := testDriver(t, fa)
+	var published []resourceslice.DriverResources
+	publish := func(_ context.Context, r resourceslice.DriverResources) error {
+		published = append(published, r)
+		return nil
+	}
+	ctx := context.Background()
+	if err := d.Sync(ctx, publish); err != nil {
+		t.Fatal(err)
+	}
+	if devs := published[0].Pools["node-a"].Slices[0].Devices; len(devs) != 2 || devs[0].Name != "mlx5-0" || devs[1].Name != "mlx5-1" {
+		t.Fatalf("devices %+v, want mlx5-0 and mlx5-1", devs)
+	}
+	const uid2 = "0b0e4c8e-2222-4a51-9a8c-6a0f3d2b9e02"
+	on1 := claim(uid1, []string{"p"}, result("r1", 3)) // result names mlx5-1
+	r0 := result("r1", 2)
+	r0.Device = "mlx5-0"
+	on0 := claim(uid2, []string{"q"}, r0)
+	res, _ := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{on1, on0})
+	if res[on1.UID].Err != nil || res[on0.UID].Err != nil {
+		t.Fatal(res[on1.UID].Err, res[on0.UID].Err)
+	}
+	check := func(when string) {
+		t.Helper()
+		fa.mu.Lock()
+		defer fa.mu.Unlock()
+		if rail, ok := fa.railOf["dra-"+uid1]; !ok || rail != 1 {
+			t.Errorf("%s: the claim of mlx5-1: rail %d (%v), want 1", when, rail, ok)
+		}
+		if _, ok := fa.railOf["dra-"+uid2]; ok || len(fa.allocs) != 2 {
+			t.Errorf("%s: allocations %v on rails %v; want the claim of mlx5-0 on rail 0", when, fa.allocs, fa.railOf)
+		}
+	}
+	check("prepared")
+	fa.mu.Lock()
+	fa.allocs, fa.railOf = map[string]admin.Allocation{}, nil // the agent restarted
+	fa.mu.Unlock()
+	if err := d.Sync(ctx, publish); err != nil {
+		t.Fatal(err)
+	}
+	check("re-created")
+}

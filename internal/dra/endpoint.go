@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"fmt"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -31,20 +32,49 @@ type Endpoint struct {
 	NUMANode            int
 	PCIRoot, PCIAddress string
 	VConns              int
+	// Rail is the agent's rail the device is (multi-rail): a claim's
+	// allocation is bound to it.
+	Rail int
 }
 
 // Endpoints are the endpoints of an agent in status st: the device it
-// opened, located by the rails sysfs lists (package rdmadev); a device
-// sysfs does not list is the soft provider's. None while the agent
-// names no device.
+// opened, or one per rail when it serves several (multi-rail: each with
+// an even share of the node's vconns, the first the remainder, since the
+// agent's quota is the node's), located by the rails sysfs lists
+// (package rdmadev); a device sysfs does not list is the soft provider's.
+// None while the agent names no device.
 func Endpoints(st admin.Status, rails []rdmadev.Device) []Endpoint {
 	if st.Device == "" || st.Capacity < 1 {
 		return nil
 	}
-	ep := Endpoint{Name: dnsLabel(st.Device), DeviceName: st.Device, Transport: "UDP", LinkLayer: string(rdmadev.Ethernet),
-		GID: st.GID, NUMANode: -1, VConns: st.Capacity}
+	if len(st.Rails) <= 1 {
+		return []Endpoint{endpoint(st.Device, st.GID, st.Capacity, 0, rails)}
+	}
+	n := len(st.Rails)
+	if st.Capacity < n {
+		n = st.Capacity // a rail without a vconn to offer is not published
+	}
+	eps := make([]Endpoint, 0, n)
+	for i, r := range st.Rails[:n] {
+		k := st.Capacity / n
+		if i == 0 {
+			k += st.Capacity % n
+		}
+		ep := endpoint(r.Device, r.GID, k, i, rails)
+		if ep.Name == "soft" && i > 0 {
+			ep.Name = fmt.Sprintf("soft-%d", i)
+		}
+		eps = append(eps, ep)
+	}
+	return eps
+}
+
+// endpoint is the endpoint of device, the agent's rail, with k vconns.
+func endpoint(device, gid string, k, rail int, rails []rdmadev.Device) Endpoint {
+	ep := Endpoint{Name: dnsLabel(device), DeviceName: device, Transport: "UDP", LinkLayer: string(rdmadev.Ethernet),
+		GID: gid, NUMANode: -1, VConns: k, Rail: rail}
 	for _, r := range rails {
-		if r.Name != st.Device {
+		if r.Name != device {
 			continue
 		}
 		ep.NUMANode, ep.PCIRoot, ep.PCIAddress = r.NUMANode, r.PCIRoot, r.PCIAddress
@@ -55,10 +85,10 @@ func Endpoints(st admin.Status, rails []rdmadev.Device) []Endpoint {
 			ep.Transport, ep.LinkLayer = r.Ports[0].Transport(), string(r.Ports[0].LinkLayer)
 		}
 	}
-	if strings.HasPrefix(st.Device, "soft-") {
+	if strings.HasPrefix(device, "soft-") {
 		ep.Name = "soft"
 	}
-	return []Endpoint{ep}
+	return ep
 }
 
 // dnsLabel makes a DRA device name of an RDMA device name: lower case,
@@ -88,6 +118,7 @@ func (e Endpoint) device(version string) resourceapi.Device {
 		"linkLayer":  str(e.LinkLayer),
 		"deviceName": str(e.DeviceName),
 		"version":    {VersionValue: ptr.To(version)},
+		"rail":       {IntValue: ptr.To(int64(e.Rail))},
 	}
 	if e.GID != "" {
 		attrs["gid"] = str(e.GID)

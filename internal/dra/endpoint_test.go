@@ -103,3 +103,31 @@ func FuzzDNSLabel(f *testing.F) {
 		}
 	})
 }
+
+// An agent serving two rails (multi-rail) is two devices, each with its
+// rail, its NUMA node and an even share of the node's vconns (the first
+// the remainder); with fewer vconns than rails, only rails with one.
+func TestEndpointsRails(t *testing.T) {
+	rails, err := rdmadev.List(rdmadevtest.TwoNUMA(t), rdmadev.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := admin.Status{Device: "mlx5_0", GID: "fe80::1", Capacity: 9,
+		Rails: []admin.Rail{{Device: "mlx5_0", GID: "fe80::1"}, {Device: "mlx5_1", GID: "fe80::2"}}}
+	got := Endpoints(st, rails)
+	if len(got) != 2 || got[0].Name != "mlx5-0" || got[0].Rail != 0 || got[0].NUMANode != 0 || got[0].VConns != 5 ||
+		got[1].Name != "mlx5-1" || got[1].Rail != 1 || got[1].NUMANode != 1 || got[1].VConns != 4 || got[1].GID != "fe80::2" {
+		t.Errorf("Endpoints = %+v", got)
+	}
+	if r := got[1].device("1.2.3").Attributes["rail"]; r.IntValue == nil || *r.IntValue != 1 {
+		t.Errorf("rail attribute %+v, want 1", r)
+	}
+	st.Capacity = 1
+	if got := Endpoints(st, rails); len(got) != 1 || got[0].VConns != 1 || got[0].Rail != 0 {
+		t.Errorf("one vconn over two rails: %+v", got)
+	}
+	soft := admin.Status{Device: "soft-10.0.0.1", Capacity: 4, Rails: []admin.Rail{{Device: "soft-10.0.0.1"}, {Device: "soft-10.0.1.1"}}}
+	if got := Endpoints(soft, nil); len(got) != 2 || got[0].Name != "soft" || got[1].Name != "soft-1" {
+		t.Errorf("two soft rails: %+v", got)
+	}
+}

@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -17,6 +18,8 @@ type fakeAgent struct {
 	device   string
 	down     bool
 	allocs   map[string]admin.Allocation
+	rails    []string       // the devices of its rails (multi-rail), if several
+	railOf   map[string]int // the rail of each allocation made on one
 }
 
 var errDown = errors.New("fake agent: connection refused")
@@ -31,7 +34,24 @@ func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
 	if f.down {
 		return admin.Status{}, errDown
 	}
-	return admin.Status{Ready: true, Capacity: f.capacity, Device: f.device, GID: "fe80::c42:a103:65:7b20"}, nil
+	st := admin.Status{Ready: true, Capacity: f.capacity, Device: f.device, GID: "fe80::c42:a103:65:7b20"}
+	for i, r := range f.rails {
+		st.Rails = append(st.Rails, admin.Rail{Device: r, GID: fmt.Sprintf("fe80::%d", i+1)})
+	}
+	return st, nil
+}
+
+func (f *fakeAgent) CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error) {
+	al, err := f.CreateAllocation(ctx, id, k)
+	if err == nil {
+		f.mu.Lock()
+		if f.railOf == nil {
+			f.railOf = make(map[string]int)
+		}
+		f.railOf[id] = rail
+		f.mu.Unlock()
+	}
+	return al, err
 }
 
 func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {

@@ -128,7 +128,8 @@ func (d *Driver) syncAllocations(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("the CDI spec of %s records no pod and vconns", id))
 			continue
 		}
-		if _, err := d.ensure(ctx, id, k, pod); err != nil {
+		rail, _ := strconv.Atoi(e.Annotations[annotationRail]) // absent: rail 0
+		if _, err := d.ensure(ctx, id, k, pod, rail); err != nil {
 			errs = append(errs, err)
 			continue
 		}

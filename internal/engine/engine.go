@@ -31,11 +31,15 @@ var (
 
 // Engine multiplexes vconns over shared QPs on one device.
 type Engine struct {
-	cfg  Config
-	log  logr.Logger
-	dev  verbs.Device
-	pd   verbs.PD
-	gid  verbs.GID
+	cfg Config
+	log logr.Logger
+	dev verbs.Device
+	pd  verbs.PD
+	gid verbs.GID
+	// ll is the port's link layer and lid its LID on InfiniBand, where
+	// paths are LID-routed (verbs.AddressVector).
+	ll   verbs.LinkLayer
+	lid  uint16
 	pool *bufPool
 	// recvClass and dgramClass are the pool classes of the two SRQs'
 	// buffers: srq serves the RC QPs, dsrq the UD and UC QPs.
@@ -141,6 +145,14 @@ func New(cfg Config) (_ *Engine, err error) {
 func (e *Engine) openPD() (err error) {
 	if e.gid, err = e.dev.GID(0); err != nil {
 		return fmt.Errorf("engine: %w", err)
+	}
+	attr := e.dev.Attr()
+	if e.ll = attr.LinkLayer; e.ll == verbs.LinkLayerInfiniBand {
+		if attr.LID == 0 || attr.LID > verbs.MaxUnicastLID {
+			return fmt.Errorf("engine: %s: %w: InfiniBand port without a unicast LID (%#x): is a subnet manager running?", attr.Name, verbs.ErrInvalid, attr.LID)
+		}
+		e.lid = attr.LID
+		e.log.Info("The port is InfiniBand: paths are LID-routed within the subnet (untested on InfiniBand hardware)", "lid", e.lid)
 	}
 	if e.pd, err = e.dev.AllocPD(); err != nil {
 		return fmt.Errorf("engine: %w", err)

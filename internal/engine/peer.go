@@ -29,6 +29,9 @@ type Peer struct {
 	dead    []*sendQP                // failed QPs awaiting their last completions; guarded by mu
 	remote  uint64                   // the peer's epoch for us, once known; guarded by mu
 	pool    atomic.Int32             // the peer's QPRequest.Pool, once it made a QP toward us
+	// lid is the peer's port LID on InfiniBand (QPRequest.LID or
+	// QPReply.LID, the latest), what names its datagrams without a GRH.
+	lid atomic.Uint32
 	// udSecretIn is what the peer's datagrams to our UD QPs must carry
 	// (drawn with the peer, given it in every QPReply); udSecretOut what
 	// ours to its UD QPs carry (its QPReply.UDSecret), guarded by mu.

@@ -37,6 +37,9 @@ type QPRequest struct {
 	// engine knows which of the peer's QPs may carry that vconn's
 	// messages and its one-sided requests.
 	Pool int
+	// LID is the requester's port LID on InfiniBand (0 on RoCE): the
+	// acceptor's QP routes to it without a GRH.
+	LID uint16
 }
 
 // maxIndex bounds QPRequest.Index and Pool: a peer's QPsPerPeer.
@@ -75,6 +78,8 @@ type QPReply struct {
 	// know them.
 	Secret   uint64
 	UDSecret uint64
+	// LID is the acceptor's port LID on InfiniBand, as QPRequest.LID.
+	LID uint16
 }
 
 // newSecret draws a QP pair's secret: 64 random bits, never zero (the
@@ -158,9 +163,10 @@ func (e *Engine) pathOptions(t verbs.QPType, psn uint32) verbs.PathOptions {
 		access = 0
 	}
 	return verbs.PathOptions{
-		MTU:    e.cfg.MTU,
-		Access: access,
-		SQPSN:  psn,
+		MTU:       e.cfg.MTU,
+		Access:    access,
+		SQPSN:     psn,
+		LinkLayer: e.ll,
 		// Retry for about two seconds before declaring the path dead:
 		// 7 retries of 4.096 µs × 2^16 ≈ 268 ms. The agents' heartbeats
 		// notice a dead node sooner; this only has to outlast a
@@ -221,7 +227,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer})
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer, LID: e.lid})
 	if err != nil {
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
@@ -235,7 +241,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w: reply without a secret", p.gid, verbs.ErrInvalid)
 	}
-	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(t, psn)); err != nil {
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN, LID: reply.LID}, e.pathOptions(t, psn)); err != nil {
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
 	}
@@ -255,6 +261,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		p.udQPNs = reply.UDQPNs
 	}
 	p.udSecretOut = reply.UDSecret
+	p.lid.Store(uint32(reply.LID))
 	p.mu.Unlock()
 	e.log.V(1).Info("Connected QP to peer", "peer", p.gid, "type", t, "index", i, "qpn", qp.QPN(), "remoteQPN", reply.QPN)
 	return q, nil
@@ -302,7 +309,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	psn := rand.Uint32() & (1<<24 - 1)
 	opt := e.pathOptions(req.Type, psn)
 	opt.MTU = min(req.MTU, e.cfg.MTU)
-	if err := verbs.ConnectQP(qp, verbs.Remote{GID: req.GID, QPN: req.QPN, PSN: req.PSN}, opt); err != nil {
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: req.GID, QPN: req.QPN, PSN: req.PSN, LID: req.LID}, opt); err != nil {
 		_ = qp.Close()
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
 	}
@@ -322,6 +329,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	if len(req.UDQPNs) > 0 {
 		p.udQPNs = req.UDQPNs
 	}
+	p.lid.Store(uint32(req.LID))
 	p.mu.Unlock()
 	if evicted != nil {
 		e.ingress.Delete(evicted.QPN())
@@ -329,7 +337,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	}
 	secret := newSecret()
 	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index, secret: secret})
-	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn}, nil
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn, LID: e.lid}, nil
 }
 
 // ingressIndex is the index of the peer's QPs that its vconn remote sends
@@ -362,14 +370,20 @@ func (p *Peer) udRoute(k int) (ah, qpn uint32, secret uint64) {
 	return p.ah.Handle(), p.udQPNs[k%len(p.udQPNs)], p.udSecretOut
 }
 
-// ensureAH creates the peer's address handle for datagrams.
+// ensureAH creates the peer's address handle for datagrams: to its GID on
+// RoCE, to its LID on InfiniBand (learnt with the RC QP a vconn connects
+// first).
 func (p *Peer) ensureAH() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ah != nil {
 		return nil
 	}
-	ah, err := p.e.pd.CreateAH(&verbs.AHAttr{DGID: p.gid, PortNum: 1, HopLimit: 64})
+	av, err := verbs.AddressVector(p.e.ll, verbs.Remote{GID: p.gid, LID: uint16(p.lid.Load())}, 0, 0)
+	if err != nil {
+		return fmt.Errorf("engine: address handle for peer %v: %w", p.gid, err)
+	}
+	ah, err := p.e.pd.CreateAH(&av)
 	if err != nil {
 		return fmt.Errorf("engine: address handle for peer %v: %w", p.gid, err)
 	}

@@ -82,18 +82,25 @@ func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud bool
 	b = e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
 	from, index, secret := p.ingressOf(wc.QPN)
 	ud = p.isUD(wc.QPN)
+	fromPeer := false
 	if ud {
 		// A datagram: the sender's GID is in the GRH space. (Only UD
-		// receives have that space; a NIC may flag RC and UC receives
-		// over RoCE with a GRH too, but puts nothing in the buffer.)
-		// Without one, from stays zero, no peer's.
-		if wc.Flags&verbs.WCWithGRH != 0 && len(b) >= verbs.GRHSize {
-			from = grhSource(b[:verbs.GRHSize])
+		// receives have that space, whether or not a GRH came; a NIC
+		// may flag RC and UC receives over RoCE with a GRH too, but
+		// puts nothing in the buffer.) On InfiniBand, a datagram routed
+		// within the subnet has no GRH, and its sender is its source
+		// LID. Otherwise from stays zero, no peer's.
+		if len(b) >= verbs.GRHSize {
+			if wc.Flags&verbs.WCWithGRH != 0 {
+				from = grhSource(b[:verbs.GRHSize])
+			} else if e.ll == verbs.LinkLayerInfiniBand && wc.SLID != 0 {
+				fromPeer = uint32(wc.SLID) == vc.peer.lid.Load()
+			}
 			b = b[verbs.GRHSize:]
 		}
 		secret = vc.peer.udSecretIn
 	}
-	ok = vc.peer.gid == from && (ud || index == vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())))
+	ok = (fromPeer || vc.peer.gid == from) && (ud || index == vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())))
 	return b, ud, secret, ok
 }
 

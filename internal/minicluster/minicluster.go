@@ -168,7 +168,7 @@ func (n *Node) start(ctl net.Listener) error {
 		return err
 	}
 	n.Agent, err = agent.New(agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), OpenDevice: device.Open,
-		ControlListener: ctl, MetricsListener: ml,
+		OpenRails: device.OpenRails, ControlListener: ctl, MetricsListener: ml,
 		TuneEngine: o.TuneEngine, HeartbeatInterval: min(o.HeartbeatTimeout/4, 250*time.Millisecond), HeartbeatTimeout: o.HeartbeatTimeout})
 	if err != nil {
 		_ = ctl.Close()

@@ -176,6 +176,20 @@ func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha
 	if s.Device != "" {
 		st.Devices = []v1alpha1.RDMADevice{{Name: s.Device, Provider: r.Provider, GID: s.GID, Health: v1alpha1.DeviceHealthy}}
 	}
+	if len(s.Rails) > 0 {
+		// A rail is healthy while the agent serves it: its engine is
+		// open (a device the agent cannot open fails the whole agent).
+		st.Devices = st.Devices[:0]
+		for i, rl := range s.Rails {
+			d := v1alpha1.RDMADevice{Name: rl.Device, Provider: r.Provider, GID: rl.GID, Health: v1alpha1.DeviceHealthy,
+				Rail: int32(i), VConnsAllocated: int32(rl.Allocated), VConnsOpen: int32(rl.VConns), QPsInUse: int32(rl.QPs)}
+			if rl.NUMANode >= 0 {
+				n := int32(rl.NUMANode)
+				d.NUMANode = &n
+			}
+			st.Devices = append(st.Devices, d)
+		}
+	}
 	if host, port, err := net.SplitHostPort(s.Control); err == nil {
 		if p, err := strconv.Atoi(port); err == nil && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
 			st.Address = &v1alpha1.AgentAddress{IP: host, ControlPort: int32(p)}

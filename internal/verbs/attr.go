@@ -41,6 +41,12 @@ type DeviceAttr struct {
 	MaxMTU    MTU
 	PortCount int
 	NUMANode  int // -1 when unknown
+	// LinkLayer is the port's: Ethernet (RoCE) for the soft provider.
+	LinkLayer LinkLayer
+	// LID is the port's base LID and LMC its LID mask count (the port
+	// answers to LID..LID+2^LMC-1); both zero on Ethernet.
+	LID uint16
+	LMC uint8
 }
 
 // QPCap is struct ibv_qp_cap.
@@ -64,7 +70,11 @@ type QPInitAttr struct {
 	SigAll bool
 }
 
-// AHAttr is struct ibv_ah_attr for a RoCE port: the destination is a GID.
+// AHAttr is struct ibv_ah_attr. By default it is global (is_global 1): the
+// packet carries a GRH and the destination is DGID, as RoCE needs. With
+// NoGRH it is an InfiniBand address vector within one subnet (is_global
+// 0): DLID routes the packet, and DGID, SGIDIndex, HopLimit, TrafficClass
+// and FlowLabel are unused. AddressVector builds either.
 type AHAttr struct {
 	DGID         GID
 	SGIDIndex    uint8
@@ -73,6 +83,13 @@ type AHAttr struct {
 	FlowLabel    uint32
 	SL           uint8
 	PortNum      uint8
+	// NoGRH, DLID and SrcPathBits are an InfiniBand path's (a path
+	// record's fields): no GRH, the destination's LID, and the low bits
+	// of the source LID (within the port's LMC) that pick one of the
+	// port's paths.
+	NoGRH       bool
+	DLID        uint16
+	SrcPathBits uint8
 }
 
 // QPAttr is struct ibv_qp_attr, restricted to what RC, UC and UD use.

@@ -66,6 +66,29 @@ func CheckQPAttr(a *QPAttr, mask QPAttrMask) error {
 		return bad("SQ PSN", a.SQPSN, maxPSN)
 	case mask&QPAttrDestQPN != 0 && a.DestQPN > maxPSN:
 		return bad("destination QPN", a.DestQPN, maxPSN)
+	case mask&QPAttrAV != 0:
+		if err := CheckAH(&a.AH); err != nil {
+			return fmt.Errorf("address vector: %w", err)
+		}
+	}
+	return nil
+}
+
+// CheckAH checks an address vector's fields against their IB widths: a
+// service level in 4 bits, and, without a GRH, a unicast DLID (1 ..
+// MaxUnicastLID) and source path bits in 7 (an LMC is at most 7).
+func CheckAH(a *AHAttr) error {
+	switch {
+	case a == nil:
+		return fmt.Errorf("%w: no address vector", ErrInvalid)
+	case a.SL > 15:
+		return fmt.Errorf("%w: service level %d out of range 0..15", ErrInvalid, a.SL)
+	case !a.NoGRH:
+		return nil
+	case a.DLID == 0 || a.DLID > MaxUnicastLID:
+		return fmt.Errorf("%w: DLID %#x is not a unicast LID (1..%#x): is the port's subnet manager running?", ErrInvalid, a.DLID, MaxUnicastLID)
+	case a.SrcPathBits > 0x7f:
+		return fmt.Errorf("%w: source path bits %#x out of range 0..0x7f", ErrInvalid, a.SrcPathBits)
 	}
 	return nil
 }

@@ -264,3 +264,27 @@ const (
 	QPAttrCap             QPAttrMask = 1 << 19
 	QPAttrDestQPN         QPAttrMask = 1 << 20
 )
+
+// LinkLayer is a port's link layer, with libibverbs' numbering
+// (IBV_LINK_LAYER_*). Unspecified is what old providers report for an
+// InfiniBand port; RDMAvisor treats it as RoCE, the only link layer it is
+// tested on (see AddressVector).
+type LinkLayer uint8
+
+const (
+	LinkLayerUnspecified LinkLayer = 0
+	LinkLayerInfiniBand  LinkLayer = 1
+	LinkLayerEthernet    LinkLayer = 2
+)
+
+func (l LinkLayer) String() string {
+	switch l {
+	case LinkLayerUnspecified:
+		return "unspecified"
+	case LinkLayerInfiniBand:
+		return "InfiniBand"
+	case LinkLayerEthernet:
+		return "Ethernet"
+	}
+	return fmt.Sprintf("LinkLayer(%d)", uint8(l))
+}

@@ -88,4 +88,7 @@ type WC struct {
 	QPN       uint32
 	SrcQP     uint32
 	PKeyIndex uint16
+	// SLID is the sender's LID on an InfiniBand port (0 on RoCE): what
+	// names a UD sender whose datagram came without a GRH.
+	SLID uint16
 }

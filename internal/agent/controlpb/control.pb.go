@@ -141,11 +141,14 @@ func (x *IdentityRequest) GetCaller() *Node {
 }
 
 type IdentityReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	UdQpns        []uint32               `protobuf:"varint,2,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
-	Qkey          uint32                 `protobuf:"varint,3,opt,name=qkey,proto3" json:"qkey,omitempty"`
-	Mtu           uint32                 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Node   *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	UdQpns []uint32               `protobuf:"varint,2,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
+	Qkey   uint32                 `protobuf:"varint,3,opt,name=qkey,proto3" json:"qkey,omitempty"`
+	Mtu    uint32                 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// rail_gids are the GIDs of the callee's rails 1.. (multi-rail: a
+	// device and engine each); rail 0's is node.gid.
+	RailGids      [][]byte `protobuf:"bytes,5,rep,name=rail_gids,json=railGids,proto3" json:"rail_gids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -208,6 +211,13 @@ func (x *IdentityReply) GetMtu() uint32 {
 	return 0
 }
 
+func (x *IdentityReply) GetRailGids() [][]byte {
+	if x != nil {
+		return x.RailGids
+	}
+	return nil
+}
+
 type QPRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Gid    []byte                 `protobuf:"bytes,1,opt,name=gid,proto3" json:"gid,omitempty"`
@@ -224,7 +234,14 @@ type QPRequest struct {
 	Epoch uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// pool is the size of the requester's pools (its QPs per peer): its vconn
 	// of vQPN v sends on the QPs of index v mod pool.
-	Pool          uint32 `protobuf:"varint,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	Pool uint32 `protobuf:"varint,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	// lid is the requester's port LID when its link layer is InfiniBand
+	// (the acceptor's QP path routes on it, without a GRH); 0 on RoCE.
+	Lid uint32 `protobuf:"varint,10,opt,name=lid,proto3" json:"lid,omitempty"`
+	// rail is the requester's rail, whose engine makes the QP: the
+	// acceptor's engine of the same rail accepts it (rail i of a node talks
+	// to rail i of another, as rail-optimised fabrics are wired).
+	Rail          uint32 `protobuf:"varint,11,opt,name=rail,proto3" json:"rail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +339,20 @@ func (x *QPRequest) GetPool() uint32 {
 	return 0
 }
 
+func (x *QPRequest) GetLid() uint32 {
+	if x != nil {
+		return x.Lid
+	}
+	return 0
+}
+
+func (x *QPRequest) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
 type QPReply struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Qpn    uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
@@ -335,8 +366,10 @@ type QPReply struct {
 	// does not know it). ud_secret is the same for the requester's datagrams
 	// to the acceptor's UD QPs. Random, drawn by the acceptor, never 0; they
 	// travel only here, under the control plane's mutual TLS.
-	Secret        uint64 `protobuf:"fixed64,5,opt,name=secret,proto3" json:"secret,omitempty"`
-	UdSecret      uint64 `protobuf:"fixed64,6,opt,name=ud_secret,json=udSecret,proto3" json:"ud_secret,omitempty"`
+	Secret   uint64 `protobuf:"fixed64,5,opt,name=secret,proto3" json:"secret,omitempty"`
+	UdSecret uint64 `protobuf:"fixed64,6,opt,name=ud_secret,json=udSecret,proto3" json:"ud_secret,omitempty"`
+	// lid is the acceptor's port LID on InfiniBand, as in QPRequest.
+	Lid           uint32 `protobuf:"varint,7,opt,name=lid,proto3" json:"lid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -413,6 +446,13 @@ func (x *QPReply) GetUdSecret() uint64 {
 	return 0
 }
 
+func (x *QPReply) GetLid() uint32 {
+	if x != nil {
+		return x.Lid
+	}
+	return 0
+}
+
 type DialRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Caller *Node                  `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -424,7 +464,11 @@ type DialRequest struct {
 	Ip []byte `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
 	// from_ip is the dialing pod's IP (empty for a host service): what the
 	// listener sees as the remote address.
-	FromIp        []byte `protobuf:"bytes,5,opt,name=from_ip,json=fromIp,proto3" json:"from_ip,omitempty"`
+	FromIp []byte `protobuf:"bytes,5,opt,name=from_ip,json=fromIp,proto3" json:"from_ip,omitempty"`
+	// rail is the caller's vconn's rail, and rail_gid the caller's GID on
+	// it (rail 0: caller.gid): the callee makes its vconn on the same rail.
+	Rail          uint32 `protobuf:"varint,6,opt,name=rail,proto3" json:"rail,omitempty"`
+	RailGid       []byte `protobuf:"bytes,7,opt,name=rail_gid,json=railGid,proto3" json:"rail_gid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -494,6 +538,20 @@ func (x *DialRequest) GetFromIp() []byte {
 	return nil
 }
 
+func (x *DialRequest) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
+func (x *DialRequest) GetRailGid() []byte {
+	if x != nil {
+		return x.RailGid
+	}
+	return nil
+}
+
 type DialReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Vconn         uint32                 `protobuf:"varint,1,opt,name=vconn,proto3" json:"vconn,omitempty"`
@@ -545,8 +603,14 @@ type Beat struct {
 	// gid is the sender's (its certificate's, under mutual TLS); the answer
 	// carries in peer_epoch the answerer's epoch for it (QPRequest.epoch),
 	// 0 if it has no live side of a connection to it.
-	Gid           []byte `protobuf:"bytes,3,opt,name=gid,proto3" json:"gid,omitempty"`
-	PeerEpoch     uint64 `protobuf:"varint,4,opt,name=peer_epoch,json=peerEpoch,proto3" json:"peer_epoch,omitempty"`
+	Gid       []byte `protobuf:"bytes,3,opt,name=gid,proto3" json:"gid,omitempty"`
+	PeerEpoch uint64 `protobuf:"varint,4,opt,name=peer_epoch,json=peerEpoch,proto3" json:"peer_epoch,omitempty"`
+	// rail_gids are the sender's GIDs on its rails 1.. (multi-rail), and
+	// rail_epochs in the answer the answerer's epochs for them, by rail, as
+	// peer_epoch is for gid (0: no news, also for a GID the sender's
+	// certificate does not hold).
+	RailGids      [][]byte `protobuf:"bytes,5,rep,name=rail_gids,json=railGids,proto3" json:"rail_gids,omitempty"`
+	RailEpochs    []uint64 `protobuf:"varint,6,rep,packed,name=rail_epochs,json=railEpochs,proto3" json:"rail_epochs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -607,6 +671,20 @@ func (x *Beat) GetPeerEpoch() uint64 {
 		return x.PeerEpoch
 	}
 	return 0
+}
+
+func (x *Beat) GetRailGids() [][]byte {
+	if x != nil {
+		return x.RailGids
+	}
+	return nil
+}
+
+func (x *Beat) GetRailEpochs() []uint64 {
+	if x != nil {
+		return x.RailEpochs
+	}
+	return nil
 }
 
 type Announcement struct {
@@ -718,12 +796,13 @@ const file_control_proto_rawDesc = "" +
 	"\x03gid\x18\x03 \x01(\fR\x03gid\x12 \n" +
 	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"C\n" +
 	"\x0fIdentityRequest\x120\n" +
-	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\"|\n" +
+	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\"\x99\x01\n" +
 	"\rIdentityReply\x12,\n" +
 	"\x04node\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x04node\x12\x17\n" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
-	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xc0\x01\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\x12\x1b\n" +
+	"\trail_gids\x18\x05 \x03(\fR\brailGids\"\xe6\x01\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -733,28 +812,37 @@ const file_control_proto_rawDesc = "" +
 	"\aud_qpns\x18\x06 \x03(\rR\x06udQpns\x12\x14\n" +
 	"\x05index\x18\a \x01(\rR\x05index\x12\x14\n" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x12\n" +
-	"\x04pool\x18\t \x01(\rR\x04pool\"\x91\x01\n" +
+	"\x04pool\x18\t \x01(\rR\x04pool\x12\x10\n" +
+	"\x03lid\x18\n" +
+	" \x01(\rR\x03lid\x12\x12\n" +
+	"\x04rail\x18\v \x01(\rR\x04rail\"\xa3\x01\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
 	"\aud_qpns\x18\x03 \x03(\rR\x06udQpns\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06secret\x18\x05 \x01(\x06R\x06secret\x12\x1b\n" +
-	"\tud_secret\x18\x06 \x01(\x06R\budSecret\"\x92\x01\n" +
+	"\tud_secret\x18\x06 \x01(\x06R\budSecret\x12\x10\n" +
+	"\x03lid\x18\a \x01(\rR\x03lid\"\xc1\x01\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
 	"\x05vconn\x18\x03 \x01(\rR\x05vconn\x12\x0e\n" +
 	"\x02ip\x18\x04 \x01(\fR\x02ip\x12\x17\n" +
-	"\afrom_ip\x18\x05 \x01(\fR\x06fromIp\"!\n" +
+	"\afrom_ip\x18\x05 \x01(\fR\x06fromIp\x12\x12\n" +
+	"\x04rail\x18\x06 \x01(\rR\x04rail\x12\x19\n" +
+	"\brail_gid\x18\a \x01(\fR\arailGid\"!\n" +
 	"\tDialReply\x12\x14\n" +
-	"\x05vconn\x18\x01 \x01(\rR\x05vconn\"k\n" +
+	"\x05vconn\x18\x01 \x01(\rR\x05vconn\"\xa9\x01\n" +
 	"\x04Beat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
 	"\x03gid\x18\x03 \x01(\fR\x03gid\x12\x1d\n" +
 	"\n" +
-	"peer_epoch\x18\x04 \x01(\x04R\tpeerEpoch\"Y\n" +
+	"peer_epoch\x18\x04 \x01(\x04R\tpeerEpoch\x12\x1b\n" +
+	"\trail_gids\x18\x05 \x03(\fR\brailGids\x12\x1f\n" +
+	"\vrail_epochs\x18\x06 \x03(\x04R\n" +
+	"railEpochs\"Y\n" +
 	"\fAnnouncement\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x17\n" +
 	"\apod_ips\x18\x02 \x03(\fR\x06podIps\"1\n" +

@@ -292,6 +292,14 @@ func (d *device) setup(cfg Config) error {
 		// A verbs.Device is one port of the hardware device.
 		PortCount: 1, NUMANode: d.numaNode(),
 	}
+	if pa.link_layer == C.IBV_LINK_LAYER_ETHERNET {
+		d.attr.LinkLayer = verbs.LinkLayerEthernet
+	} else {
+		// Unspecified is what providers older than link_layer report,
+		// all of them InfiniBand.
+		d.attr.LinkLayer = verbs.LinkLayerInfiniBand
+		d.attr.LID, d.attr.LMC = uint16(pa.lid), uint8(pa.lmc)
+	}
 	// Type 2 windows only: a device with type 1 alone has none to offer.
 	if a.device_cap_flags&(C.IBV_DEVICE_MEM_WINDOW_TYPE_2A|C.IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 {
 		d.attr.MaxMW = int(a.max_mw)

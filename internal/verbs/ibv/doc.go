@@ -7,7 +7,10 @@
 // The verbs.Device it returns shows the port's GID table with the selected
 // entry at index 0 (it and the entry at the selected index trade places),
 // because the layers above address a device by GID index 0; AHAttr.SGIDIndex
-// and Query translate the same way.
+// and Query translate the same way. On an InfiniBand port, DeviceAttr has
+// the port's LID and LMC, an AHAttr with NoGRH is routed by DLID, and a
+// completion carries the sender's LID (WC.SLID); that path is untested on
+// InfiniBand hardware.
 //
 // Work requests and completions cross cgo once per PostSend, PostRecv and
 // Poll: a C helper builds the ibv_send_wr/ibv_recv_wr chain from the flat Go

@@ -38,6 +38,7 @@ func init() {
 		{"WC.SrcQP", unsafe.Offsetof(w.SrcQP), 11},
 		{"WC.PKeyIndex", unsafe.Offsetof(w.PKeyIndex), 12},
 		{"SendWR.MW", unsafe.Offsetof(s.MW), 13},
+		{"WC.SLID", unsafe.Offsetof(w.SLID), 14},
 	}
 	for _, c := range checks {
 		if got := uintptr(C.rv_layout(c.cIndex)); got != c.goVal {

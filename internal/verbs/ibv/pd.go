@@ -124,36 +124,57 @@ type ah struct {
 
 var _ verbs.AH = (*ah)(nil)
 
-// fillAH writes a RoCE address vector: always global (GRH), the source GID
-// index translated to the hardware table.
+// fillAH writes an address vector: global (GRH) with the source GID index
+// translated to the hardware table, or, with NoGRH on an InfiniBand port,
+// routed by DLID within the subnet (untested on InfiniBand hardware).
 func (d *device) fillAH(dst *C.struct_ibv_ah_attr, a *verbs.AHAttr) error {
+	if err := verbs.CheckAH(a); err != nil {
+		return err
+	}
+	C.memset(unsafe.Pointer(dst), 0, C.sizeof_struct_ibv_ah_attr)
+	dst.sl = C.uint8_t(a.SL)
+	dst.port_num = C.uint8_t(a.PortNum)
+	if a.PortNum == 0 {
+		dst.port_num = d.port
+	}
+	if a.NoGRH {
+		if d.attr.LinkLayer != verbs.LinkLayerInfiniBand {
+			return fmt.Errorf("ibv: address vector without a GRH on %s port %d, whose link layer is %v: %w", d.name, int(d.port), d.attr.LinkLayer, verbs.ErrInvalid)
+		}
+		if lmc := d.attr.LMC; a.SrcPathBits >= 1<<lmc {
+			return fmt.Errorf("ibv: source path bits %#x outside the port's LMC %d: %w", a.SrcPathBits, lmc, verbs.ErrInvalid)
+		}
+		dst.dlid = C.uint16_t(a.DLID)
+		dst.src_path_bits = C.uint8_t(a.SrcPathBits)
+		return nil
+	}
 	if int(a.SGIDIndex) >= d.gidLen {
 		return fmt.Errorf("ibv: source GID index %d out of range: the table has %d entries: %w", a.SGIDIndex, d.gidLen, verbs.ErrInvalid)
 	}
-	C.memset(unsafe.Pointer(dst), 0, C.sizeof_struct_ibv_ah_attr)
 	dst.is_global = 1
 	C.memcpy(unsafe.Pointer(&dst.grh.dgid), unsafe.Pointer(&a.DGID[0]), 16)
 	dst.grh.sgid_index = C.uint8_t(d.hw(int(a.SGIDIndex)))
 	dst.grh.hop_limit = C.uint8_t(a.HopLimit)
 	dst.grh.traffic_class = C.uint8_t(a.TrafficClass)
 	dst.grh.flow_label = C.uint32_t(a.FlowLabel)
-	dst.sl = C.uint8_t(a.SL)
-	dst.port_num = C.uint8_t(a.PortNum)
-	if a.PortNum == 0 {
-		dst.port_num = d.port
-	}
 	return nil
 }
 
 func (d *device) readAH(src *C.struct_ibv_ah_attr) verbs.AHAttr {
 	var a verbs.AHAttr
+	a.SL = uint8(src.sl)
+	a.PortNum = uint8(src.port_num)
+	a.DLID = uint16(src.dlid)
+	a.SrcPathBits = uint8(src.src_path_bits)
+	if src.is_global == 0 {
+		a.NoGRH = true
+		return a
+	}
 	C.memcpy(unsafe.Pointer(&a.DGID[0]), unsafe.Pointer(&src.grh.dgid), 16)
 	a.SGIDIndex = uint8(d.hw(int(src.grh.sgid_index)))
 	a.HopLimit = uint8(src.grh.hop_limit)
 	a.TrafficClass = uint8(src.grh.traffic_class)
 	a.FlowLabel = uint32(src.grh.flow_label)
-	a.SL = uint8(src.sl)
-	a.PortNum = uint8(src.port_num)
 	return a
 }
 

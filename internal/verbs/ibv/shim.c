@@ -9,7 +9,7 @@ enum {
 	RV_SIZE_SGE, RV_SIZE_SEND, RV_SIZE_RECV, RV_SIZE_WC,
 	RV_OFF_SEND_NUMSGE, RV_OFF_SEND_FLAGS, RV_OFF_SEND_IMM, RV_OFF_SEND_RADDR, RV_OFF_SEND_QKEY,
 	RV_OFF_RECV_NUMSGE, RV_OFF_WC_VENDOR, RV_OFF_WC_SRCQP, RV_OFF_WC_PKEY,
-	RV_OFF_SEND_MW,
+	RV_OFF_SEND_MW, RV_OFF_WC_SLID,
 };
 
 size_t rv_layout(int what)
@@ -29,6 +29,7 @@ size_t rv_layout(int what)
 	case RV_OFF_WC_SRCQP: return offsetof(struct rv_wc, src_qp);
 	case RV_OFF_WC_PKEY: return offsetof(struct rv_wc, pkey_index);
 	case RV_OFF_SEND_MW: return offsetof(struct rv_send_wr, mw);
+	case RV_OFF_WC_SLID: return offsetof(struct rv_wc, slid);
 	}
 	return 0;
 }
@@ -214,6 +215,7 @@ int rv_poll(struct ibv_cq *cq, struct rv_wc *out, int n)
 			o->qp_num = wc[i].qp_num;
 			o->src_qp = wc[i].src_qp;
 			o->pkey_index = wc[i].pkey_index;
+			o->slid = wc[i].slid;
 		}
 		got += k;
 		if (k < want)

@@ -57,6 +57,7 @@ struct rv_wc {
 	uint32_t qp_num;
 	uint32_t src_qp;
 	uint16_t pkey_index;
+	uint16_t slid;
 };
 
 size_t rv_layout(int what);

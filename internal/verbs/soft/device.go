@@ -161,6 +161,7 @@ func (d *Device) Attr() verbs.DeviceAttr {
 		MaxMTU:    verbs.MTU4096,
 		PortCount: 1,
 		NUMANode:  -1,
+		LinkLayer: verbs.LinkLayerEthernet,
 	}
 }
 

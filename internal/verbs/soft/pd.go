@@ -187,6 +187,9 @@ func (p *pd) CreateAH(attr *verbs.AHAttr) (verbs.AH, error) {
 	if p.closed.Load() {
 		return nil, fmt.Errorf("soft: create ah: %w", verbs.ErrClosed)
 	}
+	if attr != nil && attr.NoGRH {
+		return nil, fmt.Errorf("soft: create ah: %w: %s", verbs.ErrInvalid, errNoGRH)
+	}
 	if attr == nil || attr.DGID == (verbs.GID{}) {
 		return nil, fmt.Errorf("soft: create ah: %w: no destination GID", verbs.ErrInvalid)
 	}

@@ -289,11 +289,17 @@ func (q *qp) checkAttr(a *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	if mask&verbs.QPAttrPKeyIndex != 0 && a.PKeyIndex != 0 {
 		return fmt.Errorf("%w: pkey index %d (the port has one pkey)", verbs.ErrInvalid, a.PKeyIndex)
 	}
+	if mask&verbs.QPAttrAV != 0 && a.AH.NoGRH {
+		return fmt.Errorf("%w: %s", verbs.ErrInvalid, errNoGRH)
+	}
 	if mask&verbs.QPAttrAV != 0 && a.AH.DGID == (verbs.GID{}) {
 		return fmt.Errorf("%w: address vector without a destination GID", verbs.ErrInvalid)
 	}
 	return nil
 }
+
+// errNoGRH says why the soft device refuses an InfiniBand address vector.
+const errNoGRH = "address vector without a GRH: the port is RoCE (Ethernet), which routes by GID, not LID"
 
 func (q *qp) applyAttr(a *verbs.QPAttr, mask verbs.QPAttrMask) {
 	t := &q.attr
