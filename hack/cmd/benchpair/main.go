@@ -119,6 +119,7 @@ type record struct {
 	QPs        int      `json:"qps"`
 	Producers  int      `json:"producers"`
 	MsgBytes   int      `json:"msg_bytes"`
+	NICModel   bool     `json:"nic_model"`
 	MsgsPerSec *float64 `json:"msgs_per_sec"`
 	Error      string   `json:"error"`
 }
@@ -132,6 +133,11 @@ func (p *pairs) addSuites(round, side int, out []byte) error {
 			return fmt.Errorf("a line of rdmavisor bench: %w", err)
 		}
 		if r.MsgsPerSec == nil || r.Error != "" {
+			continue
+		}
+		if r.NICModel {
+			k := []string{r.Suite, r.Design, "nic-model", "vconns=" + strconv.Itoa(r.VConns)}
+			p.add(strings.Join(k, " "), "msgs/s", round, side, *r.MsgsPerSec)
 			continue
 		}
 		var k []string
