@@ -71,7 +71,7 @@ func (p *poller) onAck(vc *VConn, ack uint32) {
 	}
 	r.tx.AckTime(p.clock().Sub(p.e.epoch))
 	if vc.sq.p == p {
-		p.freeAcked(r)
+		p.freeAcked(vc, r)
 		return
 	}
 	vc.ackRecv.Store(true)
@@ -80,7 +80,10 @@ func (p *poller) onAck(vc *VConn, ack uint32) {
 
 // freeAcked frees the datagrams the peer acknowledged. Only the owner of
 // the send side, vc.sq.p.
-func (p *poller) freeAcked(r *rel) { r.tx.FreeAcked(p.e.epoch, p.freeDatagram) }
+func (p *poller) freeAcked(vc *VConn, r *rel) {
+	r.tx.FreeAcked(p.e.epoch, p.freeDatagram)
+	vc.dq.path.RTT(r.tx.TakeSample())
+}
 
 // freeDatagram drops the send side's hold on a datagram's buffer. Only
 // the owner of the send side.
@@ -235,6 +238,7 @@ func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
 	p.postWR(vc.dq, wr)
 	u.Sent = p.clock()
 	vc.reliability().tx.Push(u)
+	vc.dq.path.Sent(u.Sent)
 	if !vc.rtxWatched {
 		vc.rtxWatched = true
 		p.rel.rtx = append(p.rel.rtx, vc)
@@ -268,7 +272,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 	if !live {
 		p.dropUnacked(vc)
 	}
-	p.freeAcked(r)
+	p.freeAcked(vc, r)
 	remote := vqpn.ID(vc.remote.Load())
 	resendTo := r.tx.TakeResend()
 	pending := r.tx.Pending()
@@ -299,6 +303,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 			timedOut = true
 		}
 		reliable.Resent(u, now)
+		vc.dq.path.Resent()
 		e.stats.retransmits.Add(1)
 	}
 	if timedOut {

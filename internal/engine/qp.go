@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -130,6 +131,9 @@ type sendQP struct {
 	// secret is the QP pair's, which the peer drew (QPReply.Secret):
 	// every message posted here carries it. Set before the QP is shared.
 	secret uint64
+	// path is a UC QP's loss and round-trip estimate, and which way
+	// Auto's small messages take (reliable.Path). Poller-owned.
+	path reliable.Path
 }
 
 // newQP creates an RC QP on the SRQ, or a UC QP on the datagram SRQ.

@@ -1,0 +1,134 @@
+package reliable
+
+import "time"
+
+// Path is what an engine knows of one peer path (a UC QP to a peer and the
+// RC QP beside it), and which of the two Auto's small messages take: as
+// engine-reliable UC datagrams, or over RC, whose NIC recovers losses
+// without the engine.
+//
+// Loss is measured from Auto's own datagrams: resends (timeouts and gap
+// reports) per datagram first sent, folded over windows of PathWindow
+// datagrams into a moving average. RC's own retry counters are not in the
+// verbs interface per QP (the soft device counts per device, a NIC per
+// port), so while the path is on RC it keeps measuring with probes: one
+// eligible message in ProbeEvery still goes as a datagram. The round trip
+// is the vconns' RFC 6298 estimate (Sender.TakeSample), averaged per path.
+//
+// The switch has hysteresis: to RC at a resend share of HighLoss, back at
+// LowLoss, and only after the path held its choice for HoldWindows windows
+// and HoldRTTs round trips, so a burst of loss cannot make it flap.
+//
+// The thresholds are where the engine's recovery costs more than RC's: a
+// lost datagram costs a resend and a stall of its vconn while the gap is
+// reported (a round trip) or, at a burst's tail, a timeout (MinRTO and
+// more); a lost RC packet costs the NIC a go-back-N and, at a tail, its
+// local ACK timeout (the engine's RC QPs: 4.096 µs × 2^16, 268 ms). Measured
+// on the soft fabric (docs/architecture.md, E5's loss sweep), UC datagrams
+// stayed ahead of RC up to 5% packet loss at every small size, a resend
+// share of about 20% with bundles of four packets; so the switch to RC is
+// set above that, where every third datagram goes twice.
+//
+// A path belongs to the poller of its QPs; it takes no lock.
+type Path struct {
+	sent, resent uint32        // this window
+	loss         float64       // resends per datagram, averaged over windows
+	measured     bool          // a window closed: loss is valid
+	srtt         time.Duration // averaged over the vconns' samples
+	onRC         bool
+	held         int       // windows since the last switch
+	since        time.Time // when the last switch was
+	probe        uint32    // eligible messages since the last probe, on RC
+	switches     uint64
+}
+
+// Path parameters (see Path).
+const (
+	PathWindow  = 128
+	HighLoss    = 0.33
+	LowLoss     = 0.10
+	HoldWindows = 4
+	HoldRTTs    = 32
+	ProbeEvery  = 16
+	// lossWeight is the weight of a new window in the average (1/4, as
+	// RFC 6298 gives a new deviation).
+	lossWeight = 0.25
+)
+
+// Sent counts a datagram sent for the first time, at now; it closes a
+// window every PathWindow datagrams and may switch the path.
+func (p *Path) Sent(now time.Time) {
+	p.sent++
+	if p.sent >= PathWindow {
+		p.fold(now)
+	}
+}
+
+// Resent counts a datagram sent again (on a timeout or a gap report).
+func (p *Path) Resent() { p.resent++ }
+
+// RTT folds in a vconn's round-trip sample (RFC 6298's weight, 1/8).
+func (p *Path) RTT(sample time.Duration) {
+	if sample <= 0 {
+		return
+	}
+	if p.srtt == 0 {
+		p.srtt = sample
+		return
+	}
+	p.srtt += (sample - p.srtt) / 8
+}
+
+// fold closes a window: it averages the window's resend share in and
+// applies the policy.
+func (p *Path) fold(now time.Time) {
+	share := float64(p.resent) / float64(p.sent)
+	if p.measured {
+		p.loss += lossWeight * (share - p.loss)
+	} else {
+		// The first window sets the average, and the hold counts
+		// from it.
+		p.loss, p.measured, p.since = share, true, now
+	}
+	p.sent, p.resent = 0, 0
+	p.held++
+	if p.held < HoldWindows || now.Sub(p.since) < HoldRTTs*p.srtt {
+		return
+	}
+	if p.onRC && p.loss <= LowLoss || !p.onRC && p.loss >= HighLoss {
+		p.onRC = !p.onRC
+		p.held, p.since = 0, now
+		p.switches++
+	}
+}
+
+// Datagram reports whether an Auto message small enough to be a datagram
+// goes as one: always while the path is on UC, one in ProbeEvery while it
+// is on RC. Call it once per message.
+func (p *Path) Datagram() bool {
+	if !p.onRC {
+		return true
+	}
+	p.probe++
+	if p.probe < ProbeEvery {
+		return false
+	}
+	p.probe = 0
+	return true
+}
+
+// OnRC reports whether small messages go over RC (but for probes).
+func (p *Path) OnRC() bool { return p.onRC }
+
+// PathState is a path's estimate, for statistics.
+type PathState struct {
+	Loss     float64       // resends per datagram, averaged
+	SRTT     time.Duration // round trip
+	OnRC     bool
+	Switches uint64
+}
+
+// State is the path's estimate.
+func (p *Path) State() PathState {
+	return PathState{Loss: p.loss, SRTT: p.srtt, OnRC: p.onRC, Switches: p.switches}
+}

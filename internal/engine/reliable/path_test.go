@@ -1,0 +1,155 @@
+package reliable
+
+import (
+	"testing"
+	"time"
+)
+
+// run sends windows of PathWindow datagrams, resent of them resent each,
+// a millisecond apart, and returns the time after them.
+func run(p *Path, now time.Time, windows int, resent int) time.Time {
+	for range windows {
+		for i := range PathWindow {
+			if i < resent {
+				p.Resent()
+			}
+			now = now.Add(time.Millisecond / PathWindow)
+			p.Sent(now)
+		}
+	}
+	return now
+}
+
+func TestPathPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		resent  []int // per phase, PathWindow datagrams a window
+		windows int   // per phase
+		onRC    []bool
+	}{
+		{"no loss stays on UC", []int{0}, 20, []bool{false}},
+		{"loss under HighLoss stays on UC", []int{PathWindow / 4}, 20, []bool{false}},
+		{"heavy loss moves to RC", []int{PathWindow / 2}, 20, []bool{true}},
+		{"and back once it ends", []int{PathWindow / 2, 0}, 20, []bool{true, false}},
+		{"loss between the thresholds keeps RC", []int{PathWindow / 2, PathWindow / 5}, 20, []bool{true, true}},
+		{"loss between the thresholds keeps UC", []int{0, PathWindow / 5}, 20, []bool{false, false}},
+		{"a short burst does not switch", []int{0, PathWindow}, 1, []bool{false, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p Path
+			p.RTT(10 * time.Microsecond)
+			now := epoch
+			for i, r := range tc.resent {
+				now = run(&p, now, tc.windows, r)
+				if p.OnRC() != tc.onRC[i] {
+					t.Fatalf("phase %d: on RC %v, want %v (%+v)", i, p.OnRC(), tc.onRC[i], p.State())
+				}
+			}
+		})
+	}
+}
+
+// Hysteresis: loss that alternates across both thresholds every window
+// switches the path at most once per HoldWindows windows.
+func TestPathNoFlapping(t *testing.T) {
+	var p Path
+	now := epoch
+	const windows = 200
+	for i := range windows {
+		r := 0
+		if i%2 == 0 {
+			r = PathWindow
+		}
+		now = run(&p, now, 1, r)
+	}
+	if s := p.State().Switches; s > windows/HoldWindows {
+		t.Fatalf("%d switches in %d windows", s, windows)
+	}
+}
+
+// A path must hold its choice HoldRTTs round trips too: on a slow path,
+// windows that close quickly do not switch it back.
+func TestPathHoldsRoundTrips(t *testing.T) {
+	var p Path
+	p.RTT(time.Second)
+	now := run(&p, epoch, 10, PathWindow)
+	// The first switch waits HoldRTTs round trips from the start.
+	if p.OnRC() {
+		t.Fatal("switched before HoldRTTs round trips")
+	}
+	now = now.Add(HoldRTTs * time.Second)
+	now = run(&p, now, 1, PathWindow)
+	if !p.OnRC() {
+		t.Fatalf("not on RC after %v of heavy loss: %+v", now.Sub(epoch), p.State())
+	}
+}
+
+func TestPathProbes(t *testing.T) {
+	var p Path
+	for range 100 {
+		if !p.Datagram() {
+			t.Fatal("a small message left UC on a path without loss")
+		}
+	}
+	p.RTT(time.Microsecond)
+	run(&p, epoch, 2*HoldWindows, PathWindow)
+	if !p.OnRC() {
+		t.Fatalf("not on RC: %+v", p.State())
+	}
+	n := 0
+	for range 10 * ProbeEvery {
+		if p.Datagram() {
+			n++
+		}
+	}
+	if n != 10 {
+		t.Fatalf("%d probes in %d messages on RC, want 10", n, 10*ProbeEvery)
+	}
+}
+
+func TestPathRTT(t *testing.T) {
+	var p Path
+	p.RTT(0) // no sample
+	p.RTT(8 * time.Millisecond)
+	p.RTT(16 * time.Millisecond)
+	if got := p.State().SRTT; got != 9*time.Millisecond {
+		t.Fatalf("srtt %v, want 9ms", got)
+	}
+}
+
+// FuzzPath: any sequence of sends, resends, samples and messages keeps the
+// estimate in bounds and switches at most once per HoldWindows windows.
+func FuzzPath(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4})
+	f.Add([]byte{1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 3})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		var p Path
+		now := epoch
+		windows := 0
+		for _, op := range ops {
+			now = now.Add(time.Duration(op) * time.Microsecond)
+			switch op % 4 {
+			case 0: // a window's worth of first sends
+				for range PathWindow {
+					p.Sent(now)
+				}
+				windows++
+			case 1: // resends (there may be more than sends)
+				for range op / 4 {
+					p.Resent()
+				}
+			case 2:
+				p.RTT(time.Duration(op) * time.Microsecond)
+			case 3:
+				p.Datagram()
+			}
+			s := p.State()
+			if s.Loss < 0 || s.SRTT < 0 {
+				t.Fatalf("estimate out of bounds: %+v", s)
+			}
+			if s.Switches > uint64(windows/HoldWindows) {
+				t.Fatalf("%d switches in %d windows", s.Switches, windows)
+			}
+		}
+	})
+}
