@@ -238,7 +238,13 @@ func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
 	p.postWR(vc.dq, wr)
 	u.Sent = p.clock()
 	vc.reliability().tx.Push(u)
-	vc.dq.path.Sent(u.Sent)
+	if vc.dq.path.Sent(u.Sent) {
+		if vc.dq.path.OnRC() {
+			p.e.stats.toRC.Add(1)
+		} else {
+			p.e.stats.toUC.Add(1)
+		}
+	}
 	if !vc.rtxWatched {
 		vc.rtxWatched = true
 		p.rel.rtx = append(p.rel.rtx, vc)

@@ -319,9 +319,12 @@ type Stats struct {
 	Sleeps       uint64 // times a poller blocked on its completion channel
 	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
 	GapResends   uint64 // of those, sent at once on the peer's gap report
-	Bundled      uint64 // messages sent in bundles (bundle.go)
-	Gathered     uint64 // of those, sent from their own buffers, not copied
-	BuffersInUse []int  // per pool class
+	// AutoToRC and AutoToUC count the peer paths whose Auto small
+	// messages moved to RC under loss, and back (reliable.Path).
+	AutoToRC, AutoToUC uint64
+	Bundled            uint64 // messages sent in bundles (bundle.go)
+	Gathered           uint64 // of those, sent from their own buffers, not copied
+	BuffersInUse       []int  // per pool class
 	// RecvBuffersHeld and DgramBuffersHeld are the receive buffers of
 	// the RC QPs' SRQ and of the datagram SRQ that received messages
 	// hold, queued for the application or read and not yet released.
@@ -339,7 +342,7 @@ type Stats struct {
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, bundled, gathered, recvCopied atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, recvCopied atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -356,6 +359,8 @@ func (e *Engine) Stats() Stats {
 		Sleeps:       e.stats.sleeps.Load(),
 		Retransmits:  e.stats.retransmits.Load(),
 		GapResends:   e.stats.gapResends.Load(),
+		AutoToRC:     e.stats.toRC.Load(),
+		AutoToUC:     e.stats.toUC.Load(),
 		Bundled:      e.stats.bundled.Load(),
 		Gathered:     e.stats.gathered.Load(),
 		BuffersInUse: e.pool.inUse(),

@@ -56,12 +56,16 @@ const (
 )
 
 // Sent counts a datagram sent for the first time, at now; it closes a
-// window every PathWindow datagrams and may switch the path.
-func (p *Path) Sent(now time.Time) {
+// window every PathWindow datagrams and may switch the path, which it
+// reports.
+func (p *Path) Sent(now time.Time) (switched bool) {
 	p.sent++
-	if p.sent >= PathWindow {
-		p.fold(now)
+	if p.sent < PathWindow {
+		return false
 	}
+	was := p.onRC
+	p.fold(now)
+	return p.onRC != was
 }
 
 // Resent counts a datagram sent again (on a timeout or a gap report).
