@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -31,12 +32,15 @@ var (
 
 // Engine multiplexes vconns over shared QPs on one device.
 type Engine struct {
-	cfg  Config
-	log  logr.Logger
-	dev  verbs.Device
-	pd   verbs.PD
-	gid  verbs.GID
-	pool *bufPool
+	cfg Config
+	// pathPolicy is when Auto's paths switch (reliable.Path); zero, the
+	// default. Tests set it before the engine's first vconn.
+	pathPolicy reliable.PathPolicy
+	log        logr.Logger
+	dev        verbs.Device
+	pd         verbs.PD
+	gid        verbs.GID
+	pool       *bufPool
 	// recvClass and dgramClass are the pool classes of the two SRQs'
 	// buffers: srq serves the RC QPs, dsrq the UD and UC QPs.
 	recvClass  int

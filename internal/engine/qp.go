@@ -245,6 +245,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 	// A send queue's worth waiting behind the send queue: enough to
 	// refill it between rounds, few enough to stay in cache.
 	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth), secret: reply.Secret}
+	q.path.Policy = e.pathPolicy
 	poller.sendQPs.Store(qp.QPN(), q)
 	p.mu.Lock()
 	if p.err != nil {

@@ -12,12 +12,14 @@ import "time"
 // datagrams into a moving average. RC's own retry counters are not in the
 // verbs interface per QP (the soft device counts per device, a NIC per
 // port), so while the path is on RC it keeps measuring with probes: one
-// eligible message in ProbeEvery still goes as a datagram. The round trip
+// eligible message in ProbeEvery still goes as a datagram. A window is
+// Window datagrams. The round trip
 // is the vconns' RFC 6298 estimate (Sender.TakeSample), averaged per path.
 //
-// The switch has hysteresis: to RC at a resend share of HighLoss, back at
-// LowLoss, and only after the path held its choice for HoldWindows windows
-// and HoldRTTs round trips, so a burst of loss cannot make it flap.
+// The switch has hysteresis (PathPolicy): to RC at a resend share of
+// HighLoss, back at LowLoss, and only after the path held its choice for
+// HoldWindows windows and HoldRTTs round trips, so a burst of loss cannot
+// make it flap.
 //
 // The thresholds are where the engine's recovery costs more than RC's: a
 // lost datagram costs a resend and a stall of its vconn while the gap is
@@ -31,6 +33,7 @@ import "time"
 //
 // A path belongs to the poller of its QPs; it takes no lock.
 type Path struct {
+	Policy       PathPolicy    // zero: DefaultPathPolicy; set before use
 	sent, resent uint32        // this window
 	loss         float64       // resends per datagram, averaged over windows
 	measured     bool          // a window closed: loss is valid
@@ -42,25 +45,39 @@ type Path struct {
 	switches     uint64
 }
 
-// Path parameters (see Path).
-const (
-	PathWindow  = 128
-	HighLoss    = 0.33
-	LowLoss     = 0.10
-	HoldWindows = 4
-	HoldRTTs    = 32
-	ProbeEvery  = 16
-	// lossWeight is the weight of a new window in the average (1/4, as
-	// RFC 6298 gives a new deviation).
-	lossWeight = 0.25
-)
+// PathPolicy is when a Path switches. The zero value is
+// DefaultPathPolicy.
+type PathPolicy struct {
+	Window      uint32  // datagrams per loss window
+	HighLoss    float64 // resend share at which small messages move to RC
+	LowLoss     float64 // and back to UC
+	HoldWindows int     // windows a choice holds at least
+	HoldRTTs    int     // round trips a choice holds at least
+	ProbeEvery  uint32  // on RC, one eligible message in ProbeEvery goes as a datagram
+}
+
+// DefaultPathPolicy is what engines use (see Path for the thresholds).
+var DefaultPathPolicy = PathPolicy{
+	Window: 128, HighLoss: 0.33, LowLoss: 0.10, HoldWindows: 4, HoldRTTs: 32, ProbeEvery: 16,
+}
+
+// lossWeight is the weight of a new window in the loss average (1/4, as
+// RFC 6298 gives a new deviation).
+const lossWeight = 0.25
+
+func (p *Path) policy() *PathPolicy {
+	if p.Policy.Window == 0 {
+		return &DefaultPathPolicy
+	}
+	return &p.Policy
+}
 
 // Sent counts a datagram sent for the first time, at now; it closes a
 // window every PathWindow datagrams and may switch the path, which it
 // reports.
 func (p *Path) Sent(now time.Time) (switched bool) {
 	p.sent++
-	if p.sent < PathWindow {
+	if p.sent < p.policy().Window {
 		return false
 	}
 	was := p.onRC
@@ -96,10 +113,11 @@ func (p *Path) fold(now time.Time) {
 	}
 	p.sent, p.resent = 0, 0
 	p.held++
-	if p.held < HoldWindows || now.Sub(p.since) < HoldRTTs*p.srtt {
+	pol := p.policy()
+	if p.held < pol.HoldWindows || now.Sub(p.since) < time.Duration(pol.HoldRTTs)*p.srtt {
 		return
 	}
-	if p.onRC && p.loss <= LowLoss || !p.onRC && p.loss >= HighLoss {
+	if p.onRC && p.loss <= pol.LowLoss || !p.onRC && p.loss >= pol.HighLoss {
 		p.onRC = !p.onRC
 		p.held, p.since = 0, now
 		p.switches++
@@ -114,7 +132,7 @@ func (p *Path) Datagram() bool {
 		return true
 	}
 	p.probe++
-	if p.probe < ProbeEvery {
+	if p.probe < p.policy().ProbeEvery {
 		return false
 	}
 	p.probe = 0

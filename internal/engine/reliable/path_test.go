@@ -5,15 +5,15 @@ import (
 	"time"
 )
 
-// run sends windows of PathWindow datagrams, resent of them resent each,
+// run sends windows of DefaultPathPolicy.Window datagrams, resent of them resent each,
 // a millisecond apart, and returns the time after them.
-func run(p *Path, now time.Time, windows int, resent int) time.Time {
+func run(p *Path, now time.Time, windows int, resent uint32) time.Time {
 	for range windows {
-		for i := range PathWindow {
+		for i := range DefaultPathPolicy.Window {
 			if i < resent {
 				p.Resent()
 			}
-			now = now.Add(time.Millisecond / PathWindow)
+			now = now.Add(time.Millisecond / time.Duration(DefaultPathPolicy.Window))
 			p.Sent(now)
 		}
 	}
@@ -23,17 +23,17 @@ func run(p *Path, now time.Time, windows int, resent int) time.Time {
 func TestPathPolicy(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		resent  []int // per phase, PathWindow datagrams a window
-		windows int   // per phase
+		resent  []uint32 // per phase, DefaultPathPolicy.Window datagrams a window
+		windows int      // per phase
 		onRC    []bool
 	}{
-		{"no loss stays on UC", []int{0}, 20, []bool{false}},
-		{"loss under HighLoss stays on UC", []int{PathWindow / 4}, 20, []bool{false}},
-		{"heavy loss moves to RC", []int{PathWindow / 2}, 20, []bool{true}},
-		{"and back once it ends", []int{PathWindow / 2, 0}, 20, []bool{true, false}},
-		{"loss between the thresholds keeps RC", []int{PathWindow / 2, PathWindow / 5}, 20, []bool{true, true}},
-		{"loss between the thresholds keeps UC", []int{0, PathWindow / 5}, 20, []bool{false, false}},
-		{"a short burst does not switch", []int{0, PathWindow}, 1, []bool{false, false}},
+		{"no loss stays on UC", []uint32{0}, 20, []bool{false}},
+		{"loss under HighLoss stays on UC", []uint32{DefaultPathPolicy.Window / 4}, 20, []bool{false}},
+		{"heavy loss moves to RC", []uint32{DefaultPathPolicy.Window / 2}, 20, []bool{true}},
+		{"and back once it ends", []uint32{DefaultPathPolicy.Window / 2, 0}, 20, []bool{true, false}},
+		{"loss between the thresholds keeps RC", []uint32{DefaultPathPolicy.Window / 2, DefaultPathPolicy.Window / 5}, 20, []bool{true, true}},
+		{"loss between the thresholds keeps UC", []uint32{0, DefaultPathPolicy.Window / 5}, 20, []bool{false, false}},
+		{"a short burst does not switch", []uint32{0, DefaultPathPolicy.Window}, 1, []bool{false, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var p Path
@@ -50,19 +50,19 @@ func TestPathPolicy(t *testing.T) {
 }
 
 // Hysteresis: loss that alternates across both thresholds every window
-// switches the path at most once per HoldWindows windows.
+// switches the path at most once per DefaultPathPolicy.HoldWindows windows.
 func TestPathNoFlapping(t *testing.T) {
 	var p Path
 	now := epoch
 	const windows = 200
 	for i := range windows {
-		r := 0
+		r := uint32(0)
 		if i%2 == 0 {
-			r = PathWindow
+			r = DefaultPathPolicy.Window
 		}
 		now = run(&p, now, 1, r)
 	}
-	if s := p.State().Switches; s > windows/HoldWindows {
+	if s := p.State().Switches; s > uint64(windows/DefaultPathPolicy.HoldWindows) {
 		t.Fatalf("%d switches in %d windows", s, windows)
 	}
 }
@@ -72,13 +72,13 @@ func TestPathNoFlapping(t *testing.T) {
 func TestPathHoldsRoundTrips(t *testing.T) {
 	var p Path
 	p.RTT(time.Second)
-	now := run(&p, epoch, 10, PathWindow)
+	now := run(&p, epoch, 10, DefaultPathPolicy.Window)
 	// The first switch waits HoldRTTs round trips from the start.
 	if p.OnRC() {
 		t.Fatal("switched before HoldRTTs round trips")
 	}
-	now = now.Add(HoldRTTs * time.Second)
-	now = run(&p, now, 1, PathWindow)
+	now = now.Add(time.Duration(DefaultPathPolicy.HoldRTTs) * time.Second)
+	now = run(&p, now, 1, DefaultPathPolicy.Window)
 	if !p.OnRC() {
 		t.Fatalf("not on RC after %v of heavy loss: %+v", now.Sub(epoch), p.State())
 	}
@@ -92,18 +92,18 @@ func TestPathProbes(t *testing.T) {
 		}
 	}
 	p.RTT(time.Microsecond)
-	run(&p, epoch, 2*HoldWindows, PathWindow)
+	run(&p, epoch, 2*DefaultPathPolicy.HoldWindows, DefaultPathPolicy.Window)
 	if !p.OnRC() {
 		t.Fatalf("not on RC: %+v", p.State())
 	}
 	n := 0
-	for range 10 * ProbeEvery {
+	for range 10 * DefaultPathPolicy.ProbeEvery {
 		if p.Datagram() {
 			n++
 		}
 	}
 	if n != 10 {
-		t.Fatalf("%d probes in %d messages on RC, want 10", n, 10*ProbeEvery)
+		t.Fatalf("%d probes in %d messages on RC, want 10", n, 10*DefaultPathPolicy.ProbeEvery)
 	}
 }
 
@@ -118,7 +118,7 @@ func TestPathRTT(t *testing.T) {
 }
 
 // FuzzPath: any sequence of sends, resends, samples and messages keeps the
-// estimate in bounds and switches at most once per HoldWindows windows.
+// estimate in bounds and switches at most once per DefaultPathPolicy.HoldWindows windows.
 func FuzzPath(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4})
 	f.Add([]byte{1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 3})
@@ -130,7 +130,7 @@ func FuzzPath(f *testing.F) {
 			now = now.Add(time.Duration(op) * time.Microsecond)
 			switch op % 4 {
 			case 0: // a window's worth of first sends
-				for range PathWindow {
+				for range DefaultPathPolicy.Window {
 					p.Sent(now)
 				}
 				windows++
@@ -147,7 +147,7 @@ func FuzzPath(f *testing.F) {
 			if s.Loss < 0 || s.SRTT < 0 {
 				t.Fatalf("estimate out of bounds: %+v", s)
 			}
-			if s.Switches > uint64(windows/HoldWindows) {
+			if s.Switches > uint64(windows/DefaultPathPolicy.HoldWindows) {
 				t.Fatalf("%d switches in %d windows", s.Switches, windows)
 			}
 		}
