@@ -142,7 +142,12 @@ func e5Run(ctx context.Context, e *env, t engine.Transport, size int, faults sof
 	for i := range msg {
 		msg[i] = byte(i)
 	}
-	return drive(ctx, senders, 1, msg, rx, e.Plan.Warmup, e.Plan.Measure)
+	r, err := drive(ctx, senders, 1, msg, rx, e.Plan.Warmup, e.Plan.Measure)
+	if st := d.a.Stats(); t == engine.Auto && faults.Loss > 0 {
+		// Whether Auto's small messages moved to RC (reliable.Path).
+		e.Log.Info("Auto's paths", "loss", faults.Loss, "bytes", size, "toRC", st.AutoToRC, "toUC", st.AutoToUC, "retransmits", st.Retransmits)
+	}
+	return r, err
 }
 
 // openFaultyFabric is openTestbed's in-memory fabric with faults.

@@ -22,7 +22,7 @@ func TestAutoPathSwitch(t *testing.T) {
 	fb := softwire.NewFabric(softwire.Faults{Seed: 9, Loss: 0.03})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, b := testEnginesOn(t, fb, Config{})
-	a.pathPolicy = reliable.PathPolicy{Window: 16, HighLoss: 0.02, LowLoss: 0.005, HoldWindows: 2, HoldRTTs: 4, ProbeEvery: 4}
+	a.pathPolicy = reliable.PathPolicy{Window: 32, HighLoss: 0.02, LowLoss: 0.01, HoldWindows: 2, HoldRTTs: 4, ProbeEvery: 4}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
