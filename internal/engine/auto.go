@@ -305,15 +305,19 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		p.postWR(vc.dq, wr)
 		if early {
 			e.stats.gapResends.Add(1)
+			vc.dq.path.Lost() // the peer reported it missing
 		} else {
 			timedOut = true
 		}
 		reliable.Resent(u, now)
-		vc.dq.path.Resent()
 		e.stats.retransmits.Add(1)
 	}
 	if timedOut {
 		r.tx.Backoff()
+		// One loss, however many datagrams timed out: a lost or late
+		// acknowledgement (a credit grant RC is still recovering) times
+		// out every datagram in flight, which all arrived.
+		vc.dq.path.Lost()
 	}
 	return r.tx.Waiting() && live
 }

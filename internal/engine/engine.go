@@ -32,15 +32,17 @@ var (
 
 // Engine multiplexes vconns over shared QPs on one device.
 type Engine struct {
-	cfg Config
+	cfg  Config
+	log  logr.Logger
+	dev  verbs.Device
+	pd   verbs.PD
+	gid  verbs.GID
+	pool *bufPool
+
 	// pathPolicy is when Auto's paths switch (reliable.Path); zero, the
 	// default. Tests set it before the engine's first vconn.
 	pathPolicy reliable.PathPolicy
-	log        logr.Logger
-	dev        verbs.Device
-	pd         verbs.PD
-	gid        verbs.GID
-	pool       *bufPool
+
 	// recvClass and dgramClass are the pool classes of the two SRQs'
 	// buffers: srq serves the RC QPs, dsrq the UD and UC QPs.
 	recvClass  int
@@ -323,12 +325,11 @@ type Stats struct {
 	Sleeps       uint64 // times a poller blocked on its completion channel
 	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
 	GapResends   uint64 // of those, sent at once on the peer's gap report
-	// AutoToRC and AutoToUC count the peer paths whose Auto small
-	// messages moved to RC under loss, and back (reliable.Path).
-	AutoToRC, AutoToUC uint64
-	Bundled            uint64 // messages sent in bundles (bundle.go)
-	Gathered           uint64 // of those, sent from their own buffers, not copied
-	BuffersInUse       []int  // per pool class
+	Bundled      uint64 // messages sent in bundles (bundle.go)
+	Gathered     uint64 // of those, sent from their own buffers, not copied
+	AutoToRC     uint64 // peer paths whose Auto small messages moved to RC under loss (reliable.Path)
+	AutoToUC     uint64 // and back
+	BuffersInUse []int  // per pool class
 	// RecvBuffersHeld and DgramBuffersHeld are the receive buffers of
 	// the RC QPs' SRQ and of the datagram SRQ that received messages
 	// hold, queued for the application or read and not yet released.

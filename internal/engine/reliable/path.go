@@ -7,16 +7,20 @@ import "time"
 // engine-reliable UC datagrams, or over RC, whose NIC recovers losses
 // without the engine.
 //
-// Loss is measured from Auto's own datagrams: resends (timeouts and gap
-// reports) per datagram first sent, folded over windows of PathWindow
-// datagrams into a moving average. RC's own retry counters are not in the
+// Loss is measured from Auto's own datagrams: losses per datagram first
+// sent, folded over windows of datagrams into a moving average. A loss is a
+// datagram the peer reported missing (a gap), or a retransmission timeout
+// counted once: a timeout resends every datagram in flight, and most of
+// those arrived (what was late was the acknowledgement, on RC), so
+// counting each resend measured RC's recovery, not the datagrams' loss: on
+// the soft fabric at 0.1% packet loss, that moved paths to RC. RC's own retry counters are not in the
 // verbs interface per QP (the soft device counts per device, a NIC per
 // port), so while the path is on RC it keeps measuring with probes: one
 // eligible message in ProbeEvery still goes as a datagram. A window is
 // Window datagrams. The round trip
 // is the vconns' RFC 6298 estimate (Sender.TakeSample), averaged per path.
 //
-// The switch has hysteresis (PathPolicy): to RC at a resend share of
+// The switch has hysteresis (PathPolicy): to RC at a loss share of
 // HighLoss, back at LowLoss, and only after the path held its choice for
 // HoldWindows windows and HoldRTTs round trips, so a burst of loss cannot
 // make it flap.
@@ -27,15 +31,15 @@ import "time"
 // more); a lost RC packet costs the NIC a go-back-N and, at a tail, its
 // local ACK timeout (the engine's RC QPs: 4.096 µs × 2^16, 268 ms). Measured
 // on the soft fabric (docs/architecture.md, E5's loss sweep), UC datagrams
-// stayed ahead of RC up to 5% packet loss at every small size, a resend
+// stayed ahead of RC up to 5% packet loss at every small size, a loss
 // share of about 20% with bundles of four packets; so the switch to RC is
-// set above that, where every third datagram goes twice.
+// set above that, where every third datagram is lost.
 //
 // A path belongs to the poller of its QPs; it takes no lock.
 type Path struct {
 	Policy       PathPolicy    // zero: DefaultPathPolicy; set before use
-	sent, resent uint32        // this window
-	loss         float64       // resends per datagram, averaged over windows
+	sent, resent uint32        // this window: datagrams first sent, losses
+	loss         float64       // losses per datagram, averaged over windows
 	measured     bool          // a window closed: loss is valid
 	srtt         time.Duration // averaged over the vconns' samples
 	onRC         bool
@@ -49,7 +53,7 @@ type Path struct {
 // DefaultPathPolicy.
 type PathPolicy struct {
 	Window      uint32  // datagrams per loss window
-	HighLoss    float64 // resend share at which small messages move to RC
+	HighLoss    float64 // loss share at which small messages move to RC
 	LowLoss     float64 // and back to UC
 	HoldWindows int     // windows a choice holds at least
 	HoldRTTs    int     // round trips a choice holds at least
@@ -85,8 +89,9 @@ func (p *Path) Sent(now time.Time) (switched bool) {
 	return p.onRC != was
 }
 
-// Resent counts a datagram sent again (on a timeout or a gap report).
-func (p *Path) Resent() { p.resent++ }
+// Lost counts a loss: a datagram resent on the peer's gap report, or a
+// retransmission timeout (once, however many datagrams it resent).
+func (p *Path) Lost() { p.resent++ }
 
 // RTT folds in a vconn's round-trip sample (RFC 6298's weight, 1/8).
 func (p *Path) RTT(sample time.Duration) {
@@ -100,7 +105,7 @@ func (p *Path) RTT(sample time.Duration) {
 	p.srtt += (sample - p.srtt) / 8
 }
 
-// fold closes a window: it averages the window's resend share in and
+// fold closes a window: it averages the window's loss share in and
 // applies the policy.
 func (p *Path) fold(now time.Time) {
 	share := float64(p.resent) / float64(p.sent)
@@ -144,7 +149,7 @@ func (p *Path) OnRC() bool { return p.onRC }
 
 // PathState is a path's estimate, for statistics.
 type PathState struct {
-	Loss     float64       // resends per datagram, averaged
+	Loss     float64       // losses per datagram, averaged
 	SRTT     time.Duration // round trip
 	OnRC     bool
 	Switches uint64

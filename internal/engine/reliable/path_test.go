@@ -11,7 +11,7 @@ func run(p *Path, now time.Time, windows int, resent uint32) time.Time {
 	for range windows {
 		for i := range DefaultPathPolicy.Window {
 			if i < resent {
-				p.Resent()
+				p.Lost()
 			}
 			now = now.Add(time.Millisecond / time.Duration(DefaultPathPolicy.Window))
 			p.Sent(now)
@@ -136,7 +136,7 @@ func FuzzPath(f *testing.F) {
 				windows++
 			case 1: // resends (there may be more than sends)
 				for range op / 4 {
-					p.Resent()
+					p.Lost()
 				}
 			case 2:
 				p.RTT(time.Duration(op) * time.Microsecond)
