@@ -168,21 +168,7 @@ func (s *session) maxMessage() uint32 {
 // transport and the largest message it carries, that of its transport
 // (a UD datagram is one MTU less the engine's header) within the socket's.
 func vconnInfo(vc *engine.VConn) frame.VConnInfo {
-	return frame.VConnInfo{Transport: frameTransport(vc.Transport()), MaxMessage: uint32(min(frame.MaxPayload, vc.MaxMessage()))}
-}
-
-func frameTransport(t engine.Transport) frame.Transport {
-	switch t {
-	case engine.RC:
-		return frame.TransportRC
-	case engine.UC:
-		return frame.TransportUC
-	case engine.UD:
-		return frame.TransportUD
-	case engine.Auto:
-		return frame.TransportAuto
-	}
-	return frame.TransportUnknown
+	return frame.VConnInfo{Transport: vc.Transport(), MaxMessage: uint32(min(frame.MaxPayload, vc.MaxMessage()))}
 }
 
 func (s *session) lookup(id uint32) *vconnHandle {

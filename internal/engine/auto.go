@@ -72,10 +72,20 @@ func (p *poller) onAck(vc *VConn, ack uint32) {
 	r.tx.AckTime(p.clock().Sub(p.e.epoch))
 	if vc.sq.p == p {
 		p.freeAcked(vc, r)
+		if vc.finDue.Load() {
+			vc.schedule() // its FIN may wait for this acknowledgement
+		}
 		return
 	}
 	vc.ackRecv.Store(true)
 	vc.schedule()
+}
+
+// datagramsUnacked: an Auto vconn has datagrams the peer has not
+// acknowledged. Only the owner of the send side.
+func (vc *VConn) datagramsUnacked() bool {
+	r := vc.rel.Load()
+	return r != nil && r.tx.Waiting()
 }
 
 // freeAcked frees the datagrams the peer acknowledged. Only the owner of

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -39,8 +40,8 @@ type QPRequest struct {
 	Pool int
 }
 
-// maxIndex bounds QPRequest.Index: config.MaxQPsPerPeer.
-const maxIndex = 64
+// maxIndex bounds QPRequest.Index and Pool: a peer's QPsPerPeer.
+const maxIndex = transport.MaxQPsPerPeer
 
 // ingressSlot names a QP a peer made toward us by its place in the peer's
 // pools.

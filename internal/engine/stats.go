@@ -6,12 +6,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
 // NumTransports is the number of Transport values, for arrays indexed by
-// transport.
-const NumTransports = int(Auto) + 1
+// transport; a vconn's is never transport.Unknown, whose entry stays zero.
+const NumTransports = transport.Count
 
 // Traffic counts messages and their payload bytes (the application's
 // bytes: headers, retransmissions and control messages excluded).
