@@ -8,17 +8,17 @@ import "time"
 // without the engine.
 //
 // Loss is measured from Auto's own datagrams: losses per datagram first
-// sent, folded over windows of datagrams into a moving average. A loss is a
-// datagram the peer reported missing (a gap), or a retransmission timeout
-// counted once: a timeout resends every datagram in flight, and most of
-// those arrived (what was late was the acknowledgement, on RC), so
-// counting each resend measured RC's recovery, not the datagrams' loss: on
-// the soft fabric at 0.1% packet loss, that moved paths to RC. RC's own retry counters are not in the
-// verbs interface per QP (the soft device counts per device, a NIC per
-// port), so while the path is on RC it keeps measuring with probes: one
-// eligible message in ProbeEvery still goes as a datagram. A window is
-// Window datagrams. The round trip
-// is the vconns' RFC 6298 estimate (Sender.TakeSample), averaged per path.
+// sent, over windows of Window datagrams, folded into a moving average. A
+// loss is a datagram the peer reported missing (a gap), or a
+// retransmission timeout counted once: a timeout resends every datagram in
+// flight, and most of those arrived (what was late was the
+// acknowledgement, on RC), so counting each resend measured RC's recovery,
+// not the datagrams' loss; on the soft fabric at 0.1% packet loss, that
+// moved paths to RC. RC's own retry counters are not in the verbs
+// interface per QP (the soft device counts per device, a NIC per port), so
+// while the path is on RC it keeps measuring with probes: one eligible
+// message in ProbeEvery still goes as a datagram. The round trip is the
+// vconns' RFC 6298 estimate (Sender.TakeSample), averaged per path.
 //
 // The switch has hysteresis (PathPolicy): to RC at a loss share of
 // HighLoss, back at LowLoss, and only after the path held its choice for
@@ -31,22 +31,22 @@ import "time"
 // more); a lost RC packet costs the NIC a go-back-N and, at a tail, its
 // local ACK timeout (the engine's RC QPs: 4.096 µs × 2^16, 268 ms). Measured
 // on the soft fabric (docs/architecture.md, E5's loss sweep), UC datagrams
-// stayed ahead of RC up to 5% packet loss at every small size, a loss
-// share of about 20% with bundles of four packets; so the switch to RC is
+// stayed ahead of RC up to 5% packet loss at every small size (where a
+// bundle of four packets is lost one time in five); so the switch to RC is
 // set above that, where every third datagram is lost.
 //
 // A path belongs to the poller of its QPs; it takes no lock.
 type Path struct {
-	Policy       PathPolicy    // zero: DefaultPathPolicy; set before use
-	sent, resent uint32        // this window: datagrams first sent, losses
-	loss         float64       // losses per datagram, averaged over windows
-	measured     bool          // a window closed: loss is valid
-	srtt         time.Duration // averaged over the vconns' samples
-	onRC         bool
-	held         int       // windows since the last switch
-	since        time.Time // when the last switch was
-	probe        uint32    // eligible messages since the last probe, on RC
-	switches     uint64
+	Policy     PathPolicy    // zero: DefaultPathPolicy; set before use
+	sent, lost uint32        // this window: datagrams first sent, losses
+	loss       float64       // losses per datagram, averaged over windows
+	measured   bool          // a window closed: loss is valid
+	srtt       time.Duration // averaged over the vconns' samples
+	onRC       bool
+	held       int       // windows since the last switch
+	since      time.Time // when the last switch was
+	probe      uint32    // eligible messages since the last probe, on RC
+	switches   uint64
 }
 
 // PathPolicy is when a Path switches. The zero value is
@@ -91,7 +91,7 @@ func (p *Path) Sent(now time.Time) (switched bool) {
 
 // Lost counts a loss: a datagram resent on the peer's gap report, or a
 // retransmission timeout (once, however many datagrams it resent).
-func (p *Path) Lost() { p.resent++ }
+func (p *Path) Lost() { p.lost++ }
 
 // RTT folds in a vconn's round-trip sample (RFC 6298's weight, 1/8).
 func (p *Path) RTT(sample time.Duration) {
@@ -108,7 +108,7 @@ func (p *Path) RTT(sample time.Duration) {
 // fold closes a window: it averages the window's loss share in and
 // applies the policy.
 func (p *Path) fold(now time.Time) {
-	share := float64(p.resent) / float64(p.sent)
+	share := float64(p.lost) / float64(p.sent)
 	if p.measured {
 		p.loss += lossWeight * (share - p.loss)
 	} else {
@@ -116,7 +116,7 @@ func (p *Path) fold(now time.Time) {
 		// from it.
 		p.loss, p.measured, p.since = share, true, now
 	}
-	p.sent, p.resent = 0, 0
+	p.sent, p.lost = 0, 0
 	p.held++
 	pol := p.policy()
 	if p.held < pol.HoldWindows || now.Sub(p.since) < time.Duration(pol.HoldRTTs)*p.srtt {
