@@ -82,7 +82,7 @@ awk_med='
     echo "**Quick plan (QUICK=1: one 0.4 s repeat per measurement, E5 at every other size): a trial of the script, not a measurement of record.**"
   fi
   echo
-  echo "Figures (SVG, drawn by hack/cmd/benchplot from the same lines): e1-msgs.svg, e1-cpu.svg, e2-bytes.svg, e5-size.svg, e4-rtt.svg, e4-rate.svg."
+  echo "Figures (SVG, drawn by hack/cmd/benchplot from the same lines): e1-msgs.svg, e1-cpu.svg, e2-bytes.svg, e5-size.svg, e5-loss.svg, e4-rtt.svg, e4-rate.svg."
   echo
   echo "## Verbs: RC SEND over the soft provider (UDP loopback) vs TCP loopback"
   echo

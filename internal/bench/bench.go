@@ -51,6 +51,8 @@ type Record struct {
 	QPs       int `json:"qps,omitempty"`
 	Producers int `json:"producers,omitempty"`
 	MsgBytes  int `json:"msg_bytes,omitempty"`
+	// Loss is e5loss's probability that the wire drops a packet.
+	Loss *float64 `json:"loss,omitempty"`
 
 	// NICModel says the devices modelled a NIC's QP-context cache and
 	// receive ring (soft.NICModel); E1 only.
@@ -110,6 +112,10 @@ type Plan struct {
 	E2EngineVConns, E2NaiveVConns []int
 	E3Producers                   []int
 	E5Sizes                       []int
+	// E5Loss and E5LossSizes are E5's loss sweep (e5.go): the wire's
+	// packet loss probabilities and the message sizes at each.
+	E5Loss      []float64
+	E5LossSizes []int
 	// Timeout bounds one measurement, setup and teardown included.
 	Timeout time.Duration
 }
@@ -125,6 +131,8 @@ func FullPlan() Plan {
 		E2NaiveVConns:  []int{1000, 10000, 100000},
 		E3Producers:    []int{1, 4, 16, 64},
 		E5Sizes:        []int{16, 64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20},
+		E5Loss:         []float64{0, 0.001, 0.01, 0.05},
+		E5LossSizes:    []int{64, 1 << 10, 4 << 10},
 		Timeout:        3 * time.Minute,
 	}
 }

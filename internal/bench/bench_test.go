@@ -22,16 +22,19 @@ func tinyPlan() Plan {
 		E2NaiveVConns:  []int{10},
 		E3Producers:    []int{1, 3},
 		E5Sizes:        []int{16, 8 << 10}, // 8 KiB: past what UD carries
+		E5Loss:         []float64{0},
+		E5LossSizes:    []int{64},
 		Timeout:        30 * time.Second,
 	}
 }
 
 // required are the fields every line of a suite has, on success.
 var required = map[string][]string{
-	"e1": {"design", "vconns", "qps", "msgs_per_sec", "cpu_ns_per_msg", "msg_bytes"},
-	"e2": {"design", "vconns", "bytes_per_vconn"},
-	"e3": {"mode", "producers", "msgs_per_sec"},
-	"e5": {"transport", "msg_bytes", "msgs_per_sec"},
+	"e1":     {"design", "vconns", "qps", "msgs_per_sec", "cpu_ns_per_msg", "msg_bytes"},
+	"e2":     {"design", "vconns", "bytes_per_vconn"},
+	"e3":     {"mode", "producers", "msgs_per_sec"},
+	"e5":     {"transport", "msg_bytes", "msgs_per_sec"},
+	"e5loss": {"transport", "msg_bytes", "loss", "msgs_per_sec"},
 }
 
 // TestSmoke runs every suite at a tiny size and checks the lines: each
@@ -82,8 +85,9 @@ func TestSmoke(t *testing.T) {
 			}
 		}
 	}
-	// e1: 2 designs × 2 counts; e2: 2 designs; e3: 2 modes × 2; e5: 4 × 2.
-	want := map[string]int{"e1": 4, "e2": 2, "e3": 4, "e5": 8}
+	// e1: 2 designs × 2 counts; e2: 2 designs; e3: 2 modes × 2; e5: 4 × 2;
+	// e5loss: 3 transports at one loss rate and size.
+	want := map[string]int{"e1": 4, "e2": 2, "e3": 4, "e5": 8, "e5loss": 3}
 	for s, n := range want {
 		if counts[s] != n {
 			t.Errorf("suite %s: %d lines, want %d", s, counts[s], n)

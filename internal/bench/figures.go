@@ -147,6 +147,11 @@ func Figures(recs []Record, e4 []GoBench) []Figure {
 		Title: "E5: messages/s by transport and message size", XLabel: "message bytes (log)", YLabel: "messages/s (log)", LogX: true, LogY: true, Series: e5,
 		Notes: []string{"uc carries at most 16 KiB, ud one 4 KiB MTU: larger sizes are not run."},
 	}})
+	figs = append(figs, Figure{"e5-loss.svg", plot.Chart{
+		Title: "E5: messages/s by packet loss, auto (dashed) and rc", XLabel: "packet loss (%)", YLabel: "messages/s (log)", LogY: true,
+		Series: e5LossSeries(recs, val),
+		Notes:  []string{"the in-memory fabric dropping packets at random; rc is the best reliable fixed transport"},
+	}})
 	paths := []string{"socket", "shm", "engine"}
 	metric := func(name, unit string) float64 {
 		var xs []float64
@@ -179,4 +184,43 @@ func Figures(recs []Record, e4 []GoBench) []Figure {
 	return slices.DeleteFunc(figs, func(f Figure) bool {
 		return errors.Is(f.Chart.SVG(io.Discard), plot.ErrNoData)
 	})
+}
+
+// e5LossSeries are the loss sweep's lines: rc and auto at each size, one
+// color per size.
+func e5LossSeries(recs []Record, val func(*Record, func(*Record) *float64) float64) []plot.Series {
+	var sizes []int
+	var losses []float64
+	for _, r := range recs {
+		if r.Suite != "e5loss" || r.Loss == nil {
+			continue
+		}
+		if !slices.Contains(sizes, r.MsgBytes) {
+			sizes = append(sizes, r.MsgBytes)
+		}
+		if !slices.Contains(losses, *r.Loss) {
+			losses = append(losses, *r.Loss)
+		}
+	}
+	slices.Sort(sizes)
+	slices.Sort(losses)
+	var ss []plot.Series
+	for k, size := range sizes {
+		for _, tr := range []string{"rc", "auto"} {
+			s := plot.Series{Name: tr + " " + sizeName(size), Dashed: tr == "auto", Color: palette(k)}
+			for _, loss := range losses {
+				r := (results{recs}).find("e5loss", func(r *Record) bool {
+					return r.Transport == tr && r.MsgBytes == size && r.Loss != nil && *r.Loss == loss
+				})
+				s.X, s.Y = append(s.X, loss*100), append(s.Y, val(r, msgsPerSec))
+			}
+			ss = append(ss, s)
+		}
+	}
+	return ss
+}
+
+// palette is the k-th of a few colors that tell sizes apart.
+func palette(k int) string {
+	return []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"}[k%5]
 }

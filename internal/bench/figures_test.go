@@ -93,3 +93,28 @@ func TestFigures(t *testing.T) {
 		t.Errorf("E1 only: figures %q, want %q", got, want)
 	}
 }
+
+// The loss sweep draws one figure: rc and auto at each size, by loss.
+func TestFiguresLoss(t *testing.T) {
+	recs, err := ReadRecords(strings.NewReader(`{"suite":"e5loss","transport":"rc","msg_bytes":64,"loss":0,"msgs_per_sec":10}
+{"suite":"e5loss","transport":"auto","msg_bytes":64,"loss":0,"msgs_per_sec":30}
+{"suite":"e5loss","transport":"rc","msg_bytes":64,"loss":0.01,"msgs_per_sec":2}
+{"suite":"e5loss","transport":"auto","msg_bytes":64,"loss":0.01,"msgs_per_sec":20}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	figs := Figures(recs, nil)
+	if len(figs) != 1 || figs[0].File != "e5-loss.svg" {
+		t.Fatalf("figures %+v, want e5-loss.svg alone", figs)
+	}
+	var b bytes.Buffer
+	if err := figs[0].Chart.SVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"rc 64 B", "auto 64 B"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the figure names no %q", want)
+		}
+	}
+}

@@ -11,14 +11,19 @@ type recordKey struct {
 	nic                            bool
 	vconns, producers, msgBytes    int
 	pollers                        int
+	loss                           float64
 }
 
 func keyOf(r *Record) recordKey {
 	k := recordKey{suite: r.Suite, design: r.Design, mode: r.Mode, transport: r.Transport, nic: r.NICModel,
 		vconns: r.VConns, producers: r.Producers, pollers: r.Pollers}
-	// E1 and E3 fix the size; E2 has none; E5 is keyed by it.
-	if r.Suite == "e5" {
+	// E1 and E3 fix the size; E2 has none; E5 is keyed by it, and its
+	// loss sweep by the loss too.
+	if r.Suite == "e5" || r.Suite == "e5loss" {
 		k.msgBytes = r.MsgBytes
+	}
+	if r.Loss != nil {
+		k.loss = *r.Loss
 	}
 	return k
 }

@@ -48,3 +48,26 @@ func TestMergeRuns(t *testing.T) {
 		t.Errorf("one run changed: %+v", got)
 	}
 }
+
+// The loss sweep's lines are told apart by size and loss when runs merge.
+func TestMergeRunsLoss(t *testing.T) {
+	recs, err := ReadRecords(strings.NewReader(`{"suite":"e5loss","transport":"auto","msg_bytes":64,"loss":0,"msgs_per_sec":10}
+{"suite":"e5loss","transport":"auto","msg_bytes":64,"loss":0.01,"msgs_per_sec":5}
+{"suite":"e5loss","transport":"auto","msg_bytes":1024,"loss":0.01,"msgs_per_sec":3}
+{"suite":"e5loss","transport":"auto","msg_bytes":64,"loss":0,"msgs_per_sec":12}
+{"suite":"e5loss","transport":"auto","msg_bytes":64,"loss":0.01,"msgs_per_sec":7}
+{"suite":"e5loss","transport":"auto","msg_bytes":1024,"loss":0.01,"msgs_per_sec":1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := MergeRuns(recs)
+	if len(m) != 3 {
+		t.Fatalf("%d records, want 3: %+v", len(m), m)
+	}
+	for i, want := range []float64{11, 6, 2} { // the median of two: their mean
+		if got := *m[i].MsgsPerSec; got != want || len(m[i].Samples) != 2 {
+			t.Errorf("line %d: %v msgs/s from %v, want %v from 2 runs", i, got, m[i].Samples, want)
+		}
+	}
+}

@@ -228,6 +228,16 @@ func Evaluate(recs []Record) []Target {
 			ts = append(ts, ratio("e5", "auto / uc at 4 KiB", 0.85, e5("auto", size), e5("uc", size), "msgs/s", msgsPerSec, "auto", "uc"))
 		}
 	}
+	for _, r := range recs {
+		if r.Suite != "e5loss" || r.Transport != "rc" || r.Loss == nil {
+			continue
+		}
+		auto := rs.find("e5loss", func(x *Record) bool {
+			return x.Transport == "auto" && x.MsgBytes == r.MsgBytes && x.Loss != nil && *x.Loss == *r.Loss
+		})
+		name := fmt.Sprintf("auto / rc at %s, %g%% loss", sizeName(r.MsgBytes), *r.Loss*100)
+		ts = append(ts, ratio("e5loss", name, 0.95, auto, &r, "msgs/s", msgsPerSec, "auto", "rc"))
+	}
 	return ts
 }
 
@@ -427,6 +437,27 @@ func Summarize(r io.Reader, w io.Writer) error {
 				row = append(row, cell(r, msgsPerSec))
 			}
 			fmt.Fprintf(b, "| %s |\n", strings.Join(row, " | "))
+		}
+	})
+	section("e5loss", "E5: msgs/s by packet loss (in-memory fabric), Auto against RC, the best reliable fixed transport", func(b *strings.Builder) {
+		b.WriteString("UC is not reliable: its column is what it delivered.\n\n")
+		b.WriteString("| loss | size | rc | auto | auto / rc | uc (delivered) |\n|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range recs {
+			if r.Suite != "e5loss" || r.Transport != "rc" || r.Loss == nil {
+				continue
+			}
+			at := func(tr string) *Record {
+				return (results{recs}).find("e5loss", func(x *Record) bool {
+					return x.Transport == tr && x.MsgBytes == r.MsgBytes && x.Loss != nil && *x.Loss == *r.Loss
+				})
+			}
+			rc, auto := &r, at("auto")
+			t := ratio("", "", 0, auto, rc, "msgs/s", msgsPerSec, "auto", "rc")
+			rt := "—"
+			if t.Missing == "" {
+				rt = num(t.Value)
+			}
+			fmt.Fprintf(b, "| %g%% | %s | %s | %s | %s | %s |\n", *r.Loss*100, sizeName(r.MsgBytes), cell(rc, msgsPerSec), cell(auto, msgsPerSec), rt, cell(at("uc"), msgsPerSec))
 		}
 	})
 	var errs []string

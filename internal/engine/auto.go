@@ -71,7 +71,7 @@ func (p *poller) onAck(vc *VConn, ack uint32) {
 	}
 	r.tx.AckTime(p.clock().Sub(p.e.epoch))
 	if vc.sq.p == p {
-		p.freeAcked(r)
+		p.freeAcked(vc, r)
 		if vc.finDue.Load() {
 			vc.schedule() // its FIN may wait for this acknowledgement
 		}
@@ -90,7 +90,10 @@ func (vc *VConn) datagramsUnacked() bool {
 
 // freeAcked frees the datagrams the peer acknowledged. Only the owner of
 // the send side, vc.sq.p.
-func (p *poller) freeAcked(r *rel) { r.tx.FreeAcked(p.e.epoch, p.freeDatagram) }
+func (p *poller) freeAcked(vc *VConn, r *rel) {
+	r.tx.FreeAcked(p.e.epoch, p.freeDatagram)
+	vc.dq.path.RTT(r.tx.TakeSample())
+}
 
 // freeDatagram drops the send side's hold on a datagram's buffer. Only
 // the owner of the send side.
@@ -245,6 +248,13 @@ func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
 	p.postWR(vc.dq, wr)
 	u.Sent = p.clock()
 	vc.reliability().tx.Push(u)
+	if vc.dq.path.Sent(u.Sent) {
+		if vc.dq.path.OnRC() {
+			p.e.stats.toRC.Add(1)
+		} else {
+			p.e.stats.toUC.Add(1)
+		}
+	}
 	if !vc.rtxWatched {
 		vc.rtxWatched = true
 		p.rel.rtx = append(p.rel.rtx, vc)
@@ -278,7 +288,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 	if !live {
 		p.dropUnacked(vc)
 	}
-	p.freeAcked(r)
+	p.freeAcked(vc, r)
 	remote := vqpn.ID(vc.remote.Load())
 	resendTo := r.tx.TakeResend()
 	pending := r.tx.Pending()
@@ -305,6 +315,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		p.postWR(vc.dq, wr)
 		if early {
 			e.stats.gapResends.Add(1)
+			vc.dq.path.Lost() // the peer reported it missing
 		} else {
 			timedOut = true
 		}
@@ -313,6 +324,10 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 	}
 	if timedOut {
 		r.tx.Backoff()
+		// One loss, however many datagrams timed out: a lost or late
+		// acknowledgement (a credit grant RC is still recovering) times
+		// out every datagram in flight, which all arrived.
+		vc.dq.path.Lost()
 	}
 	return r.tx.Waiting() && live
 }

@@ -58,6 +58,9 @@ const gatherMin = 2048
 // no buffer is free.
 func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	e := p.e
+	if vc.dq.path.OnRC() {
+		return 0 // a probe goes alone (reliable.Path)
+	}
 	head, _ := vc.ring.at(&vc.ents, 0)
 	gather := head.len() >= gatherMin
 	limit := maxBundle

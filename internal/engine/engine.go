@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -41,6 +42,11 @@ type Engine struct {
 	ll   verbs.LinkLayer
 	lid  uint16
 	pool *bufPool
+
+	// pathPolicy is when Auto's paths switch (reliable.Path); zero, the
+	// default. Tests set it before the engine's first vconn.
+	pathPolicy reliable.PathPolicy
+
 	// recvClass and dgramClass are the pool classes of the two SRQs'
 	// buffers: srq serves the RC QPs, dsrq the UD and UC QPs.
 	recvClass  int
@@ -333,6 +339,8 @@ type Stats struct {
 	GapResends   uint64 // of those, sent at once on the peer's gap report
 	Bundled      uint64 // messages sent in bundles (bundle.go)
 	Gathered     uint64 // of those, sent from their own buffers, not copied
+	AutoToRC     uint64 // peer paths whose Auto small messages moved to RC under loss (reliable.Path)
+	AutoToUC     uint64 // and back
 	BuffersInUse []int  // per pool class
 	// RecvBuffersHeld and DgramBuffersHeld are the receive buffers of
 	// the RC QPs' SRQ and of the datagram SRQ that received messages
@@ -351,7 +359,7 @@ type Stats struct {
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, bundled, gathered, recvCopied atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, recvCopied atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -368,6 +376,8 @@ func (e *Engine) Stats() Stats {
 		Sleeps:       e.stats.sleeps.Load(),
 		Retransmits:  e.stats.retransmits.Load(),
 		GapResends:   e.stats.gapResends.Load(),
+		AutoToRC:     e.stats.toRC.Load(),
+		AutoToUC:     e.stats.toUC.Load(),
 		Bundled:      e.stats.bundled.Load(),
 		Gathered:     e.stats.gathered.Load(),
 		BuffersInUse: e.pool.inUse(),

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -136,6 +137,9 @@ type sendQP struct {
 	// secret is the QP pair's, which the peer drew (QPReply.Secret):
 	// every message posted here carries it. Set before the QP is shared.
 	secret uint64
+	// path is a UC QP's loss and round-trip estimate, and which way
+	// Auto's small messages take (reliable.Path). Poller-owned.
+	path reliable.Path
 }
 
 // newQP creates an RC QP on the SRQ, or a UC QP on the datagram SRQ.
@@ -248,6 +252,7 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 	// A send queue's worth waiting behind the send queue: enough to
 	// refill it between rounds, few enough to stay in cache.
 	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth), secret: reply.Secret}
+	q.path.Policy = e.pathPolicy
 	poller.sendQPs.Store(qp.QPN(), q)
 	p.mu.Lock()
 	if p.err != nil {

@@ -24,7 +24,7 @@ func (p *poller) serve(vc *VConn) {
 	}
 	// (Auto's own fields are off the hot lines: other vconns never read them.)
 	if vc.tr == Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
-		p.freeAcked(vc.reliability()) // another poller received them
+		p.freeAcked(vc, vc.reliability()) // another poller received them
 	}
 	stalled := p.drain(vc, remote)
 	vc.wakeSender()
@@ -108,7 +108,13 @@ func (p *poller) route(vc *VConn, b wire.Raw, n uint32) (dq *sendQP, auto, credi
 	}
 	// Only whole messages go as datagrams: the chunks of a long one all
 	// travel on RC, in order.
-	auto = data && vc.tr == Auto && b.Whole() && vc.autoDgram(n)
+	//
+	// Where loss made the path's RC cheaper, small messages take RC too,
+	// but for the probes that keep measuring (reliable.Path). They are in
+	// the one sequence of the vconn either way, which the receiver
+	// delivers in order whichever QP each came on (deliverSeq), so the
+	// switch needs no draining.
+	auto = data && vc.tr == Auto && b.Whole() && vc.autoDgram(n) && vc.dq.path.Datagram()
 	if auto {
 		dq = vc.dq
 	}

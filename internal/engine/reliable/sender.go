@@ -50,6 +50,7 @@ type Sender struct {
 	// spuriously on a busy one, where acknowledgements are delayed and
 	// pollers share cores. Owner only.
 	srtt, rttvar, rto time.Duration
+	sample            time.Duration // the newest sample, until taken (TakeSample)
 	// Written by the receiving pollers: the newest acknowledgement, when
 	// it came (since the engine's epoch), and the end of a gap the peer
 	// reported, 0 once taken.
@@ -123,6 +124,15 @@ func (s *Sender) FreeAcked(epoch time.Time, free func(*Datagram)) {
 	}
 }
 
+// TakeSample returns the round-trip sample FreeAcked took since the last
+// call, or 0: the engine folds it into its path's estimate (Path.RTT).
+// Owner only.
+func (s *Sender) TakeSample() time.Duration {
+	d := s.sample
+	s.sample = 0
+	return d
+}
+
 // Drop hands free every datagram still unacknowledged: the vconn will send
 // no more. Owner only.
 func (s *Sender) Drop(free func(*Datagram)) {
@@ -174,6 +184,7 @@ func (s *Sender) Backoff() {
 
 // observe folds a round-trip sample into the estimate (RFC 6298 2.2-2.3).
 func (s *Sender) observe(sample time.Duration) {
+	s.sample = sample
 	if s.srtt == 0 {
 		s.srtt, s.rttvar = sample, sample/2
 	} else {
