@@ -43,7 +43,10 @@ func agentUserPrefix(namespace string) string {
 
 // AgentRules are what an agent needs: its RDMANode (create, update), every
 // RDMANode (read, for peer discovery) and certificate requests (create, and
-// get to wait for the signature) for its node certificate. RBAC cannot
+// get to wait for the signature) for its node certificate; and what its pod's
+// DRA driver needs (spec.allocation DRA or Both): its node's ResourceSlice
+// (written, and watched for changes), the claims it prepares and its Node
+// (the slice's owner). RBAC cannot
 // restrict writes to one object by the caller's node: the agent policy does
 // that for RDMANodes, and the CertSigner for certificates (it signs only for
 // the node the requester's token is bound to).
@@ -53,6 +56,9 @@ func AgentRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{group}, Resources: []string{"rdmanodes"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
 		{APIGroups: []string{group}, Resources: []string{"rdmanodes/status"}, Verbs: []string{"get", "update", "patch"}},
 		{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
 	}
 }
 

@@ -52,7 +52,7 @@ echo_tarball="$out/rdmavisor-echo-$arch.tar"
 grpcecho_tarball="$out/rdmavisor-grpcecho-$arch.tar"
 dns_tarball="$out/localdns-$arch.tar"
 # The image's binaries; keep in step with Binaries in hack/cmd/mkimage.
-binaries=(operator node-agent device-plugin rdmavisor-cni rdmavisor)
+binaries=(operator node-agent device-plugin dra-driver rdmavisor-cni rdmavisor)
 
 mkdir -p "$bindir"
 pkgs=()
