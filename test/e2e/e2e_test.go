@@ -74,6 +74,7 @@ func TestE2E(t *testing.T) {
 		{"two pods on different nodes exchange messages over vconns", (*env).echo},
 		{"metrics: both agents counted the messages, the operator serves a reader only", (*env).metricsMoved},
 		{"the CNI plugin registered each pod with its own node's agent; a deleted pod unregistered, its allocation released", (*env).cniRegistered},
+		{"DRA: each node's ResourceSlice; a claim's pod and a DRA extended resource's pod echo across nodes with exactly their quota; deleted, their allocations released", (*env).dra},
 		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
 		{"a link losing and reordering 5% of packets: every message once, in order", (*env).lossyLink},
@@ -158,6 +159,9 @@ func setup(t *testing.T) *env {
 		t.Fatal("the soft sample must set vconnsPerNode and resourceName")
 	}
 	e.capacity = int64(*e.svc.Spec.VConnsPerNode)
+	// The device plugin and the DRA driver both: every step but dra takes
+	// its vconns from the device plugin, beside the driver.
+	e.svc.Spec.Allocation = v1alpha1.AllocationBoth
 	return e
 }
 
@@ -197,7 +201,8 @@ func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, 
 
 func (e *env) helmInstall() {
 	out := e.run(e.helm, "install", release, "charts/rdmavisor", "--namespace", namespace, "--create-namespace",
-		"--set", "image.repository=local.test/rdmavisor", "--set", "image.tag=dev", "--set", "image.pullPolicy=Never")
+		"--set", "image.repository=local.test/rdmavisor", "--set", "image.tag=dev", "--set", "image.pullPolicy=Never",
+		"--set", "dra.deviceClass.enabled=true", "--set", "dra.deviceClass.extendedResourceName="+draResource)
 	if !strings.Contains(out, "STATUS: deployed") {
 		e.t.Fatalf("helm install: %s", out)
 	}
@@ -256,7 +261,16 @@ func (e *env) agentReady() (bool, string) {
 }
 
 func (e *env) applyService() {
-	e.run(e.kubectl, "apply", "-f", "config/samples/rdmavisor_v1alpha1_rdmaservice_soft.yaml")
+	// The sample, with allocation Both.
+	data, err := yaml.Marshal(e.svc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	file := filepath.Join(e.t.TempDir(), "rdmaservice.yaml")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	e.run(e.kubectl, "apply", "-f", file)
 	e.eventually("agents ready on every node", 3*time.Minute, e.agentReady)
 	for _, node := range e.nodes {
 		var rn v1alpha1.RDMANode
@@ -505,6 +519,8 @@ func (e *env) deleteService() {
 	})
 	// The agent's CNI sidecar took the plugin out of the node's chain.
 	e.hostCNI(false)
+	// The kubelets wipe the slices of a driver that stays unregistered.
+	e.eventually("no ResourceSlices of the DRA driver", 3*time.Minute, e.noSlices)
 	// With its plugin gone the kubelet offers no vconn: nothing more can
 	// be scheduled against it. (The kubelet zeroes the capacity itself
 	// five minutes later.)
@@ -558,7 +574,7 @@ func (e *env) dumpState() {
 	out, _ = exec.Command(e.kubectl, "logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator", "--tail=40").CombinedOutput()
 	e.t.Logf("operator logs:\n%s", out)
 	for _, p := range e.agentPods() {
-		for _, c := range []string{"agent", "device-plugin"} {
+		for _, c := range []string{"agent", "device-plugin", "dra-driver"} {
 			b, _ := e.kube.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, TailLines: new(int64(40))}).DoRaw(context.Background())
 			e.t.Logf("%s/%s logs:\n%s", p.Name, c, b)
 		}
