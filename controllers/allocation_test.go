@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -170,5 +172,78 @@ func TestAllocation(t *testing.T) {
 		ResourceAttributes: &authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "update", Namespace: "tenant"}}}
 	if err := k8s.Create(testCtx(t), sar); err != nil || sar.Status.Allowed {
 		t.Errorf("the agents may update claims: %v %+v", err, sar.Status)
+	}
+}
+
+func resourceSlice(name, node string) *resourcev1.ResourceSlice {
+	return &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourcev1.ResourceSliceSpec{
+		Driver: "rdmavisor.io", NodeName: new(node),
+		Pool:    resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
+		Devices: []resourcev1.Device{{Name: "soft-0"}},
+	}}
+}
+
+// TestAgentMayWriteOnlyItsOwnResourceSlices: the DRA driver in an agent pod
+// publishes its node's slice with the agents' service account, and the
+// agent slice policy keeps it off other nodes' slices, as NodeRestriction
+// keeps a kubelet.
+func TestAgentMayWriteOnlyItsOwnResourceSlices(t *testing.T) {
+	createNodes(t, map[string]string{"slices": "true"}, "slice-1", "slice-2")
+	createService(t, newService("slices", "slices"))
+	agent := agentClient(t, "slices", "slice-1")
+	ctx := testCtx(t)
+	other := resourceSlice("slice-2-rdmavisor", "slice-2")
+	if err := k8s.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), other) })
+
+	// Its own: create, update, delete (the binding and the policy take
+	// effect a moment after they are made).
+	own := resourceSlice("slice-1-rdmavisor", "slice-1")
+	eventually(t, "the agent creates its node's slice", func() error { return agent.Create(ctx, own.DeepCopy()) })
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), own) })
+	got := &resourcev1.ResourceSlice{}
+	if err := agent.Get(ctx, client.ObjectKeyFromObject(own), got); err != nil {
+		t.Fatal(err)
+	}
+	got.Spec.Devices = append(got.Spec.Devices, resourcev1.Device{Name: "soft-1"})
+	if err := agent.Update(ctx, got); err != nil {
+		t.Errorf("updating its own slice: %v", err)
+	}
+	if err := agent.Delete(ctx, got); err != nil {
+		t.Errorf("deleting its own slice: %v", err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		do   func(client.Client) error
+		want string
+	}{
+		{"create another node's slice", func(c client.Client) error { return c.Create(ctx, resourceSlice("evil", "slice-2")) },
+			"may write only ResourceSlices of node slice-1"},
+		{"update another node's slice", func(c client.Client) error {
+			s := &resourcev1.ResourceSlice{}
+			if err := c.Get(ctx, client.ObjectKeyFromObject(other), s); err != nil {
+				return err
+			}
+			s.Spec.Devices = nil
+			s.Spec.Devices = append(s.Spec.Devices, resourcev1.Device{Name: "evil"})
+			return c.Update(ctx, s)
+		}, "may write only ResourceSlices of node slice-1"},
+		{"delete another node's slice", func(c client.Client) error { return c.Delete(ctx, other.DeepCopy()) },
+			"may write only ResourceSlices of node slice-1"},
+		{"a token bound to no node", func(client.Client) error {
+			return agentClient(t, "slices", "").Create(ctx, resourceSlice("nowhere", "slice-1"))
+		}, "its token names no node"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := wantForbidden(tc.do(agent), tc.want); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(other), &resourcev1.ResourceSlice{}); err != nil {
+		t.Errorf("the other node's slice: %v", err)
 	}
 }
