@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+	"github.com/rdmavisor/rdmavisor/internal/dra"
 )
 
 // TestRuntimeCDI: the runtimes that apply CDI devices, as node status names
@@ -106,16 +107,19 @@ func TestAllocation(t *testing.T) {
 			return nil
 		}
 	}
-	dra := []string{hostPluginsRegistryDir, hostPluginsDir, hostCDIDir}
+	if want := "/var/lib/kubelet/plugins/" + dra.DefaultDriverName; hostDRAPluginDir != want {
+		t.Fatalf("the DRA driver's directory is %s, the driver's is %s", hostDRAPluginDir, want)
+	}
+	draPaths := []string{hostPluginsRegistryDir, hostDRAPluginDir, hostCDIDir}
 	eventually(t, "device plugin only, no CDI (alloc-2 runs containerd 1.6)",
-		shape([]string{"agent", "device-plugin"}, false, []string{hostDevicePluginDir}, dra))
+		shape([]string{"agent", "device-plugin"}, false, []string{hostDevicePluginDir}, draPaths))
 
 	setRuntime(t, "alloc-2", "containerd://1.7.35")
 	eventually(t, "the device plugin delivers by CDI", shape([]string{"agent", "device-plugin"}, true,
-		[]string{hostDevicePluginDir, hostCDIDir}, []string{hostPluginsRegistryDir, hostPluginsDir}))
+		[]string{hostDevicePluginDir, hostCDIDir}, []string{hostPluginsRegistryDir, hostDRAPluginDir}))
 
 	updateService(t, "alloc", func(s *v1alpha1.RDMAService) { s.Spec.Allocation = v1alpha1.AllocationDRA })
-	eventually(t, "the DRA driver instead", shape([]string{"agent", "dra-driver"}, false, dra, nil))
+	eventually(t, "the DRA driver instead", shape([]string{"agent", "dra-driver"}, false, draPaths, nil))
 	ds := getDaemonSet(t, "alloc")
 	for _, c := range ds.Spec.Template.Spec.Containers {
 		if c.Name != "dra-driver" {
@@ -128,7 +132,7 @@ func TestAllocation(t *testing.T) {
 		for _, m := range c.VolumeMounts {
 			mounts = append(mounts, m.MountPath)
 		}
-		for _, p := range append(dra, "/var/run/rdmavisor") {
+		for _, p := range append(draPaths, "/var/run/rdmavisor") {
 			if !slices.Contains(mounts, p) {
 				t.Errorf("dra-driver mounts %v, lacks %s", mounts, p)
 			}
@@ -136,7 +140,7 @@ func TestAllocation(t *testing.T) {
 	}
 
 	updateService(t, "alloc", func(s *v1alpha1.RDMAService) { s.Spec.Allocation = v1alpha1.AllocationBoth })
-	eventually(t, "both", shape([]string{"agent", "device-plugin", "dra-driver"}, true, append(dra, hostDevicePluginDir), nil))
+	eventually(t, "both", shape([]string{"agent", "device-plugin", "dra-driver"}, true, append(draPaths, hostDevicePluginDir), nil))
 
 	// The schema refuses another value.
 	svc := getService(t, "alloc")

@@ -62,10 +62,12 @@ const (
 	hostCNIBinDir       = "/opt/cni/bin"
 	hostCNIConfDir      = "/etc/cni/net.d"
 	// The kubelet finds DRA drivers by their registration sockets, and
-	// talks to each at plugins/<driver>; runtimes read the CDI specs the
-	// device plugin (-cdi) and the DRA driver write in /var/run/cdi.
+	// talks to each at plugins/<driver> (the driver's own directory, which
+	// the kubelet plugin helper does not make: the hostPath does), driver
+	// dra.DefaultDriverName; runtimes read the CDI specs the device plugin
+	// (-cdi) and the DRA driver write in /var/run/cdi.
 	hostPluginsRegistryDir = "/var/lib/kubelet/plugins_registry"
-	hostPluginsDir         = "/var/lib/kubelet/plugins"
+	hostDRAPluginDir       = "/var/lib/kubelet/plugins/rdmavisor.io"
 	hostCDIDir             = "/var/run/cdi"
 )
 
@@ -387,14 +389,14 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 			mount("config", configMountDir, true),
 			mount("sockets", cfg.SocketDir, false),
 			mount("plugins-registry", hostPluginsRegistryDir, false),
-			mount("plugins", hostPluginsDir, false),
+			mount("dra-plugin", hostDRAPluginDir, false),
 			mount("cdi", hostCDIDir, false),
 		).
 		WithSecurityContext(hardened())
 	if withDRA {
 		volumes = append(volumes,
 			hostPathVolume("plugins-registry", hostPluginsRegistryDir, corev1.HostPathDirectoryOrCreate),
-			hostPathVolume("plugins", hostPluginsDir, corev1.HostPathDirectoryOrCreate))
+			hostPathVolume("dra-plugin", hostDRAPluginDir, corev1.HostPathDirectoryOrCreate))
 	}
 
 	// A native sidecar (an init container that keeps running): it chains

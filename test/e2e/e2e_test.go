@@ -266,8 +266,14 @@ func (e *env) applyService() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	file := filepath.Join(e.t.TempDir(), "rdmaservice.yaml")
-	if err := os.WriteFile(file, data, 0o644); err != nil {
+	// Not in t.TempDir(): kubectl splits -f at the commas of its name.
+	f, err := os.CreateTemp("", "rdmaservice-*.yaml")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	file := f.Name()
+	e.t.Cleanup(func() { _ = os.Remove(file) })
+	if _, err := f.Write(data); err != nil || f.Close() != nil {
 		e.t.Fatal(err)
 	}
 	e.run(e.kubectl, "apply", "-f", file)
