@@ -143,15 +143,15 @@ func (e *env) dra() {
 	claimNode, extNode := e.clientNode(), e.nodes[len(e.nodes)-1]
 	before := map[string][]allocation{claimNode: e.allocations(claimNode), extNode: e.allocations(extNode)}
 
-	// The template's claim: 4 vconns, all of them used at once.
+	// The template's claim: 4 vconns, all of them used at once. The
+	// extended resource: one device of the class per unit, each consuming
+	// the capacity's default (1 vconn), and a node has one device. One
+	// client after the other: the machine running the cluster is small.
 	full := load{conns: templateVConns, msgs: 200, size: 4096}
 	e.createPod(e.draPod("dra-claim", claimNode, 0, full))
-	// The extended resource: one device of the class per unit, each
-	// consuming the capacity's default (1 vconn), and a node has one device.
+	e.clientOK("dra-claim", full, 3*time.Minute)
 	ext := load{conns: 1, msgs: 200, size: 4096}
 	e.createPod(e.draPod("dra-ext", extNode, 1, ext))
-
-	e.clientOK("dra-claim", full, 3*time.Minute)
 	e.clientOK("dra-ext", ext, 3*time.Minute)
 	claim := e.claimOf("dra-claim")
 	extClaim := e.claimOf("dra-ext")
