@@ -339,6 +339,27 @@ func (e *env) allocations(node string) []allocation {
 	return allocs
 }
 
+// liveAllocations are the allocations of node's agent bound to pods that
+// still exist: those of pods an earlier step deleted are collected within
+// two minutes, and must not be waited for.
+func (e *env) liveAllocations(node string) []allocation {
+	e.t.Helper()
+	var live []allocation
+	for _, a := range e.allocations(node) {
+		ns, name, ok := strings.Cut(a.Pod, "/")
+		if !ok {
+			continue
+		}
+		p, err := e.kube.CoreV1().Pods(ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err == nil && p.DeletionTimestamp == nil {
+			live = append(live, a)
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			e.t.Fatal(err)
+		}
+	}
+	return live
+}
+
 // allocationsBackTo waits until the agent on node holds the allocations
 // want (those it held before a pod that is gone now came) and no other,
 // and its status counts their vconns as allocated. Nothing tells the agent
@@ -471,7 +492,7 @@ func (e *env) kubeletRestart() {
 	// The new kubelet admits and allocates: a new client gets its vconns;
 	// once it is deleted, the plugin learns it from the new kubelet and
 	// releases them.
-	held := e.allocations(node)
+	held := e.liveAllocations(node)
 	e.exchange("echo-client-2", node, defaultLoad)
 	e.deletePod("echo-client-2")
 	e.allocationsBackTo(node, held)
