@@ -141,7 +141,7 @@ func (e *env) dra() {
 	e.draSlices()
 	e.run(e.kubectl, "apply", "-n", "default", "-f", "config/samples/resourceclaimtemplate.yaml")
 	claimNode, extNode := e.clientNode(), e.nodes[len(e.nodes)-1]
-	before := map[string][]allocation{claimNode: e.allocations(claimNode), extNode: e.allocations(extNode)}
+	before := map[string][]allocation{claimNode: e.liveAllocations(claimNode), extNode: e.liveAllocations(extNode)}
 
 	// The template's claim: 4 vconns, all of them used at once. The
 	// extended resource: one device of the class per unit, each consuming
