@@ -24,6 +24,8 @@ test_deps=(
   "cmd:git|git|make lint and the generators list files with git"
   "cmd:gcc|gcc|go test -race needs cgo"
   "file:/usr/include/stdlib.h|libc6-dev|go test -race needs cgo (C headers)"
+  "cmd:make|make|clib's test builds libvconn with its Makefile"
+  "cmd:pkg-config|pkg-config|clib's TestInstall builds a program against the installed vconn.pc"
   "file:/etc/ssl/certs/ca-certificates.crt|ca-certificates|helm, etcd and kube-apiserver are built from the Go module proxy (HTTPS)"
   "cmd:ip|iproute2|internal/cni and the demo make network namespaces and links with ip"
   "cmd:tshark|tshark|internal/verbs/soft/roce TestTsharkDecodesRoCEv2 decodes captured packets with tshark"
@@ -33,6 +35,10 @@ test_deps=(
   "file:/usr/bin/python3|python3|hack/cmd/testagent TestPytest runs the Python package's tests (python/)"
   "file:/usr/lib/python3/dist-packages/pytest/__init__.py|python3-pytest|hack/cmd/testagent TestPytest runs python/tests with Debian's pytest"
   "file:/usr/share/python-wheels|python3-venv|hack/cmd/testagent TestPytest pip-installs python/ into a virtual environment (ensurepip's wheels)"
+  "cmd:iperf3|iperf3|test/preload runs iperf3 over vconns through the preload library"
+  "cmd:redis-server|redis-server|test/preload runs redis-server over vconns through the preload library"
+  "cmd:redis-benchmark|redis-tools|test/preload runs redis-benchmark and redis-cli against it"
+  "cmd:curl|curl|test/preload fetches a file from python3 -m http.server with curl over vconns"
 )
 e2e_deps=(
   "file:/etc/ssl/certs/ca-certificates.crt|ca-certificates|the cluster's binaries and helm are built from the Go module proxy (HTTPS)"

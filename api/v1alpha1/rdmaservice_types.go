@@ -55,7 +55,9 @@ const (
 
 // Defaults and bounds of RDMAService fields. The kubebuilder markers below
 // repeat them as literals (markers cannot reference constants); a test checks
-// the generated schema against these values.
+// the generated schema against these values, and these against the agent's
+// (DefaultQPsPerPeer, MaxQPsPerPeer and the Transport names are defined once
+// in internal/transport, which this package may not import).
 const (
 	DefaultResourceName   = "rdmavisor.io/vconn"
 	DefaultQPsPerPeer     = 2

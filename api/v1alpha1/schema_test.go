@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,12 +16,14 @@ import (
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
-// TestSchemaMatchesConstants checks the generated CRD's bounds and defaults
-// against the Go constants and the agent config's limits, which the markers
-// can only repeat as literals.
-func TestSchemaMatchesConstants(t *testing.T) {
+// specSchema is the generated RDMAService CRD's schema of spec's fields.
+func specSchema(t *testing.T) map[string]apiextensionsv1.JSONSchemaProps {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "rdmavisor.io_rdmaservices.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +32,14 @@ func TestSchemaMatchesConstants(t *testing.T) {
 	if err := yaml.UnmarshalStrict(data, &crd); err != nil {
 		t.Fatal(err)
 	}
-	spec := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties
+	return crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties
+}
+
+// TestSchemaMatchesConstants checks the generated CRD's bounds and defaults
+// against the Go constants and the agent config's limits, which the markers
+// can only repeat as literals.
+func TestSchemaMatchesConstants(t *testing.T) {
+	spec := specSchema(t)
 	num := func(f *float64) float64 {
 		if f == nil {
 			return -1
@@ -45,9 +55,9 @@ func TestSchemaMatchesConstants(t *testing.T) {
 		configMin, configMax float64
 	}{
 		{"qpsPerPeer", num(spec["qpsPerPeer"].Minimum), num(spec["qpsPerPeer"].Maximum), string(spec["qpsPerPeer"].Default.Raw),
-			1, v1alpha1.MaxQPsPerPeer, "2", 1, config.MaxQPsPerPeer},
+			1, v1alpha1.MaxQPsPerPeer, strconv.Itoa(v1alpha1.DefaultQPsPerPeer), 1, config.MaxQPsPerPeer},
 		{"vconnsPerNode", num(spec["vconnsPerNode"].Minimum), num(spec["vconnsPerNode"].Maximum), string(spec["vconnsPerNode"].Default.Raw),
-			1, v1alpha1.MaxVConnsPerNode, "1024", 1, config.MaxVConnsPerNode},
+			1, v1alpha1.MaxVConnsPerNode, strconv.Itoa(v1alpha1.DefaultVConnsPerNode), 1, config.MaxVConnsPerNode},
 	}
 	for _, tt := range tests {
 		if tt.min != tt.wantMin || tt.max != tt.wantMax || tt.def != tt.wantDef {
@@ -99,5 +109,72 @@ func TestSchemaMatchesConstants(t *testing.T) {
 		if !strings.Contains(rules, "quantity('"+bound+"')") {
 			t.Errorf("the agent resources' rules do not hold the bound %s", bound)
 		}
+	}
+}
+
+// TestSharedSettingsAgree holds the API, which may not import internal
+// packages, to the one definition of the transports and of the QPs per
+// peer (internal/transport) that the agent's configuration, the engine and
+// the SDK take theirs from: the CRD's generated default and enum, the API's
+// constants, the chart's values, the configuration's and the engine's defaults.
+func TestSharedSettingsAgree(t *testing.T) {
+	spec := specSchema(t)
+
+	crdDef, err := strconv.Atoi(string(spec["qpsPerPeer"].Default.Raw))
+	if err != nil {
+		t.Errorf("the CRD's qpsPerPeer default %q: %v", spec["qpsPerPeer"].Default.Raw, err)
+	}
+	// The chart's defaultService spells its defaults out, for its users to
+	// read and change: it must say what the CRD would default.
+	var values struct {
+		DefaultService struct {
+			Transport  string `json:"transport"`
+			QPsPerPeer int    `json:"qpsPerPeer"`
+		} `json:"defaultService"`
+	}
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "charts", "rdmavisor", "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &values); err != nil {
+		t.Fatal(err)
+	}
+	for where, n := range map[string]int{
+		"the chart's values": values.DefaultService.QPsPerPeer,
+		"the CRD":            crdDef,
+		"the API":            v1alpha1.DefaultQPsPerPeer,
+		"the agent config":   config.Default().QPsPerPeer,
+		"the engine":         engine.DefaultQPsPerPeer,
+	} {
+		if n != transport.DefaultQPsPerPeer {
+			t.Errorf("qpsPerPeer defaults to %d in %s, %d in internal/transport", n, where, transport.DefaultQPsPerPeer)
+		}
+	}
+	if v1alpha1.MaxQPsPerPeer != transport.MaxQPsPerPeer || config.MaxQPsPerPeer != transport.MaxQPsPerPeer {
+		t.Errorf("qpsPerPeer bound: API %d, agent config %d, internal/transport %d", v1alpha1.MaxQPsPerPeer, config.MaxQPsPerPeer, transport.MaxQPsPerPeer)
+	}
+
+	var enum []string
+	for _, v := range spec["transport"].Enum {
+		var s string
+		if err := yaml.Unmarshal(v.Raw, &s); err != nil {
+			t.Fatal(err)
+		}
+		enum = append(enum, s)
+	}
+	spelled := map[string][]string{
+		"the CRD's enum":    enum,
+		"the API":           {string(v1alpha1.TransportRC), string(v1alpha1.TransportUC), string(v1alpha1.TransportUD), string(v1alpha1.TransportAuto)},
+		"the agent config":  {string(config.TransportRC), string(config.TransportUC), string(config.TransportUD), string(config.TransportAuto)},
+		"the SDK (vconn)":   {string(vconn.TransportRC), string(vconn.TransportUC), string(vconn.TransportUD), string(vconn.TransportAuto)},
+		"the engine's kind": {engine.RC.String(), engine.UC.String(), engine.UD.String(), engine.Auto.String()},
+	}
+	for where, names := range spelled {
+		if !slices.Equal(names, transport.Names()) {
+			t.Errorf("%s spells the transports %q, internal/transport %q", where, names, transport.Names())
+		}
+	}
+	if def, cfg := string(spec["transport"].Default.Raw), string(config.Default().Transport); def != `"`+cfg+`"` || values.DefaultService.Transport != cfg {
+		t.Errorf("transport defaults to %s in the CRD, %q in the chart's values, %q in the agent config", def, values.DefaultService.Transport, cfg)
 	}
 }

@@ -386,10 +386,18 @@ func TestSamples(t *testing.T) {
 			if err := yaml.UnmarshalStrict(data, &u.Object); err != nil {
 				t.Fatal(err)
 			}
+			if u.GetKind() != "RDMAService" && u.GetNamespace() == "" {
+				// A namespaced sample (the ResourceClaimTemplate) goes
+				// where kubectl apply would put it.
+				u.SetNamespace("default")
+			}
 			if err := k8s.Create(ctx(t), u); err != nil {
 				t.Fatalf("sample rejected: %v", err)
 			}
 			t.Cleanup(func() { _ = k8s.Delete(context.Background(), u) })
+			if u.GetKind() != "RDMAService" {
+				return
+			}
 			var svc v1alpha1.RDMAService
 			if err := k8s.Get(ctx(t), client.ObjectKeyFromObject(u), &svc); err != nil {
 				t.Fatal(err)

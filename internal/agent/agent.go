@@ -181,11 +181,11 @@ func (a *Agent) openDevice() error {
 // engineConfig derives the engine's configuration: half the buffer pool
 // receives, the other half sends.
 func (a *Agent) engineConfig() (engine.Config, error) {
-	tr, err := engine.ParseTransport(string(a.cfg.Transport))
+	tr, err := a.cfg.Transport.Kind()
 	if err != nil {
-		return engine.Config{}, err
+		return engine.Config{}, fmt.Errorf("agent: %w", err)
 	}
-	const chunk = 16 << 10
+	const chunk = engine.DefaultChunkSize
 	clamp := func(v, lo, hi int64) int { return int(max(lo, min(hi, v))) }
 	ec := engine.Config{
 		Device:     a.dev,

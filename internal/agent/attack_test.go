@@ -182,7 +182,7 @@ func (m *impostor) Identity(context.Context, *controlpb.IdentityRequest) (*contr
 
 func (m *impostor) ConnectQP(context.Context, *controlpb.QPRequest) (*controlpb.QPReply, error) {
 	m.qps.Add(1)
-	return &controlpb.QPReply{Qpn: 0x99, Psn: 1, Epoch: 77}, nil
+	return &controlpb.QPReply{Qpn: 0x99, Psn: 1, Epoch: 77, Secret: 0x5ec, UdSecret: 0x5ec}, nil
 }
 
 // Heartbeat answers every beat as a freshly restarted agent whose side of

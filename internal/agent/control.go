@@ -121,7 +121,7 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
-	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch}, nil
+	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch, Secret: rep.Secret, UdSecret: rep.UDSecret}, nil
 }
 
 // Dial gives the caller's vconn a peer on a listener of this node.
@@ -252,8 +252,9 @@ func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPRep
 const maxUDQPNs = 64
 
 // qpReplyOf checks a peer's answer to ConnectQP: QP numbers and PSN of 24
-// bits (QPN 0 is no engine's), at most maxUDQPNs UD QPs, and an epoch,
-// which starts at 1.
+// bits (QPN 0 is no engine's), at most maxUDQPNs UD QPs, an epoch, which
+// starts at 1, and the secrets our messages to it must carry, never 0 (an
+// agent without them, of an older version, speaks an older engine format).
 func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 	const qpnLimit = 1 << 24
 	switch {
@@ -265,13 +266,16 @@ func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 		return engine.QPReply{}, fmt.Errorf("%w: %d UD QPs", errBadReply, len(rep.GetUdQpns()))
 	case rep.GetEpoch() == 0:
 		return engine.QPReply{}, fmt.Errorf("%w: epoch 0", errBadReply)
+	case rep.GetSecret() == 0 || rep.GetUdSecret() == 0:
+		return engine.QPReply{}, fmt.Errorf("%w: no secret", errBadReply)
 	}
 	for _, q := range rep.GetUdQpns() {
 		if q == 0 || q >= qpnLimit {
 			return engine.QPReply{}, fmt.Errorf("%w: UD QPN %#x", errBadReply, q)
 		}
 	}
-	return engine.QPReply{QPN: rep.GetQpn(), PSN: rep.GetPsn(), UDQPNs: rep.GetUdQpns(), Epoch: rep.GetEpoch()}, nil
+	return engine.QPReply{QPN: rep.GetQpn(), PSN: rep.GetPsn(), UDQPNs: rep.GetUdQpns(), Epoch: rep.GetEpoch(),
+		Secret: rep.GetSecret(), UDSecret: rep.GetUdSecret()}, nil
 }
 
 // dialPeer connects a new vconn to a listener on another node. Its

@@ -108,8 +108,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPeerVConns, float64(p.VConns.Open), name)
 	}
 	sent, recv := e.TrafficStats()
-	for t := range engine.NumTransports {
-		tr := engine.Transport(t).String()
+	for t := engine.RC; t <= engine.Auto; t++ { // no vconn's is Unknown
+		tr := t.String()
 		counter(descMsgsSent, sent[t].Msgs, tr)
 		counter(descBytesSent, sent[t].Bytes, tr)
 		counter(descMsgsRecv, recv[t].Msgs, tr)

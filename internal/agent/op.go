@@ -9,34 +9,37 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
-// work runs the vconn's operations in order and answers each.
+// work runs the vconn's operations in order and answers each; those
+// still queued when the vconn ends are answered with why it ended.
 func (h *vconnHandle) work() {
 	defer h.s.wg.Done()
 	defer h.dropRegions()
-	defer h.workerDone()
+	defer h.refuseQueued()
 	for {
 		select {
 		case <-h.ctx.Done():
 			return
 		case o := <-h.ops:
-			err := h.do(o.f)
+			r, err := h.do(o.f)
+			// Done before the answer goes: a client that sends again
+			// on reading it finds the place in its window free.
 			h.doneOp(o)
 			if err != nil {
-				if h.ctx.Err() != nil {
-					return
-				}
 				_ = h.s.replyErr(o.f.Req, h.id, err)
+				continue
 			}
+			_ = h.s.write(&r)
 		}
 	}
 }
 
-func (h *vconnHandle) do(f frame.Frame) error {
+// do runs one operation and returns its OK reply, which work writes.
+func (h *vconnHandle) do(f frame.Frame) (frame.Frame, error) {
 	s, vc := h.s, h.vc
 	switch f.Op {
 	case frame.OpSend:
 		if max := h.info.MaxMessage; uint32(len(f.Payload)) > max {
-			return fmt.Errorf("send %d bytes on a %v vconn: %w (%d)", len(f.Payload), h.info.Transport, engine.ErrTooLarge, max)
+			return frame.Frame{}, fmt.Errorf("send %d bytes on a %v vconn: %w (%d)", len(f.Payload), h.info.Transport, engine.ErrTooLarge, max)
 		}
 		var err error
 		if f.Flags&frame.FlagImm != 0 {
@@ -45,87 +48,87 @@ func (h *vconnHandle) do(f frame.Frame) error {
 			err = vc.Send(h.ctx, f.Payload)
 		}
 		if err != nil {
-			return err
+			return frame.Frame{}, err
 		}
-		return s.ok(f.Req, h.id)
+		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 	case frame.OpExport:
 		if f.Arg2 == 0 || f.Arg2 > uint64(s.al.a.cfg.MaxMessageBytes) {
-			return fmt.Errorf("export %d bytes: %w: want 1..%d", f.Arg2, verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
+			return frame.Frame{}, fmt.Errorf("export %d bytes: %w: want 1..%d", f.Arg2, verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
 		}
 		size := int64(f.Arg2)
 		if err := s.al.claimRegion(size); err != nil {
-			return err
+			return frame.Frame{}, err
 		}
 		// The claim is given back once the memory is deregistered,
 		// not at Unexport or the vconn's end: until the peer confirms
 		// (or the grace ends) it is still registered, and pinned.
 		r, err := vc.Export(h.ctx, int(size), engine.Access(f.Arg), func() { s.al.releaseRegion(size) })
 		if errors.Is(err, engine.ErrRegisteredLimit) {
-			return fmt.Errorf("export %d bytes: the node's regions are at limits.registeredBytes: %w", size, err)
+			return frame.Frame{}, fmt.Errorf("export %d bytes: the node's regions are at limits.registeredBytes: %w", size, err)
 		}
 		if err != nil {
-			return err
+			return frame.Frame{}, err
 		}
 		if h.regions == nil {
 			h.regions = make(map[uint32]*engine.Region)
 		}
 		h.regions[r.ID()] = r
-		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Arg: r.ID()})
+		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Arg: r.ID()}, nil
 	case frame.OpUnexport:
 		r := h.regions[f.Arg]
 		if r == nil {
-			return fmt.Errorf("unexport region %d: %w", f.Arg, engine.ErrNoRegion)
+			return frame.Frame{}, fmt.Errorf("unexport region %d: %w", f.Arg, engine.ErrNoRegion)
 		}
 		delete(h.regions, f.Arg)
 		if err := r.Close(); err != nil {
-			return err
+			return frame.Frame{}, err
 		}
-		return s.ok(f.Req, h.id)
+		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 	case frame.OpLocalRead, frame.OpLocalWrite:
 		r := h.regions[f.Arg]
 		if r == nil {
-			return fmt.Errorf("%v region %d: %w", f.Op, f.Arg, engine.ErrNoRegion)
+			return frame.Frame{}, fmt.Errorf("%v region %d: %w", f.Op, f.Arg, engine.ErrNoRegion)
 		}
 		// Copies go through the region, which its end (the peer's
 		// unexport acknowledgement, the vconn failing) cannot race.
 		if f.Arg2 > uint64(r.Len()) {
-			return fmt.Errorf("%v: offset %d outside region %d of %d: %w", f.Op, f.Arg2, f.Arg, r.Len(), engine.ErrRegionAccess)
+			return frame.Frame{}, fmt.Errorf("%v: offset %d outside region %d of %d: %w", f.Op, f.Arg2, f.Arg, r.Len(), engine.ErrRegionAccess)
 		}
 		if f.Op == frame.OpLocalWrite {
 			if _, err := r.WriteAt(f.Payload, int64(f.Arg2)); err != nil {
-				return fmt.Errorf("%v: %w", f.Op, err)
+				return frame.Frame{}, fmt.Errorf("%v: %w", f.Op, err)
 			}
-			return s.ok(f.Req, h.id)
+			return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 		}
 		l, err := frame.DecodeLength(f.Payload)
 		if err != nil {
-			return fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
+			return frame.Frame{}, fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
 		}
 		if uint64(l) > uint64(r.Len())-f.Arg2 {
-			return fmt.Errorf("%v: %d bytes at %d outside region %d of %d: %w", f.Op, l, f.Arg2, f.Arg, r.Len(), engine.ErrRegionAccess)
+			return frame.Frame{}, fmt.Errorf("%v: %d bytes at %d outside region %d of %d: %w", f.Op, l, f.Arg2, f.Arg, r.Len(), engine.ErrRegionAccess)
 		}
 		buf := make([]byte, l)
 		if _, err := r.ReadAt(buf, int64(f.Arg2)); err != nil {
-			return fmt.Errorf("%v: %w", f.Op, err)
+			return frame.Frame{}, fmt.Errorf("%v: %w", f.Op, err)
 		}
-		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: buf})
+		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: buf}, nil
 	case frame.OpWrite:
 		if err := vc.Write(h.ctx, f.Arg, f.Arg2, f.Payload); err != nil {
-			return err
+			return frame.Frame{}, err
 		}
-		return s.ok(f.Req, h.id)
+		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 	case frame.OpRead:
 		l, err := frame.DecodeLength(f.Payload)
 		if err != nil {
-			return fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
+			return frame.Frame{}, fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
 		}
 		buf := make([]byte, l)
 		if err := vc.Read(h.ctx, f.Arg, f.Arg2, buf); err != nil {
-			return err
+			return frame.Frame{}, err
 		}
-		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: buf})
+		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: buf}, nil
 	}
-	return fmt.Errorf("%v: %w", f.Op, verbs.ErrInvalid)
+	return frame.Frame{}, fmt.Errorf("%v: %w", f.Op, verbs.ErrInvalid)
 }
 
 // dropRegions withdraws the vconn's regions; each is given back to the

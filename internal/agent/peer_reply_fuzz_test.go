@@ -71,14 +71,16 @@ func FuzzIdentityReply(f *testing.F) {
 // FuzzQPReply: qpReplyOf, the check of ConnectQP's answer.
 func FuzzQPReply(f *testing.F) {
 	for _, r := range []*controlpb.QPReply{
-		{Qpn: 0x11, Psn: 5, UdQpns: []uint32{0x12, 0x13}, Epoch: 1},
-		{Qpn: 1<<24 - 1, Psn: 1<<24 - 1, Epoch: 1 << 40},
-		{Qpn: 0, Psn: 1, Epoch: 1},
-		{Qpn: 1 << 24, Epoch: 1},
-		{Qpn: 2, Psn: 1 << 24, Epoch: 1},
-		{Qpn: 2, Epoch: 0},
-		{Qpn: 2, Epoch: 1, UdQpns: []uint32{0}},
-		{Qpn: 2, Epoch: 1, UdQpns: make([]uint32, 65)},
+		{Qpn: 0x11, Psn: 5, UdQpns: []uint32{0x12, 0x13}, Epoch: 1, Secret: 7, UdSecret: 8},
+		{Qpn: 1<<24 - 1, Psn: 1<<24 - 1, Epoch: 1 << 40, Secret: ^uint64(0), UdSecret: 1},
+		{Qpn: 0, Psn: 1, Epoch: 1, Secret: 7, UdSecret: 8},
+		{Qpn: 1 << 24, Epoch: 1, Secret: 7, UdSecret: 8},
+		{Qpn: 2, Psn: 1 << 24, Epoch: 1, Secret: 7, UdSecret: 8},
+		{Qpn: 2, Epoch: 0, Secret: 7, UdSecret: 8},
+		{Qpn: 2, Epoch: 1, UdQpns: []uint32{0}, Secret: 7, UdSecret: 8},
+		{Qpn: 2, Epoch: 1, UdQpns: make([]uint32, 65), Secret: 7, UdSecret: 8},
+		{Qpn: 2, Epoch: 1, UdSecret: 8},
+		{Qpn: 2, Epoch: 1, Secret: 7},
 	} {
 		f.Add(marshal(f, r))
 	}
@@ -90,6 +92,7 @@ func FuzzQPReply(f *testing.F) {
 		qp, err := qpReplyOf(&rep)
 		in24 := func(v uint32) bool { return v < 1<<24 }
 		want := rep.Qpn != 0 && in24(rep.Qpn) && in24(rep.Psn) && rep.Epoch != 0 && len(rep.UdQpns) <= maxUDQPNs &&
+			rep.Secret != 0 && rep.UdSecret != 0 &&
 			!slices.ContainsFunc(rep.UdQpns, func(q uint32) bool { return q == 0 || !in24(q) })
 		switch {
 		case want && err != nil:
@@ -98,7 +101,8 @@ func FuzzQPReply(f *testing.F) {
 			t.Fatalf("reply %v accepted: %+v", &rep, qp)
 		case err != nil && !errors.Is(err, errBadReply):
 			t.Fatalf("reply %v: %v, not errBadReply", &rep, err)
-		case err == nil && (qp.QPN != rep.Qpn || qp.PSN != rep.Psn || qp.Epoch != rep.Epoch || !slices.Equal(qp.UDQPNs, rep.UdQpns)):
+		case err == nil && (qp.QPN != rep.Qpn || qp.PSN != rep.Psn || qp.Epoch != rep.Epoch || !slices.Equal(qp.UDQPNs, rep.UdQpns) ||
+			qp.Secret != rep.Secret || qp.UDSecret != rep.UdSecret):
 			t.Fatalf("reply %v gave %+v", &rep, qp)
 		}
 	})

@@ -144,19 +144,12 @@ func (s *session) dispatch(f frame.Frame) bool {
 		if h == nil {
 			return s.reply(f.Req, f.Handle, frame.CodeNoHandle, fmt.Sprintf("%v: no such vconn", f.Op)) == nil
 		}
-		// A payload past the allocation's limits.queuedBytes fails
-		// with the limit code, as one past the window with its own.
+		// Past the window, past the allocation's limits.queuedBytes, or
+		// on a vconn that ended: an error reply, the session goes on.
 		o := op{f: f}
-		var err error
-		if o.claimed, err = h.claimOp(f); err != nil {
-			return s.reply(f.Req, f.Handle, frame.CodeLimit, err.Error()) == nil
-		}
 		o.f.Payload = append([]byte(nil), f.Payload...)
-		select {
-		case h.ops <- o:
-		default:
-			h.doneOp(o)
-			return s.reply(f.Req, f.Handle, frame.CodeWindow, fmt.Sprintf("more than %d operations outstanding", SendWindow)) == nil
+		if err := h.enqueue(o); err != nil {
+			return s.replyErr(f.Req, f.Handle, err) == nil
 		}
 	default:
 		_ = s.reply(f.Req, 0, frame.CodeBadRequest, fmt.Sprintf("%v is not a request", f.Op))
@@ -175,21 +168,7 @@ func (s *session) maxMessage() uint32 {
 // transport and the largest message it carries, that of its transport
 // (a UD datagram is one MTU less the engine's header) within the socket's.
 func vconnInfo(vc *engine.VConn) frame.VConnInfo {
-	return frame.VConnInfo{Transport: frameTransport(vc.Transport()), MaxMessage: uint32(min(frame.MaxPayload, vc.MaxMessage()))}
-}
-
-func frameTransport(t engine.Transport) frame.Transport {
-	switch t {
-	case engine.RC:
-		return frame.TransportRC
-	case engine.UC:
-		return frame.TransportUC
-	case engine.UD:
-		return frame.TransportUD
-	case engine.Auto:
-		return frame.TransportAuto
-	}
-	return frame.TransportUnknown
+	return frame.VConnInfo{Transport: vc.Transport(), MaxMessage: uint32(min(frame.MaxPayload, vc.MaxMessage()))}
 }
 
 func (s *session) lookup(id uint32) *vconnHandle {

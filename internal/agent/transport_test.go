@@ -6,6 +6,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -17,12 +18,12 @@ import (
 func TestVConnInfo(t *testing.T) {
 	for _, tc := range []struct {
 		tr   config.Transport
-		want frame.Transport
+		want transport.Kind
 	}{
-		{config.TransportRC, frame.TransportRC},
-		{config.TransportUC, frame.TransportUC},
-		{config.TransportUD, frame.TransportUD},
-		{config.TransportAuto, frame.TransportAuto},
+		{config.TransportRC, transport.RC},
+		{config.TransportUC, transport.UC},
+		{config.TransportUD, transport.UD},
+		{config.TransportAuto, transport.Auto},
 	} {
 		t.Run(string(tc.tr), func(t *testing.T) {
 			cl := startCluster(t, agenttest.Options{Transport: tc.tr})

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 
@@ -27,9 +28,10 @@ type vconnHandle struct {
 
 	regions map[uint32]*engine.Region // worker-owned
 
-	qmu      sync.Mutex
-	txQueued int64 // payload bytes of ops claimed against the allocation (claimTx); guarded by qmu
-	workDone bool  // the worker returned and gave txQueued back; guarded by qmu
+	qmu         sync.Mutex
+	outstanding int   // ops accepted and not yet answered, at most SendWindow; guarded by qmu
+	txQueued    int64 // payload bytes of ops claimed against the allocation (claimTx); guarded by qmu
+	workDone    bool  // the worker returned and gave txQueued back; guarded by qmu
 	// txRefused: an op met limits.queuedBytes; every later op with a
 	// payload is refused too (guarded by qmu). The client pipelines its
 	// sends and takes the first error as the end of the vconn's send
@@ -43,48 +45,75 @@ type op struct {
 	claimed int64       // bytes of the allocation's limits.queuedBytes the op holds
 }
 
-// claimOp counts an op's payload against the allocation (claimTx) until
-// doneOp; once the worker returned, nothing is claimed (the op will not
-// run).
-func (h *vconnHandle) claimOp(f frame.Frame) (int64, error) {
-	n := int64(len(f.Payload))
+// errWindow: an op past the vconn's SendWindow (frame.CodeWindow).
+var errWindow = fmt.Errorf("more than %d operations outstanding", SendWindow)
+
+// enqueue accepts an op for the worker: its payload counted against the
+// allocation (claimTx) and its place in the window held until doneOp. An
+// op past the window fails with errWindow, one past limits.queuedBytes
+// with errLimit; once the worker returned, with why the vconn ended.
+func (h *vconnHandle) enqueue(o op) error {
+	n := int64(len(o.f.Payload))
 	h.qmu.Lock()
 	defer h.qmu.Unlock()
-	if h.workDone || n == 0 {
-		return 0, nil
+	switch {
+	case h.workDone:
+		return h.ended()
+	case h.outstanding >= SendWindow:
+		return errWindow
+	case n > 0 && h.txRefused != nil:
+		return h.txRefused
 	}
-	if h.txRefused != nil {
-		return 0, h.txRefused
+	if n > 0 {
+		if err := h.s.al.claimTx(o.f.Op, n); err != nil {
+			h.txRefused = err
+			return err
+		}
+		h.txQueued += n
+		o.claimed = n
 	}
-	if err := h.s.al.claimTx(f.Op, n); err != nil {
-		h.txRefused = err
-		return 0, err
-	}
-	h.txQueued += n
-	return n, nil
+	h.outstanding++
+	h.ops <- o // never blocks: the channel holds SendWindow
+	return nil
 }
 
-// doneOp gives back an op's claim: it ran, or was never queued.
+// doneOp gives back an op's place in the window and its claim.
 func (h *vconnHandle) doneOp(o op) {
-	if o.claimed == 0 {
-		return
-	}
 	h.qmu.Lock()
 	defer h.qmu.Unlock()
 	if h.workDone {
 		return // given back with the rest
 	}
+	h.outstanding--
 	h.txQueued -= o.claimed
 	h.s.al.releaseTx(o.claimed)
 }
 
-// workerDone gives back the claims of the ops the worker will not run.
-func (h *vconnHandle) workerDone() {
+// refuseQueued runs as the worker returns: it gives back the claims of the
+// ops it will not run and answers each with why the vconn ended, so that
+// no request goes unanswered.
+func (h *vconnHandle) refuseQueued() {
 	h.qmu.Lock()
-	defer h.qmu.Unlock()
 	h.workDone = true
 	h.s.al.releaseTx(h.txQueued)
-	h.txQueued = 0
+	h.txQueued, h.outstanding = 0, 0
+	var left []op
+	for len(h.ops) > 0 {
+		left = append(left, <-h.ops)
+	}
+	err := h.ended()
+	h.qmu.Unlock()
+	for _, o := range left {
+		_ = h.s.replyErr(o.f.Req, h.id, err)
+	}
+}
+
+// ended is why the vconn's operations stop: its failure, or its close.
+func (h *vconnHandle) ended() error {
+	if err := h.vc.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("vconn %d: %w", h.id, engine.ErrClosed)
 }
 
 // add registers a vconn and starts its worker and pump; nil if the

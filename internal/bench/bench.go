@@ -52,6 +52,10 @@ type Record struct {
 	Producers int `json:"producers,omitempty"`
 	MsgBytes  int `json:"msg_bytes,omitempty"`
 
+	// NICModel says the devices modelled a NIC's QP-context cache and
+	// receive ring (soft.NICModel); E1 only.
+	NICModel bool `json:"nic_model,omitempty"`
+
 	// Pollers is E1's polling goroutines per endpoint, either design.
 	Pollers int `json:"pollers,omitempty"`
 
@@ -93,6 +97,9 @@ type Plan struct {
 	Producers int
 	MsgBytes  int // E1 and E3 message size
 	E1VConns  []int
+	// E1NICModels are the settings of the soft NIC model E1 runs every
+	// count with (empty: off only).
+	E1NICModels []bool
 
 	// Pollers is the number of polling goroutines, each with its CQ, of
 	// every E1 endpoint, the engine's and the naive one's (default 1).
@@ -112,7 +119,8 @@ func FullPlan() Plan {
 	return Plan{
 		Warmup: 500 * time.Millisecond, Measure: 1500 * time.Millisecond, Repeats: 3,
 		Producers: 2, MsgBytes: 64,
-		E1VConns:       []int{1, 100, 1000, 10000, 100000},
+		E1VConns:       []int{1, 50, 100, 200, 400, 600, 800, 1000, 2000, 10000, 100000},
+		E1NICModels:    []bool{false, true},
 		E2EngineVConns: []int{1000, 10000, 100000},
 		E2NaiveVConns:  []int{1000, 10000, 100000},
 		E3Producers:    []int{1, 4, 16, 64},
@@ -298,11 +306,18 @@ func (s *series) record(withMB bool) Record {
 	return r
 }
 
-// errLine makes a Record an error line.
+// errLine makes a Record an error line. A joined error of many lines (a
+// teardown's every failure) keeps its first few and counts the rest.
 func errLine(r Record, err error) Record {
 	r.Error = err.Error()
+	if lines := strings.Split(r.Error, "\n"); len(lines) > maxErrLines {
+		r.Error = fmt.Sprintf("%s (and %d more lines)", strings.Join(lines[:maxErrLines], "; "), len(lines)-maxErrLines)
+	}
 	return r
 }
+
+// maxErrLines is how many lines of an error a Record keeps.
+const maxErrLines = 3
 
 func ptr[T any](v T) *T { return &v }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -115,12 +116,41 @@ func TestRunRejectsBadOptions(t *testing.T) {
 func TestOverBudget(t *testing.T) {
 	e := &env{Options: Options{Budget: 1 << 20}}
 	var est estimator
-	est.observe(100, 100<<10) // 1 KiB per connection
+	est.observe(100, memSample{RSS: 100 << 10}) // 1 KiB per connection
+	// The same count again, growing less (memory already resident): the
+	// estimate keeps the larger.
+	est.observe(100, memSample{RSS: 10 << 10})
 	if err := e.admit(designEngine, 2000, est); err == nil || !strings.Contains(err.Error(), "budget") {
 		t.Errorf("2000 connections at 1 KiB within 1 MiB: %v", err)
 	}
 	if err := e.admit(designEngine, 500, est); err != nil {
 		t.Errorf("500 connections at 1 KiB within 1 MiB: %v", err)
+	}
+	limit, err := readUint("/proc/sys/vm/max_map_count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two mappings per connection: half the limit in connections would
+	// need all of it.
+	est.observe(1000, memSample{RSS: 1, Maps: 2000})
+	if err := e.admit(designNaive, int(limit/2), est); err == nil || !strings.Contains(err.Error(), "vm.max_map_count") {
+		t.Errorf("%d connections of 2 mappings each: %v", limit/2, err)
+	}
+	if err := e.admit(designNaive, int(limit/4), est); err != nil {
+		t.Errorf("%d connections of 2 mappings each: %v", limit/4, err)
+	}
+}
+
+// TestErrLineLong: a joined error of many lines keeps a few and counts the
+// rest.
+func TestErrLineLong(t *testing.T) {
+	errs := make([]error, 1000)
+	for i := range errs {
+		errs[i] = errors.New("munmap: cannot allocate memory")
+	}
+	r := errLine(Record{Suite: "e1"}, errors.Join(errs...))
+	if strings.Count(r.Error, "munmap") != 3 || !strings.HasSuffix(r.Error, "(and 997 more lines)") {
+		t.Errorf("error line: %q", r.Error)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/naive"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"golang.org/x/sys/unix"
 )
 
@@ -127,6 +128,16 @@ func (d *naiveDesign) qps() int { return d.a.Stats().QPs }
 
 func (d *naiveDesign) close() error { return errors.Join(d.a.Close(), d.b.Close()) }
 
+// naiveWindow bounds what the naive endpoint's connections together have
+// in flight, as a careful application with thousands of connections would,
+// so that they degrade instead of overrunning the peer's receive ring and
+// failing on retries: half the NIC model's ring (soft.DefaultRxRingDepth),
+// leaving the other half to what the data brings back and along (ACKs,
+// credit messages and their ACKs). With the whole ring as the window the
+// ring was seen to overflow at 400 connections, and each drop on a
+// connection with little behind it waits out a retransmission timeout.
+const naiveWindow = soft.DefaultRxRingDepth / 2
+
 // openDesign opens name's endpoints with the configuration every suite
 // uses for it: defaults, one poller per endpoint.
 func openDesign(name string, tb *testbed, rx *counter) (design, error) {
@@ -139,7 +150,7 @@ func openDesignPollers(name string, tb *testbed, rx *counter, pollers int) (desi
 	case designEngine:
 		return openEngines(tb, engine.Config{Pollers: pollers}, engine.RC, rx)
 	case designNaive:
-		return openNaive(tb, naive.Config{Pollers: pollers}, rx)
+		return openNaive(tb, naive.Config{Pollers: pollers, Window: naiveWindow}, rx)
 	}
 	return nil, fmt.Errorf("bench: unknown design %q", name)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -66,5 +67,36 @@ func TestE1Pollers(t *testing.T) {
 	p.Pollers = 65
 	if err := Run(ctx, Options{Suites: []string{"e1"}, Plan: p, Out: &out}); err == nil || !strings.Contains(err.Error(), "65 pollers") {
 		t.Errorf("65 pollers: %v", err)
+	}
+}
+
+// TestE1NICModel: with the model in the plan, every count runs for both
+// designs with it off and on, and the lines say which.
+func TestE1NICModel(t *testing.T) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := tinyPlan()
+	p.E1VConns, p.E1NICModels = []int{10}, []bool{false, true}
+	// As TestE1Pollers: windows long enough for a busy machine.
+	p.Warmup, p.Measure = 200*time.Millisecond, 300*time.Millisecond
+	if err := Run(ctx, Options{Suites: []string{"e1"}, Plan: p, Out: &out, Log: testr.NewWithInterface(t, testr.Options{})}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r Record
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Error != "" || r.MsgsPerSec == nil {
+			t.Errorf("line %s: want a rate", line)
+		}
+		seen[fmt.Sprintf("%s/%v", r.Design, r.NICModel)] = true
+	}
+	for _, k := range []string{"engine/false", "naive/false", "engine/true", "naive/true"} {
+		if !seen[k] {
+			t.Errorf("no line for %s:\n%s", k, out.String())
+		}
 	}
 }

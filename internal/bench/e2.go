@@ -29,7 +29,7 @@ func runE2(ctx context.Context, e *env) error {
 			}
 			if err == nil {
 				e.Log.Info("Measuring", "suite", "e2", "design", d, "vconns", n)
-				var grown int64
+				var grown memSample
 				grown, err = e2Once(ctx, e, d, n, &rec)
 				est.observe(n, grown)
 			}
@@ -50,20 +50,20 @@ func runE2(ctx context.Context, e *env) error {
 	return nil
 }
 
-func e2Once(ctx context.Context, e *env, name string, n int, rec *Record) (grown int64, err error) {
+func e2Once(ctx context.Context, e *env, name string, n int, rec *Record) (grown memSample, err error) {
 	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
 	defer cancel()
 	tb, err := openTestbed(e.wireFor("e2"))
 	if err != nil {
-		return 0, err
+		return memSample{}, err
 	}
 	s0, err := sampleMemory()
 	if err != nil {
-		return 0, errors.Join(err, tb.close())
+		return memSample{}, errors.Join(err, tb.close())
 	}
 	d, err := openDesign(name, tb, &counter{})
 	if err != nil {
-		return 0, errors.Join(err, tb.close())
+		return memSample{}, errors.Join(err, tb.close())
 	}
 	defer func() {
 		if cerr := errors.Join(d.close(), tb.close()); cerr != nil && err == nil {
@@ -72,15 +72,15 @@ func e2Once(ctx context.Context, e *env, name string, n int, rec *Record) (grown
 	}()
 	s1, err := sampleMemory()
 	if err != nil {
-		return 0, err
+		return memSample{}, err
 	}
 	senders, err := openPairs(ctx, d, n)
 	if err != nil {
-		return 0, err
+		return memSample{}, err
 	}
 	s2, err := sampleMemory()
 	if err != nil {
-		return 0, err
+		return memSample{}, err
 	}
 	runtime.KeepAlive(senders)
 	fixed, g := s1.sub(s0), s2.sub(s1)
@@ -94,5 +94,5 @@ func e2Once(ctx context.Context, e *env, name string, n int, rec *Record) (grown
 	rec.FixedBytes = ptr(fixed.Heap + fixed.Mapped)
 	// The budget is judged on heap plus registered memory, which a
 	// hardware provider pins (the soft one maps it lazily).
-	return g.Heap + g.Mapped, nil
+	return memSample{RSS: g.Heap + g.Mapped, Maps: g.Maps}, nil
 }

@@ -6,16 +6,17 @@ import (
 	"fmt"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 )
 
 // e5Transports are the policies E5 compares, in output order.
 var e5Transports = []engine.Transport{engine.RC, engine.UC, engine.UD, engine.Auto}
 
-// engineHeaderLen is the engine's per-message header (engine/header.go):
+// engineHeaderLen is the engine's per-message header (engine/wire):
 // a UD datagram carries at most one MTU less this. softMTU is the soft
 // devices' active MTU, which the engines take.
 const (
-	engineHeaderLen = 24
+	engineHeaderLen = wire.HeaderLen
 	softMTU         = 4096
 )
 

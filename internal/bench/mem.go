@@ -27,6 +27,9 @@ type memSample struct {
 	Heap   int64
 	Mapped int64
 	RSS    int64
+	// Maps is the number of mappings (every line of /proc/self/maps),
+	// which vm.max_map_count bounds.
+	Maps int64
 }
 
 var memMetrics = []string{"/gc/heap/live:bytes", "/memory/classes/total:bytes"}
@@ -40,7 +43,7 @@ func sampleMemory() (memSample, error) {
 	for i, n := range memMetrics {
 		ms[i].Name = n
 	}
-	anon, err := anonMapped()
+	anon, maps, err := anonMapped()
 	if err != nil {
 		return memSample{}, err
 	}
@@ -53,24 +56,26 @@ func sampleMemory() (memSample, error) {
 		Heap:   int64(ms[0].Value.Uint64()),
 		Mapped: anon - int64(ms[1].Value.Uint64()),
 		RSS:    rss,
+		Maps:   maps,
 	}, nil
 }
 
 // sub is the growth from b to s.
 func (s memSample) sub(b memSample) memSample {
-	return memSample{Heap: s.Heap - b.Heap, Mapped: s.Mapped - b.Mapped, RSS: s.RSS - b.RSS}
+	return memSample{Heap: s.Heap - b.Heap, Mapped: s.Mapped - b.Mapped, RSS: s.RSS - b.RSS, Maps: s.Maps - b.Maps}
 }
 
-// anonMapped sums the sizes of the anonymous read-write mappings.
-func anonMapped() (int64, error) {
+// anonMapped sums the sizes of the anonymous read-write mappings and
+// counts every mapping.
+func anonMapped() (total, maps int64, err error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
-		return 0, fmt.Errorf("bench: read mappings: %w", err)
+		return 0, 0, fmt.Errorf("bench: read mappings: %w", err)
 	}
 	defer f.Close()
-	var total int64
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
+		maps++
 		// start-end perms offset dev inode [path]; anonymous mappings
 		// have inode 0 and no path, or a name in brackets.
 		fields := bytes.Fields(sc.Bytes())
@@ -95,9 +100,9 @@ func anonMapped() (int64, error) {
 		total += int64(b - a)
 	}
 	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("bench: read mappings: %w", err)
+		return 0, 0, fmt.Errorf("bench: read mappings: %w", err)
 	}
-	return total, nil
+	return total, maps, nil
 }
 
 // rssAnon reads RssAnon from /proc/self/status.

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -50,8 +52,8 @@ func TestEvaluate(t *testing.T) {
 		{"engine bytes per vconn at 100,000 vconns", 520, "missed"},
 		{"naive / engine bytes per vconn at 10,000 vconns", 800, "met"},
 		{"engine / mutex at 16 producers", 2.5, "met"},
-		{"auto / best fixed at 16 B (ud)", 0.975, "met"},
-		{"auto / best fixed at 64 KiB (rc)", 0.8, "missed"},
+		{"auto / rc at 16 B", 1.95, "met"},
+		{"auto / rc at 64 KiB", 0.8, "missed"},
 	}
 	got := Evaluate(recs)
 	if len(got) != len(want) {
@@ -66,8 +68,7 @@ func TestEvaluate(t *testing.T) {
 }
 
 // TestEvaluatePerRepeat: with the rates of each repeat, a ratio is the
-// median of the repeats' ratios (auto against the best fixed transport of
-// each repeat), so a repeat in which the machine slowed down between the
+// median of the repeats' ratios, so a repeat in which the machine slowed down between the
 // two runs does not decide it; without them, the ratio of the medians.
 func TestEvaluatePerRepeat(t *testing.T) {
 	recs, err := ReadRecords(strings.NewReader(`{"suite":"e1","design":"engine","vconns":100,"msgs_per_sec":200,"samples":[400,200,100]}
@@ -89,10 +90,8 @@ func TestEvaluatePerRepeat(t *testing.T) {
 	}{
 		// 0.9, 0.45, 1.8: the medians' ratio is 0.9 too, by chance.
 		"engine at 100,000 vconns / engine at 100": {0.9, []float64{0.9, 0.45, 1.8}},
-		// Best fixed per repeat: 300, 200, 100 (uc, uc, uc/rc).
-		"auto / best fixed at 16 B (uc)": {1.2, []float64{1.2, 0.9, 1.2}},
-		// uc has one rate only: the medians' ratio.
-		"auto / best fixed at 64 B (rc)": {0.9, nil},
+		"auto / rc at 16 B":                        {2.4, []float64{3.6, 1.8, 2.4}},
+		"auto / rc at 64 B":                        {0.9, []float64{0.8, 1}},
 	}
 	for _, g := range Evaluate(recs) {
 		w, ok := want[g.Name]
@@ -153,14 +152,15 @@ func TestSummarize(t *testing.T) {
 	s := out.String()
 	for _, want := range []string{
 		"### E1: messages/s vs vconns",
-		"| 10,000 | 360,000 | 8 | 2,100 | 100,000 | 10,000 | 15,400 |",
-		"| 100,000 | 340,000 | 8 |  | not run |  | not run |",
+		"| 10,000 | 360,000 | 0.90 | 8 | 2,100 | 100,000 | 10,000 | 15,400 | 3.60 |",
+		"| 100,000 | 340,000 | 0.85 | 8 |  | not run |  | not run | — |",
+		"Naive's knee with the model off: between 100 and 10,000 connections (at 10,000 its rate is 0.20 of its best",
 		"- engine at 100,000 vconns / engine at 100: 0.85 (target ≥ 0.80): **met**",
 		"- engine / naive at 10,000 vconns: 3.60 (target ≥ 3.00): **met**",
 		"- engine bytes per vconn at 100,000 vconns: 520 (target ≤ 512): **missed**",
 		"- naive / engine bytes per vconn at 10,000 vconns: 800 (target ≥ 100): **met**",
 		"| 16 | 100,000 | 250,000 | 2.50 |",
-		"- auto / best fixed at 64 KiB (rc): 0.80 (target ≥ 0.95): **missed**",
+		"- auto / rc at 64 KiB: 0.80 (target ≥ 0.95): **missed**",
 		"| 64 KiB | 500 | not run | not run | 400 |",
 		"- e2 naive, 100,000 vconns: not run: too many descriptors",
 	} {
@@ -212,5 +212,74 @@ func TestWriteText(t *testing.T) {
 	}
 	if got, want := b.String(), "e5 transport=ud msg_bytes=1048576 error=\"not run\"\n"; got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestSummarizeNICModel: E1 with the model off and on gives a table and a
+// knee for each, and the E1 targets for each.
+func TestSummarizeNICModel(t *testing.T) {
+	var in strings.Builder
+	for _, nic := range []bool{false, true} {
+		for i, n := range []int{100, 400, 1000} {
+			naive := []float64{500, 450, 300}[i]
+			if nic {
+				naive = []float64{400, 100, 50}[i]
+			}
+			fmt.Fprintf(&in, `{"suite":"e1","design":"engine","vconns":%d,"nic_model":%v,"msgs_per_sec":1000}`+"\n", n, nic)
+			fmt.Fprintf(&in, `{"suite":"e1","design":"naive","vconns":%d,"nic_model":%v,"msgs_per_sec":%v}`+"\n", n, nic, naive)
+		}
+	}
+	recs, err := ReadRecords(strings.NewReader(in.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, a, f := Knee(recs, designNaive, false); b != 400 || a != 1000 || math.Abs(f-0.6) > 1e-9 {
+		t.Errorf("knee off: %d, %d, %v; want 400, 1000, 0.6", b, a, f)
+	}
+	if b, a, f := Knee(recs, designNaive, true); b != 100 || a != 400 || math.Abs(f-0.25) > 1e-9 {
+		t.Errorf("knee on: %d, %d, %v; want 100, 400, 0.25", b, a, f)
+	}
+	if b, a, _ := Knee(recs, designEngine, true); b != 0 || a != 0 {
+		t.Errorf("engine knee: %d, %d; want none", b, a)
+	}
+	var names []string
+	for _, tg := range Evaluate(recs) {
+		if tg.Suite == "e1" {
+			names = append(names, tg.Name)
+		}
+	}
+	if want := "engine / naive at 10,000 vconns (NIC model)"; !slices.Contains(names, want) {
+		t.Errorf("targets %q lack %q", names, want)
+	}
+	var out bytes.Buffer
+	if err := Summarize(strings.NewReader(in.String()), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Without the NIC model",
+		"With the soft provider's NIC model",
+		"| 400 | 1,000 | 1.00 |  |  | 100 |  |  | 10.0 |",
+		"Naive's knee with the model off: between 400 and 1,000 connections",
+		"Naive's knee with the model on: between 100 and 400 connections",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestKneeIgnoresADip: one slow count that the next ones recover from is
+// not the knee.
+func TestKneeIgnoresADip(t *testing.T) {
+	recs, err := ReadRecords(strings.NewReader(`{"suite":"e1","design":"naive","vconns":100,"msgs_per_sec":500}
+{"suite":"e1","design":"naive","vconns":200,"msgs_per_sec":300}
+{"suite":"e1","design":"naive","vconns":400,"msgs_per_sec":480}
+{"suite":"e1","design":"naive","vconns":1000,"msgs_per_sec":100}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, a, f := Knee(recs, designNaive, false); b != 400 || a != 1000 || math.Abs(f-0.2) > 1e-9 {
+		t.Errorf("knee: %d, %d, %v; want 400, 1000, 0.2", b, a, f)
 	}
 }

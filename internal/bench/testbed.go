@@ -22,7 +22,11 @@ type testbed struct {
 
 var testbedAddrs = [2]string{"127.0.0.2", "127.0.0.3"}
 
-func openTestbed(kind string) (_ *testbed, err error) {
+func openTestbed(kind string) (*testbed, error) { return openTestbedNIC(kind, false) }
+
+// openTestbedNIC opens a testbed whose devices model a NIC (soft.NICModel,
+// with its published defaults) if nic.
+func openTestbedNIC(kind string, nic bool) (_ *testbed, err error) {
 	tb := &testbed{}
 	defer func() {
 		if err != nil {
@@ -65,7 +69,12 @@ func openTestbed(kind string) (_ *testbed, err error) {
 		}
 	}
 	for i, w := range ws {
-		d, err := soft.Open(soft.Config{Name: fmt.Sprintf("soft%d", i), Wire: w})
+		cfg := soft.Config{Name: fmt.Sprintf("soft%d", i), Wire: w}
+		if nic {
+			m := soft.DefaultNICModel()
+			cfg.NIC = &m
+		}
+		d, err := soft.Open(cfg)
 		if err != nil {
 			for _, w := range ws[i:] {
 				_ = w.Close()

@@ -12,6 +12,8 @@ import (
 
 	"sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 )
 
 // APIVersion and Kind identify an agent configuration document.
@@ -36,8 +38,13 @@ type Wire string
 // in-memory fabric exists only inside tests).
 const WireUDP Wire = "udp"
 
-// Transport is the QP type policy.
+// Transport is the QP type policy, a transport.Kind as the document spells
+// it. Kind converts it; the constants name the values Kind accepts.
 type Transport string
+
+// Kind is the transport the document names, or an error for a name
+// transport.Parse does not know.
+func (t Transport) Kind() (transport.Kind, error) { return transport.Parse(string(t)) }
 
 // Transports.
 const (
@@ -63,7 +70,7 @@ const (
 	DefaultUDPPort         = 4791 // the IANA RoCEv2 port
 	DefaultControlPort     = 7471
 	DefaultMetricsAddress  = ":7472"
-	DefaultQPsPerPeer      = 2
+	DefaultQPsPerPeer      = transport.DefaultQPsPerPeer
 	DefaultBufferPoolBytes = 64 << 20
 	DefaultVConnsPerNode   = 1024
 	DefaultMaxMessageBytes = 1 << 20
@@ -75,7 +82,7 @@ const (
 
 // Bounds checked by Validate. They match the RDMAService schema.
 const (
-	MaxQPsPerPeer      = 64
+	MaxQPsPerPeer      = transport.MaxQPsPerPeer
 	MinBufferPoolBytes = 1 << 20
 	MaxBufferPoolBytes = 64 << 30
 	MaxVConnsPerNode   = 65536

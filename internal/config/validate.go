@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
+
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 )
 
 // FieldError is a problem with one field, named by its path in the document.
@@ -35,167 +38,203 @@ var (
 // Validate reports every invalid field, joined with errors.Join; each error is
 // a *FieldError naming the field.
 func (c *AgentConfig) Validate() error {
-	var errs []error
-	add := func(err error) { errs = append(errs, err) }
+	var p problems
+	c.checkIdentity(&p)
+	c.Device.check(&p)
+	c.Soft.check(&p)
+	c.checkDataPlane(&p)
+	c.checkFiles(&p)
+	c.checkAddresses(&p)
+	c.Limits.check(&p)
+	c.TLS.check(&p)
+	c.PeerDiscovery.check(&p)
+	return errors.Join(p...)
+}
 
+// problems collects a document's field errors, in the order found.
+type problems []error
+
+func (p *problems) add(field, format string, args ...any) {
+	*p = append(*p, fieldErr(field, format, args...))
+}
+
+func (c *AgentConfig) checkIdentity(p *problems) {
 	if c.APIVersion != APIVersion {
-		add(fieldErr("apiVersion", "must be %q, got %q", APIVersion, c.APIVersion))
+		p.add("apiVersion", "must be %q, got %q", APIVersion, c.APIVersion)
 	}
 	if c.Kind != Kind {
-		add(fieldErr("kind", "must be %q, got %q", Kind, c.Kind))
+		p.add("kind", "must be %q, got %q", Kind, c.Kind)
 	}
 	if c.NodeName != "" && (len(c.NodeName) > 253 || !dnsSubdomain.MatchString(c.NodeName)) {
-		add(fieldErr("nodeName", "must be a DNS subdomain (a Kubernetes node name), got %q", c.NodeName))
+		p.add("nodeName", "must be a DNS subdomain (a Kubernetes node name), got %q", c.NodeName)
 	}
 	if c.ServiceName != "" && (len(c.ServiceName) > 40 || !dnsSubdomain.MatchString(c.ServiceName)) {
-		add(fieldErr("serviceName", "must be an RDMAService name (DNS subdomain, at most 40 characters), got %q", c.ServiceName))
+		p.add("serviceName", "must be an RDMAService name (DNS subdomain, at most 40 characters), got %q", c.ServiceName)
 	}
+}
 
-	switch c.Device.Provider {
+func (d *DeviceConfig) check(p *problems) {
+	switch d.Provider {
 	case ProviderIBVerbs:
 	case ProviderSoft:
-		if len(c.Device.Names) > 0 || len(c.Device.Vendors) > 0 {
-			add(fieldErr("device", "names and vendors select hardware devices: they cannot be set with provider soft"))
+		if len(d.Names) > 0 || len(d.Vendors) > 0 {
+			p.add("device", "names and vendors select hardware devices: they cannot be set with provider soft")
 		}
 	default:
-		add(fieldErr("device.provider", "must be soft or ibverbs, got %q", c.Device.Provider))
+		p.add("device.provider", "must be soft or ibverbs, got %q", d.Provider)
 	}
-	if c.Device.Port < 0 || c.Device.Port > 255 {
-		add(fieldErr("device.port", "must be a port number between 1 and 255, or 0 for port 1, got %d", c.Device.Port))
+	if d.Port < 0 || d.Port > 255 {
+		p.add("device.port", "must be a port number between 1 and 255, or 0 for port 1, got %d", d.Port)
 	}
-	if g := c.Device.GIDIndex; g != nil && (*g < 0 || *g > 65535) {
-		add(fieldErr("device.gidIndex", "must be between 0 and 65535, got %d", *g))
+	if g := d.GIDIndex; g != nil && (*g < 0 || *g > 65535) {
+		p.add("device.gidIndex", "must be between 0 and 65535, got %d", *g)
 	}
-	if c.Device.Provider == ProviderSoft && (c.Device.Port != 0 || c.Device.GIDIndex != nil) {
-		add(fieldErr("device", "port and gidIndex address a hardware device's GID table: they cannot be set with provider soft"))
+	if d.Provider == ProviderSoft && (d.Port != 0 || d.GIDIndex != nil) {
+		p.add("device", "port and gidIndex address a hardware device's GID table: they cannot be set with provider soft")
 	}
-	for i, n := range c.Device.Names {
+	for i, n := range d.Names {
 		if !deviceWord.MatchString(n) {
-			add(fieldErr(fmt.Sprintf("device.names[%d]", i), "invalid device name %q", n))
+			p.add(fmt.Sprintf("device.names[%d]", i), "invalid device name %q", n)
 		}
 	}
-	for i, v := range c.Device.Vendors {
+	for i, v := range d.Vendors {
 		if !deviceWord.MatchString(v) {
-			add(fieldErr(fmt.Sprintf("device.vendors[%d]", i), "invalid vendor %q", v))
+			p.add(fmt.Sprintf("device.vendors[%d]", i), "invalid vendor %q", v)
 		}
 	}
+}
 
-	if c.Soft.Wire != WireUDP {
-		add(fieldErr("soft.wire", "must be udp, got %q", c.Soft.Wire))
+func (s *SoftConfig) check(p *problems) {
+	if s.Wire != WireUDP {
+		p.add("soft.wire", "must be udp, got %q", s.Wire)
 	}
-	if c.Soft.UDPPort < 1 || c.Soft.UDPPort > 65535 {
-		add(fieldErr("soft.udpPort", "must be a port between 1 and 65535, got %d", c.Soft.UDPPort))
+	if s.UDPPort < 1 || s.UDPPort > 65535 {
+		p.add("soft.udpPort", "must be a port between 1 and 65535, got %d", s.UDPPort)
 	}
-	if c.Soft.BindAddress != "" {
-		if _, err := netip.ParseAddr(c.Soft.BindAddress); err != nil {
-			add(fieldErr("soft.bindAddress", "must be an IP address, got %q", c.Soft.BindAddress))
+	if s.BindAddress != "" {
+		if _, err := netip.ParseAddr(s.BindAddress); err != nil {
+			p.add("soft.bindAddress", "must be an IP address, got %q", s.BindAddress)
 		}
 	}
+}
 
-	switch c.Transport {
-	case TransportRC, TransportUC, TransportUD, TransportAuto:
-	default:
-		add(fieldErr("transport", "must be one of rc, uc, ud, auto, got %q", c.Transport))
+// checkDataPlane checks what sizes the engine and the device plugin.
+func (c *AgentConfig) checkDataPlane(p *problems) {
+	if _, err := c.Transport.Kind(); err != nil {
+		p.add("transport", "must be one of %s, got %q", strings.Join(transport.Names(), ", "), c.Transport)
 	}
 	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
-		add(fieldErr("qpsPerPeer", "must be between 1 and %d, got %d", MaxQPsPerPeer, c.QPsPerPeer))
+		p.add("qpsPerPeer", "must be between 1 and %d, got %d", MaxQPsPerPeer, c.QPsPerPeer)
 	}
 	if c.Pollers < 0 || c.Pollers > MaxPollers {
-		add(fieldErr("pollers", "must be between 1 and %d, or 0 for one per CPU, got %d", MaxPollers, c.Pollers))
+		p.add("pollers", "must be between 1 and %d, or 0 for one per CPU, got %d", MaxPollers, c.Pollers)
 	}
 	if c.BufferPoolBytes < MinBufferPoolBytes || c.BufferPoolBytes > MaxBufferPoolBytes {
-		add(fieldErr("bufferPoolBytes", "must be between %d (1Mi) and %d (64Gi), got %d",
-			int64(MinBufferPoolBytes), int64(MaxBufferPoolBytes), c.BufferPoolBytes))
+		p.add("bufferPoolBytes", "must be between %d (1Mi) and %d (64Gi), got %d",
+			int64(MinBufferPoolBytes), int64(MaxBufferPoolBytes), c.BufferPoolBytes)
 	}
 	if c.VConnsPerNode < 1 || c.VConnsPerNode > MaxVConnsPerNode {
-		add(fieldErr("vconnsPerNode", "must be between 1 and %d, got %d", MaxVConnsPerNode, c.VConnsPerNode))
+		p.add("vconnsPerNode", "must be between 1 and %d, got %d", MaxVConnsPerNode, c.VConnsPerNode)
 	}
 	switch {
 	case c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxMaxMessageBytes:
-		add(fieldErr("maxMessageBytes", "must be between 1 and %d (1Gi), got %d", int64(MaxMaxMessageBytes), c.MaxMessageBytes))
+		p.add("maxMessageBytes", "must be between 1 and %d (1Gi), got %d", int64(MaxMaxMessageBytes), c.MaxMessageBytes)
 	case c.MaxMessageBytes > c.BufferPoolBytes:
 		// A message is staged in registered buffers: it must fit the pool.
-		add(fieldErr("maxMessageBytes", "must not exceed bufferPoolBytes (%d), got %d", c.BufferPoolBytes, c.MaxMessageBytes))
+		p.add("maxMessageBytes", "must not exceed bufferPoolBytes (%d), got %d", c.BufferPoolBytes, c.MaxMessageBytes)
 	}
 	if len(c.ResourceName) > 253 || !resourceName.MatchString(c.ResourceName) {
-		add(fieldErr("resourceName", "must be a domain-prefixed name such as %s, got %q", DefaultResourceName, c.ResourceName))
+		p.add("resourceName", "must be a domain-prefixed name such as %s, got %q", DefaultResourceName, c.ResourceName)
 	}
+}
 
+// checkFiles checks the sockets' owners and the paths on the node.
+func (c *AgentConfig) checkFiles(p *problems) {
 	if c.SocketUID < 0 || c.SocketUID > math.MaxUint32-1 {
-		add(fieldErr("socketUID", "must be a user id, 0..%d, got %d", uint32(math.MaxUint32-1), c.SocketUID))
+		p.add("socketUID", "must be a user id, 0..%d, got %d", uint32(math.MaxUint32-1), c.SocketUID)
 	}
 	if c.SocketGID < 0 || c.SocketGID > math.MaxUint32-1 {
-		add(fieldErr("socketGID", "must be a group id, 0..%d, got %d", uint32(math.MaxUint32-1), c.SocketGID))
+		p.add("socketGID", "must be a group id, 0..%d, got %d", uint32(math.MaxUint32-1), c.SocketGID)
 	}
 	if !filepath.IsAbs(c.SocketDir) {
-		add(fieldErr("socketDir", "must be an absolute path, got %q", c.SocketDir))
+		p.add("socketDir", "must be an absolute path, got %q", c.SocketDir)
 	}
 	if !filepath.IsAbs(c.StateDir) {
-		add(fieldErr("stateDir", "must be an absolute path, got %q", c.StateDir))
+		p.add("stateDir", "must be an absolute path, got %q", c.StateDir)
 	}
 	switch {
 	case !filepath.IsAbs(c.AdminSocket):
-		add(fieldErr("adminSocket", "must be an absolute path, got %q", c.AdminSocket))
+		p.add("adminSocket", "must be an absolute path, got %q", c.AdminSocket)
 	case len(c.AdminSocket) > 107:
 		// sun_path holds 108 bytes including the terminating NUL.
-		add(fieldErr("adminSocket", "must be at most 107 bytes (a unix socket path), got %d", len(c.AdminSocket)))
+		p.add("adminSocket", "must be at most 107 bytes (a unix socket path), got %d", len(c.AdminSocket))
 	}
+}
+
+// checkAddresses checks the ports the agent listens on.
+func (c *AgentConfig) checkAddresses(p *problems) {
 	if c.ControlPort < 1 || c.ControlPort > 65535 {
-		add(fieldErr("controlPort", "must be a port between 1 and 65535, got %d", c.ControlPort))
+		p.add("controlPort", "must be a port between 1 and 65535, got %d", c.ControlPort)
 	}
 	if err := validHostPort(c.MetricsAddress); err != nil {
-		add(fieldErr("metricsAddress", "%v", err))
+		p.add("metricsAddress", "%v", err)
 	} else if _, port, _ := net.SplitHostPort(c.MetricsAddress); port == strconv.Itoa(c.ControlPort) {
-		add(fieldErr("metricsAddress", "port %s is already the controlPort", port))
+		p.add("metricsAddress", "port %s is already the controlPort", port)
 	}
+}
 
-	for _, l := range []struct {
+func (l *Limits) check(p *problems) {
+	for _, f := range []struct {
 		name           string
 		v, least, most int64
 	}{
-		{"sessions", int64(c.Limits.Sessions), 1, MaxSessions},
-		{"listeners", int64(c.Limits.Listeners), 1, MaxListeners},
-		{"regions", int64(c.Limits.Regions), 1, MaxRegions},
-		{"regionBytes", c.Limits.RegionBytes, 1, MaxRegionBytes},
-		{"queuedBytes", c.Limits.QueuedBytes, MinQueuedBytes, MaxQueuedBytes},
-		{"registeredBytes", c.Limits.RegisteredBytes, 1, MaxRegisteredBytes},
+		{"sessions", int64(l.Sessions), 1, MaxSessions},
+		{"listeners", int64(l.Listeners), 1, MaxListeners},
+		{"regions", int64(l.Regions), 1, MaxRegions},
+		{"regionBytes", l.RegionBytes, 1, MaxRegionBytes},
+		{"queuedBytes", l.QueuedBytes, MinQueuedBytes, MaxQueuedBytes},
+		{"registeredBytes", l.RegisteredBytes, 1, MaxRegisteredBytes},
 	} {
-		if l.v < l.least || l.v > l.most {
-			add(fieldErr("limits."+l.name, "must be between %d and %d, got %d", l.least, l.most, l.v))
+		if f.v < f.least || f.v > f.most {
+			p.add("limits."+f.name, "must be between %d and %d, got %d", f.least, f.most, f.v)
 		}
 	}
+}
 
-	if t := c.TLS; t.Enabled() {
-		for _, f := range []struct{ name, path string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}, {"caFile", t.CAFile}} {
-			if !filepath.IsAbs(f.path) {
-				add(fieldErr("tls."+f.name, "must be an absolute path (certFile, keyFile and caFile go together), got %q", f.path))
-			}
+func (t TLSConfig) check(p *problems) {
+	if !t.Enabled() {
+		return
+	}
+	for _, f := range []struct{ name, path string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}, {"caFile", t.CAFile}} {
+		if !filepath.IsAbs(f.path) {
+			p.add("tls."+f.name, "must be an absolute path (certFile, keyFile and caFile go together), got %q", f.path)
 		}
 	}
+}
 
-	switch c.PeerDiscovery.Mode {
+func (d *PeerDiscovery) check(p *problems) {
+	switch d.Mode {
 	case DiscoveryKubernetes:
-		if len(c.PeerDiscovery.Static) > 0 {
-			add(fieldErr("peerDiscovery.static", "must be empty unless mode is static"))
+		if len(d.Static) > 0 {
+			p.add("peerDiscovery.static", "must be empty unless mode is static")
 		}
 	case DiscoveryStatic:
-		seen := make(map[string]bool, len(c.PeerDiscovery.Static))
-		for i, p := range c.PeerDiscovery.Static {
+		seen := make(map[string]bool, len(d.Static))
+		for i, peer := range d.Static {
 			f := fmt.Sprintf("peerDiscovery.static[%d]", i)
-			if !dnsSubdomain.MatchString(p.NodeName) {
-				add(fieldErr(f+".nodeName", "must be a node name, got %q", p.NodeName))
-			} else if seen[p.NodeName] {
-				add(fieldErr(f+".nodeName", "duplicate peer %q", p.NodeName))
+			if !dnsSubdomain.MatchString(peer.NodeName) {
+				p.add(f+".nodeName", "must be a node name, got %q", peer.NodeName)
+			} else if seen[peer.NodeName] {
+				p.add(f+".nodeName", "duplicate peer %q", peer.NodeName)
 			}
-			seen[p.NodeName] = true
-			if err := validHostPort(p.Address); err != nil {
-				add(fieldErr(f+".address", "%v", err))
+			seen[peer.NodeName] = true
+			if err := validHostPort(peer.Address); err != nil {
+				p.add(f+".address", "%v", err)
 			}
 		}
 	default:
-		add(fieldErr("peerDiscovery.mode", "must be kubernetes or static, got %q", c.PeerDiscovery.Mode))
+		p.add("peerDiscovery.mode", "must be kubernetes or static, got %q", d.Mode)
 	}
-	return errors.Join(errs...)
 }
 
 // validHostPort accepts host:port with a numeric port in 1..65535; the host

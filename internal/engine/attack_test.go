@@ -35,6 +35,9 @@ type hostile struct {
 	// out are the QPs it made for the engine's own send QPs toward it
 	// (hostileLink.ConnectQP).
 	out []verbs.QP
+	// secrets are those the engine gave it, by the QPN of its QP (the
+	// UD QP's: its datagrams'): a peer knows them, a spoofer does not.
+	secrets map[uint32]uint64
 }
 
 func newHostile(t testing.TB, fb *softwire.Fabric, ip string) *hostile {
@@ -48,7 +51,7 @@ func newHostile(t testing.TB, fb *softwire.Fabric, ip string) *hostile {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &hostile{t: t, gid: gid}
+	h := &hostile{t: t, gid: gid, secrets: map[uint32]uint64{}}
 	t.Cleanup(func() {
 		for _, q := range append(append(h.out, h.ins...), h.ud) {
 			if q != nil {
@@ -113,7 +116,7 @@ func (l hostileLink) ConnectQP(_ context.Context, req QPRequest) (QPReply, error
 	}
 	h.fill(qp)
 	h.out = append(h.out, qp)
-	return QPReply{QPN: qp.QPN(), PSN: 7, UDQPNs: []uint32{h.ud.QPN()}}, nil
+	return QPReply{QPN: qp.QPN(), PSN: 7, UDQPNs: []uint32{h.ud.QPN()}, Secret: newSecret(), UDSecret: newSecret()}, nil
 }
 
 // join makes the hostile node e's peer: e holds a peer for it whose link
@@ -149,14 +152,17 @@ func (h *hostile) ingressOf(e *Engine, t verbs.QPType, pool, index int) verbs.QP
 	}
 	h.fill(qp)
 	h.ins = append(h.ins, qp)
+	h.secrets[qp.QPN()], h.secrets[h.ud.QPN()] = rep.Secret, rep.UDSecret
 	return qp
 }
 
 // send posts one message with the engine's header on qp (to a UD QP of
-// e when qp is the hostile's UD QP) and waits for its completion.
+// e when qp is the hostile's UD QP), with the secret e gave it for qp,
+// and waits for its completion.
 func (h *hostile) send(qp verbs.QP, e *Engine, imm vqpn.ID, hd wire.Header, payload []byte) {
 	h.t.Helper()
 	b := make([]byte, wire.HeaderLen+len(payload))
+	hd.Auth = h.secrets[qp.QPN()]
 	hd.Put(b)
 	copy(b[wire.HeaderLen:], payload)
 	h.sendRaw(qp, e, vqpn.Imm(imm), b)

@@ -72,10 +72,20 @@ func (p *poller) onAck(vc *VConn, ack uint32) {
 	r.tx.AckTime(p.clock().Sub(p.e.epoch))
 	if vc.sq.p == p {
 		p.freeAcked(r)
+		if vc.finDue.Load() {
+			vc.schedule() // its FIN may wait for this acknowledgement
+		}
 		return
 	}
 	vc.ackRecv.Store(true)
 	vc.schedule()
+}
+
+// datagramsUnacked: an Auto vconn has datagrams the peer has not
+// acknowledged. Only the owner of the send side.
+func (vc *VConn) datagramsUnacked() bool {
+	r := vc.rel.Load()
+	return r != nil && r.tx.Waiting()
 }
 
 // freeAcked frees the datagrams the peer acknowledged. Only the owner of
@@ -224,9 +234,11 @@ func (p *poller) dropUnacked(vc *VConn) {
 	}
 }
 
-// sendReliable posts an Auto datagram and keeps it until it is
-// acknowledged. Only the owner of the send side.
+// sendReliable posts an Auto datagram, with its UC QP pair's secret, and
+// keeps it until it is acknowledged (its resends carry the same secret:
+// the vconn's QPs never change). Only the owner of the send side.
 func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
+	wire.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
 	p.e.pool.share(bufSlot(u.Buf), 2) // the unacknowledged list and the post
 	wr := p.bundleWR(vc, remote, &u)
 	wr.WRID = wire.Retag(wr.WRID, wire.TagShared, 0)

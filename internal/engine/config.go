@@ -8,57 +8,30 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// Transport is a vconn's transport policy.
-type Transport uint8
+// Transport is a vconn's transport policy: transport.Kind, whose zero
+// value, transport.Unknown, the engine takes as RC.
+type Transport = transport.Kind
 
+// The transports, as the engine's code names them.
 const (
-	// RC: reliable, ordered, any size (the default).
-	RC Transport = iota
-	// UC: ordered, loss-tolerant: a lost message is lost whole, never in
-	// part; for data the application can afford to miss.
-	UC
-	// UD: datagrams of at most one MTU less the header, unreliable.
-	UD
-	// Auto: reliable and ordered like RC; messages of up to a chunk
-	// travel as UC datagrams with the engine's own sequencing,
-	// acknowledgements and retransmission, longer ones over RC.
-	Auto
+	RC   = transport.RC
+	UC   = transport.UC
+	UD   = transport.UD
+	Auto = transport.Auto
 )
-
-func (t Transport) String() string {
-	switch t {
-	case RC:
-		return "rc"
-	case UC:
-		return "uc"
-	case UD:
-		return "ud"
-	case Auto:
-		return "auto"
-	}
-	return fmt.Sprintf("Transport(%d)", uint8(t))
-}
-
-// ParseTransport reads "rc", "uc", "ud" or "auto".
-func ParseTransport(s string) (Transport, error) {
-	for t := RC; t <= Auto; t++ {
-		if t.String() == s {
-			return t, nil
-		}
-	}
-	return 0, fmt.Errorf("engine: unknown transport %q: want rc, uc, ud or auto", s)
-}
 
 // Config configures an Engine. Zero fields take the defaults noted.
 type Config struct {
 	Device verbs.Device
 	Log    logr.Logger
 
-	// QPsPerPeer is P, the RC QPs this engine opens to each peer (default 4).
+	// QPsPerPeer is P, the RC QPs this engine opens to each peer (default
+	// DefaultQPsPerPeer).
 	QPsPerPeer int
 	// Pollers is the number of polling goroutines, each with its own CQ
 	// (default 1).
@@ -72,7 +45,8 @@ type Config struct {
 	// RecvBuffers is the SRQ depth shared by all RC QPs (default 4096).
 	RecvBuffers int
 	// ChunkSize is the size of a receive buffer and so of the largest
-	// SEND, header included (default 16 KiB). Longer messages are chunked.
+	// SEND, header included (default DefaultChunkSize). Longer messages
+	// are chunked.
 	ChunkSize int
 	// SendBuffers is the number of send buffers of each size class
 	// (default 4096).
@@ -123,12 +97,19 @@ type Config struct {
 	cqDepth int
 }
 
+// Defaults that other layers share: the agent's configuration and the
+// RDMAService take theirs from here.
 const (
-	defaultQPsPerPeer   = 4
+	DefaultQPsPerPeer = transport.DefaultQPsPerPeer
+	// DefaultChunkSize is the size of a receive buffer, 16 KiB: UC's
+	// largest message, and the unit the agent sizes its buffer pool in.
+	DefaultChunkSize = 16 << 10
+)
+
+const (
 	defaultMaxVConns    = 1 << 20
 	defaultMaxMessage   = 4 << 20
 	defaultRecvBuffers  = 4096
-	defaultChunkSize    = 16 << 10
 	defaultSendBuffers  = 4096
 	defaultCredits      = 32
 	defaultMaxCredits   = 512
@@ -148,12 +129,12 @@ func (c Config) withDefaults() (Config, error) {
 			*v = d
 		}
 	}
-	set(&c.QPsPerPeer, defaultQPsPerPeer)
+	set(&c.QPsPerPeer, DefaultQPsPerPeer)
 	set(&c.Pollers, 1)
 	set(&c.MaxVConns, defaultMaxVConns)
 	set(&c.MaxMessage, defaultMaxMessage)
 	set(&c.RecvBuffers, defaultRecvBuffers)
-	set(&c.ChunkSize, defaultChunkSize)
+	set(&c.ChunkSize, DefaultChunkSize)
 	set(&c.SendBuffers, defaultSendBuffers)
 	if c.MaxCredits == 0 && c.Credits != 0 {
 		c.MaxCredits = c.Credits // a window set by hand stays as set
@@ -172,6 +153,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MTU == 0 {
 		c.MTU = c.Device.Attr().ActiveMTU
 	}
+	if c.Transport == transport.Unknown {
+		c.Transport = RC
+	}
 	if c.AutoThreshold == 0 {
 		c.AutoThreshold = DefaultAutoThreshold
 	}
@@ -181,7 +165,7 @@ func (c Config) withDefaults() (Config, error) {
 			errs = append(errs, fmt.Errorf("engine: config: "+format, args...))
 		}
 	}
-	check(c.QPsPerPeer >= 1 && c.QPsPerPeer <= 64, "QPsPerPeer %d: want 1..64", c.QPsPerPeer)
+	check(c.QPsPerPeer >= 1 && c.QPsPerPeer <= transport.MaxQPsPerPeer, "QPsPerPeer %d: want 1..%d", c.QPsPerPeer, transport.MaxQPsPerPeer)
 	check(c.Pollers >= 1 && c.Pollers <= 64, "Pollers %d: want 1..64", c.Pollers)
 	check(c.MaxVConns >= 1 && c.MaxVConns <= vqpn.MaxCapacity, "MaxVConns %d: want 1..%d", c.MaxVConns, vqpn.MaxCapacity)
 	check(c.ChunkSize >= 256+wire.HeaderLen && c.ChunkSize <= 1<<20, "ChunkSize %d: want %d..%d", c.ChunkSize, 256+wire.HeaderLen, 1<<20)

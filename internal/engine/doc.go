@@ -63,9 +63,11 @@
 //     sent or is a FIN (wire.Tag), so completions need neither the
 //     buffer nor the vconn.
 //
-// Message framing: every SEND carries a 24-byte header (package wire) with the
+// Message framing: every SEND carries a 32-byte header (package wire) with the
 // message type, the sender's credit grant, the message length and sequence,
-// and the application's own immediate (imm_data itself is the vQPN). A
+// the application's own immediate (imm_data itself is the vQPN), and the
+// secret of the QP pair it travels on, without which the receiver drops it
+// (a host spoofing the peer's address does not know it). A
 // message longer than a receive buffer travels as several chunks on the same
 // QP, in order, and is reassembled by the receiver. The small messages an
 // Auto vconn has queued travel together as a bundle, one datagram for many

@@ -29,6 +29,11 @@ type Peer struct {
 	dead    []*sendQP                // failed QPs awaiting their last completions; guarded by mu
 	remote  uint64                   // the peer's epoch for us, once known; guarded by mu
 	pool    atomic.Int32             // the peer's QPRequest.Pool, once it made a QP toward us
+	// udSecretIn is what the peer's datagrams to our UD QPs must carry
+	// (drawn with the peer, given it in every QPReply); udSecretOut what
+	// ours to its UD QPs carry (its QPReply.UDSecret), guarded by mu.
+	udSecretIn  uint64
+	udSecretOut uint64
 	// setup serialises QP creation per index without holding mu across
 	// the control-plane call.
 	setup []sync.Mutex
@@ -60,7 +65,8 @@ func (e *Engine) Peer(gid verbs.GID, link PeerLink) (*Peer, error) {
 		e.epochs = make(map[verbs.GID]uint64)
 	}
 	e.epochs[gid]++
-	p := &Peer{e: e, gid: gid, ctl: link, epoch: e.epochs[gid], qps: make([]*sendQP, n), ucs: make([]*sendQP, n), setup: make([]sync.Mutex, 2*n)}
+	p := &Peer{e: e, gid: gid, ctl: link, epoch: e.epochs[gid], qps: make([]*sendQP, n), ucs: make([]*sendQP, n), setup: make([]sync.Mutex, 2*n),
+		udSecretIn: newSecret()}
 	e.peers[gid] = p
 	return p, nil
 }

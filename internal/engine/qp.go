@@ -2,10 +2,13 @@ package engine
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -36,8 +39,8 @@ type QPRequest struct {
 	Pool int
 }
 
-// maxIndex bounds QPRequest.Index: config.MaxQPsPerPeer.
-const maxIndex = 64
+// maxIndex bounds QPRequest.Index and Pool: a peer's QPsPerPeer.
+const maxIndex = transport.MaxQPsPerPeer
 
 // ingressSlot names a QP a peer made toward us by its place in the peer's
 // pools.
@@ -51,6 +54,10 @@ type ingressSlot struct {
 type ingressQP struct {
 	peer  *Peer
 	index int
+	// secret is what every message on the QP must carry
+	// (wire.Authentic): drawn here, given to the peer only in the
+	// reply to its ConnectQP, over the control plane.
+	secret uint64
 }
 
 // QPReply is the peer's side of the new connection.
@@ -59,13 +66,36 @@ type QPReply struct {
 	PSN    uint32
 	UDQPNs []uint32
 	Epoch  uint64 // the acceptor's side of the connection (Peer.Epoch)
+	// Secret is the new QP pair's: the requester stamps it on every
+	// message it sends on the QP, and the acceptor drops what arrives
+	// there without it (wire.Authentic). UDSecret is the same for the
+	// requester's datagrams to the acceptor's UD QPs. Both are random,
+	// drawn by the acceptor, never zero, and travel only in this reply:
+	// a host that spoofs the requester's address on the fabric does not
+	// know them.
+	Secret   uint64
+	UDSecret uint64
+}
+
+// newSecret draws a QP pair's secret: 64 random bits, never zero (the
+// value no pair has).
+func newSecret() uint64 {
+	var b [8]byte
+	for {
+		_, _ = crand.Read(b[:]) // never fails (crypto/rand)
+		if s := binary.BigEndian.Uint64(b[:]); s != 0 {
+			return s
+		}
+	}
 }
 
 // PeerLink is the control plane toward one peer engine: the agents' gRPC
 // in production, a direct call in tests.
 type PeerLink interface {
-	// ConnectQP has the peer engine create an RC QP connected to req and
-	// return its end, as Engine.AcceptQP does.
+	// ConnectQP has the peer engine create an RC or UC QP connected to
+	// req and return its end and secrets, as Engine.AcceptQP does. The
+	// reply must come from the peer itself, on a channel no one else
+	// reads: it carries the secrets (the agents' mutual TLS).
 	ConnectQP(ctx context.Context, req QPRequest) (QPReply, error)
 }
 
@@ -98,6 +128,9 @@ type sendQP struct {
 	runHead     int
 	active      bool // poller-owned: on the poller's active list
 	failed      bool // guarded by peer.mu
+	// secret is the QP pair's, which the peer drew (QPReply.Secret):
+	// every message posted here carries it. Set before the QP is shared.
+	secret uint64
 }
 
 // newQP creates an RC QP on the SRQ, or a UC QP on the datagram SRQ.
@@ -112,10 +145,21 @@ func (e *Engine) newQP(t verbs.QPType, cq verbs.CQ) (verbs.QP, error) {
 	})
 }
 
-func (e *Engine) pathOptions(psn uint32) verbs.PathOptions {
+// pathOptions are a QP's attributes. Only RC QPs allow remote access: the
+// engine's one-sided operations travel on them alone. A UC QP takes a
+// message's first packet whatever its PSN and drops a bad key silently
+// (no NAK on UC), so one that allowed RDMA WRITE would let a host that
+// spoofs the peer's address try keys freely, and write to a region
+// exported without a window (whose MR key holds on every QP) with no PSN
+// at all.
+func (e *Engine) pathOptions(t verbs.QPType, psn uint32) verbs.PathOptions {
+	access := verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	if t == verbs.QPTypeUC {
+		access = 0
+	}
 	return verbs.PathOptions{
 		MTU:    e.cfg.MTU,
-		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+		Access: access,
 		SQPSN:  psn,
 		// Retry for about two seconds before declaring the path dead:
 		// 7 retries of 4.096 µs × 2^16 ≈ 268 ms. The agents' heartbeats
@@ -186,13 +230,18 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, p.Err())
 	}
-	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(psn)); err != nil {
+	if reply.Secret == 0 || reply.UDSecret == 0 {
+		// Messages without one would all be dropped as forged.
+		_ = qp.Close()
+		return nil, fmt.Errorf("engine: connect QP to peer %v: %w: reply without a secret", p.gid, verbs.ErrInvalid)
+	}
+	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN}, e.pathOptions(t, psn)); err != nil {
 		_ = qp.Close()
 		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
 	}
 	// A send queue's worth waiting behind the send queue: enough to
 	// refill it between rounds, few enough to stay in cache.
-	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth)}
+	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth), secret: reply.Secret}
 	poller.sendQPs.Store(qp.QPN(), q)
 	p.mu.Lock()
 	if p.err != nil {
@@ -205,13 +254,15 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 	if len(reply.UDQPNs) > 0 {
 		p.udQPNs = reply.UDQPNs
 	}
+	p.udSecretOut = reply.UDSecret
 	p.mu.Unlock()
 	e.log.V(1).Info("Connected QP to peer", "peer", p.gid, "type", t, "index", i, "qpn", qp.QPN(), "remoteQPN", reply.QPN)
 	return q, nil
 }
 
-// AcceptQP creates the receiving end of a peer's RC QP: an RC QP on the
-// shared SRQ, connected to req, and returns its end.
+// AcceptQP creates the receiving end of a peer's RC or UC QP: a QP on the
+// shared SRQ (the datagram SRQ for UC), connected to req, and returns its
+// end, with a fresh secret for the pair and the peer's datagram secret.
 func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	if e.closed.Load() {
 		return QPReply{}, ErrEngineClosed
@@ -249,7 +300,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	opt := e.pathOptions(psn)
+	opt := e.pathOptions(req.Type, psn)
 	opt.MTU = min(req.MTU, e.cfg.MTU)
 	if err := verbs.ConnectQP(qp, verbs.Remote{GID: req.GID, QPN: req.QPN, PSN: req.PSN}, opt); err != nil {
 		_ = qp.Close()
@@ -276,8 +327,9 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		e.ingress.Delete(evicted.QPN())
 		_ = evicted.Close()
 	}
-	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index})
-	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch}, nil
+	secret := newSecret()
+	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index, secret: secret})
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn}, nil
 }
 
 // ingressIndex is the index of the peer's QPs that its vconn remote sends
@@ -299,15 +351,15 @@ func (p *Peer) ingressQP(t verbs.QPType, remote vqpn.ID) verbs.QP {
 	return p.ingress[ingressSlot{t, i}]
 }
 
-// udRoute returns the address handle and the UD QPN for a datagram to the
-// peer; k spreads vconns over the peer's UD QPs.
-func (p *Peer) udRoute(k int) (uint32, uint32) {
+// udRoute returns the address handle, the UD QPN and the secret for a
+// datagram to the peer; k spreads vconns over the peer's UD QPs.
+func (p *Peer) udRoute(k int) (ah, qpn uint32, secret uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ah == nil || len(p.udQPNs) == 0 {
-		return 0, 0 // not routable: the post fails and the vconn with it
+		return 0, 0, 0 // not routable: the post fails and the vconn with it
 	}
-	return p.ah.Handle(), p.udQPNs[k%len(p.udQPNs)]
+	return p.ah.Handle(), p.udQPNs[k%len(p.udQPNs)], p.udSecretOut
 }
 
 // ensureAH creates the peer's address handle for datagrams.

@@ -33,9 +33,17 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
-	b, ud, ok := p.admit(wc, vc, slot)
+	b, ud, secret, ok := p.admit(wc, vc, slot)
 	if !ok {
 		p.reject(RejectPeer)
+		p.rx.reposts = append(p.rx.reposts, slot)
+		return
+	}
+	if !wire.Authentic(b, secret) {
+		// Not from the peer's engine, though from its address (a UC
+		// responder takes a message's first packet whatever its PSN):
+		// nothing of it is read.
+		p.reject(RejectForged)
 		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
@@ -63,15 +71,16 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 }
 
 // admit returns the message a receive holds (past the GRH space of a
-// datagram) and whether it came on a QP of vc's transport (ud: a UD QP),
+// datagram), whether it came on a QP of vc's transport (ud: a UD QP), the
+// secret it must carry (that of the QP pair, or the peer's datagrams'),
 // and ok, false for a message from a node or QP that vc does not hear
 // from: a node naming a vconn that is not connected to it, a message on a
 // QP no peer made toward us (our own send QPs receive nothing), or on one
 // of the peer's QPs other than those its vconn sends on.
-func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud, ok bool) {
+func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud bool, secret uint64, ok bool) {
 	e := p.e
 	b = e.pool.bytes(slot)[:min(wc.ByteLen, uint32(e.cfg.ChunkSize))]
-	from, index := p.ingressOf(wc.QPN)
+	from, index, secret := p.ingressOf(wc.QPN)
 	ud = p.isUD(wc.QPN)
 	if ud {
 		// A datagram: the sender's GID is in the GRH space. (Only UD
@@ -82,9 +91,10 @@ func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud, ok 
 			from = grhSource(b[:verbs.GRHSize])
 			b = b[verbs.GRHSize:]
 		}
+		secret = vc.peer.udSecretIn
 	}
 	ok = vc.peer.gid == from && (ud || index == vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())))
-	return b, ud, ok
+	return b, ud, secret, ok
 }
 
 // dispatch hands an admitted message with header h to what its type
@@ -164,13 +174,14 @@ func (p *poller) isUD(qpn uint32) bool {
 }
 
 // ingressOf returns the GID of the peer whose QP qpn received a message,
-// and the QP's index in the peer's pool (-1: no peer made it).
-func (p *poller) ingressOf(qpn uint32) (g verbs.GID, index int) {
+// the QP's index in the peer's pool (-1: no peer made it) and the QP
+// pair's secret (0: none).
+func (p *poller) ingressOf(qpn uint32) (g verbs.GID, index int, secret uint64) {
 	if v, ok := p.e.ingress.Load(qpn); ok {
 		in := v.(*ingressQP)
-		return in.peer.gid, in.index
+		return in.peer.gid, in.index, in.secret
 	}
-	return g, -1
+	return g, -1, 0
 }
 
 // onData delivers a whole message or adds a chunk to the one being

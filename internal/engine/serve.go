@@ -180,7 +180,10 @@ func (p *poller) sendQueued(vc *VConn, remote vqpn.ID, dq *sendQP, auto bool, sl
 // FIN.
 func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool) {
 	q := vc.sq
-	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && vc.state.Load() == stateOpen
+	// A closing Auto vconn still acknowledges: the peer's FIN waits for
+	// its datagrams' acknowledgements.
+	live := st == stateOpen || vc.tr == Auto && st == stateClosing
+	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && live
 	if !vc.ring.empty() {
 		// A grant owed rides on the next data, unless that data waits
 		// for the peer's grant: then it goes alone, or, with both ends
@@ -202,8 +205,11 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	}
 	p.confirmUnexports(q, vc, remote)
 	// A FIN is due after the last data of a closing vconn, or of an open
-	// one whose sending side was closed (CloseWrite).
-	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.finPosted {
+	// one whose sending side was closed (CloseWrite). Auto's datagrams
+	// must all be acknowledged first: the FIN goes over RC and would
+	// overtake one the network lost, whose resend would come after the
+	// peer's EOF (onAck serves the vconn again when the last ack comes).
+	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.finPosted && !vc.datagramsUnacked() {
 		vc.finPosted = true
 		p.control(q, vc, remote, wire.Fin)
 	}

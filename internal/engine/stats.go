@@ -6,12 +6,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
 // NumTransports is the number of Transport values, for arrays indexed by
-// transport.
-const NumTransports = int(Auto) + 1
+// transport; a vconn's is never transport.Unknown, whose entry stays zero.
+const NumTransports = transport.Count
 
 // Traffic counts messages and their payload bytes (the application's
 // bytes: headers, retransmissions and control messages excluded).
@@ -91,6 +92,12 @@ const (
 	// RejectOverflow: a UC or UD datagram for a vconn whose receive queue
 	// already holds MaxCredits messages; datagrams may be lost.
 	RejectOverflow
+	// RejectForged: a message without the secret of the QP pair it came
+	// on (of the peer's datagrams, on UD), which the peer's engine was
+	// given over the control plane: a host that spoofs the peer's
+	// address, or a peer engine that lost its QPs' secrets (restarted).
+	// Dropped unread (wire.Authentic).
+	RejectForged
 	// NumRejectReasons is the number of reasons, for arrays indexed by
 	// reason.
 	NumRejectReasons
@@ -108,6 +115,8 @@ func (r RejectReason) String() string {
 		return "grant"
 	case RejectOverflow:
 		return "overflow"
+	case RejectForged:
+		return "forged"
 	}
 	return fmt.Sprintf("reject(%d)", uint8(r))
 }

@@ -32,16 +32,21 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs
 	}
 }
 
-// post adds the SEND of n bytes of slot to q's batch.
+// post adds the SEND of n bytes of slot to q's batch, with the QP pair's
+// secret.
 func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
+	wire.Raw(p.e.pool.bytes(slot)).SetAuth(q.secret)
 	p.postWR(q, p.sendWR(vc, remote, slot, n))
 }
 
-// postUD posts a datagram to the peer's UD QP that pairs with this poller.
+// postUD posts a datagram to the peer's UD QP that pairs with this poller,
+// with the secret the peer gave our datagrams.
 func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	wr := p.sendWR(vc, remote, slot, n)
-	wr.AH, wr.RemoteQPN = vc.peer.udRoute(int(vc.id.VQPN()))
+	var secret uint64
+	wr.AH, wr.RemoteQPN, secret = vc.peer.udRoute(int(vc.id.VQPN()))
 	wr.RemoteQKey = p.e.cfg.QKey
+	wire.Raw(p.e.pool.bytes(slot)).SetAuth(secret)
 	p.postWR(p.udq.qp, wr)
 }
 

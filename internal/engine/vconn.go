@@ -9,6 +9,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
 	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -32,7 +33,7 @@ type VConnOptions struct {
 	// Recv.
 	Handler Handler
 	// Transport is the vconn's policy; both ends must use the same. The
-	// zero value is RC, or the engine's Config.Transport when
+	// zero value (transport.Unknown) is RC, or the engine's Config.Transport when
 	// UseEngineDefault is set.
 	Transport Transport
 	// UseEngineDefault takes Transport from the engine's configuration.
@@ -117,6 +118,9 @@ func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VCo
 	tr := o.Transport
 	if o.UseEngineDefault {
 		tr = e.cfg.Transport
+	}
+	if tr == transport.Unknown {
+		tr = RC
 	}
 	if tr > Auto {
 		return nil, fmt.Errorf("engine: new vconn: transport %v", tr)

@@ -42,7 +42,7 @@ func TestCreditWindowGrows(t *testing.T) {
 		// Messages over half a chunk go alone: a bundle of small ones
 		// takes one credit, and a sender slowed down (by the race
 		// detector) may then never use all of its window.
-		{"auto", Config{}, Auto, defaultCredits + 1, defaultMaxCredits, defaultChunkSize/2 + 1},
+		{"auto", Config{}, Auto, defaultCredits + 1, defaultMaxCredits, DefaultChunkSize/2 + 1},
 		{"fixed", Config{Credits: 8}, RC, 8, 8, 16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -102,6 +102,9 @@ func FuzzDecode(f *testing.F) {
 		b, _ := hex.DecodeString(g.hex)
 		f.Add(b)
 	}
+	for _, b := range docSeeds(f) { // docs/protocol.md's examples
+		f.Add(b)
+	}
 	f.Add([]byte{})
 	f.Add([]byte{1, 4, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -185,6 +185,8 @@ func (c *Conn) destroy() error {
 	if c.mr != nil {
 		errs = append(errs, c.mr.Close())
 	}
+	// Messages that will never complete give their window back.
+	c.e.release(c.dataPosted - c.dataDone.Load())
 	if c.counted {
 		c.e.registered.Add(-int64(len(c.buf)))
 		c.e.live.Add(-1)
@@ -278,14 +280,19 @@ func (c *Conn) send(ctx context.Context, data []byte, block bool) (bool, error) 
 	if len(data) > cfg.MaxMessage {
 		return false, fmt.Errorf("naive: send %d bytes: %w (%d)", len(data), ErrTooLarge, cfg.MaxMessage)
 	}
+	if ok, err := c.e.acquire(ctx, block); !ok {
+		return false, err
+	}
 	if block {
 		c.sendMu.Lock()
 	} else if !c.sendMu.TryLock() {
+		c.e.release(1)
 		return false, nil
 	}
 	for {
 		if err := c.sendErr(); err != nil {
 			c.sendMu.Unlock()
+			c.e.release(1)
 			c.passWake()
 			return false, err
 		}
@@ -294,6 +301,7 @@ func (c *Conn) send(ctx context.Context, data []byte, block bool) (bool, error) 
 		}
 		if !block {
 			c.sendMu.Unlock()
+			c.e.release(1)
 			return false, nil
 		}
 		c.waiters.Add(1)
@@ -306,6 +314,7 @@ func (c *Conn) send(ctx context.Context, data []byte, block bool) (bool, error) 
 		case <-c.wake:
 		case <-ctx.Done():
 			c.waiters.Add(-1)
+			c.e.release(1)
 			return false, ctx.Err()
 		}
 		c.waiters.Add(-1)

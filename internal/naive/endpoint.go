@@ -1,6 +1,7 @@
 package naive
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -44,6 +45,16 @@ type Config struct {
 	// it starts sleeping between rounds; it also spins for at least a
 	// millisecond (default 64).
 	SpinRounds int
+	// Window bounds the data messages all the endpoint's connections
+	// together have posted and not seen complete (0: unbounded, only
+	// SendDepth per connection). It is what a careful application with
+	// thousands of connections does so that their sum cannot overrun the
+	// peer's receive ring and turn into retransmission timeouts: with it,
+	// more connections degrade the rate instead of failing sends. A
+	// window needs to see every send complete, so it signals every data
+	// message (SignalEvery is 1): an unsignalled tail would hold its
+	// share of the window until the connection sent again.
+	Window int
 }
 
 const (
@@ -67,6 +78,9 @@ func (c Config) withDefaults(dev verbs.Device) (Config, error) {
 	set(&c.SendDepth, defaultDepth)
 	set(&c.MaxInline, defaultMaxInline)
 	set(&c.SignalEvery, max(1, c.SendDepth/4))
+	if c.Window > 0 {
+		c.SignalEvery = 1
+	}
 	set(&c.Pollers, 1)
 	set(&c.SpinRounds, defaultSpinRounds)
 	if c.MaxInline < 0 {
@@ -86,6 +100,7 @@ func (c Config) withDefaults(dev verbs.Device) (Config, error) {
 	check(c.SendDepth >= 1 && c.SendDepth <= 1<<14, "SendDepth %d: want 1..16384", c.SendDepth)
 	check(c.MaxInline <= 1024, "MaxInline %d: want at most 1024", c.MaxInline)
 	check(c.SignalEvery >= 1 && c.SignalEvery <= c.SendDepth, "SignalEvery %d: want 1..SendDepth (%d)", c.SignalEvery, c.SendDepth)
+	check(c.Window >= 0 && c.Window <= 1<<24, "Window %d: want 0..16777216", c.Window)
 	check(c.Pollers >= 1 && c.Pollers <= 64, "Pollers %d: want 1..64", c.Pollers)
 	check(c.MTU.Bytes() != 0, "MTU %v is not an IB MTU", c.MTU)
 	return c, errors.Join(errs...)
@@ -105,6 +120,10 @@ type Endpoint struct {
 	registered atomic.Int64 // bytes of the live conns' regions
 	closed     atomic.Bool
 	closeMu    sync.Mutex // serialises Close
+
+	// window holds a token per data message in flight (Config.Window);
+	// nil without a window.
+	window chan struct{}
 }
 
 // New opens an endpoint on dev and starts its pollers. The device stays the
@@ -126,6 +145,9 @@ func New(dev verbs.Device, cfg Config) (*Endpoint, error) {
 		return nil, fmt.Errorf("naive: %w", err)
 	}
 	e := &Endpoint{cfg: cfg, dev: dev, pd: pd, gid: gid}
+	if cfg.Window > 0 {
+		e.window = make(chan struct{}, cfg.Window)
+	}
 	for i := 0; i < cfg.Pollers; i++ {
 		p := newPoller(e)
 		e.pollers = append(e.pollers, p)
@@ -171,4 +193,40 @@ func (e *Endpoint) Close() error {
 	}
 	errs = append(errs, e.pd.Close())
 	return errors.Join(errs...)
+}
+
+// acquire takes a window token for one data message, waiting for one if
+// block; false if it did not (ctx ended, or none free and !block).
+func (e *Endpoint) acquire(ctx context.Context, block bool) (bool, error) {
+	if e.window == nil {
+		return true, nil
+	}
+	select {
+	case e.window <- struct{}{}:
+		return true, nil
+	default:
+	}
+	if !block {
+		return false, nil
+	}
+	select {
+	case e.window <- struct{}{}:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// release returns n window tokens.
+func (e *Endpoint) release(n uint64) {
+	if e.window == nil {
+		return
+	}
+	for ; n > 0; n-- {
+		select {
+		case <-e.window:
+		default:
+			return // never more than were taken
+		}
+	}
 }

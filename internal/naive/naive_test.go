@@ -249,3 +249,49 @@ func TestSendAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestWindow sends on many more connections than the endpoint's window
+// holds, through a lossy fabric: every message arrives (no share of the
+// window is stranded on a connection that stopped sending), and once all
+// have completed every token is back.
+func TestWindow(t *testing.T) {
+	const (
+		nconn  = 40
+		msgs   = 50
+		window = 8
+	)
+	a, b := testEndpoints(t, wire.Faults{Seed: 5, Loss: 0.01}, Config{Window: window})
+	if got := a.Config().SignalEvery; got != 1 {
+		t.Fatalf("SignalEvery with a window: %d, want 1", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var total atomic.Int64
+	count := func(_ *Conn, m Message) { m.Release(); total.Add(1) }
+	var senders []*Conn
+	for i := 0; i < nconn; i++ {
+		ca, _, err := Pair(ctx, a, b, ConnOptions{}, ConnOptions{Handler: count})
+		if err != nil {
+			t.Fatal(err)
+		}
+		senders = append(senders, ca)
+	}
+	var wg sync.WaitGroup
+	for _, c := range senders {
+		wg.Go(func() {
+			for i := 0; i < msgs; i++ {
+				if err := c.Send(ctx, []byte{byte(i)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for total.Load() < nconn*msgs || len(a.window) > 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("received %d of %d messages; %d window tokens still held", total.Load(), nconn*msgs, len(a.window))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

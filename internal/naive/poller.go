@@ -146,7 +146,9 @@ func (p *poller) complete(c *Conn, wc *verbs.WC) {
 	seq := (wc.WRID &^ wridCtl) >> wridDataBits
 	c.wrDone.Store(seq + 1)
 	done := c.dataDone.Load()
-	c.dataDone.Store(done + (wc.WRID-done)&wridDataMask)
+	n := (wc.WRID - done) & wridDataMask
+	c.dataDone.Store(done + n)
+	c.e.release(n)
 	if wc.WRID&wridCtl != 0 {
 		c.ctlBusy = false
 	}

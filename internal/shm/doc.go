@@ -1,7 +1,7 @@
 // Package shm is the shared-memory data path between a pod and its node
 // agent (DESIGN.md §3, pod ↔ agent): a memfd holding two single-producer,
 // single-consumer rings of fixed-size descriptors with their payload slabs,
-// and eventfd doorbells rung only when the other side announced it sleeps.
+// and socketpair doorbells rung only when the other side announced it sleeps.
 //
 // The agent creates a Segment (it sizes and seals the memfd, so the pod
 // cannot shrink it under the agent's mapping), passes its descriptors to

@@ -258,6 +258,13 @@ func dialSession(ctx context.Context, path string) (*session, error) {
 		s.shutdown(err)
 		return nil, fmt.Errorf("vconn: hello: %w", err)
 	}
+	if rep.Arg != frame.Version {
+		// An agent speaking another version would read our frames
+		// otherwise than we mean them (docs/protocol.md).
+		err := fmt.Errorf("vconn: hello: the agent speaks protocol version %d, this client %d", rep.Arg, frame.Version)
+		s.shutdown(err)
+		return nil, err
+	}
 	if s.info, err = frame.DecodeHello(rep.Payload); err != nil {
 		s.shutdown(err)
 		return nil, fmt.Errorf("vconn: hello: %w", err)

@@ -3,7 +3,7 @@ package vconn
 import (
 	"fmt"
 
-	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 )
 
 // Transport is how a vconn's messages travel, as the agent reports it when
@@ -28,19 +28,19 @@ const (
 )
 
 // Reliable reports whether the transport delivers every message once,
-// whole and in order: what Read and Write, a byte stream, need.
-func (t Transport) Reliable() bool { return toFrame(t).Reliable() }
-
-func toFrame(t Transport) frame.Transport {
-	for ft := frame.TransportUnknown; ft <= frame.TransportAuto; ft++ {
-		if ft.String() == string(t) {
-			return ft
-		}
+// whole and in order: what Read and Write, a byte stream, need. One this
+// package does not know is taken as unreliable.
+func (t Transport) Reliable() bool {
+	if t == TransportUnknown {
+		return true
 	}
-	return 0xff // not a transport: unreliable
+	k, err := transport.Parse(string(t))
+	return err == nil && k.Reliable()
 }
 
-// Transport is the vconn's transport.
+// Transport is the vconn's transport: the agent's transport.Kind, spelled
+// as the RDMAService spells it (one this package does not know reads
+// "Transport(n)").
 func (c *Conn) Transport() Transport { return Transport(c.info.Transport.String()) }
 
 // MaxMessage is the largest message SendMsg takes on this vconn: what its

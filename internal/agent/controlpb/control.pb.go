@@ -328,7 +328,15 @@ type QPReply struct {
 	Psn    uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
 	UdQpns []uint32               `protobuf:"varint,3,rep,packed,name=ud_qpns,json=udQpns,proto3" json:"ud_qpns,omitempty"`
 	// epoch names the acceptor's side of the connection, as in QPRequest.
-	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// secret is the new QP pair's: the requester's engine stamps it on every
+	// message it sends on the QP, and the acceptor's drops what arrives there
+	// without it (a host spoofing the requester's address on the RoCE network
+	// does not know it). ud_secret is the same for the requester's datagrams
+	// to the acceptor's UD QPs. Random, drawn by the acceptor, never 0; they
+	// travel only here, under the control plane's mutual TLS.
+	Secret        uint64 `protobuf:"fixed64,5,opt,name=secret,proto3" json:"secret,omitempty"`
+	UdSecret      uint64 `protobuf:"fixed64,6,opt,name=ud_secret,json=udSecret,proto3" json:"ud_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -387,6 +395,20 @@ func (x *QPReply) GetUdQpns() []uint32 {
 func (x *QPReply) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *QPReply) GetSecret() uint64 {
+	if x != nil {
+		return x.Secret
+	}
+	return 0
+}
+
+func (x *QPReply) GetUdSecret() uint64 {
+	if x != nil {
+		return x.UdSecret
 	}
 	return 0
 }
@@ -711,12 +733,14 @@ const file_control_proto_rawDesc = "" +
 	"\aud_qpns\x18\x06 \x03(\rR\x06udQpns\x12\x14\n" +
 	"\x05index\x18\a \x01(\rR\x05index\x12\x14\n" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x12\n" +
-	"\x04pool\x18\t \x01(\rR\x04pool\"\\\n" +
+	"\x04pool\x18\t \x01(\rR\x04pool\"\x91\x01\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
 	"\aud_qpns\x18\x03 \x03(\rR\x06udQpns\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\x92\x01\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06secret\x18\x05 \x01(\x06R\x06secret\x12\x1b\n" +
+	"\tud_secret\x18\x06 \x01(\x06R\budSecret\"\x92\x01\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +

@@ -16,7 +16,8 @@ var ErrBadBundle = errors.New("engine: malformed bundle")
 
 // CheckBundle checks the messages of a bundle with header h: whole data
 // messages, h.Count() of them (two or more, at most MaxBundle), numbered on
-// from h.Seq, filling the payload exactly.
+// from h.Seq, filling the payload exactly. Only the bundle carries the
+// secret (Authentic): its messages' auth is zero.
 func CheckBundle(h *Header, payload []byte) error {
 	if uint32(len(payload)) != h.Length || h.Count() < 2 || h.Count() > MaxBundle {
 		return ErrBadBundle
@@ -24,7 +25,7 @@ func CheckBundle(h *Header, payload []byte) error {
 	var rh Header
 	k := uint32(0)
 	for off := 0; off < len(payload); k++ {
-		if k == h.Count() || rh.Parse(payload[off:]) != nil || rh.Type != Data || !rh.Whole() ||
+		if k == h.Count() || rh.Parse(payload[off:]) != nil || rh.Type != Data || !rh.Whole() || rh.Auth != 0 ||
 			rh.Seq != h.Seq+k || int(rh.Length) > len(payload)-off-HeaderLen {
 			return ErrBadBundle
 		}

@@ -45,6 +45,7 @@ func TestCheckBundleRejects(t *testing.T) {
 		"record past end":   func(h *Header, b []byte) []byte { binary.BigEndian.PutUint32(b[8:], 1000); return b },
 		"trailing garbage":  func(h *Header, b []byte) []byte { h.Length += 3; return append(b, 1, 2, 3) },
 		"bad record header": func(h *Header, b []byte) []byte { b[2] = 1; return b },
+		"auth inside":       func(h *Header, b []byte) []byte { b[HeaderLen-1] = 1; return b },
 	} {
 		h, b := good()
 		b = mutate(&h, b)

@@ -1,5 +1,5 @@
 // Package wire owns the engine's formats: what one engine's messages carry
-// to another inside a SEND (the 24-byte message header, bundles of whole
+// to another inside a SEND (the 32-byte message header and the secret that authenticates it, bundles of whole
 // messages, the export of a region), what the engine's own work requests
 // carry in wr_id (Tag), and the serial-number order in which credits,
 // sequence numbers and acknowledgements wrap (Advance).

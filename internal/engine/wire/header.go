@@ -18,11 +18,15 @@ import (
 //	16..19 imm: the application's immediate (FlagImm); a bundle's count
 //	20..23 arg: the region's id (export, unexport, unexported); the
 //	       acknowledgement (an Auto vconn's data, bundles and grants)
+//	24..31 auth: the secret of the QP pair the message travels on (of
+//	       the sender's datagrams, on UD), which the receiver drew and
+//	       gave the sender over the control plane (Authentic); zero in
+//	       the messages inside a bundle
 //
 // Fields that mean different things by type are read and written through
 // the accessors named for each meaning, below; only Put and Parse (and
 // Raw) know the offsets.
-const HeaderLen = 24
+const HeaderLen = 32
 
 const (
 	offType   = 0
@@ -32,6 +36,7 @@ const (
 	offSeq    = 12
 	offImm    = 16
 	offArg    = 20
+	offAuth   = 24
 )
 
 // Type is a message's type.
@@ -67,6 +72,7 @@ type Header struct {
 	Seq    uint32
 	Imm    uint32
 	Arg    uint32
+	Auth   uint64
 }
 
 // Headers by meaning.
@@ -149,6 +155,23 @@ func (h *Header) Put(b []byte) {
 	binary.BigEndian.PutUint32(b[offSeq:], h.Seq)
 	binary.BigEndian.PutUint32(b[offImm:], h.Imm)
 	binary.BigEndian.PutUint32(b[offArg:], h.Arg)
+	binary.BigEndian.PutUint64(b[offAuth:], h.Auth)
+}
+
+// Authentic reports whether a received message carries secret, the one
+// the receiver gave the sender of the QP pair it came on (of the sender's
+// datagrams, on UD): whether it came from the peer's engine, and not from
+// a host that spoofs the peer's address. Secret 0 is no pair's: nothing
+// matches it. The receiver checks it before it reads anything else of
+// the message.
+//
+// A plain comparison, not a MAC over the message: the secret keeps out
+// a host that cannot read the fabric, which is all a MAC would keep out
+// too, since one that can read it learns the QPN and PSN as well and
+// can forge RoCE itself; and a MAC would cost the receiver a pass over
+// every byte. SECURITY.md has the threat model.
+func Authentic(b []byte, secret uint64) bool {
+	return len(b) >= HeaderLen && secret != 0 && binary.BigEndian.Uint64(b[offAuth:]) == secret
 }
 
 // Parse decodes and validates a header: a peer's bytes are not trusted.
@@ -163,6 +186,7 @@ func (h *Header) Parse(b []byte) error {
 	h.Seq = binary.BigEndian.Uint32(b[offSeq:])
 	h.Imm = binary.BigEndian.Uint32(b[offImm:])
 	h.Arg = binary.BigEndian.Uint32(b[offArg:])
+	h.Auth = binary.BigEndian.Uint64(b[offAuth:])
 	if h.Type < Data || h.Type > Bundle || h.Flags&^(FlagFirst|FlagLast|FlagImm|FlagGap) != 0 || b[2] != 0 || b[3] != 0 {
 		return ErrBadHeader
 	}
@@ -206,6 +230,11 @@ func (b Raw) Ack() uint32 { return binary.BigEndian.Uint32(b[offArg:]) }
 func (b Raw) SetCredit(c uint32) { binary.BigEndian.PutUint32(b[offCredit:], c) }
 
 func (b Raw) SetAck(a uint32) { binary.BigEndian.PutUint32(b[offArg:], a) }
+
+func (b Raw) Auth() uint64 { return binary.BigEndian.Uint64(b[offAuth:]) }
+
+// SetAuth stamps the secret of the QP pair the message goes on.
+func (b Raw) SetAuth(secret uint64) { binary.BigEndian.PutUint64(b[offAuth:], secret) }
 
 // SetGap marks a grant as reporting a gap that ends at end.
 func (b Raw) SetGap(end uint32) {

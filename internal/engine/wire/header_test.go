@@ -16,6 +16,8 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{Type: Credit, Flags: FlagFirst | FlagLast | FlagGap, Arg: ^uint32(0), Length: 2}, // across the wrap
 		{Type: Export, Flags: FlagFirst | FlagLast, Arg: 12},
 		{Type: Unexported, Flags: FlagFirst | FlagLast, Arg: 12},
+		{Type: Data, Flags: FlagFirst | FlagLast, Length: 1, Auth: 0x0123456789abcdef},
+		{Type: Credit, Flags: FlagFirst | FlagLast, Auth: ^uint64(0)},
 	} {
 		var b [HeaderLen]byte
 		h.Put(b[:])
@@ -34,11 +36,11 @@ func TestHeaderGolden(t *testing.T) {
 		h    Header
 		hex  string
 	}{
-		{"data with imm", Header{Type: Data, Flags: FlagFirst | FlagLast | FlagImm, Credit: 0x28, Length: 5, Seq: 7, Imm: 0xdeadbeef, Arg: 3},
-			"01070000000000280000000500000007deadbeef00000003"},
-		{"grant with gap", Header{Type: Credit, Flags: FlagFirst | FlagLast | FlagGap, Credit: 1, Length: 12, Arg: 10},
-			"020b0000000000010000000c00000000000000000000000a"},
-		{"bundle", BundleHeader(3, 4, 100), "080300000000000000000064000000030000000400000000"},
+		{"data with imm", Header{Type: Data, Flags: FlagFirst | FlagLast | FlagImm, Credit: 0x28, Length: 5, Seq: 7, Imm: 0xdeadbeef, Arg: 3, Auth: 0x0102030405060708},
+			"01070000000000280000000500000007deadbeef000000030102030405060708"},
+		{"grant with gap", Header{Type: Credit, Flags: FlagFirst | FlagLast | FlagGap, Credit: 1, Length: 12, Arg: 10, Auth: 0xfedcba9876543210},
+			"020b0000000000010000000c00000000000000000000000afedcba9876543210"},
+		{"bundle", BundleHeader(3, 4, 100), "0803000000000000000000640000000300000004000000000000000000000000"},
 	} {
 		var b [HeaderLen]byte
 		tc.h.Put(b[:])
@@ -105,7 +107,7 @@ func FuzzHeader(f *testing.F) {
 		}
 		r := Raw(b)
 		if r.Type() != h.Type || r.Whole() != h.Whole() || r.Last() != h.Last() || r.Length() != h.Length ||
-			r.Seq() != h.Seq || r.Count() != h.Count() || r.Ack() != h.Ack() {
+			r.Seq() != h.Seq || r.Count() != h.Count() || r.Ack() != h.Ack() || r.Auth() != h.Auth {
 			t.Fatalf("Raw reads %x otherwise than Parse: %v", b[:HeaderLen], &h)
 		}
 	})
@@ -124,9 +126,10 @@ func TestRaw(t *testing.T) {
 	}
 	r.SetCredit(1000)
 	r.SetAck(42)
+	r.SetAuth(0xa5a5_0000_ffff_1234)
 	var got Header
-	if err := got.Parse(b[:]); err != nil || got.Credit != 1000 || got.Ack() != 42 {
-		t.Fatalf("after SetCredit/SetAck: %v, %v (ack %d)", &got, err, got.Ack())
+	if err := got.Parse(b[:]); err != nil || got.Credit != 1000 || got.Ack() != 42 || got.Auth != 0xa5a5_0000_ffff_1234 || r.Auth() != got.Auth {
+		t.Fatalf("after SetCredit/SetAck/SetAuth: %v, %v (ack %d, auth %#x)", &got, err, got.Ack(), got.Auth)
 	}
 	if imm, ok := got.AppImm(); !ok || imm != 9 {
 		t.Fatalf("immediate %d, %v", imm, ok)
@@ -165,4 +168,61 @@ func TestSetChunk(t *testing.T) {
 			t.Errorf("SetChunk(%v, %v): flags %#x", tc.first, tc.last, h.Flags)
 		}
 	}
+}
+
+// Authentic accepts exactly the message that carries the secret it is
+// given, and nothing for secret 0 (no pair's).
+func TestAuthentic(t *testing.T) {
+	const secret = 0x8badf00d_cafe0001
+	msg := func(auth uint64) []byte {
+		b := make([]byte, HeaderLen+3)
+		(&Header{Type: Data, Flags: FlagFirst | FlagLast, Length: 3, Auth: auth}).Put(b)
+		return b
+	}
+	for _, tc := range []struct {
+		name   string
+		b      []byte
+		secret uint64
+		want   bool
+	}{
+		{"its secret", msg(secret), secret, true},
+		{"its secret, header alone", msg(secret)[:HeaderLen], secret, true},
+		{"no secret", msg(0), secret, false},
+		{"another pair's", msg(secret ^ 1<<63), secret, false},
+		{"one bit off", msg(secret ^ 1), secret, false},
+		{"short", msg(secret)[:HeaderLen-1], secret, false},
+		{"empty", nil, secret, false},
+		{"zero secret, zero auth", msg(0), 0, false},
+	} {
+		if got := Authentic(tc.b, tc.secret); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// FuzzAuthentic: Authentic never panics, and accepts a message exactly
+// when it is a header's length or longer and its auth field, as Parse
+// reads it, is the nonzero secret.
+func FuzzAuthentic(f *testing.F) {
+	for _, auth := range []uint64{0, 1, 0x8badf00d_cafe0001, ^uint64(0)} {
+		b := make([]byte, HeaderLen)
+		(&Header{Type: Data, Flags: FlagFirst | FlagLast, Auth: auth}).Put(b)
+		f.Add(b, auth)
+		f.Add(b, auth^1)
+		f.Add(b[:HeaderLen-1], auth)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, secret uint64) {
+		got := Authentic(b, secret)
+		want := false
+		if len(b) >= HeaderLen && secret != 0 {
+			want = Raw(b).Auth() == secret
+			var h Header
+			if h.Parse(b) == nil && h.Auth != Raw(b).Auth() {
+				t.Fatalf("Parse reads auth %#x, Raw %#x", h.Auth, Raw(b).Auth())
+			}
+		}
+		if got != want {
+			t.Fatalf("Authentic(%x, %#x) = %v, want %v", b, secret, got, want)
+		}
+	})
 }

@@ -31,6 +31,10 @@ type Config struct {
 	// RxBatch is how many packets the receive loop takes from the wire at
 	// once (default 64).
 	RxBatch int
+	// NIC, if set, models a NIC's QP-context cache and receive ring on
+	// the receive path (nic.go); zero fields take DefaultNICModel's. Nil,
+	// the default, runs at CPU speed with unbounded state.
+	NIC *NICModel
 }
 
 // Device limits, reported by Attr and enforced on create and post.
@@ -98,6 +102,16 @@ func Open(cfg Config) (*Device, error) {
 	}
 	if cfg.RxBatch <= 0 {
 		cfg.RxBatch = 64
+	}
+	if cfg.NIC != nil {
+		m, err := cfg.NIC.withDefaults()
+		if err != nil {
+			return nil, fmt.Errorf("soft: open %s: %w", cfg.Name, err)
+		}
+		if err := m.setRing(cfg.Wire); err != nil {
+			return nil, fmt.Errorf("soft: open %s: %w", cfg.Name, err)
+		}
+		cfg.NIC = &m
 	}
 	d := &Device{
 		cfg:     cfg,
@@ -168,7 +182,13 @@ func (d *Device) GID(index int) (verbs.GID, error) {
 }
 
 // Stats returns the device's counters.
-func (d *Device) Stats() StatsSnapshot { return d.stats.snapshot() }
+func (d *Device) Stats() StatsSnapshot {
+	s := d.stats.snapshot()
+	if d.cfg.NIC != nil {
+		s.RxRingDrops = d.w.Stats().DropQueueFull
+	}
+	return s
+}
 
 // AllocPD allocates a protection domain.
 func (d *Device) AllocPD() (verbs.PD, error) {
@@ -220,6 +240,9 @@ func (d *Device) rxLoop() {
 		pkts[i].Buf = make([]byte, pktLen)
 	}
 	rx := &rxState{dev: d, tx: newTxq(d.w, pktLen, 64, &d.stats), reqTx: newTxq(d.w, pktLen, 64, &d.stats)}
+	if d.cfg.NIC != nil {
+		rx.nic = newNIC(*d.cfg.NIC, &d.stats)
+	}
 	for {
 		n, err := d.w.Recv(pkts)
 		for i := 0; i < n; i++ {

@@ -27,4 +27,9 @@
 // on the runtime's timers. Responses the receive goroutine generates are sent
 // in one batch per received batch; a requester flushes its packets before it
 // releases its QP, so a QP's packets leave in PSN order.
+//
+// Hardware costs: with Config.NIC the receive path models a NIC's QP-context
+// cache, line rate and receive ring (nic.go), paying their time against a
+// virtual clock by sleeping; without it the device runs at CPU speed with
+// unbounded state.
 package soft

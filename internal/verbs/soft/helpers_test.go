@@ -20,12 +20,18 @@ type rcPair struct {
 
 func newRCPair(t testing.TB, fb *wire.Fabric, mtu verbs.MTU) *rcPair {
 	t.Helper()
+	return newRCPairNIC(t, fb, mtu, nil)
+}
+
+// newRCPairNIC is newRCPair with devices that model the NIC m (nil: none).
+func newRCPairNIC(t testing.TB, fb *wire.Fabric, mtu verbs.MTU, m *NICModel) *rcPair {
+	t.Helper()
 	open := func(ip string) *Device {
 		w, err := fb.Attach(verbs.GIDFromAddr(netip.MustParseAddr(ip)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := Open(Config{Wire: w})
+		d, err := Open(Config{Wire: w, NIC: m})
 		if err != nil {
 			t.Fatal(err)
 		}

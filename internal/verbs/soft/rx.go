@@ -11,7 +11,8 @@ type rxState struct {
 	tx    *txq // responder output (ACKs, NAKs, read responses), sent per batch
 	reqTx *txq // requester output triggered by ACKs, sent before the QP unlocks
 	hdr   roce.Header
-	owed  *qp // QPs owing a coalesced ACK, linked through qp.ackNext
+	owed  *qp  // QPs owing a coalesced ACK, linked through qp.ackNext
+	nic   *nic // the NIC model, if the device has one
 }
 
 // handle processes one packet. Anything malformed or unexpected is dropped
@@ -25,6 +26,9 @@ func (rx *rxState) handle(b []byte, src verbs.GID, sport uint16) {
 	if err != nil {
 		d.stats.rxMalformed.Add(1)
 		return
+	}
+	if rx.nic != nil {
+		rx.nic.charge(h.DestQPN, len(b))
 	}
 	q := d.lookupQP(h.DestQPN)
 	if q == nil {

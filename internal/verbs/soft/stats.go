@@ -10,6 +10,7 @@ type Stats struct {
 	rxErrors                                                         atomic.Uint64
 	txPackets, txErrors, retransmits, timeouts                       atomic.Uint64
 	naksSent, rnrNaksSent, acksSent, cqOverruns                      atomic.Uint64
+	qpCacheMisses                                                    atomic.Uint64
 }
 
 // StatsSnapshot is a copy of a device's counters.
@@ -32,6 +33,9 @@ type StatsSnapshot struct {
 	RNRNAKsSent     uint64
 	ACKsSent        uint64
 	CQOverruns      uint64 // completions dropped because a CQ was full
+	// With the NIC model (Config.NIC) only:
+	RxRingDrops   uint64 // arrived while the receive ring was full: dropped (the wire's DropQueueFull)
+	QPCacheMisses uint64 // packets whose QP context was not cached
 }
 
 func (s *Stats) snapshot() StatsSnapshot {
@@ -42,5 +46,6 @@ func (s *Stats) snapshot() StatsSnapshot {
 		RxErrors: s.rxErrors.Load(), TxPackets: s.txPackets.Load(), TxErrors: s.txErrors.Load(),
 		Retransmits: s.retransmits.Load(), Timeouts: s.timeouts.Load(), NAKsSent: s.naksSent.Load(),
 		RNRNAKsSent: s.rnrNaksSent.Load(), ACKsSent: s.acksSent.Load(), CQOverruns: s.cqOverruns.Load(),
+		QPCacheMisses: s.qpCacheMisses.Load(),
 	}
 }

@@ -71,6 +71,7 @@ func (fb *Fabric) Attach(gid verbs.GID) (Wire, error) {
 		rcache: cache{p: &fb.pool},
 	}
 	e.rx.ring = make([]*pbuf, RxQueueLen)
+	e.rx.limit = RxQueueLen
 	e.f = newFaulter(fb.faults, gid, &fb.pool, fb.sched, &e.cnt, e.transmit)
 	m := make(map[verbs.GID]*endpoint, len(old)+1)
 	for g, o := range old {
@@ -168,6 +169,7 @@ type endpoint struct {
 		mu      sync.Mutex
 		ring    []*pbuf // len RxQueueLen
 		head, n int
+		limit   int  // packets the queue holds: len(ring) unless SetRxQueueLen
 		waiting bool // Recv found the queue empty and waits on wake
 		closed  bool
 	}
@@ -272,7 +274,7 @@ func (e *endpoint) push(bs []*pbuf) (k int, closed bool) {
 		r.mu.Unlock()
 		return 0, true
 	}
-	k = min(len(bs), len(r.ring)-r.n)
+	k = max(0, min(len(bs), r.limit-r.n))
 	tail := (r.head + r.n) & (len(r.ring) - 1)
 	c := copy(r.ring[tail:], bs[:k])
 	copy(r.ring, bs[c:k])
@@ -289,6 +291,18 @@ func (e *endpoint) push(bs []*pbuf) (k int, closed bool) {
 		}
 	}
 	return k, false
+}
+
+// SetRxQueueLen bounds the endpoint's receive queue at n packets, 1 to
+// RxQueueLen: a device modelling a NIC's receive ring sets its depth.
+func (e *endpoint) SetRxQueueLen(n int) error {
+	if n < 1 || n > RxQueueLen {
+		return fmt.Errorf("wire: receive queue of %d packets: want 1..%d", n, RxQueueLen)
+	}
+	e.rx.mu.Lock()
+	e.rx.limit = n
+	e.rx.mu.Unlock()
+	return nil
 }
 
 // pop moves up to len(into) queued packets into into. When it finds the

@@ -589,3 +589,33 @@ func TestFabricAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestFabricSetRxQueueLen bounds a receive queue below RxQueueLen, as the
+// soft device's NIC model does with its ring: the overflow is dropped.
+func TestFabricSetRxQueueLen(t *testing.T) {
+	fb := NewFabric(Faults{})
+	defer fb.Close()
+	ws := attach(t, fb, gidA, gidB)
+	a, b := ws[0], ws[1]
+	rw := b.(interface{ SetRxQueueLen(int) error })
+	for _, bad := range []int{0, -1, RxQueueLen + 1} {
+		if err := rw.SetRxQueueLen(bad); err == nil {
+			t.Errorf("SetRxQueueLen(%d) accepted", bad)
+		}
+	}
+	const depth, sent = 10, 64
+	if err := rw.SetRxQueueLen(depth); err != nil {
+		t.Fatal(err)
+	}
+	pkts := mkPkts(sent, 64, gidB, 0)
+	for j := range pkts {
+		fill(&pkts[j], uint32(j))
+	}
+	if n, err := a.Send(pkts); n != sent || err != nil {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	if s := b.Stats(); s.DropQueueFull != sent-depth {
+		t.Errorf("DropQueueFull = %d, want %d", s.DropQueueFull, sent-depth)
+	}
+	recvN(t, b, depth, slots(depth, 64))
+}

@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/rdmavisor/rdmavisor/internal/plot"
+)
+
+// GoBench is one result line of `go test -bench` output.
+type GoBench struct {
+	// Name is the benchmark's name without the -GOMAXPROCS suffix:
+	// BenchmarkE4/rtt/shm.
+	Name       string
+	Iterations int64
+	// Metrics are the line's values by unit: "ns/op", "p50-µs/rtt".
+	Metrics map[string]float64
+}
+
+var procsSuffix = regexp.MustCompile(`-[0-9]+$`)
+
+// ParseGoBench reads the result lines of `go test -bench` output; every
+// other line (goos:, PASS, ok, logs) is skipped. A result line that does
+// not parse is an error.
+func ParseGoBench(r io.Reader) ([]GoBench, error) {
+	var out []GoBench
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		f := strings.Fields(sc.Text())
+		// A result line is a name, an iteration count and value-unit
+		// pairs; "BenchmarkX" alone (a -v header) or with text is not.
+		if len(f) < 2 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		n, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue // "BenchmarkX ... --- FAIL" and the like: not a result
+		}
+		if len(f)%2 != 0 || n < 0 {
+			return nil, fmt.Errorf("bench: go test output line %d: want a name, a count and value-unit pairs: %q", line, sc.Text())
+		}
+		b := GoBench{Name: procsSuffix.ReplaceAllString(f[0], ""), Iterations: n, Metrics: map[string]float64{}}
+		for i := 2; i < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+				return nil, fmt.Errorf("bench: go test output line %d: value %q of %s: not a number", line, f[i], f[i+1])
+			}
+			b.Metrics[f[i+1]] = v
+		}
+		out = append(out, b)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("bench: go test output: %w", err)
+	}
+	return out, nil
+}
+
+// Figure is a chart to write to File.
+type Figure struct {
+	File  string
+	Chart interface{ SVG(io.Writer) error }
+}
+
+// designColor keeps a design's color across the model's settings.
+var designColor = map[string]string{designEngine: "#1f77b4", designNaive: "#d62728"}
+
+// PaperKnee is the RDMAvisor paper's claim the E1 figure is drawn against:
+// one QP per connection collapses past about 400 connections.
+const PaperKnee = 400
+
+// Figures draws the run's records and the E4 benchmark lines: E1 rate and
+// CPU per message against connections (model off and on), E2 bytes per
+// vconn, E5 rate by size, E4 by path. Records of consecutive runs are
+// merged (MergeRuns); an E4 line repeated by runs is drawn at its median.
+// A figure without data is left out.
+func Figures(recs []Record, e4 []GoBench) []Figure {
+	recs = MergeRuns(recs)
+	var figs []Figure
+	nan := math.NaN()
+	val := func(r *Record, v func(*Record) *float64) float64 {
+		if r == nil || r.Error != "" || v(r) == nil {
+			return nan
+		}
+		return *v(r)
+	}
+	rs := results{recs}
+	e1Series := func(v func(*Record) *float64) []plot.Series {
+		var ss []plot.Series
+		ns := counts(recs, "e1")
+		for _, nic := range e1Models(recs) {
+			for _, d := range []string{designEngine, designNaive} {
+				s := plot.Series{Name: d, Dashed: nic, Color: designColor[d]}
+				if nic {
+					s.Name += ", NIC model"
+				}
+				for _, n := range ns {
+					r := rs.find("e1", func(r *Record) bool { return r.Design == d && r.NICModel == nic && r.VConns == n })
+					s.X, s.Y = append(s.X, float64(n)), append(s.Y, val(r, v))
+				}
+				ss = append(ss, s)
+			}
+		}
+		return ss
+	}
+	paper := []plot.Ref{{X: PaperKnee, Label: "paper: one QP per connection collapses past ~400"}}
+	figs = append(figs,
+		Figure{"e1-msgs.svg", plot.Chart{
+			Title: "E1: 64-byte messages/s vs connections", XLabel: "connections (log)", YLabel: "messages/s", LogX: true,
+			Series: e1Series(msgsPerSec), Refs: paper,
+			Notes: []string{"RDMAvisor paper: naive RDMA collapses past ~400 connections (NIC QP-context cache), RDMAvisor stays flat to 1,000+.", "Dashed: the soft provider's NIC model on (docs/architecture.md, \"NIC model\"). Missing points were not run (see summary.md)."},
+		}},
+		Figure{"e1-cpu.svg", plot.Chart{
+			Title: "E1: CPU time per message vs connections", XLabel: "connections (log)", YLabel: "CPU ns per message (both ends)", LogX: true, LogY: true,
+			Series: e1Series(cpuPerMsg), Refs: paper,
+			Notes: []string{"getrusage of the whole process per delivered message; the NIC model's time is slept, so it does not show here."},
+		}})
+	var e2 []plot.Series
+	for _, d := range []string{designEngine, designNaive} {
+		s := plot.Series{Name: d, Color: designColor[d]}
+		for _, n := range counts(recs, "e2") {
+			r := rs.find("e2", func(r *Record) bool { return r.Design == d && r.VConns == n })
+			s.X, s.Y = append(s.X, float64(n)), append(s.Y, val(r, bytesPerVConn))
+		}
+		e2 = append(e2, s)
+	}
+	figs = append(figs, Figure{"e2-bytes.svg", plot.Chart{
+		Title: "E2: memory per vconn end", XLabel: "vconns (log)", YLabel: "bytes per vconn (heap + registered, log)", LogX: true, LogY: true, Series: e2,
+	}})
+	var e5 []plot.Series
+	for _, tr := range []string{"rc", "uc", "ud", "auto"} {
+		s := plot.Series{Name: tr, Dashed: tr == "auto"}
+		for _, size := range e5Sizes(recs) {
+			r := rs.find("e5", func(r *Record) bool { return r.Transport == tr && r.MsgBytes == size })
+			s.X, s.Y = append(s.X, float64(size)), append(s.Y, val(r, msgsPerSec))
+		}
+		e5 = append(e5, s)
+	}
+	figs = append(figs, Figure{"e5-size.svg", plot.Chart{
+		Title: "E5: messages/s by transport and message size", XLabel: "message bytes (log)", YLabel: "messages/s (log)", LogX: true, LogY: true, Series: e5,
+		Notes: []string{"uc carries at most 16 KiB, ud one 4 KiB MTU: larger sizes are not run."},
+	}})
+	paths := []string{"socket", "shm", "engine"}
+	metric := func(name, unit string) float64 {
+		var xs []float64
+		for _, b := range e4 {
+			if v, ok := b.Metrics[unit]; ok && b.Name == name {
+				xs = append(xs, v)
+			}
+		}
+		if len(xs) == 0 {
+			return nan
+		}
+		return median(xs)
+	}
+	var p50, mean, rate []float64
+	for _, p := range paths {
+		p50 = append(p50, metric("BenchmarkE4/rtt/"+p, "p50-µs/rtt"))
+		mean = append(mean, metric("BenchmarkE4/rtt/"+p, "µs/rtt"))
+		rate = append(rate, metric("BenchmarkE4/stream/"+p, "msgs/s"))
+	}
+	figs = append(figs,
+		Figure{"e4-rtt.svg", plot.Bars{
+			Title: "E4: round trip by path (64-byte messages)", YLabel: "µs", Groups: paths,
+			Series: []plot.Series{{Name: "p50", Y: p50}, {Name: "mean", Y: mean}},
+			Notes:  []string{"pods on the unix socket, on shared memory, and the engines called directly (BenchmarkE4)"},
+		}},
+		Figure{"e4-rate.svg", plot.Bars{
+			Title: "E4: one-way message rate by path (64-byte messages)", YLabel: "messages/s", Groups: paths,
+			Series: []plot.Series{{Name: "msgs/s", Y: rate}},
+		}})
+	return slices.DeleteFunc(figs, func(f Figure) bool {
+		return errors.Is(f.Chart.SVG(io.Discard), plot.ErrNoData)
+	})
+}

@@ -1,0 +1,424 @@
+// Package preload_test runs programs nobody here wrote (iperf3, redis, curl
+// and Python's http.server, from Debian) between two agents of the test
+// harness over vconns, through the preload library, and each one over TCP
+// in the same run for comparison.
+package preload_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+)
+
+// build makes libvconn, the preload library and the C test programs in a
+// directory of the test's.
+func build(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	_, file, _, _ := runtime.Caller(0)
+	clib := filepath.Join(filepath.Dir(file), "..", "..", "clib")
+	out, err := exec.Command("make", "-s", "-C", clib, "BUILD="+dir, "all", "preload").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -C clib preload: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// need fails the test when a program it runs is missing: hack/deps.sh
+// test installs them.
+func need(t *testing.T, progs ...string) {
+	t.Helper()
+	for _, p := range progs {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Fatalf("%s is not installed: run hack/deps.sh test (as root) or apt-get install it", p)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer several processes' output goes into.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+type harness struct {
+	t       *testing.T
+	lib     string
+	cluster *agenttest.Cluster
+	server  string // node-a's allocation socket of the running subtest's servers
+	srvID   string // its allocation
+	client  string // node-b's
+	ip      string // node-a's IP: clients connect to it
+	report  *strings.Builder
+}
+
+func newHarness(t *testing.T) *harness {
+	dir := build(t)
+	c, err := agenttest.Start(agenttest.Options{VConnsPerNode: 256, Transport: "auto"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	h := &harness{t: t, lib: filepath.Join(dir, "librdmavisor-preload.so"), cluster: c, ip: c.Nodes[0].IP, report: &strings.Builder{}}
+	if h.client, err = c.Nodes[1].Allocate(ctx, "clients", 64); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// env is the environment of a program on vconns: the preload library,
+// its allocation's socket, and what it connects to or listens on.
+func (h *harness) env(sock, connect, listen string) []string {
+	e := append(os.Environ(), "LD_PRELOAD="+h.lib, "RDMAVISOR_SOCKET="+sock)
+	if connect != "" {
+		e = append(e, "RDMAVISOR_PRELOAD_CONNECT="+connect)
+	}
+	if listen != "" {
+		e = append(e, "RDMAVISOR_PRELOAD_LISTEN="+listen)
+	}
+	return e
+}
+
+// start starts a server in the background; it is killed at the end.
+func (h *harness) start(env []string, name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// Its own process group: the servers fork, and their children hold
+	// the output pipe too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		if h.t.Failed() {
+			h.t.Logf("%s output:\n%s", name, out.String())
+		}
+	})
+	return cmd
+}
+
+func (h *harness) run(env []string, stdin []byte, name string, args ...string) []byte {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = env
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		h.t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, stderr.Bytes())
+	}
+	return out
+}
+
+// waitTCP waits until something accepts on addr (the TCP runs' servers).
+func waitTCP(t *testing.T, addr string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_ = c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on %s: %v", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// servers gives subtest t an allocation of its own on node-a for its
+// servers, so that what it listens on is its own to count (waitListen).
+func (h *harness) servers(t *testing.T, id string) {
+	h.t, h.srvID = t, id
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var err error
+	if h.server, err = h.cluster.Nodes[0].Allocate(ctx, id, 64); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitListen waits until the subtest's servers listen on n ports.
+func (h *harness) waitListen(n int) {
+	h.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		for _, al := range h.cluster.Nodes[0].Agent.Allocations() {
+			if al.ID == h.srvID && al.Listeners >= n {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("allocation %s does not listen on %d ports: %+v", h.srvID, n, h.cluster.Nodes[0].Agent.Allocations())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) row(program, figure string, vconn, tcp float64, unit string) {
+	ratio := vconn / tcp
+	fmt.Fprintf(h.report, "| %s | %s | %.4g %s | %.4g %s | %.2f |\n", program, figure, vconn, unit, tcp, unit, ratio)
+}
+
+// TestUnmodifiedPrograms runs iperf3, redis and curl against
+// http.server, each over vconns and over TCP, and checks every byte.
+func TestUnmodifiedPrograms(t *testing.T) {
+	need(t, "make", "cc", "iperf3", "redis-server", "redis-cli", "redis-benchmark", "curl", "python3")
+	h := newHarness(t)
+	fmt.Fprintln(h.report, "| program | figure | over vconns | over TCP | vconns/TCP |")
+	fmt.Fprintln(h.report, "|---|---|---:|---:|---:|")
+	t.Run("iperf3", h.iperf3)
+	t.Run("redis", h.redis)
+	t.Run("http", h.http)
+	t.Logf("unmodified programs between two agents (soft provider, UDP on loopback), each over TCP in the same run:\n%s", h.report)
+	if p := os.Getenv("RDMAVISOR_PRELOAD_REPORT"); p != "" {
+		if err := os.WriteFile(p, []byte(h.report.String()), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func (h *harness) iperf3(t *testing.T) {
+	h.servers(t, "iperf3")
+	const vport, tport = 5201, 5202
+	h.start(h.env(h.server, "", strconv.Itoa(vport)), "iperf3", "-s", "-p", strconv.Itoa(vport))
+	h.waitListen(1)
+	h.start(os.Environ(), "iperf3", "-s", "-B", h.ip, "-p", strconv.Itoa(tport))
+	waitTCP(t, fmt.Sprintf("%s:%d", h.ip, tport))
+	for _, reverse := range []bool{false, true} {
+		dir := "client to server"
+		args := []string{"-c", h.ip, "-t", "3", "-J"}
+		if reverse {
+			dir, args = "server to client", append(args, "-R")
+		}
+		v := iperfRate(t, h.run(h.env(h.client, fmt.Sprintf("%s:%d", h.ip, vport), ""), nil, "iperf3", append(args, "-p", strconv.Itoa(vport))...))
+		p := iperfRate(t, h.run(os.Environ(), nil, "iperf3", append(args, "-p", strconv.Itoa(tport))...))
+		h.row("iperf3", "throughput, "+dir, v/1e6, p/1e6, "Mbit/s")
+	}
+}
+
+// iperfRate is what the receiver measured (bits/s), from iperf3 -J.
+func iperfRate(t *testing.T, out []byte) float64 {
+	t.Helper()
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+				Bytes         int64   `json:"bytes"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("iperf3 -J: %v\n%s", err, out)
+	}
+	if r.Error != "" || r.End.SumReceived.Bytes == 0 {
+		t.Fatalf("iperf3: error %q, %d bytes received", r.Error, r.End.SumReceived.Bytes)
+	}
+	return r.End.SumReceived.BitsPerSecond
+}
+
+func (h *harness) redis(t *testing.T) {
+	h.servers(t, "redis")
+	const vport, tport = 6379, 6380
+	common := []string{"--save", "", "--appendonly", "no", "--protected-mode", "no"}
+	h.start(h.env(h.server, "", strconv.Itoa(vport)), "redis-server", append([]string{"--port", strconv.Itoa(vport), "--bind", h.ip}, common...)...)
+	h.waitListen(1)
+	h.start(os.Environ(), "redis-server", append([]string{"--port", strconv.Itoa(tport), "--bind", h.ip}, common...)...)
+	waitTCP(t, fmt.Sprintf("%s:%d", h.ip, tport))
+	venv := h.env(h.client, fmt.Sprintf("%s:%d", h.ip, vport), "")
+	// Every reply checked: 2,000 keys of random values written, then
+	// read back through redis-cli, reply by reply.
+	for _, c := range []struct {
+		env  []string
+		port int
+	}{{venv, vport}, {os.Environ(), tport}} {
+		var set, get bytes.Buffer
+		want := make([]string, 2000)
+		for i := range want {
+			b := make([]byte, 12)
+			_, _ = rand.Read(b)
+			want[i] = fmt.Sprintf("%x", b)
+			fmt.Fprintf(&set, "SET key:%d %s\n", i, want[i])
+			fmt.Fprintf(&get, "GET key:%d\n", i)
+		}
+		args := []string{"-h", h.ip, "-p", strconv.Itoa(c.port)}
+		okays := strings.Fields(string(h.run(c.env, set.Bytes(), "redis-cli", args...)))
+		if len(okays) != len(want) || strings.Count(strings.Join(okays, " "), "OK") != len(want) {
+			t.Fatalf("port %d: SET replies: %d, want %d OK", c.port, len(okays), len(want))
+		}
+		got := strings.Fields(string(h.run(c.env, get.Bytes(), "redis-cli", args...)))
+		if len(got) != len(want) {
+			t.Fatalf("port %d: GET replies: %d, want %d", c.port, len(got), len(want))
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("port %d: GET key:%d = %q, want %q", c.port, i, got[i], want[i])
+			}
+		}
+	}
+	bench := func(env []string, port int) (set, get float64) {
+		out := h.run(env, nil, "redis-benchmark", "-h", h.ip, "-p", strconv.Itoa(port), "-n", "20000", "-c", "8", "-t", "set,get", "--csv")
+		return csvRate(t, out, "SET"), csvRate(t, out, "GET")
+	}
+	vs, vg := bench(venv, vport)
+	ts, tg := bench(os.Environ(), tport)
+	h.row("redis-benchmark", "SET requests/s, 8 clients", vs, ts, "req/s")
+	h.row("redis-benchmark", "GET requests/s, 8 clients", vg, tg, "req/s")
+}
+
+var csvLine = regexp.MustCompile(`^"([A-Z]+)","([\d.]+)"`)
+
+func csvRate(t *testing.T, out []byte, test string) float64 {
+	t.Helper()
+	for _, l := range strings.Split(string(out), "\n") {
+		if m := csvLine.FindStringSubmatch(l); m != nil && m[1] == test {
+			v, err := strconv.ParseFloat(m[2], 64)
+			if err == nil && v > 0 {
+				return v
+			}
+		}
+	}
+	t.Fatalf("redis-benchmark --csv: no %s rate in\n%s", test, out)
+	return 0
+}
+
+func (h *harness) http(t *testing.T) {
+	h.servers(t, "http")
+	const vport, tport = 8000, 8001
+	root := t.TempDir()
+	data := make([]byte, 64<<20)
+	_, _ = rand.Read(data)
+	if err := os.WriteFile(filepath.Join(root, "blob"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	for _, c := range []struct {
+		env  []string
+		port int
+	}{{h.env(h.server, "", strconv.Itoa(vport)), vport}, {os.Environ(), tport}} {
+		srv := h.start(c.env, "python3", "-m", "http.server", strconv.Itoa(c.port), "--bind", h.ip, "--directory", root)
+		_ = srv
+	}
+	h.waitListen(1)
+	waitTCP(t, fmt.Sprintf("%s:%d", h.ip, tport))
+	get := func(env []string, port int) float64 {
+		out := filepath.Join(t.TempDir(), "blob")
+		speed := h.run(env, nil, "curl", "-sS", "--fail", "-o", out, "-w", "%{speed_download}", fmt.Sprintf("http://%s:%d/blob", h.ip, port))
+		got, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sha256.Sum256(got) != sum {
+			t.Fatalf("port %d: the file fetched (%d bytes) differs from the one served (%d)", port, len(got), len(data))
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(string(speed)), 64)
+		if err != nil {
+			t.Fatalf("curl speed %q: %v", speed, err)
+		}
+		return v
+	}
+	v := get(h.env(h.client, fmt.Sprintf("%s:%d", h.ip, vport), ""), vport)
+	p := get(os.Environ(), tport)
+	h.row("curl ← python3 -m http.server", "64 MiB file, checksum equal", v/1e6, p/1e6, "MB/s")
+}
+
+// TestPreloadBadVariable: a malformed variable stops the program at start
+// and says which variable and which entry.
+func TestPreloadBadVariable(t *testing.T) {
+	need(t, "make", "cc")
+	lib := filepath.Join(build(t), "librdmavisor-preload.so")
+	for _, c := range []struct{ name, value, says string }{
+		{"RDMAVISOR_PRELOAD_CONNECT", "10.0.0.1", `bad entry "10.0.0.1"`},
+		{"RDMAVISOR_PRELOAD_CONNECT", "10.0.0.1:99999", `bad entry "10.0.0.1:99999"`},
+		{"RDMAVISOR_PRELOAD_CONNECT", "*:*", `bad entry "*:*"`},
+		{"RDMAVISOR_PRELOAD_CONNECT", "10.0.0.1:80,,", `bad entry ""`},
+		{"RDMAVISOR_PRELOAD_LISTEN", "http", `bad entry "http"`},
+		{"RDMAVISOR_PRELOAD_LISTEN", "0", `bad entry "0"`},
+	} {
+		cmd := exec.Command("true")
+		cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, "RDMAVISOR_SOCKET=/nonexistent", c.name+"="+c.value)
+		out, err := cmd.CombinedOutput()
+		if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 || !bytes.Contains(out, []byte(c.name)) || !bytes.Contains(out, []byte(c.says)) {
+			t.Errorf("%s=%q: exit %v, output %q; want exit 2 naming the variable and %s", c.name, c.value, err, out, c.says)
+		}
+	}
+	cmd := exec.Command("true")
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, "RDMAVISOR_SOCKET=", "RDMAVISOR_PRELOAD_LISTEN=80")
+	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 2 || !bytes.Contains(out, []byte("RDMAVISOR_SOCKET")) {
+		t.Errorf("no socket: %q, want exit 2 naming RDMAVISOR_SOCKET", out)
+	}
+}
+
+// TestPreloadFork: a pre-forking server (two children accept on one
+// listening socket) and a client that forks: the child talks on the
+// inherited socket and exits, the parent goes on on the same one.
+func TestPreloadFork(t *testing.T) {
+	need(t, "make", "cc")
+	h := newHarness(t)
+	h.servers(t, "forkecho")
+	dir := filepath.Dir(h.lib)
+	const port = "7100"
+	h.start(h.env(h.server, "", port), filepath.Join(dir, "forkecho"), "server", h.ip, port)
+	h.waitListen(1)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command(filepath.Join(dir, "forkecho"), "client", h.ip, port)
+			cmd.Env = h.env(h.client, h.ip+":"+port, "")
+			out, err := cmd.CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("child ok")) || !bytes.Contains(out, []byte("parent ok")) {
+				errs <- fmt.Errorf("client %d: %v: %s", i, err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
