@@ -216,9 +216,11 @@ func TestTemplateDefaults(t *testing.T) {
 		"RoleBinding/" + operator,
 		"ServiceAccount/" + operator,
 		"ValidatingAdmissionPolicy/" + controllers.AgentPolicy,
+		"ValidatingAdmissionPolicy/" + controllers.AgentSlicePolicy,
 		"ValidatingAdmissionPolicy/" + controllers.OperatorBindingsPolicy,
 		"ValidatingAdmissionPolicy/" + controllers.ServicePolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.AgentPolicy,
+		"ValidatingAdmissionPolicyBinding/" + controllers.AgentSlicePolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.OperatorBindingsPolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.ServicePolicy,
 	}
