@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The RDMAvisor image: one image holds every binary. The operator Deployment
 # runs `operator`; the agent DaemonSets the operator renders run
-# `node-agent`, `device-plugin` and `rdmavisor-cni` by name (they are on
+# `node-agent`, `device-plugin`, `dra-driver` and `rdmavisor-cni` by name (they are on
 # PATH); the entrypoint is the `rdmavisor` CLI.
 #
 #   docker build -t ghcr.io/rdmavisor/rdmavisor:dev .
@@ -37,7 +37,7 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     mkdir -p /rootfs/usr/local/bin /rootfs/etc /rootfs/home/nonroot /rootfs/root /rootfs/tmp \
  && CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -ldflags "-s -w" -o /rootfs/usr/local/bin/ \
-      ./cmd/operator ./cmd/device-plugin ./cmd/rdmavisor-cni ./cmd/rdmavisor \
+      ./cmd/operator ./cmd/device-plugin ./cmd/dra-driver ./cmd/rdmavisor-cni ./cmd/rdmavisor \
  && cp hack/image/passwd hack/image/group /rootfs/etc/ \
  && chmod 0644 /rootfs/etc/passwd /rootfs/etc/group \
  && chmod 1777 /rootfs/tmp && chmod 0700 /rootfs/root /rootfs/home/nonroot \

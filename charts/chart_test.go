@@ -216,9 +216,11 @@ func TestTemplateDefaults(t *testing.T) {
 		"RoleBinding/" + operator,
 		"ServiceAccount/" + operator,
 		"ValidatingAdmissionPolicy/" + controllers.AgentPolicy,
+		"ValidatingAdmissionPolicy/" + controllers.AgentSlicePolicy,
 		"ValidatingAdmissionPolicy/" + controllers.OperatorBindingsPolicy,
 		"ValidatingAdmissionPolicy/" + controllers.ServicePolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.AgentPolicy,
+		"ValidatingAdmissionPolicyBinding/" + controllers.AgentSlicePolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.OperatorBindingsPolicy,
 		"ValidatingAdmissionPolicyBinding/" + controllers.ServicePolicy,
 	}
@@ -407,7 +409,8 @@ func TestAgentRBACEqualsController(t *testing.T) {
 	}
 	agent, agentBinding := controllers.NewAgentPolicy(namespace)
 	op, opBinding := controllers.NewOperatorBindingsPolicy(namespace, "system:serviceaccount:"+namespace+":"+operator)
-	for _, want := range []*admissionregistrationv1.ValidatingAdmissionPolicy{agent, op} {
+	slicePolicy, sliceBinding := controllers.NewAgentSlicePolicy(namespace)
+	for _, want := range []*admissionregistrationv1.ValidatingAdmissionPolicy{agent, op, slicePolicy} {
 		var got admissionregistrationv1.ValidatingAdmissionPolicy
 		find(t, objs, "ValidatingAdmissionPolicy", want.Name, &got)
 		if !reflect.DeepEqual(got.Spec, want.Spec) {
@@ -415,7 +418,7 @@ func TestAgentRBACEqualsController(t *testing.T) {
 				want.Name, got.Spec, want.Spec)
 		}
 	}
-	for _, want := range []*admissionregistrationv1.ValidatingAdmissionPolicyBinding{agentBinding, opBinding} {
+	for _, want := range []*admissionregistrationv1.ValidatingAdmissionPolicyBinding{agentBinding, opBinding, sliceBinding} {
 		var got admissionregistrationv1.ValidatingAdmissionPolicyBinding
 		find(t, objs, "ValidatingAdmissionPolicyBinding", want.Name, &got)
 		if !reflect.DeepEqual(got.Spec, want.Spec) {

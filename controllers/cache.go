@@ -25,13 +25,15 @@ func CacheOptions(namespace string) cache.Options {
 	}}
 }
 
-// stripNode keeps what placement reads, and the addresses the signer looks
-// up (indexNodeAddress); the rest of the status (images, conditions) is most
-// of a Node's size. The transform owns the freshly decoded object.
+// stripNode keeps what placement reads (with the container runtime, which
+// decides CDI), and the addresses the signer looks up (indexNodeAddress);
+// the rest of the status (images, conditions) is most of a Node's size. The
+// transform owns the freshly decoded object.
 func stripNode(o any) (any, error) {
 	if n, ok := o.(*corev1.Node); ok {
 		n.ManagedFields, n.Annotations = nil, nil
-		n.Status = corev1.NodeStatus{Addresses: n.Status.Addresses}
+		n.Status = corev1.NodeStatus{Addresses: n.Status.Addresses,
+			NodeInfo: corev1.NodeSystemInfo{ContainerRuntimeVersion: n.Status.NodeInfo.ContainerRuntimeVersion}}
 	}
 	return o, nil
 }

@@ -177,7 +177,7 @@ func (r *RDMAServiceReconciler) applyObjects(ctx context.Context, svc *v1alpha1.
 		renderConfigMap(svc, r.Namespace, cfgData),
 	}
 	if !p.refused {
-		objs = append(objs, renderDaemonSet(svc, r.Namespace, image, cfg, cfgData, p.excluded))
+		objs = append(objs, renderDaemonSet(svc, r.Namespace, image, cfg, cfgData, p.excluded, p.cdi))
 	}
 	for _, o := range objs {
 		if err := r.Apply(ctx, o, client.ForceOwnership); err != nil {
@@ -344,13 +344,15 @@ func (r *RDMAServiceReconciler) allServices(ctx context.Context, changed client.
 	return reqs
 }
 
-// nodePlacementChanged passes node events that can change placement: not
-// the status updates every kubelet sends.
+// nodePlacementChanged passes node events that can change placement or the
+// rendered pods: not the status updates every kubelet sends.
 func nodePlacementChanged() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
-			return !equality.Semantic.DeepEqual(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
+			// The runtime decides whether the device plugin delivers by CDI.
+			return !equality.Semantic.DeepEqual(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints) ||
+				o.Status.NodeInfo.ContainerRuntimeVersion != n.Status.NodeInfo.ContainerRuntimeVersion
 		},
 	}
 }

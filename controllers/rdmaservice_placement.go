@@ -48,6 +48,9 @@ type placement struct {
 	// refused: same selector as an older service, so nothing is deployed.
 	refused   bool
 	conflicts []conflict
+	// cdi: every desired node's container runtime applies CDI specs
+	// (runtimeCDI), so the device plugin may deliver by CDI.
+	cdi bool
 }
 
 // served are the nodes whose RDMANodes belong to this service: selected and
@@ -147,7 +150,33 @@ func (r *RDMAServiceReconciler) place(ctx context.Context, svc *v1alpha1.RDMASer
 			}
 		}
 	}
+	p.cdi = len(p.desired) > 0 && !slices.ContainsFunc(p.desired, func(n string) bool {
+		return !runtimeCDI(byName[n].Status.NodeInfo.ContainerRuntimeVersion)
+	})
 	return p, nil
+}
+
+// runtimeCDI reports whether a node's container runtime, as its status
+// names it (containerd://1.7.35), applies the CDI devices the kubelet
+// passes: containerd from 1.7, CRI-O from 1.23. Unknown runtimes are
+// assumed not to, so the device plugin keeps only its mounts and
+// environment, which every runtime applies.
+func runtimeCDI(version string) bool {
+	name, v, ok := strings.Cut(version, "://")
+	if !ok {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(v, "v"), "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	switch name {
+	case "containerd":
+		return major > 1 || major == 1 && minor >= 7
+	case "cri-o":
+		return major > 1 || major == 1 && minor >= 23
+	}
+	return false
 }
 
 // daemonSetTolerations are the tolerations the DaemonSet controller adds to

@@ -61,6 +61,14 @@ const (
 	hostPodResourcesDir = "/var/lib/kubelet/pod-resources"
 	hostCNIBinDir       = "/opt/cni/bin"
 	hostCNIConfDir      = "/etc/cni/net.d"
+	// The kubelet finds DRA drivers by their registration sockets, and
+	// talks to each at plugins/<driver> (the driver's own directory, which
+	// the kubelet plugin helper does not make: the hostPath does), driver
+	// dra.DefaultDriverName; runtimes read the CDI specs the device plugin
+	// (-cdi) and the DRA driver write in /var/run/cdi.
+	hostPluginsRegistryDir = "/var/lib/kubelet/plugins_registry"
+	hostDRAPluginDir       = "/var/lib/kubelet/plugins/rdmavisor.io"
+	hostCDIDir             = "/var/run/cdi"
 )
 
 // agentPriorityClass is the agent pods' priority: the node's data plane for
@@ -239,10 +247,26 @@ func envFromField(name, path string) *corev1ac.EnvVarApplyConfiguration {
 		WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(path)))
 }
 
-// renderDaemonSet renders the agent DaemonSet. One image holds the three
+// allocation is the service's spec.allocation, DevicePlugin when unset (an
+// object stored before the field existed).
+func allocation(svc *v1alpha1.RDMAService) (devicePlugin, dra bool) {
+	switch svc.Spec.Allocation {
+	case v1alpha1.AllocationDRA:
+		return false, true
+	case v1alpha1.AllocationBoth:
+		return true, true
+	default:
+		return true, false
+	}
+}
+
+// renderDaemonSet renders the agent DaemonSet. One image holds the four
 // binaries; their command lines are the contract with cmd/node-agent,
-// cmd/device-plugin and cmd/rdmavisor-cni, which all read the same config file.
-func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *config.AgentConfig, cfgData []byte, excluded []string) *appsv1ac.DaemonSetApplyConfiguration {
+// cmd/device-plugin, cmd/dra-driver and cmd/rdmavisor-cni, which all read the
+// same config file. The device plugin and the DRA driver run as
+// spec.allocation says; cdi: every node's runtime applies CDI specs, so
+// the device plugin names its allocations as CDI devices too.
+func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *config.AgentConfig, cfgData []byte, excluded []string, cdi bool) *appsv1ac.DaemonSetApplyConfiguration {
 	sum := sha256.Sum256(cfgData)
 	configFile := configMountDir + "/" + configKey
 	pull := svc.Spec.Agent.ImagePullPolicy
@@ -340,6 +364,40 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 			mount("state", cfg.StateDir, false),
 		).
 		WithSecurityContext(hardened())
+	withDevicePlugin, withDRA := allocation(svc)
+	if cdi && withDevicePlugin {
+		devicePlugin.WithCommand("--cdi") // appends
+	}
+	if withDevicePlugin && cdi || withDRA {
+		volumes = append(volumes, hostPathVolume("cdi", hostCDIDir, corev1.HostPathDirectoryOrCreate))
+		if withDevicePlugin && cdi {
+			devicePlugin.WithVolumeMounts(mount("cdi", hostCDIDir, false))
+		}
+	}
+
+	// The DRA driver: a kubelet plugin (its registration socket and its
+	// own socket directory) that asks the agent for each claim's
+	// allocation through the sockets' directory and writes its CDI spec.
+	// It publishes the node's ResourceSlice with the agents' service
+	// account (AgentRules).
+	draDriver := corev1ac.Container().
+		WithName("dra-driver").
+		WithImage(image).
+		WithCommand("dra-driver", "--config="+configFile).
+		WithEnv(envFromField("NODE_NAME", "spec.nodeName")).
+		WithVolumeMounts(
+			mount("config", configMountDir, true),
+			mount("sockets", cfg.SocketDir, false),
+			mount("plugins-registry", hostPluginsRegistryDir, false),
+			mount("dra-plugin", hostDRAPluginDir, false),
+			mount("cdi", hostCDIDir, false),
+		).
+		WithSecurityContext(hardened())
+	if withDRA {
+		volumes = append(volumes,
+			hostPathVolume("plugins-registry", hostPluginsRegistryDir, corev1.HostPathDirectoryOrCreate),
+			hostPathVolume("dra-plugin", hostDRAPluginDir, corev1.HostPathDirectoryOrCreate))
+	}
 
 	// A native sidecar (an init container that keeps running): it chains
 	// the CNI plugin before the agent starts, repairs the chain if the
@@ -361,7 +419,14 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		).
 		WithSecurityContext(hardened())
 
-	for _, c := range []*corev1ac.ContainerApplyConfiguration{agent, devicePlugin, cniInstall} {
+	containers := []*corev1ac.ContainerApplyConfiguration{agent}
+	if withDevicePlugin {
+		containers = append(containers, devicePlugin)
+	}
+	if withDRA {
+		containers = append(containers, draDriver)
+	}
+	for _, c := range append(containers, cniInstall) {
 		if pull != "" {
 			c.WithImagePullPolicy(pull)
 		}
@@ -377,7 +442,7 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		WithDNSPolicy(corev1.DNSClusterFirstWithHostNet).
 		WithPriorityClassName(agentPriorityClass).
 		WithInitContainers(cniInstall).
-		WithContainers(agent, devicePlugin).
+		WithContainers(containers...).
 		WithVolumes(volumes...)
 	if aff := renderNodeAffinity(svc.Spec.NodeSelector, excluded); aff != nil {
 		pod.WithAffinity(aff)

@@ -24,7 +24,7 @@ func TestRenderMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ds := renderDaemonSet(svc, "ns", "img", cfg, data, nil)
+	ds := renderDaemonSet(svc, "ns", "img", cfg, data, nil, false)
 	tmpl := ds.Spec.Template
 	for k, want := range map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": "7472", "prometheus.io/path": "/metrics"} {
 		if got := tmpl.Annotations[k]; got != want {
@@ -63,7 +63,7 @@ func TestRenderDeviceAccess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil).Spec.Template.Spec
+		spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil, false).Spec.Template.Spec
 		for _, c := range spec.Containers {
 			if *c.Name != "agent" {
 				continue
@@ -106,7 +106,7 @@ func TestRenderTLS(t *testing.T) {
 		t.Fatalf("rendered file: tls %+v (%v), want %+v", parsed.TLS, err, want)
 	}
 
-	pod := renderDaemonSet(svc, "ns", "img", cfg, data, nil).Spec.Template.Spec
+	pod := renderDaemonSet(svc, "ns", "img", cfg, data, nil, false).Spec.Template.Spec
 	volumes := map[string]corev1ac.VolumeApplyConfiguration{}
 	for _, v := range pod.Volumes {
 		volumes[*v.Name] = v
@@ -176,7 +176,7 @@ func TestRenderHardened(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil).Spec.Template.Spec
+			spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil, false).Spec.Template.Spec
 			if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || *psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 				t.Errorf("pod securityContext %+v: want seccompProfile RuntimeDefault", psc)
 			}
@@ -256,7 +256,7 @@ func TestRenderStateDir(t *testing.T) {
 	if cfg.StateDir != config.DefaultStateDir {
 		t.Fatalf("stateDir %q, want %q", cfg.StateDir, config.DefaultStateDir)
 	}
-	spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil).Spec.Template.Spec
+	spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil, false).Spec.Template.Spec
 	var vol string
 	for _, v := range spec.Volumes {
 		if v.HostPath != nil && *v.HostPath.Path == cfg.StateDir {

@@ -116,7 +116,7 @@ func TestRenderAgentPriority(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod := renderDaemonSet(svc, testNamespace, testImage, cfg, data, nil).Spec.Template.Spec
+	pod := renderDaemonSet(svc, testNamespace, testImage, cfg, data, nil, false).Spec.Template.Spec
 	if pod.PriorityClassName == nil || *pod.PriorityClassName != "system-node-critical" {
 		t.Errorf("priority class %v, want system-node-critical", pod.PriorityClassName)
 	}

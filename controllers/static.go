@@ -26,6 +26,9 @@ const (
 	// AgentPolicy names the admission policy (and its binding) that
 	// confines every agent to its own RDMANode.
 	AgentPolicy = "rdmavisor-agent"
+	// AgentSlicePolicy names the admission policy (and its binding) that
+	// confines every agent's DRA driver to its own node's ResourceSlices.
+	AgentSlicePolicy = "rdmavisor-agent-resourceslices"
 	// OperatorBindingsPolicy names the admission policy (and its binding)
 	// that confines the operator's ClusterRoleBinding writes.
 	OperatorBindingsPolicy = "rdmavisor-operator-bindings"
@@ -43,7 +46,10 @@ func agentUserPrefix(namespace string) string {
 
 // AgentRules are what an agent needs: its RDMANode (create, update), every
 // RDMANode (read, for peer discovery) and certificate requests (create, and
-// get to wait for the signature) for its node certificate. RBAC cannot
+// get to wait for the signature) for its node certificate; and what its pod's
+// DRA driver needs (spec.allocation DRA or Both): its node's ResourceSlice
+// (written, and watched for changes), the claims it prepares and its Node
+// (the slice's owner). RBAC cannot
 // restrict writes to one object by the caller's node: the agent policy does
 // that for RDMANodes, and the CertSigner for certificates (it signs only for
 // the node the requester's token is bound to).
@@ -53,6 +59,9 @@ func AgentRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{group}, Resources: []string{"rdmanodes"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
 		{APIGroups: []string{group}, Resources: []string{"rdmanodes/status"}, Verbs: []string{"get", "update", "patch"}},
 		{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
 	}
 }
 
@@ -119,6 +128,34 @@ func NewAgentPolicy(namespace string) (*admissionregistrationv1.ValidatingAdmiss
 		},
 	}
 	return policy, policyBinding(AgentPolicy)
+}
+
+// NewAgentSlicePolicy confines the DRA drivers in the agent pods of every
+// RDMAService whose objects live in namespace, which write ResourceSlices
+// with the agents' service account: a request from it may create, update or
+// delete only a ResourceSlice of the node its token is bound to
+// (spec.nodeName, before and after), as NodeRestriction confines a kubelet.
+func NewAgentSlicePolicy(namespace string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	prefix := agentUserPrefix(namespace)
+	nodeExtra := fmt.Sprintf("request.userInfo.extra[%q]", nodeNameExtra)
+	policy := newPolicy(AgentSlicePolicy, "resource.k8s.io", []string{"resourceslices"},
+		admissionregistrationv1.MatchCondition{Name: "agent", Expression: fmt.Sprintf("request.userInfo.username.startsWith(%q)", prefix)},
+		admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete)
+	policy.Spec.Variables = []admissionregistrationv1.Variable{
+		{Name: "nodeName", Expression: fmt.Sprintf("has(request.userInfo.extra) && %q in request.userInfo.extra && size(%s) == 1 ? %s[0] : ''",
+			nodeNameExtra, nodeExtra, nodeExtra)},
+	}
+	policy.Spec.Validations = []admissionregistrationv1.Validation{{
+		// On DELETE object is null, on CREATE oldObject.
+		Expression: "variables.nodeName != '' && " +
+			"(object == null || has(object.spec.nodeName) && object.spec.nodeName == variables.nodeName) && " +
+			"(oldObject == null || has(oldObject.spec.nodeName) && oldObject.spec.nodeName == variables.nodeName)",
+		Message: "an RDMAvisor agent may write only the ResourceSlices of its own node",
+		MessageExpression: "variables.nodeName == '' ? 'an RDMAvisor agent may write only the ResourceSlices of its own node, and its token names no node' : " +
+			"'the RDMAvisor agent on node ' + variables.nodeName + ' may write only ResourceSlices of node ' + variables.nodeName",
+		Reason: new(metav1.StatusReasonForbidden),
+	}}
+	return policy, policyBinding(AgentSlicePolicy)
 }
 
 // NewOperatorBindingsPolicy confines the ClusterRoleBinding writes of the

@@ -125,7 +125,8 @@ const (
 func installStatic(ctx context.Context) error {
 	agentPolicy, agentBinding := NewAgentPolicy(testNamespace)
 	opPolicy, opBinding := NewOperatorBindingsPolicy(testNamespace, operatorUser)
-	for _, o := range []client.Object{NewAgentClusterRole(), agentPolicy, agentBinding, opPolicy, opBinding} {
+	slicePolicy, sliceBinding := NewAgentSlicePolicy(testNamespace)
+	for _, o := range []client.Object{NewAgentClusterRole(), agentPolicy, agentBinding, opPolicy, opBinding, slicePolicy, sliceBinding} {
 		if err := k8s.Create(ctx, o); err != nil {
 			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
 		}

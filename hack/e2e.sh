@@ -29,7 +29,7 @@ tarball=$(echo "$out" | tail -n 1)
 dir=$(dirname "$tarball")
 # The image the cluster will run, checked before it is imported: the tag is
 # there, every library the agent loads, every binary a real one.
-RDMAVISOR_IMAGE_TARBALL=$tarball go test -count=1 -run '^TestImageTarball$' ./hack/cmd/mkimage/ >&2
+RDMAVISOR_IMAGE_TARBALL=$(realpath "$tarball") go test -count=1 -run '^TestImageTarball$' ./hack/cmd/mkimage/ >&2
 for n in $($lc/node.sh list | awk '{print $1}'); do
   $lc/node.sh "$n" import "$dir"/*.tar
 done

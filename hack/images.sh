@@ -63,7 +63,7 @@ echo_c_tarball="$out/rdmavisor-echo-c-$arch.tar"
 echo_py_tarball="$out/rdmavisor-echo-py-$arch.tar"
 dns_tarball="$out/localdns-$arch.tar"
 # The image's binaries; keep in step with Binaries in hack/cmd/mkimage.
-binaries=(operator node-agent device-plugin rdmavisor-cni rdmavisor)
+binaries=(operator node-agent device-plugin dra-driver rdmavisor-cni rdmavisor)
 
 mkdir -p "$bindir"
 pkgs=()

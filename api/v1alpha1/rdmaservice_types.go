@@ -37,6 +37,22 @@ const (
 	TransportAuto Transport = "auto"
 )
 
+// Allocation is how pods get vconns on a service's nodes.
+// +kubebuilder:validation:Enum=DevicePlugin;DRA;Both
+type Allocation string
+
+const (
+	// AllocationDevicePlugin: the device plugin advertises ResourceName, an
+	// extended resource pods request in resources.limits.
+	AllocationDevicePlugin Allocation = "DevicePlugin"
+	// AllocationDRA: the DRA driver publishes each node's RDMA endpoints in
+	// ResourceSlices with a consumable vconns capacity, which
+	// ResourceClaims take; no device plugin runs.
+	AllocationDRA Allocation = "DRA"
+	// AllocationBoth runs both; they share each agent's vconns.
+	AllocationBoth Allocation = "Both"
+)
+
 // Defaults and bounds of RDMAService fields. The kubebuilder markers below
 // repeat them as literals (markers cannot reference constants); a test checks
 // the generated schema against these values, and these against the agent's
@@ -227,6 +243,15 @@ type RDMAServiceSpec struct {
 	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	SocketGroup *int64 `json:"socketGroup,omitempty"`
+
+	// Allocation is how pods get vconns: DevicePlugin (the extended
+	// resource ResourceName), DRA (ResourceClaims of the DRA driver's
+	// DeviceClass; a DeviceClass with extendedResourceName serves
+	// resources.limits too) or Both. The agents' pods roll when it changes.
+	// +kubebuilder:default=DevicePlugin
+	// +kubebuilder:validation:XValidation:rule="self in ['DevicePlugin', 'DRA', 'Both']",message="allocation must be DevicePlugin, DRA or Both"
+	// +optional
+	Allocation Allocation `json:"allocation,omitempty"`
 }
 
 // RDMAServiceStatus is what the operator observed, aggregated from the

@@ -3,7 +3,7 @@
 # from source, for the end-to-end tests (test/e2e) and for trying RDMAvisor
 # without a cloud. Each node is its own network, mount, PID and UTS
 # namespaces, as kind's node containers are (lib.sh, node-init.sh), with
-# its own containerd (Debian's), kubelet and kube-proxy, node IP, pod CIDR
+# its own containerd (hack/containerd-build.sh: 1.7, for CDI; runc is Debian's), kubelet and kube-proxy, node IP, pod CIDR
 # and hostPath directories; the nodes hang off one bridge on the host and
 # route each other's pod CIDRs. The control plane (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler) runs on the first node. The
@@ -76,6 +76,12 @@ binaries() {
   local bin
   bin=$("$repo/hack/k8s-build.sh" etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
   for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+    ln -sf "$bin/$b" "$STATE/bin/$b"
+  done
+  # containerd built from source (>= 1.7, which applies CDI devices), with
+  # its runc shim; runc is Debian's.
+  bin=$("$repo/hack/containerd-build.sh")
+  for b in containerd containerd-shim-runc-v2 ctr; do
     ln -sf "$bin/$b" "$STATE/bin/$b"
   done
   if [ ! -f "$STATE/pause.tar" ]; then
@@ -264,7 +270,8 @@ control_plane() {
 node_components() {
   local i=$1 name ip dir
   name=$(node_name "$i") ip=$(node_ip "$i") dir=$(node_dir "$name")
-  start "$name" containerd containerd --config "$here/containerd.toml"
+  # PATH: containerd finds its shim there before Debian's.
+  start "$name" containerd env PATH="$STATE/bin:$PATH" "$STATE/bin/containerd" --config "$here/containerd.toml"
   wait_for "$name-containerd" 30 in_node "$name" ctr version
   in_node "$name" ctr -n k8s.io images import "$STATE/pause.tar" >&2
   start "$name" kubelet "$STATE/bin/kubelet" --config="$dir/kubelet/config.yaml" \

@@ -232,7 +232,8 @@ func (e *env) rollTo(transport string) {
 			"--set", "defaultService.device.provider="+string(s.Device.Provider), "--set", "defaultService.transport="+transport,
 			"--set", fmt.Sprintf("defaultService.qpsPerPeer=%d", *s.QPsPerPeer), "--set", "defaultService.bufferPoolSize="+s.BufferPoolSize.String(),
 			"--set", fmt.Sprintf("defaultService.vconnsPerNode=%d", *s.VConnsPerNode), "--set", "defaultService.resourceName="+s.ResourceName,
-			"--set", "defaultService.agent.image="+s.Agent.Image, "--set", "defaultService.agent.imagePullPolicy="+string(s.Agent.ImagePullPolicy))
+			"--set", "defaultService.agent.image="+s.Agent.Image, "--set", "defaultService.agent.imagePullPolicy="+string(s.Agent.ImagePullPolicy),
+			"--set", "defaultService.allocation="+string(s.Allocation))
 	}
 	ds, err := e.daemonSet()
 	if err != nil {

@@ -74,6 +74,7 @@ func TestE2E(t *testing.T) {
 		{"two pods on different nodes exchange messages over vconns", (*env).echo},
 		{"metrics: both agents counted the messages, the operator serves a reader only", (*env).metricsMoved},
 		{"the CNI plugin registered each pod with its own node's agent; a deleted pod unregistered, its allocation released", (*env).cniRegistered},
+		{"DRA: each node's ResourceSlice; a claim's pod and a DRA extended resource's pod echo across nodes with exactly their quota; deleted, their allocations released", (*env).dra},
 		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
 		{"a link losing and reordering 5% of packets: every message once, in order", (*env).lossyLink},
@@ -159,6 +160,9 @@ func setup(t *testing.T) *env {
 		t.Fatal("the soft sample must set vconnsPerNode and resourceName")
 	}
 	e.capacity = int64(*e.svc.Spec.VConnsPerNode)
+	// The device plugin and the DRA driver both: every step but dra takes
+	// its vconns from the device plugin, beside the driver.
+	e.svc.Spec.Allocation = v1alpha1.AllocationBoth
 	return e
 }
 
@@ -198,7 +202,8 @@ func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, 
 
 func (e *env) helmInstall() {
 	out := e.run(e.helm, "install", release, "charts/rdmavisor", "--namespace", namespace, "--create-namespace",
-		"--set", "image.repository=local.test/rdmavisor", "--set", "image.tag=dev", "--set", "image.pullPolicy=Never")
+		"--set", "image.repository=local.test/rdmavisor", "--set", "image.tag=dev", "--set", "image.pullPolicy=Never",
+		"--set", "dra.deviceClass.enabled=true", "--set", "dra.deviceClass.extendedResourceName="+draResource)
 	if !strings.Contains(out, "STATUS: deployed") {
 		e.t.Fatalf("helm install: %s", out)
 	}
@@ -257,7 +262,22 @@ func (e *env) agentReady() (bool, string) {
 }
 
 func (e *env) applyService() {
-	e.run(e.kubectl, "apply", "-f", "config/samples/rdmavisor_v1alpha1_rdmaservice_soft.yaml")
+	// The sample, with allocation Both.
+	data, err := yaml.Marshal(e.svc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	// Not in t.TempDir(): kubectl splits -f at the commas of its name.
+	f, err := os.CreateTemp("", "rdmaservice-*.yaml")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	file := f.Name()
+	e.t.Cleanup(func() { _ = os.Remove(file) })
+	if _, err := f.Write(data); err != nil || f.Close() != nil {
+		e.t.Fatal(err)
+	}
+	e.run(e.kubectl, "apply", "-f", file)
 	e.eventually("agents ready on every node", 3*time.Minute, e.agentReady)
 	for _, node := range e.nodes {
 		var rn v1alpha1.RDMANode
@@ -318,6 +338,27 @@ func (e *env) allocations(node string) []allocation {
 	var allocs []allocation
 	e.agentState(node, "allocations", &allocs)
 	return allocs
+}
+
+// liveAllocations are the allocations of node's agent bound to pods that
+// still exist: those of pods an earlier step deleted are collected within
+// two minutes, and must not be waited for.
+func (e *env) liveAllocations(node string) []allocation {
+	e.t.Helper()
+	var live []allocation
+	for _, a := range e.allocations(node) {
+		ns, name, ok := strings.Cut(a.Pod, "/")
+		if !ok {
+			continue
+		}
+		p, err := e.kube.CoreV1().Pods(ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err == nil && p.DeletionTimestamp == nil {
+			live = append(live, a)
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			e.t.Fatal(err)
+		}
+	}
+	return live
 }
 
 // allocationsBackTo waits until the agent on node holds the allocations
@@ -452,7 +493,7 @@ func (e *env) kubeletRestart() {
 	// The new kubelet admits and allocates: a new client gets its vconns;
 	// once it is deleted, the plugin learns it from the new kubelet and
 	// releases them.
-	held := e.allocations(node)
+	held := e.liveAllocations(node)
 	e.exchange("echo-client-2", node, defaultLoad)
 	e.deletePod("echo-client-2")
 	e.allocationsBackTo(node, held)
@@ -506,6 +547,8 @@ func (e *env) deleteService() {
 	})
 	// The agent's CNI sidecar took the plugin out of the node's chain.
 	e.hostCNI(false)
+	// The kubelets wipe the slices of a driver that stays unregistered.
+	e.eventually("no ResourceSlices of the DRA driver", 3*time.Minute, e.noSlices)
 	// With its plugin gone the kubelet offers no vconn: nothing more can
 	// be scheduled against it. (The kubelet zeroes the capacity itself
 	// five minutes later.)
@@ -559,7 +602,7 @@ func (e *env) dumpState() {
 	out, _ = exec.Command(e.kubectl, "logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator", "--tail=40").CombinedOutput()
 	e.t.Logf("operator logs:\n%s", out)
 	for _, p := range e.agentPods() {
-		for _, c := range []string{"agent", "device-plugin"} {
+		for _, c := range []string{"agent", "device-plugin", "dra-driver"} {
 			b, _ := e.kube.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, TailLines: new(int64(40))}).DoRaw(context.Background())
 			e.t.Logf("%s/%s logs:\n%s", p.Name, c, b)
 		}

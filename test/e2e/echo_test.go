@@ -252,6 +252,10 @@ func (e *env) startServerAfterRestart() {
 			e.t.Fatalf("echo server refused admission %d times: %s", try, refused)
 		}
 		e.deletePod("echo-server")
+		// The refusals come within a second of each other: until the
+		// new plugin's health probe finds the agent up and it tells the
+		// kubelet, every try is refused. Give it its probe interval.
+		time.Sleep(time.Duration(try) * 5 * time.Second)
 	}
 }
 

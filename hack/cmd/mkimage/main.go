@@ -40,9 +40,9 @@ import (
 )
 
 // Binaries are the commands the image holds, in binDir; every one is
-// required. The operator's DaemonSets run node-agent, device-plugin and
-// rdmavisor-cni by name, so binDir is on PATH.
-var Binaries = []string{"operator", "node-agent", "device-plugin", "rdmavisor-cni", "rdmavisor"}
+// required. The operator's DaemonSets run node-agent, device-plugin,
+// dra-driver and rdmavisor-cni by name, so binDir is on PATH.
+var Binaries = []string{"operator", "node-agent", "device-plugin", "dra-driver", "rdmavisor-cni", "rdmavisor"}
 
 const (
 	binDir = "/usr/local/bin"
