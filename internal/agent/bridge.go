@@ -17,6 +17,10 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
+// errUnreliable: a bridge asked of a vconn whose transport may lose
+// messages (frame.CodeBadRequest).
+var errUnreliable = errors.New("unreliable transport")
+
 // bridgeChunk bounds the bytes one Send of a bridge carries: what one
 // read of the program's socket returns, at most a frame's payload, as on
 // the socket path.
@@ -47,6 +51,10 @@ type bridge struct {
 // then closed; from then on the bridge owns the vconn and its place in the
 // quota. On error the caller still owns both.
 func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
+	if !vc.Transport().Reliable() {
+		// A byte stream cannot lose a message: only rc and auto carry one.
+		return nil, fmt.Errorf("bridge: a %v vconn cannot carry a stream (rc or auto can): %w", vc.Transport(), errUnreliable)
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: socketpair: %w", err)

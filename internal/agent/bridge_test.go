@@ -285,3 +285,33 @@ func readN(c net.Conn, n int) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// TestBridgeUnreliable: a stream cannot ride a transport that may lose
+// messages: a bridged dial on uc is refused with a reason, and its vconn
+// goes back to the quota.
+func TestBridgeUnreliable(t *testing.T) {
+	cl := startCluster(t, agenttest.Options{VConnsPerNode: 100, Transport: "uc"})
+	ctx := ctxT(t)
+	a, b := cl.Nodes[0], cl.Nodes[1]
+	srv := appClient(t, a, "server", 2)
+	ln, err := srv.Listen(ctx, ":7002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go agenttest.ServeDiscard(ln)
+	sb, err := b.Allocate(ctx, "client", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := rawSession(t, sb)
+	req, _ := frame.Append(nil, &frame.Frame{Op: frame.OpDial, Req: 2, Flags: frame.FlagBridge, Payload: []byte(a.Name + ":7002")})
+	if _, err := ds.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	f, file := readRights(t, ds)
+	if f.Op != frame.OpError || frame.Code(f.Arg) != frame.CodeBadRequest || file != nil || !bytes.Contains(f.Payload, []byte("cannot carry a stream")) {
+		t.Fatalf("bridged dial on uc: %v %v socket %v: %s", f.Op, frame.Code(f.Arg), file != nil, f.Payload)
+	}
+	waitInUse(t, b, "client", 0)
+}
