@@ -20,8 +20,9 @@
 #define VC_FLAG_BRIDGE 2u
 #define BRIDGE_TIMEOUT_MS 30000
 
-/* b_open connects to the allocation's socket and says hello. */
-static int b_open(const struct vconn_options *o)
+/* vc_agent_connect connects to the allocation's socket (o's, else
+ * $RDMAVISOR_SOCKET): the descriptor, or -errno with vconn_errmsg set. */
+int vc_agent_connect(const struct vconn_options *o)
 {
 	const char *path = o && o->socket ? o->socket : getenv("RDMAVISOR_SOCKET");
 	if (!path || !*path) {
@@ -176,7 +177,7 @@ int vconn_bridge_dial(const struct vconn_options *o, const char *addr, int flags
 		vc_seterr("dial %s: want host:port", addr);
 		return -EINVAL;
 	}
-	int fd = b_open(o);
+	int fd = vc_agent_connect(o);
 	if (fd < 0)
 		return fd;
 	int ms = b_timeout(o), err = b_hello(fd, ms), pass = -1;
@@ -218,7 +219,7 @@ int vconn_bridge_listen(const struct vconn_options *o, const char *addr, char *b
 		vc_seterr("listen %s: want :port or host:port with a port of 1..65535", addr);
 		return -EINVAL;
 	}
-	int fd = b_open(o);
+	int fd = vc_agent_connect(o);
 	if (fd < 0)
 		return fd;
 	int ms = b_timeout(o), err = b_hello(fd, ms), pass = -1;

@@ -696,20 +696,14 @@ int vconn_client_open(vconn_client **out, const struct vconn_options *o)
 	if (!o)
 		o = &def;
 	*out = NULL;
-	const char *path = o->socket ? o->socket : getenv("RDMAVISOR_SOCKET");
-	if (!path || !*path) {
-		vc_seterr("RDMAVISOR_SOCKET is not set: is the pod allocated an RDMAvisor vconn resource?");
-		return -ENOENT;
-	}
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	if (strlen(path) >= sizeof sa.sun_path) {
-		vc_seterr("socket path %s is too long", path);
-		return -ENAMETOOLONG;
-	}
-	strcpy(sa.sun_path, path);
+	int fd = vc_agent_connect(o);
+	if (fd < 0)
+		return fd;
 	vconn_client *c = calloc(1, sizeof *c);
-	if (!c)
+	if (!c) {
+		close(fd);
 		return -ENOMEM;
+	}
 	c->want_shm = o->shared_memory;
 	c->timeout_ms = o->timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : o->timeout_ms;
 	pthread_mutex_init(&c->mu, NULL);
@@ -719,22 +713,7 @@ int vconn_client_open(vconn_client **out, const struct vconn_options *o)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&c->cv, &ca);
 	pthread_condattr_destroy(&ca);
-	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (c->fd < 0) {
-		int e = -errno;
-		vc_seterr("socket: %s", strerror(errno));
-		pthread_mutex_destroy(&c->mu);
-		pthread_mutex_destroy(&c->wmu);
-		pthread_cond_destroy(&c->cv);
-		free(c);
-		return e;
-	}
-	if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-		int e = errno;
-		vc_seterr("connect to the agent at %s: %s", path, strerror(e));
-		vconn_client_close(c);
-		return -ENOTCONN;
-	}
+	c->fd = fd;
 	if (pthread_create(&c->reader, NULL, reader, c) != 0) {
 		vconn_client_close(c);
 		return -EAGAIN;

@@ -20,6 +20,8 @@ enum {
 };
 
 uint32_t vc_get32(const uint8_t *p);
+/* The allocation's socket, connected (bridge.c): a descriptor or -errno. */
+int vc_agent_connect(const struct vconn_options *o);
 void vc_put32(uint8_t *p, uint32_t v);
 
 /* Shared memory (docs/protocol.md §5). */
