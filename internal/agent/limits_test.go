@@ -339,37 +339,13 @@ func TestQueuedBytesSend(t *testing.T) {
 	cl := startQueuedCluster(t)
 	ctx := ctxT(t)
 	a, b := cl.Nodes[0], cl.Nodes[1]
-	srv := appClient(t, b, "srv", 2)
-	ln, err := srv.Listen(ctx, ":9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() { // accepts, never reads
-		for {
-			c, err := ln.AcceptVConn()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { _ = c.Close() })
-		}
-	}()
+	listenNeverRead(t, b, ":9")
 	sock, err := a.Allocate(ctx, "pod", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	watchQueued(t, a, "pod")
-	r := dialRaw(t, sock)
-	r.send(frame.Frame{Op: frame.OpHello, Req: 1, Arg: frame.Version})
-	if f, err := r.recv(); err != nil || f.Op != frame.OpOK {
-		t.Fatalf("hello: %v %v", f.Op, err)
-	}
-	r.send(frame.Frame{Op: frame.OpDial, Req: 2, Payload: []byte("node-b:9")})
-	f, err := r.recv()
-	if err != nil || f.Op != frame.OpOK {
-		t.Fatalf("dial: %v %v %s", f.Op, err, f.Payload)
-	}
-	h := f.Handle
+	r, h := rawVConn(t, sock, "node-b:9")
 	// Sends of 32 KiB, each answered before the next goes, until the
 	// peer's credits and the engine's send queue run out and two wait in
 	// the agent: the third is refused.
@@ -417,4 +393,41 @@ func TestQueuedBytesSend(t *testing.T) {
 		rx, tx, _ := a.Agent.QueuedBytes("pod")
 		return rx == 0 && tx == 0
 	})
+}
+
+// listenNeverRead listens on addr of node n with an application that
+// accepts every vconn and never reads it: its senders stall.
+func listenNeverRead(t *testing.T, n *agenttest.Node, addr string) {
+	t.Helper()
+	ln, err := appClient(t, n, "srv", 2).Listen(ctxT(t), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.AcceptVConn()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}()
+}
+
+// rawVConn says hello on an allocation's socket as a raw client and dials
+// addr: the connection and the vconn's handle.
+func rawVConn(t *testing.T, sock, addr string) (*rawConn, uint32) {
+	t.Helper()
+	r := dialRaw(t, sock)
+	r.send(frame.Frame{Op: frame.OpHello, Req: 1, Arg: frame.Version})
+	if f, err := r.recv(); err != nil || f.Op != frame.OpOK {
+		t.Fatalf("hello: %v %v", f.Op, err)
+	}
+	r.send(frame.Frame{Op: frame.OpDial, Req: 2, Payload: []byte(addr)})
+	f, err := r.recv()
+	if err != nil || f.Op != frame.OpOK {
+		t.Fatalf("dial: %v %v %s", f.Op, err, f.Payload)
+	}
+	return r, f.Handle
 }

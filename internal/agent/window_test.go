@@ -19,36 +19,12 @@ func TestSendWindowExact(t *testing.T) {
 	cl := startCluster(t, agenttest.Options{TuneEngine: func(c *engine.Config) { c.Credits = 8 }})
 	ctx := ctxT(t)
 	a, b := cl.Nodes[0], cl.Nodes[1]
-	srv := appClient(t, b, "srv", 2)
-	ln, err := srv.Listen(ctx, ":9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() { // accepts, never reads
-		for {
-			c, err := ln.AcceptVConn()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { _ = c.Close() })
-		}
-	}()
+	listenNeverRead(t, b, ":9")
 	sock, err := a.Allocate(ctx, "pod", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := dialRaw(t, sock)
-	r.send(frame.Frame{Op: frame.OpHello, Req: 1, Arg: frame.Version})
-	if f, err := r.recv(); err != nil || f.Op != frame.OpOK {
-		t.Fatalf("hello: %v %v", f.Op, err)
-	}
-	r.send(frame.Frame{Op: frame.OpDial, Req: 2, Payload: []byte("node-b:9")})
-	f, err := r.recv()
-	if err != nil || f.Op != frame.OpOK {
-		t.Fatalf("dial: %v %v %s", f.Op, err, f.Payload)
-	}
-	h := f.Handle
+	r, h := rawVConn(t, sock, "node-b:9")
 	answered := map[uint32]frame.Frame{}
 	// drain reads answers until none comes for quiet.
 	drain := func(quiet time.Duration) {
