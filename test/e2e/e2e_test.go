@@ -48,7 +48,7 @@ const (
 
 // env is what the suite shares between its steps.
 type env struct {
-	t        *testing.T
+	t        *stepT
 	ctx      context.Context
 	kube     *kubernetes.Clientset
 	crs      client.Client
@@ -100,17 +100,57 @@ func TestE2E(t *testing.T) {
 	}
 	for _, s := range steps {
 		start := time.Now()
-		if !t.Run(s.name, func(t *testing.T) {
-			sub := *e
-			sub.t = t
-			s.fn(&sub)
-		}) {
-			e.dumpState()
-			t.FailNow()
-		}
+		e.step(s.name, s.fn)
 		t.Logf("step %q took %s", s.name, time.Since(start).Round(time.Millisecond))
 	}
 	t.Logf("e2e suite took %s", time.Since(began).Round(time.Second))
+}
+
+// stepT is a step's *testing.T that remembers the step's failures, so
+// that the suite can say them again after the state dump: the dump is
+// long, and a log cut to its head and tail would hide them.
+type stepT struct {
+	*testing.T
+	failures *[]string
+}
+
+func (s *stepT) record(msg string) {
+	if s.failures != nil {
+		*s.failures = append(*s.failures, msg)
+	}
+}
+
+func (s *stepT) Fatalf(format string, args ...any) {
+	s.T.Helper()
+	s.record(fmt.Sprintf(format, args...))
+	s.T.Fatalf(format, args...)
+}
+
+func (s *stepT) Fatal(args ...any) {
+	s.T.Helper()
+	s.record(fmt.Sprint(args...))
+	s.T.Fatal(args...)
+}
+
+func (s *stepT) Errorf(format string, args ...any) {
+	s.T.Helper()
+	s.record(fmt.Sprintf(format, args...))
+	s.T.Errorf(format, args...)
+}
+
+// step runs fn as the subtest name; if it fails, it dumps the cluster's
+// state, repeats what failed, and ends the suite.
+func (e *env) step(name string, fn func(*env)) {
+	var failures []string
+	if e.t.Run(name, func(t *testing.T) {
+		sub := *e
+		sub.t = &stepT{T: t, failures: &failures}
+		fn(&sub)
+	}) {
+		return
+	}
+	e.dumpState()
+	e.t.T.Fatalf("step %q failed (the cluster's state is above):\n%s", name, strings.Join(failures, "\n"))
 }
 
 func setup(t *testing.T) *env {
@@ -134,7 +174,7 @@ func setup(t *testing.T) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	t.Cleanup(cancel)
 	_, file, _, _ := runtime.Caller(0)
-	e := &env{t: t, ctx: ctx, kube: kube, crs: crs, repo: filepath.Join(filepath.Dir(file), "..", ".."),
+	e := &env{t: &stepT{T: t}, ctx: ctx, kube: kube, crs: crs, repo: filepath.Join(filepath.Dir(file), "..", ".."),
 		helm: os.Getenv("HELM"), kubectl: os.Getenv("KUBECTL")}
 	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -470,24 +510,29 @@ func (e *env) overQuota() {
 
 // registrations counts the device plugin's registrations with node's
 // kubelet, from its metrics.
-func (e *env) registrations(node string) int {
+// registrations counts the device plugin's registrations on node; -1 with
+// the error if its metrics cannot be read (while its kubelet restarts).
+func (e *env) registrations(node string) (int, error) {
 	pod := e.agentPod(node)
-	m := e.scrape(pod.Name, containerPort(pod.Spec.Containers, "device-plugin", "plugin-metrics"))
-	return int(m.sum(`rdmavisor_device_plugin_registrations_total{result="ok"}`))
+	m, err := e.tryScrape(pod.Name, containerPort(pod.Spec.Containers, "device-plugin", "plugin-metrics"))
+	if err != nil {
+		return -1, err
+	}
+	return int(m.sum(`rdmavisor_device_plugin_registrations_total{result="ok"}`)), nil
 }
 
 // kubeletRestart restarts the kubelet of the client's node: its device
 // plugin registers again, and a new client there reaches the server.
 func (e *env) kubeletRestart() {
 	node := e.clientNode()
-	before := e.registrations(node)
-	if before < 1 {
-		e.t.Fatalf("device plugin registrations on %s before the restart: %d", node, before)
+	before, err := e.registrations(node)
+	if err != nil || before < 1 {
+		e.t.Fatalf("device plugin registrations on %s before the restart: %d %v", node, before, err)
 	}
 	e.run("hack/local-cluster/up.sh", "--restart", "kubelet", node)
 	e.eventually("device plugin registered again", 2*time.Minute, func() (bool, string) {
-		n := e.registrations(node)
-		return n > before, fmt.Sprintf("%d registrations (before the restart: %d)", n, before)
+		n, err := e.registrations(node)
+		return n > before, fmt.Sprintf("%d registrations (before the restart: %d) %v", n, before, err)
 	})
 	e.eventually("allocatable back", 2*time.Minute, e.allocatableIs(e.capacity, node))
 	// The new kubelet admits and allocates: a new client gets its vconns;

@@ -167,9 +167,19 @@ func (s samples) sum(selector string) float64 {
 // scrape GETs /metrics of a pod's port through the API server.
 func (e *env) scrape(pod, port string) samples {
 	e.t.Helper()
+	s, err := e.tryScrape(pod, port)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+// tryScrape is scrape for a step that waits: a pod whose kubelet restarts
+// may not answer for a moment.
+func (e *env) tryScrape(pod, port string) (samples, error) {
 	body, err := e.kube.CoreV1().Pods(namespace).ProxyGet("http", pod, port, "metrics", nil).DoRaw(e.ctx)
 	if err != nil {
-		e.t.Fatalf("scraping %s:%s: %v\n%s", pod, port, err, body)
+		return nil, fmt.Errorf("scraping %s:%s: %w\n%s", pod, port, err, body)
 	}
 	s := samples{}
 	for line := range strings.Lines(string(body)) {
@@ -179,14 +189,14 @@ func (e *env) scrape(pod, port string) samples {
 		}
 		v, err := strconv.ParseFloat(m[3], 64)
 		if err != nil {
-			e.t.Fatalf("scraping %s:%s: %q: %v", pod, port, line, err)
+			return nil, fmt.Errorf("scraping %s:%s: %q: %w", pod, port, line, err)
 		}
 		s[m[1]+m[2]] = v
 	}
 	if len(s) == 0 {
-		e.t.Fatalf("scraping %s:%s: no samples in\n%s", pod, port, body)
+		return nil, fmt.Errorf("scraping %s:%s: no samples in\n%s", pod, port, body)
 	}
-	return s
+	return s, nil
 }
 
 func containerPort(cs []corev1.Container, container, name string) string {

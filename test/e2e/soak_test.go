@@ -58,10 +58,7 @@ func TestSoak(t *testing.T) {
 		{"apply RDMAService", (*env).applyService},
 		{"allocatable", (*env).allocatable},
 	} {
-		if !t.Run(s.name, func(t *testing.T) { sub := *e; sub.t = t; s.fn(&sub) }) {
-			e.dumpState()
-			t.FailNow()
-		}
+		e.step(s.name, s.fn)
 	}
 	baseline := map[string]samples{}
 	for _, n := range e.nodes {
