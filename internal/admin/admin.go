@@ -151,6 +151,10 @@ type Rail struct {
 	VConns    int `json:"vconns"`
 	QPs       int `json:"qps"`
 	Peers     int `json:"peers"`
+	// Down says why the rail's device cannot carry vconns (its port is
+	// not ACTIVE, or the device is gone); empty while it is healthy. No
+	// new allocation is bound to a rail that is down.
+	Down string `json:"down,omitempty"`
 }
 
 // DecodeRequest parses one admin request strictly: unknown fields and
