@@ -174,6 +174,7 @@ func (e *env) dra() {
 	})
 	e.t.Logf("dra-over: %s", must(e.verdictOf("dra-over")).Error)
 	e.deletePod("dra-over")
+	e.claimTooLarge()
 
 	// Deleted, a pod's claim is unprepared at once: its allocation gone,
 	// the template's claim deleted with its pod.
@@ -191,6 +192,64 @@ func (e *env) dra() {
 		return true, ""
 	})
 	e.run(e.kubectl, "delete", "-n", "default", "-f", "config/samples/resourceclaimtemplate.yaml")
+}
+
+// claimTooLarge: a claim asking one vconn more than any device has stays
+// unallocated, and its pod Pending with the scheduler's reason; deleted,
+// they leave no allocation behind.
+func (e *env) claimTooLarge() {
+	const name = "dra-too-large"
+	claim := &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "vconns",
+			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: draClass, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
+				Capacity: &resourcev1.CapacityRequirements{Requests: map[resourcev1.QualifiedName]resource.Quantity{
+					"vconns": *resource.NewQuantity(e.capacity+1, resource.DecimalSI)}}},
+		}}}},
+	}
+	if _, err := e.kube.ResourceV1().ResourceClaims("default").Create(e.ctx, claim, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	held := map[string][]allocation{}
+	for _, n := range e.nodes {
+		held[n] = e.liveAllocations(n)
+	}
+	p := e.draPod(name, "", 0, load{conns: 1, msgs: 1, size: 64})
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "vconns", ResourceClaimName: new(name)}}
+	e.createPod(p)
+	e.eventually(name+" unschedulable", time.Minute, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable &&
+				strings.Contains(c.Message, "claim") {
+				e.t.Logf("%s: %s", name, c.Message)
+				return p.Status.Phase == corev1.PodPending, fmt.Sprintf("phase %s", p.Status.Phase)
+			}
+		}
+		return false, fmt.Sprintf("phase %s, conditions %+v", p.Status.Phase, p.Status.Conditions)
+	})
+	// It stays so: the scheduler does not change its mind, and the claim
+	// stays unallocated.
+	time.Sleep(3 * time.Second)
+	got, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil || got.Status.Phase != corev1.PodPending || got.Spec.NodeName != "" {
+		e.t.Fatalf("%s: %v %+v", name, err, got.Status)
+	}
+	c, err := e.kube.ResourceV1().ResourceClaims("default").Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil || c.Status.Allocation != nil {
+		e.t.Fatalf("claim %s: %v, allocation %+v", name, err, c.Status.Allocation)
+	}
+	e.deletePod(name)
+	if err := e.kube.ResourceV1().ResourceClaims("default").Delete(e.ctx, name, metav1.DeleteOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	for n, want := range held {
+		e.allocationsBackTo(n, want)
+	}
 }
 
 // noSlices: once the service is gone, the kubelets wipe its drivers'

@@ -509,9 +509,8 @@ func (e *env) overQuota() {
 }
 
 // registrations counts the device plugin's registrations with node's
-// kubelet, from its metrics.
-// registrations counts the device plugin's registrations on node; -1 with
-// the error if its metrics cannot be read (while its kubelet restarts).
+// kubelet, from its metrics; -1 with the error if they cannot be read
+// (while its kubelet restarts).
 func (e *env) registrations(node string) (int, error) {
 	pod := e.agentPod(node)
 	m, err := e.tryScrape(pod.Name, containerPort(pod.Spec.Containers, "device-plugin", "plugin-metrics"))
