@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"path/filepath"
 	"slices"
@@ -26,6 +27,7 @@ type fakeAgent struct {
 	ready    bool
 	device   string         // the RDMA device the agent reports
 	rails    []string       // the devices of its rails (multi-rail), if several
+	railDown []string       // why each rail is down ("" up), as Status reports; nil: all up
 	railOf   map[string]int // the rail each allocation was bound to
 	allocs   map[string]admin.Allocation
 }
@@ -43,14 +45,14 @@ func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
 		return admin.Status{}, errDown
 	}
 	st := admin.Status{Ready: f.ready, Capacity: f.capacity, Device: f.device}
-	for _, r := range f.rails {
-		st.Rails = append(st.Rails, admin.Rail{Device: r})
+	for i, r := range f.rails {
+		st.Rails = append(st.Rails, admin.Rail{Device: r, Down: railDown(f.railDown, i)})
 	}
 	return st, nil
 }
 
-func (f *fakeAgent) CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error) {
-	al, err := f.CreateAllocation(ctx, id, k)
+func (f *fakeAgent) CreateRailAllocation(_ context.Context, id string, k, rail int) (admin.Allocation, error) {
+	al, err := f.create(id, k, rail)
 	if err == nil {
 		f.mu.Lock()
 		if f.railOf == nil {
@@ -63,10 +65,17 @@ func (f *fakeAgent) CreateRailAllocation(ctx context.Context, id string, k, rail
 }
 
 func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {
+	return f.create(id, k, 0)
+}
+
+func (f *fakeAgent) create(id string, k, rail int) (admin.Allocation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
 		return admin.Allocation{}, errDown
+	}
+	if why := railDown(f.railDown, rail); why != "" { // as the agent refuses
+		return admin.Allocation{}, &admin.Error{Code: admin.CodeInvalid, Message: fmt.Sprintf("rail %d is down: %s", rail, why)}
 	}
 	if _, ok := f.allocs[id]; ok {
 		return admin.Allocation{}, &admin.Error{Code: "exists", Message: id}

@@ -12,7 +12,10 @@
 // (Options.HealthInterval, and at once when the admin socket is created
 // again) and every device is Unhealthy while the agent does not answer or
 // reports not ready (its RDMA device is down), and Healthy again once it
-// does. ListAndWatch streams every change.
+// does. The devices of a rail the agent reports down (admin.Rail.Down: its
+// port is not ACTIVE, or the device is gone) are Unhealthy while it is,
+// the other rails' staying Healthy; each such change is logged with the
+// agent's reason. ListAndWatch streams every change.
 //
 // # Allocate
 //
@@ -46,14 +49,19 @@
 // serves the advertised devices in contiguous blocks, one a rail, each
 // with its rail's NUMA node, and Allocate binds each allocation to the
 // rail of most of its devices (RailAgent), so a container the preferred
-// allocation kept on one NUMA node uses that node's NIC.
+// allocation kept on one NUMA node uses that node's NIC. A rail that is
+// down is never chosen when one of the container's devices is on a rail
+// that is up; given only devices of a rail that is down (the kubelet had
+// not yet had their Unhealthy), Allocate fails with the agent's refusal
+// and the rail's reason.
 //
 // GetPreferredAllocation prefers, deterministically, the must-include
 // devices, then the lowest-starting run of contiguous available devices
 // long enough for the rest, else the lowest IDs; with a topology it does
 // so on one NUMA node: the must-include devices' node, else the node with
 // the fewest available devices that fits the whole request (best fit),
-// and only what that node cannot give comes from the others.
+// and only what that node cannot give comes from the others. It never
+// prefers a device of a rail that is down.
 //
 // # Registration and kubelet restarts
 //

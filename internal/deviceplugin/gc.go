@@ -24,11 +24,14 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 	}
 	live := make(map[string]int, len(held)) // id -> vconns
 	owner := make(map[string]string, len(held))
+	rail := make(map[string]int, len(held)) // id -> the rail Allocate bound it to
+	_, down, _ := p.health.get()
 	for _, h := range held {
 		if checkDevices(h.IDs, p.n) == nil {
 			id := AllocationID(&p.key, h.IDs)
 			live[id] = len(h.IDs)
 			owner[id] = h.Pod
+			rail[id] = p.topo.railOf(h.IDs, down)
 		}
 	}
 	als, err := p.opts.Agent.ListAllocations(ctx)
@@ -79,13 +82,13 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 		if present[id] {
 			continue
 		}
-		_, err := p.opts.Agent.CreateAllocation(ctx, id, k)
+		err := p.create(ctx, id, k, rail[id])
 		if err == nil {
 			err = p.opts.Agent.BindAllocation(ctx, id, owner[id])
 		}
 		switch {
 		case err == nil:
-			p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k)
+			p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k, "rail", rail[id])
 			p.metrics.recreated.Inc()
 			allocated += k
 			keep[id] = k

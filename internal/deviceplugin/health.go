@@ -3,28 +3,97 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
-// health is the devices' health, shared by every ListAndWatch stream.
+// health is the devices' health, shared by every ListAndWatch stream: the
+// agent's, and that of each of its rails.
 type health struct {
 	mu      sync.Mutex
-	healthy bool          // guarded by mu
-	known   bool          // a probe has run; guarded by mu
+	healthy bool // guarded by mu
+	known   bool // a probe has run; guarded by mu
+	// down is why each of the agent's rails is down ("" while it is up),
+	// as the agent last answered; nil while no rail is down. The caller
+	// must not modify it. Guarded by mu.
+	down    []string
 	changed chan struct{} // closed and replaced on every change; guarded by mu
 }
 
 func newHealth() *health { return &health{changed: make(chan struct{})} }
 
-// get returns the health and a channel closed at the next change.
-func (h *health) get() (bool, <-chan struct{}) {
+// get returns the health, the rails' down reasons (see health.down) and
+// a channel closed at the next change.
+func (h *health) get() (bool, []string, <-chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.healthy, h.changed
+	return h.healthy, h.down, h.changed
+}
+
+// setDown records why each rail is down (nil: none is); it returns the
+// rails' reasons before, and wakes the streams when they changed.
+func (h *health) setDown(down []string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.down
+	if slices.Equal(old, down) {
+		return old
+	}
+	h.down = down
+	close(h.changed)
+	h.changed = make(chan struct{})
+	return old
+}
+
+// railDown is down's reason for rail r, "" when it is up or unknown.
+func railDown(down []string, r int) string {
+	if r < len(down) {
+		return down[r]
+	}
+	return ""
+}
+
+// downOf is why each rail is down, nil when none is.
+func downOf(rails []admin.Rail) []string {
+	var down []string
+	for i, r := range rails {
+		if r.Down == "" {
+			continue
+		}
+		if down == nil {
+			down = make([]string, len(rails))
+		}
+		down[i] = r.Down
+	}
+	return down
+}
+
+// railDevices is rail r's block of the n devices, of rails rails, as
+// "vconn-0004..vconn-0007", for logs and errors.
+func railDevices(r, rails, n int) string {
+	lo, hi := -1, -1
+	for i := range n {
+		if i*rails/n == r {
+			if lo < 0 {
+				lo = i
+			}
+			hi = i
+		}
+	}
+	if lo < 0 {
+		return "none"
+	}
+	if lo == hi {
+		return DeviceID(lo)
+	}
+	return fmt.Sprintf("%s..%s", DeviceID(lo), DeviceID(hi))
 }
 
 // touch wakes the ListAndWatch streams without a change of health (the
@@ -49,14 +118,15 @@ func (h *health) set(ok bool) bool {
 	return true
 }
 
-// probe asks the agent whether it and its device are up; the device it
-// names places the advertised devices on their NUMA node.
-func (p *Plugin) probe(ctx context.Context) error {
+// probe asks the agent whether it and its device are up, and returns its
+// rails; the devices it names place the advertised devices on their NUMA
+// node.
+func (p *Plugin) probe(ctx context.Context) ([]admin.Rail, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
 	defer cancel()
 	st, err := p.opts.Agent.Status(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	devices := []string{st.Device}
 	if len(st.Rails) > 0 {
@@ -70,21 +140,29 @@ func (p *Plugin) probe(ctx context.Context) error {
 		p.health.touch()
 	}
 	if !st.Ready {
-		return errors.New("agent not ready")
+		return st.Rails, errors.New("agent not ready")
 	}
-	return nil
+	return st.Rails, nil
 }
 
 // updateHealth probes the agent and records the result; when the
 // devices become healthy again it asks for a garbage collection pass,
-// which also re-creates the allocations a restarted agent lost.
+// which also re-creates the allocations a restarted agent lost. The
+// devices of a rail the agent says is down are unhealthy while it is.
 func (p *Plugin) updateHealth(ctx context.Context) {
-	err := p.probe(ctx)
+	rails, err := p.probe(ctx)
 	if ctx.Err() != nil {
 		return
 	}
+	// An agent that does not answer says nothing of its rails: what they
+	// were is kept (its devices are all unhealthy meanwhile anyway).
+	if rails != nil || err == nil {
+		down := downOf(rails)
+		p.railsChanged(rails, p.health.setDown(down), down)
+	}
+	_, down, _ := p.health.get()
 	if err == nil {
-		p.metrics.healthy.Set(float64(p.n))
+		p.metrics.healthy.Set(float64(p.n - p.downDevices(down)))
 	} else {
 		p.metrics.healthy.Set(0)
 	}
@@ -95,10 +173,46 @@ func (p *Plugin) updateHealth(ctx context.Context) {
 		p.log.Info("Devices are unhealthy", "reason", err.Error())
 		return
 	}
-	p.log.Info("Devices are healthy: the agent is ready")
+	p.log.Info("Devices are healthy: the agent is ready", "unhealthyOfDownRails", p.downDevices(down))
 	select {
 	case p.kick <- struct{}{}:
 	default:
+	}
+}
+
+// downDevices counts the devices of the rails down says are down.
+func (p *Plugin) downDevices(down []string) int {
+	k := 0
+	for i := range p.n {
+		if railDown(down, i*len(down)/p.n) != "" {
+			k++
+		}
+	}
+	return k
+}
+
+// railsChanged logs each rail that went down or came back up between old
+// and down, the reasons before and now; a rail back up asks for a garbage
+// collection pass (the allocations of its pods may need re-creating).
+func (p *Plugin) railsChanged(rails []admin.Rail, old, down []string) {
+	up := false
+	for i, r := range rails {
+		was, is := railDown(old, i), railDown(down, i)
+		switch {
+		case is != "" && is != was:
+			p.log.Info("A rail is down: its devices are unhealthy", "rail", i, "device", r.Device, "reason", is,
+				"devices", railDevices(i, len(rails), p.n))
+		case is == "" && was != "":
+			p.log.Info("A rail is up again: its devices are healthy", "rail", i, "device", r.Device, "was", was,
+				"devices", railDevices(i, len(rails), p.n))
+			up = true
+		}
+	}
+	if up {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 

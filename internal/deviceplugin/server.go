@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -38,16 +39,17 @@ func (s *server) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 	return s.p.pluginOptions(), nil
 }
 
-// devices lists every device with the given health, and the NUMA node
-// of its rail where that is known.
-func (p *Plugin) devices(healthy bool) []*pluginapi.Device {
-	h := pluginapi.Unhealthy
-	if healthy {
-		h = pluginapi.Healthy
-	}
+// devices lists every device, Healthy while the agent is (healthy) and
+// its rail is not down (see health.down), and the NUMA node of its rail
+// where that is known.
+func (p *Plugin) devices(healthy bool, down []string) []*pluginapi.Device {
 	numa := p.topo.nodes()
 	out := make([]*pluginapi.Device, p.n)
 	for i := range out {
+		h := pluginapi.Unhealthy
+		if healthy && railDown(down, i*len(down)/p.n) == "" {
+			h = pluginapi.Healthy
+		}
 		out[i] = &pluginapi.Device{ID: DeviceID(i), Health: h}
 		if numa != nil && numa[i] >= 0 {
 			out[i].Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(numa[i])}}}
@@ -61,8 +63,8 @@ func (p *Plugin) devices(healthy bool) []*pluginapi.Device {
 func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
 	ctx := stream.Context()
 	for {
-		healthy, changed := s.p.health.get()
-		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: s.p.devices(healthy)}); err != nil {
+		healthy, down, changed := s.p.health.get()
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: s.p.devices(healthy, down)}); err != nil {
 			return err
 		}
 		select {
@@ -73,11 +75,22 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 	}
 }
 
-// GetPreferredAllocation: see the package documentation.
+// GetPreferredAllocation: see the package documentation. The devices of
+// a rail that is down are never preferred (the kubelet may offer them
+// before it has the ListAndWatch update that made them Unhealthy); the
+// kubelet fills a shorter answer from what it has.
 func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	rep := &pluginapi.PreferredAllocationResponse{}
+	_, down, _ := s.p.health.get()
 	for _, cr := range req.GetContainerRequests() {
-		ids := preferredNUMA(cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n, s.p.topo.nodes())
+		available := cr.GetAvailableDeviceIDs()
+		if down != nil {
+			available = slices.DeleteFunc(slices.Clone(available), func(id string) bool {
+				i, ok := deviceIndex(id, s.p.n)
+				return ok && railDown(down, i*len(down)/s.p.n) != ""
+			})
+		}
+		ids := preferredNUMA(available, cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), s.p.n, s.p.topo.nodes())
 		rep.ContainerResponses = append(rep.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return rep, nil
@@ -120,8 +133,14 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	for _, cr := range crs {
 		ids := cr.GetDevicesIds()
 		id := AllocationID(&p.key, ids)
-		rail := p.topo.railOf(ids)
+		_, down, _ := p.health.get()
+		rail := p.topo.railOf(ids, down)
 		isNew, err := p.ensureAllocation(ctx, id, len(ids), rail)
+		if err != nil && railDown(down, rail) != "" {
+			// The kubelet gave only devices of a rail that is down (it
+			// had not had their Unhealthy yet): the agent refused.
+			err = status.Errorf(status.Code(err), "%s: the devices' rail %d is down (%s)", status.Convert(err).Message(), rail, railDown(down, rail))
+		}
 		if err != nil {
 			if rerr := p.rollback(created); rerr != nil {
 				p.log.Error(rerr, "Cannot roll back a failed Allocate", "allocations", created)
@@ -167,12 +186,7 @@ func (p *Plugin) ensureAllocation(ctx context.Context, id string, k, rail int) (
 	p.mu.Lock()
 	p.created[id] = time.Now() // before creating: a GC pass must not race with it
 	p.mu.Unlock()
-	var err error
-	if ra, ok := p.opts.Agent.(RailAgent); ok && rail > 0 {
-		_, err = ra.CreateRailAllocation(ctx, id, k, rail)
-	} else {
-		_, err = p.opts.Agent.CreateAllocation(ctx, id, k)
-	}
+	err := p.create(ctx, id, k, rail)
 	switch {
 	case err == nil:
 		return true, nil
@@ -195,6 +209,17 @@ func (p *Plugin) ensureAllocation(ctx context.Context, id string, k, rail int) (
 		return false, status.Errorf(codes.FailedPrecondition, "allocate %s: %v", id, err)
 	}
 	return false, status.Errorf(codes.Unavailable, "allocate %s: %v", id, err)
+}
+
+// create creates allocation id of k vconns on rail.
+func (p *Plugin) create(ctx context.Context, id string, k, rail int) error {
+	var err error
+	if ra, ok := p.opts.Agent.(RailAgent); ok && rail > 0 {
+		_, err = ra.CreateRailAllocation(ctx, id, k, rail)
+	} else {
+		_, err = p.opts.Agent.CreateAllocation(ctx, id, k)
+	}
+	return err
 }
 
 // rollback deletes the allocations an Allocate that failed created.

@@ -70,8 +70,10 @@ func (t *topology) learn(devices []string) bool {
 
 // railOf returns the rail that serves most of the devices ids (the lowest
 // such rail on a tie), the one their allocation is bound to: 0 while the
-// agent serves one rail or has not said how many.
-func (t *topology) railOf(ids []string) int {
+// agent serves one rail or has not said how many. A rail down says is
+// down (see health.down) is chosen only when every rail of the devices
+// is: then the agent refuses the allocation.
+func (t *topology) railOf(ids []string, down []string) int {
 	t.mu.Lock()
 	count := t.count
 	t.mu.Unlock()
@@ -84,7 +86,16 @@ func (t *topology) railOf(ids []string) int {
 			votes[i*count/t.n]++
 		}
 	}
-	best := 0
+	best := -1
+	for r, v := range votes {
+		if v > 0 && railDown(down, r) == "" && (best < 0 || v > votes[best]) {
+			best = r
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	best = 0
 	for r, v := range votes {
 		if v > votes[best] {
 			best = r

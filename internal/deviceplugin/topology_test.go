@@ -52,7 +52,7 @@ func TestTopologyFollowsTheAgent(t *testing.T) {
 	}
 	topologyOf := func() []int64 {
 		var out []int64
-		for _, d := range p.devices(true) {
+		for _, d := range p.devices(true, nil) {
 			if d.Topology == nil {
 				out = append(out, -1)
 				continue
@@ -79,7 +79,7 @@ func TestTopologyFollowsTheAgent(t *testing.T) {
 		fa.mu.Lock()
 		fa.device = tc.device
 		fa.mu.Unlock()
-		_, changed := p.health.get()
+		_, _, changed := p.health.get()
 		p.updateHealth(ctx)
 		if got := topologyOf(); !slices.Equal(got, tc.want) {
 			t.Errorf("agent on %q: topology %v, want %v", tc.device, got, tc.want)
@@ -100,7 +100,7 @@ func TestTopologyFollowsTheAgent(t *testing.T) {
 // Each device reports its rail's NUMA node, read from sysfs.
 func TestDevicesTopology(t *testing.T) {
 	p := twoNUMAPlugin(t)
-	devs := p.devices(true)
+	devs := p.devices(true, nil)
 	if len(devs) != 8 {
 		t.Fatalf("%d devices, want 8", len(devs))
 	}
@@ -127,7 +127,7 @@ func TestDevicesTopology(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, d := range p.devices(true) {
+		for _, d := range p.devices(true, nil) {
 			if d.Topology != nil {
 				t.Errorf("%s: %s has topology %v", name, d.ID, d.Topology)
 			}
@@ -259,7 +259,7 @@ func TestTopologyOneRail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range p.devices(true) {
+	for _, d := range p.devices(true, nil) {
 		if d.Topology == nil || d.Topology.Nodes[0].ID != 1 {
 			t.Errorf("%s: topology %v, want NUMA node 1", d.ID, d.Topology)
 		}
