@@ -16,6 +16,18 @@
 // and pciBusID too) and version. A claim's allocation is bound to the rail
 // of its first device (recorded in its CDI spec for restores).
 //
+// # Health
+//
+// Every device is reported Healthy to the kubelet while the agent is
+// ready and its rail up, and Unhealthy, with why, while it is not (pods
+// that hold it see that in their resource health status). A rail the
+// agent reports down (admin.Rail.Down: port not ACTIVE, device gone) is
+// also withdrawn from the published ResourceSlice until it is up again,
+// so that the scheduler allocates no new claim on it whatever the
+// cluster's feature gates (ResourceSlice device taints are gated); a
+// claim allocated on it before is refused at prepare with the rail and
+// the reason, and a lost allocation on it is re-created once it is up.
+//
 // # Prepare and unprepare
 //
 // A prepared claim gets an agent allocation exactly as a device-plugin

@@ -95,9 +95,16 @@ type Driver struct {
 	// the agent's allocations and the specs as one step.
 	mu sync.Mutex
 
-	hmu       sync.Mutex
-	endpoints []Endpoint // published; guarded by hmu
-	ready     bool       // the agent's last answer; guarded by hmu
+	hmu sync.Mutex
+	// endpoints are the agent's endpoints as it last reported them, those
+	// of rails that are down too: their health is reported, and a claim
+	// on one is refused with the reason. Guarded by hmu.
+	endpoints []Endpoint
+	// published are the endpoints last published (those up), once
+	// publishedOnce. Guarded by hmu.
+	published     []Endpoint
+	publishedOnce bool
+	ready         bool // the agent's last answer; guarded by hmu
 
 	fatal chan error // HandleError's unrecoverable errors, for Run; buffered 1
 }
@@ -184,7 +191,13 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	// The allocation goes on the rail of the claim's first device (one
 	// socket, one engine); the scheduler chose it, by the claim's
 	// selectors (numaNode, pciRoot).
-	rail := d.railOf(results[0].Device)
+	ep, _ := d.endpoint(results[0].Device)
+	rail := ep.Rail
+	if ep.Down != "" {
+		// The scheduler allocated it before the device left the slice.
+		return nil, fmt.Errorf("claim %s/%s: device %s (rail %d, %s) is down: %s; its vconns cannot be prepared until the rail is up again",
+			c.Namespace, c.Name, ep.Name, ep.Rail, ep.DeviceName, ep.Down)
+	}
 	isNew, err := d.ensure(ctx, id, k, pod, rail)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
@@ -291,15 +304,30 @@ type railAgent interface {
 	CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error)
 }
 
-// railOf is the agent's rail of the published device name (0 when it is
-// not one: the scheduler's view may be older than the last publication).
-func (d *Driver) railOf(name string) int {
-	for _, e := range d.published() {
+// endpoint is the agent's endpoint of the device name, published or down;
+// not found, it is rail 0's zero Endpoint (the scheduler's view may be
+// older than the agent's last report).
+func (d *Driver) endpoint(name string) (Endpoint, bool) {
+	d.hmu.Lock()
+	defer d.hmu.Unlock()
+	for _, e := range d.endpoints {
 		if e.Name == name {
-			return e.Rail
+			return e, true
 		}
 	}
-	return 0
+	return Endpoint{}, false
+}
+
+// railDown is why the agent's rail is down, "" when it is up or unknown.
+func (d *Driver) railDown(rail int) string {
+	d.hmu.Lock()
+	defer d.hmu.Unlock()
+	for _, e := range d.endpoints {
+		if e.Rail == rail {
+			return e.Down
+		}
+	}
+	return ""
 }
 
 // release deletes allocations and their specs, logging what fails: the

@@ -35,6 +35,9 @@ type Endpoint struct {
 	// Rail is the agent's rail the device is (multi-rail): a claim's
 	// allocation is bound to it.
 	Rail int
+	// Down says why the rail cannot carry vconns (admin.Rail.Down); empty
+	// while it is up. A device that is down is not published.
+	Down string
 }
 
 // Endpoints are the endpoints of an agent in status st: the device it
@@ -42,13 +45,19 @@ type Endpoint struct {
 // an even share of the node's vconns, the first the remainder, since the
 // agent's quota is the node's), located by the rails sysfs lists
 // (package rdmadev); a device sysfs does not list is the soft provider's.
-// None while the agent names no device.
+// None while the agent names no device. A rail that is down is still an
+// endpoint, with its reason (Down): its device is not published, but its
+// health is reported.
 func Endpoints(st admin.Status, rails []rdmadev.Device) []Endpoint {
 	if st.Device == "" || st.Capacity < 1 {
 		return nil
 	}
 	if len(st.Rails) <= 1 {
-		return []Endpoint{endpoint(st.Device, st.GID, st.Capacity, 0, rails)}
+		ep := endpoint(st.Device, st.GID, st.Capacity, 0, rails)
+		if len(st.Rails) == 1 {
+			ep.Down = st.Rails[0].Down
+		}
+		return []Endpoint{ep}
 	}
 	n := len(st.Rails)
 	if st.Capacity < n {
@@ -61,6 +70,7 @@ func Endpoints(st admin.Status, rails []rdmadev.Device) []Endpoint {
 			k += st.Capacity % n
 		}
 		ep := endpoint(r.Device, r.GID, k, i, rails)
+		ep.Down = r.Down
 		if ep.Name == "soft" && i > 0 {
 			ep.Name = fmt.Sprintf("soft-%d", i)
 		}

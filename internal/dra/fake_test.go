@@ -19,6 +19,7 @@ type fakeAgent struct {
 	down     bool
 	allocs   map[string]admin.Allocation
 	rails    []string       // the devices of its rails (multi-rail), if several
+	railDown []string       // why each rail is down ("" up), as Status reports; nil: all up
 	railOf   map[string]int // the rail of each allocation made on one
 }
 
@@ -36,13 +37,21 @@ func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
 	}
 	st := admin.Status{Ready: true, Capacity: f.capacity, Device: f.device, GID: "fe80::c42:a103:65:7b20"}
 	for i, r := range f.rails {
-		st.Rails = append(st.Rails, admin.Rail{Device: r, GID: fmt.Sprintf("fe80::%d", i+1)})
+		st.Rails = append(st.Rails, admin.Rail{Device: r, GID: fmt.Sprintf("fe80::%d", i+1), Down: f.downOf(i)})
 	}
 	return st, nil
 }
 
-func (f *fakeAgent) CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error) {
-	al, err := f.CreateAllocation(ctx, id, k)
+// downOf is why rail i is down; f.mu held.
+func (f *fakeAgent) downOf(i int) string {
+	if i < len(f.railDown) {
+		return f.railDown[i]
+	}
+	return ""
+}
+
+func (f *fakeAgent) CreateRailAllocation(_ context.Context, id string, k, rail int) (admin.Allocation, error) {
+	al, err := f.create(id, k, rail)
 	if err == nil {
 		f.mu.Lock()
 		if f.railOf == nil {
@@ -55,10 +64,17 @@ func (f *fakeAgent) CreateRailAllocation(ctx context.Context, id string, k, rail
 }
 
 func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {
+	return f.create(id, k, 0)
+}
+
+func (f *fakeAgent) create(id string, k, rail int) (admin.Allocation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
 		return admin.Allocation{}, errDown
+	}
+	if why := f.downOf(rail); why != "" { // as the agent refuses
+		return admin.Allocation{}, &admin.Error{Code: admin.CodeInvalid, Message: fmt.Sprintf("rail %d is down: %s", rail, why)}
 	}
 	if _, ok := f.allocs[id]; ok {
 		return admin.Allocation{}, &admin.Error{Code: "exists", Message: id}

@@ -67,22 +67,61 @@ func (d *Driver) Sync(ctx context.Context, publish func(context.Context, resourc
 	if err != nil {
 		return fmt.Errorf("agent status: %w", err)
 	}
-	if eps := Endpoints(st, d.opts.Rails); len(eps) > 0 && !slices.Equal(eps, d.published()) {
-		if err := publish(ctx, d.resources(eps)); err != nil {
-			return fmt.Errorf("publishing the node's devices: %w", err)
+	if eps := Endpoints(st, d.opts.Rails); len(eps) > 0 {
+		if err := d.publish(ctx, eps, publish); err != nil {
+			return err
 		}
-		d.hmu.Lock()
-		d.endpoints = eps
-		d.hmu.Unlock()
-		d.log.Info("Published the node's devices", "devices", len(eps), "device", eps[0].Name, "transport", eps[0].Transport, "vconns", eps[0].VConns)
 	}
 	return d.syncAllocations(ctx)
 }
 
-func (d *Driver) published() []Endpoint {
+// publish records the agent's endpoints eps and publishes those up when
+// they are not what was published last. A rail that is down is left out
+// of the slice, so that no claim is allocated on it whatever the
+// cluster's feature gates (device taints are gated); its device's health
+// is still reported (healthReport).
+func (d *Driver) publish(ctx context.Context, eps []Endpoint, publish func(context.Context, resourceslice.DriverResources) error) error {
+	up := slices.DeleteFunc(slices.Clone(eps), func(e Endpoint) bool { return e.Down != "" })
 	d.hmu.Lock()
-	defer d.hmu.Unlock()
-	return d.endpoints
+	old, same := d.endpoints, d.publishedOnce && slices.Equal(up, d.published)
+	d.endpoints = eps
+	d.hmu.Unlock()
+	d.railsChanged(old, eps)
+	if same {
+		return nil
+	}
+	if err := publish(ctx, d.resources(up)); err != nil {
+		return fmt.Errorf("publishing the node's devices: %w", err)
+	}
+	d.hmu.Lock()
+	d.published, d.publishedOnce = up, true
+	d.hmu.Unlock()
+	if len(up) == 0 {
+		d.log.Info("Published the node's pool without devices: every rail is down", "down", len(eps))
+		return nil
+	}
+	d.log.Info("Published the node's devices", "devices", len(up), "down", len(eps)-len(up), "device", up[0].Name,
+		"transport", up[0].Transport, "vconns", up[0].VConns)
+	return nil
+}
+
+// railsChanged logs each endpoint that went down or came back up between
+// the agent's reports old and eps.
+func (d *Driver) railsChanged(old, eps []Endpoint) {
+	for _, e := range eps {
+		was := ""
+		if i := slices.IndexFunc(old, func(o Endpoint) bool { return o.Name == e.Name }); i >= 0 {
+			was = old[i].Down
+		}
+		switch {
+		case e.Down != "" && e.Down != was:
+			d.log.Info("A rail is down: its device is withdrawn from the node's ResourceSlice and reported unhealthy",
+				"device", e.Name, "rail", e.Rail, "rdmaDevice", e.DeviceName, "reason", e.Down)
+		case e.Down == "" && was != "":
+			d.log.Info("A rail is up again: its device is published and healthy", "device", e.Name, "rail", e.Rail,
+				"rdmaDevice", e.DeviceName, "was", was)
+		}
+	}
 }
 
 // resources is the node's pool: one slice of every endpoint's device.
@@ -129,6 +168,10 @@ func (d *Driver) syncAllocations(ctx context.Context) error {
 			continue
 		}
 		rail, _ := strconv.Atoi(e.Annotations[annotationRail]) // absent: rail 0
+		if why := d.railDown(rail); why != "" {
+			errs = append(errs, fmt.Errorf("allocation %s of %s is lost and its rail %d is down (%s): re-created once the rail is up", id, pod, rail, why))
+			continue
+		}
 		if _, err := d.ensure(ctx, id, k, pod, rail); err != nil {
 			errs = append(errs, err)
 			continue
@@ -148,9 +191,11 @@ func (d *Driver) syncAllocations(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// WatchHealthStatus reports every published device Healthy while the
-// agent is ready and Unhealthy while it is not, every SyncInterval (within
-// the kubelet's 30 s timeout) until ctx ends.
+// WatchHealthStatus reports every device of the agent Healthy while the
+// agent is ready and its rail up, and Unhealthy, with why, while it is
+// not (a device that is down stays reported, though not published: pods
+// that hold it see it in their resource health status), every
+// SyncInterval (within the kubelet's 30 s timeout) until ctx ends.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
 	t := time.NewTicker(min(d.opts.SyncInterval, 10*time.Second))
 	defer t.Stop()
@@ -173,13 +218,16 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 func (d *Driver) healthReport() kubeletplugin.DeviceHealthReport {
 	d.hmu.Lock()
 	defer d.hmu.Unlock()
-	h, msg := kubeletplugin.HealthStatusHealthy, ""
-	if !d.ready {
-		h, msg = kubeletplugin.HealthStatusUnhealthy, "the node agent is not ready"
-	}
 	now := time.Now()
 	var r kubeletplugin.DeviceHealthReport
 	for _, e := range d.endpoints {
+		h, msg := kubeletplugin.HealthStatusHealthy, ""
+		switch {
+		case !d.ready:
+			h, msg = kubeletplugin.HealthStatusUnhealthy, "the node agent is not ready"
+		case e.Down != "":
+			h, msg = kubeletplugin.HealthStatusUnhealthy, fmt.Sprintf("rail %d (%s) is down: %s", e.Rail, e.DeviceName, e.Down)
+		}
 		r.Devices = append(r.Devices, kubeletplugin.DeviceHealth{PoolName: d.opts.NodeName, DeviceName: e.Name, Health: h,
 			LastUpdated: now, HealthCheckTimeout: 30 * time.Second, Message: msg})
 	}
