@@ -40,6 +40,9 @@ const (
 	ReasonStopped          = "AgentStopped"
 	ReasonDeviceOpen       = "DeviceOpen"
 	ReasonDeviceOpenFailed = "DeviceOpenFailed"
+	// ReasonDevicesDown: every device (rail) the agent serves is down
+	// (its port not ACTIVE, or gone); DeviceReady is False with it.
+	ReasonDevicesDown = "DevicesDown"
 	// PeersReachable's reasons.
 	ReasonPeersAnswer     = "PeersAnswer"
 	ReasonPeerUnreachable = "PeerUnreachable"
@@ -176,13 +179,18 @@ func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha
 	if s.Device != "" {
 		st.Devices = []v1alpha1.RDMADevice{{Name: s.Device, Provider: r.Provider, GID: s.GID, Health: v1alpha1.DeviceHealthy}}
 	}
+	var down []string // "device (why)" of each rail that is down
 	if len(s.Rails) > 0 {
-		// A rail is healthy while the agent serves it: its engine is
-		// open (a device the agent cannot open fails the whole agent).
+		// A rail is healthy while the agent serves it and its port is up
+		// (a device the agent cannot open at all fails the whole agent).
 		st.Devices = st.Devices[:0]
 		for i, rl := range s.Rails {
 			d := v1alpha1.RDMADevice{Name: rl.Device, Provider: r.Provider, GID: rl.GID, Health: v1alpha1.DeviceHealthy,
 				Rail: int32(i), VConnsAllocated: int32(rl.Allocated), VConnsOpen: int32(rl.VConns), QPsInUse: int32(rl.QPs)}
+			if rl.Down != "" {
+				d.Health, d.Message = v1alpha1.DeviceUnhealthy, truncate(rl.Down, maxMessage)
+				down = append(down, fmt.Sprintf("%s (%s)", rl.Device, rl.Down))
+			}
 			if rl.NUMANode >= 0 {
 				n := int32(rl.NUMANode)
 				d.NUMANode = &n
@@ -211,9 +219,18 @@ func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, reason, msg
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionDeviceReady,
 			Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	case s.Device != "":
+	case len(down) > 0 && len(down) == len(s.Rails):
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionDeviceReady,
-			Status: metav1.ConditionTrue, Reason: ReasonDeviceOpen, Message: fmt.Sprintf("device %s, GID %s", s.Device, s.GID)})
+			Status: metav1.ConditionFalse, Reason: ReasonDevicesDown,
+			Message: truncate("every RDMA device is down: "+strings.Join(down, ", "), maxMessage)})
+	case s.Device != "":
+		msg := fmt.Sprintf("device %s, GID %s", s.Device, s.GID)
+		if len(down) > 0 {
+			// The node still serves vconns on its other rails.
+			msg += fmt.Sprintf("; %d of %d devices down: %s", len(down), len(s.Rails), strings.Join(down, ", "))
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionDeviceReady,
+			Status: metav1.ConditionTrue, Reason: ReasonDeviceOpen, Message: truncate(msg, maxMessage)})
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 	peers := metav1.Condition{Type: v1alpha1.ConditionPeersReachable, Status: metav1.ConditionTrue, Reason: ReasonPeersAnswer,
@@ -225,6 +242,19 @@ func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha
 	}
 	meta.SetStatusCondition(&st.Conditions, peers)
 	return st
+}
+
+// maxMessage is the most a device's or a condition's message may hold
+// (the CRD's bound on a device's; a condition allows far more).
+const maxMessage = 1024
+
+// truncate cuts s to at most n bytes, on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	// A rune cut in two is invalid, and dropped.
+	return strings.ToValidUTF8(s[:n-len("...")], "") + "..."
 }
 
 // sameReport: nothing but the heartbeat and condition times changed.
