@@ -68,3 +68,45 @@ type openedAgent struct{}
 func (openedAgent) Status() admin.Status {
 	return admin.Status{Ready: true, Capacity: 64, Device: "mlx5_9", GID: "10.0.0.2", Control: "10.0.0.2:7471"}
 }
+
+// railsAgent is an agent serving two rails, rail 1 down while down says
+// why.
+type railsAgent struct{ down chan string }
+
+func (a railsAgent) Status() admin.Status {
+	why := <-a.down
+	a.down <- why
+	return admin.Status{Ready: true, Capacity: 64, Device: "mlx5_0", GID: "10.0.0.3", Control: "10.0.0.3:7471",
+		Rails: []admin.Rail{{Device: "mlx5_0", GID: "10.0.0.3", NUMANode: -1}, {Device: "mlx5_1", GID: "10.0.1.3", NUMANode: -1, Down: why}}}
+}
+
+// TestRailDown: an agent whose rail 1 goes down reports that device
+// Unhealthy on its RDMANode (the agent's own reporter), and the service
+// turns Degraded, DeviceUnhealthy, naming the node, the device and the
+// agent's reason, while the node stays ready (rail 0 serves); the rail
+// back up, the service is no longer Degraded.
+func TestRailDown(t *testing.T) {
+	createNodes(t, map[string]string{"raild": "true"}, "raild-1")
+	createService(t, newService("raild", "raild"))
+	agent := railsAgent{down: make(chan string, 1)}
+	agent.down <- ""
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &rdmanode.Reporter{Client: k8s, Node: "raild-1", Service: "raild", Provider: v1alpha1.ProviderIBVerbs,
+		Log: testr.New(t), Poll: 50 * time.Millisecond}
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx, agent) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitCondition(t, "raild", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
+
+	<-agent.down
+	agent.down <- "port DOWN"
+	c := waitCondition(t, "raild", v1alpha1.ConditionDegraded, metav1.ConditionTrue, ReasonDeviceUnhealthy)
+	if want := "node raild-1 device mlx5_1 (port DOWN) unhealthy"; c.Message != want {
+		t.Errorf("Degraded message %q, want %q", c.Message, want)
+	}
+	waitCondition(t, "raild", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
+
+	<-agent.down
+	agent.down <- ""
+	waitCondition(t, "raild", v1alpha1.ConditionDegraded, metav1.ConditionFalse, ReasonAsExpected)
+}

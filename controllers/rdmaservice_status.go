@@ -47,7 +47,8 @@ type nodeReport struct {
 	ready   bool
 	// pending: no report yet, or readiness unknown.
 	pending bool
-	// badDevices names the unhealthy devices of a node that may still be ready.
+	// badDevices names the unhealthy devices of a node that may still be
+	// ready, each with why where its agent says (a rail that is down).
 	badDevices []string
 	// noDevice: the agent reports that its device does not open.
 	noDevice bool
@@ -64,7 +65,11 @@ func assess(name string, rn *v1alpha1.RDMANode, now time.Time, timeout time.Dura
 	}
 	for _, d := range rn.Status.Devices {
 		if d.Health == v1alpha1.DeviceUnhealthy {
-			rep.badDevices = append(rep.badDevices, d.Name)
+			bad := d.Name
+			if d.Message != "" {
+				bad += " (" + d.Message + ")"
+			}
+			rep.badDevices = append(rep.badDevices, bad)
 		}
 	}
 	if c := meta.FindStatusCondition(rn.Status.Conditions, v1alpha1.ConditionDeviceReady); c != nil && c.Status == metav1.ConditionFalse {

@@ -28,7 +28,7 @@ func TestAssess(t *testing.T) {
 		rn.Status.Devices = devices
 		return rn
 	}
-	bad := v1alpha1.RDMADevice{Name: "mlx5_1", Health: v1alpha1.DeviceUnhealthy}
+	bad := v1alpha1.RDMADevice{Name: "mlx5_1", Health: v1alpha1.DeviceUnhealthy, Message: "port DOWN"}
 	tests := []struct {
 		name        string
 		rn          *v1alpha1.RDMANode
@@ -54,6 +54,10 @@ func TestAssess(t *testing.T) {
 				(tt.problem == "" && rep.problem != "") || len(rep.badDevices) != tt.badDevices || !rep.expires.Equal(tt.wantExpires) {
 				t.Errorf("assess = %+v, want ready %v pending %v problem %q bad devices %d expires %v",
 					rep, tt.ready, tt.pending, tt.problem, tt.badDevices, tt.wantExpires)
+			}
+			// A bad device says why, as its agent does.
+			if tt.badDevices > 0 && rep.badDevices[0] != "mlx5_1 (port DOWN)" {
+				t.Errorf("bad device %q, want %q", rep.badDevices[0], "mlx5_1 (port DOWN)")
 			}
 		})
 	}
