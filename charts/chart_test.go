@@ -513,6 +513,8 @@ func TestTemplateDefaultServiceHardware(t *testing.T) {
 		"defaultService.enabled=true",
 		"defaultService.name=fabric",
 		"defaultService.device.vendors={mellanox}",
+		"defaultService.device.names={mlx5_0,mlx5_1}",
+		"defaultService.device.rails=2",
 		"string:defaultService.nodeSelector.matchLabels.rdmavisor\\.io/rdma=true",
 		"defaultService.tolerations[0].key=rdmavisor.io/rdma",
 		"defaultService.tolerations[0].operator=Exists",
@@ -521,7 +523,7 @@ func TestTemplateDefaultServiceHardware(t *testing.T) {
 	var svc v1alpha1.RDMAService
 	find(t, objs, "RDMAService", "fabric", &svc)
 	s := svc.Spec
-	if s.Device.Provider != "ibverbs" || !slices.Equal(s.Device.Vendors, []string{"mellanox"}) {
+	if s.Device.Provider != "ibverbs" || !slices.Equal(s.Device.Vendors, []string{"mellanox"}) || s.Device.Rails != 2 {
 		t.Errorf("device %+v", s.Device)
 	}
 	if s.NodeSelector == nil || s.NodeSelector.MatchLabels["rdmavisor.io/rdma"] != "true" {

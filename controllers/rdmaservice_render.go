@@ -123,6 +123,7 @@ func renderConfig(svc *v1alpha1.RDMAService) (*config.AgentConfig, []byte, error
 	}
 	cfg.Device.Names = slices.Clone(s.Device.Names)
 	cfg.Device.Vendors = slices.Clone(s.Device.Vendors)
+	cfg.Device.Rails = int(s.Device.Rails)
 	if s.Transport != "" {
 		cfg.Transport = config.Transport(s.Transport)
 	}

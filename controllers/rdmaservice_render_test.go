@@ -288,3 +288,21 @@ func TestRenderStateDir(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderRails: spec.device.rails reaches the agent's configuration,
+// with the names in order (the first rails of them are its rails).
+func TestRenderRails(t *testing.T) {
+	svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Spec: v1alpha1.RDMAServiceSpec{
+		Device: v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderIBVerbs, Names: []string{"mlx5_0", "mlx5_1", "mlx5_2"}, Rails: 2}}}
+	cfg, _, err := renderConfig(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Device.Rails != 2 || !slices.Equal(cfg.Device.Names, []string{"mlx5_0", "mlx5_1", "mlx5_2"}) {
+		t.Fatalf("device %+v, want 2 rails of mlx5_0, mlx5_1", cfg.Device)
+	}
+	svc.Spec.Device.Rails = 0
+	if cfg, _, err = renderConfig(svc); err != nil || cfg.Device.Rails != 0 {
+		t.Fatalf("no rails: device %+v, %v; want the agent's one", cfg.Device, err)
+	}
+}

@@ -104,6 +104,7 @@ const (
 
 // DeviceSelector chooses the RDMA devices an agent uses on its node.
 // +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'soft' || (!has(self.names) && !has(self.vendors))",message="names and vendors select hardware devices: they cannot be set with provider soft"
+// +kubebuilder:validation:XValidation:rule="!has(self.rails) || self.rails <= 1 || ((!has(self.provider) || self.provider == 'ibverbs') && has(self.names) && size(self.names) >= self.rails)",message="more than one rail needs provider ibverbs and as many names, one a rail, in order (the soft provider's rail addresses differ per node: set them in a standalone agent's configuration)"
 type DeviceSelector struct {
 	// Provider is the verbs backend: ibverbs for RDMA hardware, soft for the
 	// software provider (RoCEv2 over UDP, no hardware needed).
@@ -131,6 +132,17 @@ type DeviceSelector struct {
 	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9][A-Za-z0-9_.-]*$`
 	// +optional
 	Vendors []string `json:"vendors,omitempty"`
+
+	// Rails is how many devices each agent serves, an engine each
+	// (multi-rail): the first Rails of Names, in order. Rail i of a node
+	// talks only to rail i of another, as rail-optimised fabrics are
+	// wired; an allocation is bound to one rail (by the NUMA node the
+	// device plugin places it on, or the device a DRA claim was given).
+	// Absent or 1: one device, the first the selector accepts.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16
+	// +optional
+	Rails int32 `json:"rails,omitempty"`
 }
 
 // AgentSpec configures the pods of the node agent DaemonSet. One image holds

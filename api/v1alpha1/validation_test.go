@@ -84,6 +84,9 @@ func TestRDMAServiceValidation(t *testing.T) {
 		{name: "ibverbs with devices", mutate: func(s *v1alpha1.RDMAService) {
 			s.Spec.Device = v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderIBVerbs, Names: []string{"mlx5_0"}, Vendors: []string{"0x02c9"}}
 		}},
+		{name: "two rails of ibverbs", mutate: func(s *v1alpha1.RDMAService) {
+			s.Spec.Device = v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderIBVerbs, Names: []string{"mlx5_0", "mlx5_1"}, Rails: 2}
+		}},
 		{name: "buffer pool as a plain integer", mutate: func(s *v1alpha1.RDMAService) { s.Spec.BufferPoolSize = quantity("1048576") }},
 		{name: "resource name of its own domain", mutate: func(s *v1alpha1.RDMAService) { s.Spec.ResourceName = "rdmavisor.io/vconn-ib" }},
 		{name: "agent requests at the bounds, limits above", mutate: func(s *v1alpha1.RDMAService) {
@@ -222,6 +225,23 @@ func TestRDMAServiceValidation(t *testing.T) {
 			name:   "soft provider with device names",
 			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Device.Names = []string{"mlx5_0"} },
 			want:   []string{"spec.device", "cannot be set with provider soft"},
+		},
+		{
+			name:   "soft provider with two rails",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Device.Rails = 2 },
+			want:   []string{"spec.device", "more than one rail needs provider ibverbs"},
+		},
+		{
+			name: "two rails, one device name",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Device = v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderIBVerbs, Names: []string{"mlx5_0"}, Rails: 2}
+			},
+			want: []string{"spec.device", "as many names, one a rail"},
+		},
+		{
+			name:   "seventeen rails",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Device.Rails = 17 },
+			want:   []string{"spec.device.rails", "less than or equal to 16"},
 		},
 		{
 			name:   "buffer pool too small",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -43,6 +44,7 @@ type claim struct {
 	node    string    // node name
 	address string    // control address, host:port
 	gid     verbs.GID // the device's GID
+	rail    int       // the rail of gid (0: the node's first device)
 	of      claimed
 }
 
@@ -85,8 +87,8 @@ func (a *Agent) authorize(ctx context.Context, c claim) error {
 			return status.Errorf(codes.PermissionDenied, "caller %s claims control address %q, not one of its certificate's", id.Node, c.address)
 		}
 	}
-	if c.of&claimsGID != 0 && !id.HasIP(net.IP(c.gid[:])) {
-		return status.Errorf(codes.PermissionDenied, "caller %s claims GID %s, not one of its certificate's addresses", id.Node, net.IP(c.gid[:]))
+	if c.of&claimsGID != 0 && !vouched(id, c.gid, c.rail, a.railGIDListed) {
+		return status.Errorf(codes.PermissionDenied, "caller %s claims GID %s on rail %d, not one of its certificate's addresses nor its RDMANode's for that rail", id.Node, net.IP(c.gid[:]), c.rail)
 	}
 	return nil
 }
@@ -148,27 +150,59 @@ func nodeIs(id *pki.Identity, node string) error {
 }
 
 // vouchFor checks that the agent that answered, of certificate id (nil
-// without TLS), is node's and may speak for the engine peer at gid: a
-// GID of its certificate's addresses (RoCE v2 GIDs are IP addresses),
-// and never the zero GID, which is no one's.
-func vouchFor(id *pki.Identity, node string, gid verbs.GID) error {
+// without TLS), is node's and may speak for the engine peer at gid on
+// rail: a GID of its certificate's addresses (RoCE v2 GIDs are IP
+// addresses) or, for rails 1.., one listed says is node's on that rail
+// (its RDMANode: the signer certifies only a Node's addresses, and a
+// second NIC's is rarely one), and never the zero GID, which is no one's.
+func vouchFor(id *pki.Identity, node string, gid verbs.GID, rail int, listed railLister) error {
 	if err := nodeIs(id, node); err != nil {
 		return err
 	}
 	if gid == (verbs.GID{}) {
 		return fmt.Errorf("%w: node %q: zero GID", errBadReply, node)
 	}
-	if id != nil && !id.HasIP(net.IP(gid[:])) {
-		return fmt.Errorf("%w: node %s: GID %s is not one of its certificate's addresses", errBadReply, id.Node, net.IP(gid[:]))
+	if id != nil && !vouched(id, gid, rail, listed) {
+		return fmt.Errorf("%w: node %s: GID %s of rail %d is not one of its certificate's addresses, nor its RDMANode's for that rail", errBadReply, id.Node, net.IP(gid[:]), rail)
 	}
 	return nil
+}
+
+// railLister says whether discovery lists gid as node's GID on rail (1..)
+// and as no other node's; nil lists nothing.
+type railLister func(node string, rail int, gid verbs.GID) bool
+
+// vouched: id's certificate names gid, or, on rails 1.., listed has it as
+// id's node's on that rail.
+func vouched(id *pki.Identity, gid verbs.GID, rail int, listed railLister) bool {
+	return id.HasIP(net.IP(gid[:])) || rail > 0 && listed != nil && listed(id.Node, rail, gid)
+}
+
+// railGIDListed is the agent's railLister: the peers' RDMANodes (or the
+// static peers' railGIDs), which only each node's own agent may write. A
+// GID two nodes list is neither's.
+func (a *Agent) railGIDListed(node string, rail int, gid verbs.GID) bool {
+	ip, ok := net.IP(gid[:]), false
+	for _, p := range a.disc.Peers() {
+		for r, g := range p.RailGIDs {
+			if !ip.Equal(net.ParseIP(g)) {
+				continue
+			}
+			if p.NodeName != node || r+1 != rail {
+				return false
+			}
+			ok = true
+		}
+	}
+	return ok
 }
 
 // identityOf checks a peer agent's Identity reply, answered with the
 // certificate id (nil without TLS) by the remote for node, and returns the
 // peer's GID on rail: the reply must name node, and the GID be node's
-// (vouchFor: under TLS a rail's address must be in the certificate too).
-func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity, rail int) (verbs.GID, error) {
+// (vouchFor: under TLS a rail's address must be in the certificate, or
+// listed for that rail).
+func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity, rail int, listed railLister) (verbs.GID, error) {
 	n := rep.GetNode()
 	if n.GetName() != node {
 		return verbs.GID{}, fmt.Errorf("%w: node %q answered as %q", errBadReply, node, n.GetName())
@@ -185,7 +219,7 @@ func identityOf(rep *controlpb.IdentityReply, node string, id *pki.Identity, rai
 		return verbs.GID{}, fmt.Errorf("%w: node %q: GID of %d bytes", errBadReply, node, len(b))
 	}
 	copy(gid[:], b)
-	if err := vouchFor(id, node, gid); err != nil {
+	if err := vouchFor(id, node, gid, rail, listed); err != nil {
 		return verbs.GID{}, err
 	}
 	return gid, nil
@@ -208,6 +242,10 @@ func (a *Agent) bindGID(gid verbs.GID, node string) error {
 	}
 	for _, p := range a.disc.Peers() {
 		if h, _, err := net.SplitHostPort(p.Address); err == nil && ip.Equal(net.ParseIP(h)) {
+			owner = p.NodeName
+			break
+		}
+		if slices.ContainsFunc(p.RailGIDs, func(g string) bool { return ip.Equal(net.ParseIP(g)) }) {
 			owner = p.NodeName
 			break
 		}

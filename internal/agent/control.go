@@ -115,7 +115,7 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 		return nil, err
 	}
 	// The QP is set up for gid's node: only that node may ask.
-	if err := s.a.authorize(ctx, claim{gid: gid, of: claimsGID}); err != nil {
+	if err := s.a.authorize(ctx, claim{gid: gid, rail: int(min(req.Rail, 1<<16)), of: claimsGID}); err != nil {
 		return nil, err
 	}
 	if req.Type > 255 || req.Mtu > 255 || req.Lid > verbs.MaxUnicastLID {
@@ -164,7 +164,7 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		if gid, err = gidOf(req.GetRailGid()); err != nil {
 			return nil, err
 		}
-		if err := a.authorize(ctx, claim{gid: gid, of: claimsGID}); err != nil {
+		if err := a.authorize(ctx, claim{gid: gid, rail: rail, of: claimsGID}); err != nil {
 			return nil, err
 		}
 	}
@@ -268,7 +268,7 @@ func (s *controlServer) railEpochs(ctx context.Context, gids [][]byte, ok map[st
 			if len(ok) >= 64 { // bounds what a stream makes this agent remember
 				continue
 			}
-			allowed = a.authorize(ctx, claim{gid: gid, of: claimsGID}) == nil
+			allowed = a.authorize(ctx, claim{gid: gid, rail: i + 1, of: claimsGID}) == nil
 			ok[k] = allowed
 		}
 		if allowed {
@@ -297,7 +297,7 @@ func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPRep
 	}
 	id, err := l.r.a.answerer(&from)
 	if err == nil {
-		err = vouchFor(id, l.r.node, l.gid)
+		err = vouchFor(id, l.r.node, l.gid, l.rail, l.r.a.railGIDListed)
 	}
 	var qp engine.QPReply
 	if err == nil {
@@ -386,7 +386,7 @@ func (a *Agent) dialRemote(ctx context.Context, t target, from netip.Addr, port 
 	if err == nil {
 		var id *pki.Identity
 		if id, err = a.answerer(&answer); err == nil {
-			err = vouchFor(id, r.node, ep.GID())
+			err = vouchFor(id, r.node, ep.GID(), rail, a.railGIDListed)
 		}
 		if err != nil {
 			err = fmt.Errorf("agent: dial of peer %s at %s: %w", r.node, r.addr, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
 // The client side's checks of a peer agent's replies (Identity, ConnectQP,
@@ -44,7 +45,14 @@ func FuzzIdentityReply(f *testing.F) {
 	}
 	f.Add(marshal(f, &controlpb.IdentityReply{Node: &controlpb.Node{Name: "node-b", Gid: v4.To16()}, RailGids: [][]byte{v6, v4.To4()}}))
 	f.Add([]byte{})
+	f.Add(marshal(f, &controlpb.IdentityReply{Node: &controlpb.Node{Name: "node-b", Gid: v4.To16()}, RailGids: [][]byte{net.ParseIP("10.1.0.2"), v6}}))
 	certs := []*pki.Identity{{Node: "node-b", IPs: []net.IP{v4, v6}}, {Node: "node-x", IPs: []net.IP{v4, v6}}, nil}
+	// node-b's RDMANode lists 10.1.0.2 as its rail 1, which its
+	// certificate does not name.
+	rail1 := net.ParseIP("10.1.0.2")
+	listed := func(node string, rail int, gid verbs.GID) bool {
+		return node == "node-b" && rail == 1 && net.IP(gid[:]).Equal(rail1)
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var rep controlpb.IdentityReply
 		if proto.Unmarshal(in, &rep) != nil {
@@ -59,9 +67,9 @@ func FuzzIdentityReply(f *testing.F) {
 			} else if rail <= len(rep.GetRailGids()) {
 				g = rep.GetRailGids()[rail-1]
 			}
-			gid, err := identityOf(&rep, "node-b", id, rail)
+			gid, err := identityOf(&rep, "node-b", id, rail, listed)
 			want := rep.GetNode().GetName() == "node-b" && len(g) == 16 && !bytes.Equal(g, make([]byte, 16)) &&
-				(id == nil || id.Node == "node-b" && (net.IP(g).Equal(v4) || net.IP(g).Equal(v6)))
+				(id == nil || id.Node == "node-b" && (net.IP(g).Equal(v4) || net.IP(g).Equal(v6) || rail == 1 && net.IP(g).Equal(rail1)))
 			switch {
 			case want && err != nil:
 				t.Fatalf("cert %+v: reply %v refused: %v", id, &rep, err)

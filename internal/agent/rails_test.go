@@ -168,18 +168,48 @@ func TestRailMissingOnPeer(t *testing.T) {
 }
 
 // TestRailsUnderTLS: under mutual TLS a peer's rail GID must be one of
-// its certificate's addresses, as rail 0's is; the nodes' certificates
-// name their own address only, so rail 1 is refused, saying why, and
-// rail 0 works.
+// its certificate's addresses, as rail 0's is, or, on rails 1.., the one
+// discovery lists for that node and rail (its RDMANode, which only its own
+// agent may write; here the static peers' railGIDs): the certificates
+// name each node's own address only. Unlisted, or listed as another
+// address, rail 1 is refused, saying why, and rail 0 works; listed, rail 1
+// carries vconns both ways.
 func TestRailsUnderTLS(t *testing.T) {
-	cl := startCluster(t, agenttest.Options{TLS: true, TuneConfig: twoRails})
-	ctx := ctxT(t)
-	serveEcho(ctx, t, railClient(t, cl.Nodes[1], "srv", 0), "9")
-	c1 := railClient(t, cl.Nodes[0], "cli1", 1)
-	if _, err := c1.Dial(ctx, "node-b:9"); err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Errorf("dial on rail 1 without the rail's address in the certificates: %v; want a refusal naming the certificate", err)
+	for _, tc := range []struct {
+		name   string
+		listed map[string]string // what each node's discovery says the other's rail 1 is
+		ok     bool
+	}{
+		{"unlisted", nil, false},
+		{"listed wrong", map[string]string{"node-a": "127.0.0.9", "node-b": "127.0.0.8"}, false},
+		// node-a vouches for node-b's rail 1, but node-b not for node-a's:
+		// node-b refuses the QPs node-a's rail 1 asks for.
+		{"listed by the dialer only", map[string]string{"node-a": railAddrs["node-b"], "node-b": "127.0.0.8"}, false},
+		{"listed", map[string]string{"node-a": railAddrs["node-b"], "node-b": railAddrs["node-a"]}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl := startCluster(t, agenttest.Options{TLS: true, TuneConfig: func(c *config.AgentConfig) {
+				twoRails(c)
+				if g, ok := tc.listed[c.NodeName]; ok {
+					c.PeerDiscovery.Static[0].RailGIDs = []string{g}
+				}
+			}})
+			ctx := ctxT(t)
+			serveEcho(ctx, t, railClient(t, cl.Nodes[1], "srv", 0), "9")
+			c1 := railClient(t, cl.Nodes[0], "cli1", 1)
+			if tc.ok {
+				echo(ctx, t, c1, "9", "rail 1")
+				if peers, _ := cl.Nodes[1].Agent.Rails()[1].PeerStats(); len(peers) != 1 || peers[0].GID != cl.Nodes[0].Agent.Rails()[1].GID() {
+					t.Errorf("node-b's rail 1 peers: %+v", peers)
+				}
+			} else if _, err := c1.Dial(ctx, "node-b:9"); err == nil || !strings.Contains(err.Error(), "certificate") {
+				t.Errorf("dial on rail 1, its GID neither certified nor listed: %v; want a refusal naming the certificate", err)
+			} else {
+				t.Log(err)
+			}
+			echo(ctx, t, railClient(t, cl.Nodes[0], "cli0", 0), "9", "rail 0")
+		})
 	}
-	echo(ctx, t, railClient(t, cl.Nodes[0], "cli0", 0), "9", "rail 0")
 }
 
 // TestRailEpochs: when a node drops its side of a rail's connection (its

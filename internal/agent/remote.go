@@ -184,7 +184,7 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, rail int) (*engi
 		}
 		id, err := r.a.answerer(&from)
 		if err == nil {
-			gid, err = identityOf(rep, r.node, id, rail)
+			gid, err = identityOf(rep, r.node, id, rail, r.a.railGIDListed)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("agent: identity of peer %s at %s: %w", r.node, r.addr, err)
@@ -393,7 +393,7 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 					epoch = b.RailEpochs[rail-1]
 				}
 			}
-			if p != nil && vouchFor(id, r.node, p.GID()) == nil {
+			if p != nil && vouchFor(id, r.node, p.GID(), rail, r.a.railGIDListed) == nil {
 				// The peer's side of our connection is new: ours goes too.
 				r.a.engines[rail].ObservePeerEpoch(p.GID(), epoch)
 			}

@@ -277,6 +277,11 @@ type Peer struct {
 	NodeName string `json:"nodeName"`
 	// Address is the peer's control plane, host:port.
 	Address string `json:"address"`
+	// RailGIDs are the IP addresses of the peer's rails 1.. (Device.Rails),
+	// by rail. Under mutual TLS they vouch for a rail's GID that the
+	// peer's certificate does not name (as an RDMANode's devices do in
+	// kubernetes mode).
+	RailGIDs []string `json:"railGIDs,omitempty"`
 }
 
 // DefaultPollers is the number of pollers of an agent whose configuration

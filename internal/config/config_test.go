@@ -183,6 +183,11 @@ peerDiscovery:
 			errs: []string{"peerDiscovery.static[1].nodeName: duplicate", "peerDiscovery.static[1].address: must be host:port"},
 		},
 		{
+			name: "bad static rail GIDs",
+			doc:  minimal + "peerDiscovery: {mode: static, static: [{nodeName: a, address: 'a:1', railGIDs: ['10.1.0.2', 'mlx5_1']}]}\n",
+			errs: []string{`peerDiscovery.static[0].railGIDs[1]: must be an IP address, got "mlx5_1"`},
+		},
+		{
 			name: "every error is reported, not only the first",
 			doc:  minimal + "qpsPerPeer: 0\nvconnsPerNode: 0\ntransport: x\nresourceName: vconn\n",
 			errs: []string{"qpsPerPeer", "vconnsPerNode", "transport", "resourceName"},

@@ -241,6 +241,14 @@ func (d *PeerDiscovery) check(p *problems) {
 			if err := validHostPort(peer.Address); err != nil {
 				p.add(f+".address", "%v", err)
 			}
+			if len(peer.RailGIDs) >= MaxRails {
+				p.add(f+".railGIDs", "at most %d (rails 1..%d), got %d", MaxRails-1, MaxRails-1, len(peer.RailGIDs))
+			}
+			for j, g := range peer.RailGIDs {
+				if net.ParseIP(g) == nil {
+					p.add(fmt.Sprintf("%s.railGIDs[%d]", f, j), "must be an IP address, got %q", g)
+				}
+			}
 		}
 	default:
 		p.add("peerDiscovery.mode", "must be kubernetes or static, got %q", d.Mode)

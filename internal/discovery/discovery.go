@@ -6,6 +6,7 @@ package discovery
 
 import (
 	"context"
+	"slices"
 
 	"github.com/rdmavisor/rdmavisor/internal/config"
 )
@@ -15,6 +16,17 @@ type Peer struct {
 	NodeName string
 	// Address is the peer's control plane, host:port.
 	Address string
+	// RailGIDs are the GIDs of the peer's rails 1.. (multi-rail), as IP
+	// addresses, by rail; "" where not known. Its RDMANode says them,
+	// which only its own agent may write: under mutual TLS they vouch
+	// for a rail's GID that its certificate does not name (the signer
+	// certifies only the Node's addresses).
+	RailGIDs []string
+}
+
+// Equal says whether p and q are the same peer at the same addresses.
+func (p Peer) Equal(q Peer) bool {
+	return p.NodeName == q.NodeName && p.Address == q.Address && slices.Equal(p.RailGIDs, q.RailGIDs)
 }
 
 // Source finds the peer agents. Static serves standalone mode; package
@@ -34,7 +46,7 @@ type Static []Peer
 func StaticFromConfig(c *config.AgentConfig) Static {
 	s := make(Static, 0, len(c.PeerDiscovery.Static))
 	for _, p := range c.PeerDiscovery.Static {
-		s = append(s, Peer{NodeName: p.NodeName, Address: p.Address})
+		s = append(s, Peer{NodeName: p.NodeName, Address: p.Address, RailGIDs: slices.Clone(p.RailGIDs)})
 	}
 	return s
 }

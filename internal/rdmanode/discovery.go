@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
+	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/discovery"
 )
 
@@ -112,7 +113,7 @@ func (d *Discovery) update(nodes map[string]*v1alpha1.RDMANode, fn func([]discov
 	}
 	slices.SortFunc(peers, func(a, b discovery.Peer) int { return strings.Compare(a.NodeName, b.NodeName) })
 	d.mu.Lock()
-	changed := !slices.Equal(peers, d.peers)
+	changed := !slices.EqualFunc(peers, d.peers, discovery.Peer.Equal)
 	d.peers = peers
 	d.mu.Unlock()
 	if changed {
@@ -121,12 +122,23 @@ func (d *Discovery) update(nodes map[string]*v1alpha1.RDMANode, fn func([]discov
 	}
 }
 
-// peerOf: an RDMANode names a peer when its agent is ready and has an address.
+// peerOf: an RDMANode names a peer when its agent is ready and has an
+// address; its devices of rails 1.. give the peer's rail GIDs.
 func peerOf(rn *v1alpha1.RDMANode) (discovery.Peer, bool) {
 	a := rn.Status.Address
 	if a == nil || a.IP == "" || a.ControlPort == 0 ||
 		!meta.IsStatusConditionTrue(rn.Status.Conditions, v1alpha1.ConditionNodeReady) {
 		return discovery.Peer{}, false
 	}
-	return discovery.Peer{NodeName: rn.Name, Address: net.JoinHostPort(a.IP, strconv.Itoa(int(a.ControlPort)))}, true
+	p := discovery.Peer{NodeName: rn.Name, Address: net.JoinHostPort(a.IP, strconv.Itoa(int(a.ControlPort)))}
+	for _, d := range rn.Status.Devices {
+		if d.Rail < 1 || d.Rail > config.MaxRails || d.GID == "" {
+			continue
+		}
+		for len(p.RailGIDs) < int(d.Rail) {
+			p.RailGIDs = append(p.RailGIDs, "")
+		}
+		p.RailGIDs[d.Rail-1] = d.GID
+	}
+	return p, true
 }

@@ -120,8 +120,8 @@ func TestReporterAndDiscovery(t *testing.T) {
 		for {
 			select {
 			case p := <-changes:
-				if slices.Equal(p, want) {
-					if !slices.Equal(d.Peers(), want) {
+				if slices.EqualFunc(p, want, discovery.Peer.Equal) {
+					if !slices.EqualFunc(d.Peers(), want, discovery.Peer.Equal) {
 						t.Fatalf("Peers() = %v, want %v", d.Peers(), want)
 					}
 					return
