@@ -107,6 +107,10 @@ func (a *Agent) createAllocation(id string, k int, podScoped bool, rail int) (ad
 	if a.allocs[id] != nil {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, admin.ErrExists)
 	}
+	rail, err := a.pickRail(rail)
+	if err != nil {
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
+	}
 	total := k
 	for _, al := range a.allocs {
 		total += al.quota
