@@ -27,7 +27,7 @@ func (a *Agent) Status() admin.Status {
 	for i, e := range a.engines {
 		est, attr := e.Stats(), a.devs[i].Attr()
 		s.Rails = append(s.Rails, admin.Rail{Device: attr.Name, GID: e.GID().String(), LinkLayer: attr.LinkLayer.String(), NUMANode: attr.NUMANode,
-			VConns: est.VConns, QPs: est.QPs, Peers: est.Peers})
+			VConns: est.VConns, QPs: est.QPs, Peers: est.Peers, Down: a.railDown[i]})
 	}
 	for _, al := range a.allocs {
 		s.Allocated += al.quota

@@ -57,6 +57,10 @@ type Options struct {
 	// HeartbeatInterval and HeartbeatTimeout: a peer that has not answered
 	// a beat for HeartbeatTimeout is declared gone (defaults 250ms, 2s).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
+	// RailCheckInterval is how often each rail's port is queried
+	// (default DefaultRailCheckInterval): a rail whose port is not ACTIVE
+	// takes no new allocation (rail.go).
+	RailCheckInterval time.Duration
 }
 
 // Agent is a running node agent.
@@ -98,6 +102,7 @@ type Agent struct {
 	announced map[string]map[netip.Addr]struct{} // the pod IPs each peer node announced; guarded by mu
 	remotes   map[string]*remote                 // by node; guarded by mu
 	gids      map[verbs.GID]string               // the node each engine peer's GID is bound to (bindGID); guarded by mu
+	railDown  []string                           // by rail: why its device cannot carry vconns, "" while it can (rail.go); guarded by mu
 
 	creds credentials.TransportCredentials // the control plane's, both ways
 	tls   *pki.Source                      // nil without TLS
@@ -118,6 +123,9 @@ func New(opts Options) (_ *Agent, err error) {
 	}
 	if opts.HeartbeatTimeout == 0 {
 		opts.HeartbeatTimeout = 2 * time.Second
+	}
+	if opts.RailCheckInterval <= 0 {
+		opts.RailCheckInterval = DefaultRailCheckInterval
 	}
 	a := &Agent{
 		cfg: cfg, opts: opts, log: opts.Log.WithValues("node", cfg.NodeName),
@@ -141,6 +149,7 @@ func New(opts Options) (_ *Agent, err error) {
 	if err := a.openDevice(); err != nil {
 		return nil, err
 	}
+	a.railDown = make([]string, len(a.devs))
 	for i, dev := range a.devs {
 		ec, err := a.engineConfig(dev, i)
 		if err != nil {
@@ -162,7 +171,13 @@ func New(opts Options) (_ *Agent, err error) {
 	if err := a.serveHealth(); err != nil {
 		return nil, err
 	}
-	a.wg.Add(1)
+	// Rails as they are now, before any allocation: then every interval.
+	a.checkRails()
+	a.wg.Add(2)
+	go func() {
+		defer a.wg.Done()
+		a.watchRails()
+	}()
 	go func() {
 		defer a.wg.Done()
 		a.disc.Watch(a.ctx, a.peersChanged)

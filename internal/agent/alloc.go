@@ -51,12 +51,14 @@ var allocID = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // CreateAllocation creates an allocation of k vconns and its socket, for
 // host services: it listens on the node's own port space ("node:port").
+// It is bound to the first rail that is up (pickRail).
 func (a *Agent) CreateAllocation(id string, k int) (admin.Allocation, error) {
 	return a.createAllocation(id, k, false, 0)
 }
 
 // CreatePodAllocation creates an allocation of k vconns for a pod: it
-// listens and dials as the pod BindAllocation names, and not before.
+// listens and dials as the pod BindAllocation names, and not before. It
+// is bound to the first rail that is up (pickRail).
 func (a *Agent) CreatePodAllocation(id string, k int) (admin.Allocation, error) {
 	return a.createAllocation(id, k, true, 0)
 }
@@ -106,6 +108,10 @@ func (a *Agent) createAllocation(id string, k int, podScoped bool, rail int) (ad
 	}
 	if a.allocs[id] != nil {
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, admin.ErrExists)
+	}
+	rail, err := a.pickRail(rail)
+	if err != nil {
+		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
 	total := k
 	for _, al := range a.allocs {

@@ -64,11 +64,14 @@ var (
 		"Allocations (pods' shares of the node's vconns).", nil, nil)
 	descQuota = prometheus.NewDesc("rdmavisor_vconn_quota",
 		"The node's vconns: capacity (vconnsPerNode), allocated to pods, and in use by them.", []string{"kind"}, nil)
+	descRailUp = prometheus.NewDesc("rdmavisor_rail_up",
+		"1 while the rail's device port is ACTIVE, 0 while it is down or the device is gone (no new allocation is bound to it).",
+		[]string{"rail", "device"}, nil)
 )
 
 var allDescs = []*prometheus.Desc{descVConns, descPeers, descQPs, descPeerVConns, descMsgsSent, descBytesSent,
 	descMsgsRecv, descBytesRecv, descRetransmits, descCreditStalls, descDoorbells, descWRs, descDropped,
-	descBuffers, descPollerBusy, descPollerSleeps, descAllocations, descQuota}
+	descBuffers, descPollerBusy, descPollerSleeps, descAllocations, descQuota, descRailUp}
 
 // Describe sends every metric's description.
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -142,6 +145,13 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descQuota, float64(a.cfg.VConnsPerNode), "capacity")
 	gauge(descQuota, float64(allocated), "allocated")
 	gauge(descQuota, float64(used), "used")
+	for i, why := range a.railsDown() {
+		up := 0.0
+		if why == "" {
+			up = 1
+		}
+		gauge(descRailUp, up, strconv.Itoa(i), a.devs[i].Attr().Name)
+	}
 }
 
 // peerNames maps the GIDs of the peer agents this one talks to to their

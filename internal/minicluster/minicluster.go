@@ -43,6 +43,9 @@ type Options struct {
 	TLS bool
 	// TuneConfig adjusts each agent's configuration last.
 	TuneConfig func(*config.AgentConfig)
+	// TuneAgent adjusts each agent's options last (its Config is the
+	// node's): tests wrap the devices it opens.
+	TuneAgent func(*agent.Options)
 }
 
 // Node is one agent of the cluster.
@@ -167,9 +170,13 @@ func (n *Node) start(ctl net.Listener) error {
 		_ = ctl.Close()
 		return err
 	}
-	n.Agent, err = agent.New(agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), OpenDevice: device.Open,
+	ao := agent.Options{Config: n.Config, Log: o.Log.WithName(n.Name), OpenDevice: device.Open,
 		OpenRails: device.OpenRails, ControlListener: ctl, MetricsListener: ml,
-		TuneEngine: o.TuneEngine, HeartbeatInterval: min(o.HeartbeatTimeout/4, 250*time.Millisecond), HeartbeatTimeout: o.HeartbeatTimeout})
+		TuneEngine: o.TuneEngine, HeartbeatInterval: min(o.HeartbeatTimeout/4, 250*time.Millisecond), HeartbeatTimeout: o.HeartbeatTimeout}
+	if o.TuneAgent != nil {
+		o.TuneAgent(&ao)
+	}
+	n.Agent, err = agent.New(ao)
 	if err != nil {
 		_ = ctl.Close()
 		_ = ml.Close()

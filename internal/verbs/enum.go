@@ -56,6 +56,43 @@ func (s QPState) String() string {
 	return fmt.Sprintf("QPState(%d)", uint8(s))
 }
 
+// PortState is enum ibv_port_state: the state of a port, as
+// ibv_query_port reports it. Only ACTIVE (and ACTIVE_DEFER) carry
+// traffic; DOWN is a link without carrier or a netdev that is down.
+type PortState uint8
+
+const (
+	PortStateNOP         PortState = 0
+	PortStateDown        PortState = 1
+	PortStateInit        PortState = 2
+	PortStateArmed       PortState = 3
+	PortStateActive      PortState = 4
+	PortStateActiveDefer PortState = 5
+)
+
+// Active reports whether the port carries traffic: ACTIVE, or
+// ACTIVE_DEFER (active, its link only briefly interrupted).
+func (s PortState) Active() bool { return s == PortStateActive || s == PortStateActiveDefer }
+
+// String is ibv_port_state_str's name, without the PORT_ prefix.
+func (s PortState) String() string {
+	switch s {
+	case PortStateNOP:
+		return "NOP"
+	case PortStateDown:
+		return "DOWN"
+	case PortStateInit:
+		return "INIT"
+	case PortStateArmed:
+		return "ARMED"
+	case PortStateActive:
+		return "ACTIVE"
+	case PortStateActiveDefer:
+		return "ACTIVE_DEFER"
+	}
+	return fmt.Sprintf("PortState(%d)", uint8(s))
+}
+
 // MTU is enum ibv_mtu: the path MTU of a connected QP.
 type MTU uint8
 

@@ -10,6 +10,12 @@ type Device interface {
 	Attr() DeviceAttr
 	// GID returns entry index of the port's GID table.
 	GID(index int) (GID, error)
+	// PortState queries the port's state now (ibv_query_port's state):
+	// a device whose link went down reports DOWN; one that disappeared
+	// (hot-unplugged) fails with the error the query met. A closed device
+	// fails with ErrClosed. It is a system call or more: call it to
+	// watch the port, not on a hot path.
+	PortState() (PortState, error)
 	AllocPD() (PD, error)
 	// CreateCQ creates a completion queue with room for at least cqe entries
 	// and its own completion channel (see CQ.FD).

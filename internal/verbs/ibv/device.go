@@ -430,6 +430,36 @@ func (d *device) GID(index int) (verbs.GID, error) {
 	return d.hwGID(d.hw(index))
 }
 
+// PortState queries the port now. A device that was hot-unplugged fails
+// the query (EIO or ENODEV, which the error keeps); the lock keeps Close
+// from freeing the context under the query.
+func (d *device) PortState() (verbs.PortState, error) {
+	d.life.mu.Lock()
+	defer d.life.mu.Unlock()
+	if d.life.dead.Load() {
+		return 0, fmt.Errorf("ibv: port state of %s: %w", d.name, verbs.ErrClosed)
+	}
+	var pa C.struct_ibv_port_attr
+	if rc := C.rv_query_port(d.ctx, d.port, &pa); rc != 0 {
+		return 0, wrap(fmt.Sprintf("query port %d of %s", int(d.port), d.name), errnoOf(int(rc), nil), false)
+	}
+	switch pa.state {
+	case C.IBV_PORT_NOP:
+		return verbs.PortStateNOP, nil
+	case C.IBV_PORT_DOWN:
+		return verbs.PortStateDown, nil
+	case C.IBV_PORT_INIT:
+		return verbs.PortStateInit, nil
+	case C.IBV_PORT_ARMED:
+		return verbs.PortStateArmed, nil
+	case C.IBV_PORT_ACTIVE:
+		return verbs.PortStateActive, nil
+	case C.IBV_PORT_ACTIVE_DEFER:
+		return verbs.PortStateActiveDefer, nil
+	}
+	return 0, fmt.Errorf("ibv: query port %d of %s: unknown state %d", int(d.port), d.name, int(pa.state))
+}
+
 func (d *device) Close() error {
 	return d.life.close("device "+d.name, func() error {
 		if rc := C.ibv_close_device(d.ctx); rc != 0 {

@@ -182,6 +182,30 @@ func (d *Device) GID(index int) (verbs.GID, error) {
 	return d.gid, nil
 }
 
+// PortState reports the port ACTIVE while the device is open, unless its
+// wire says otherwise: a UDP wire is DOWN while no interface that is up
+// holds its bind address, as rxe's port follows its netdev. Wires of
+// the in-memory fabric are always ACTIVE.
+func (d *Device) PortState() (verbs.PortState, error) {
+	if d.closed.Load() {
+		return 0, fmt.Errorf("soft: port state of %s: %w", d.cfg.Name, verbs.ErrClosed)
+	}
+	w, ok := d.w.(interface {
+		PortState() (verbs.PortState, error)
+	})
+	if !ok {
+		return verbs.PortStateActive, nil
+	}
+	st, err := w.PortState()
+	if errors.Is(err, net.ErrClosed) {
+		return 0, fmt.Errorf("soft: port state of %s: %w", d.cfg.Name, verbs.ErrClosed)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("soft: port state of %s: %w", d.cfg.Name, err)
+	}
+	return st, nil
+}
+
 // Stats returns the device's counters.
 func (d *Device) Stats() StatsSnapshot {
 	s := d.stats.snapshot()

@@ -276,3 +276,17 @@ func testCloseOrder(t *testing.T, f Factory) {
 		want("AllocPD on a closed device", err, verbs.ErrClosed)
 	}
 }
+
+// testPortActive: an opened device's port is ACTIVE, as the ibverbs
+// backend requires to open one, and stays so while nothing touches its
+// link: the agent's rail watcher reads anything else as the rail down.
+func testPortActive(t *testing.T, f Factory) {
+	for i, dev := range openDevices(t, f, 2, Options{}) {
+		for range 2 {
+			st, err := dev.PortState()
+			if err != nil || st != verbs.PortStateActive || !st.Active() {
+				t.Fatalf("device %d (%s): port %v, %v; want ACTIVE", i, dev.Attr().Name, st, err)
+			}
+		}
+	}
+}

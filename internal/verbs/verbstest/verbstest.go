@@ -60,6 +60,7 @@ type testCase struct {
 
 // cases is the suite, in the order Run runs it.
 var cases = []testCase{
+	{"PortActive", testPortActive},
 	{"RCSendRecv", testRCSendRecv},
 	{"RCSendWithImm", testRCSendWithImm},
 	{"RCWrite", testRCWrite},

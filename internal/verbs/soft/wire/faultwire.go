@@ -51,6 +51,20 @@ var (
 
 func (w *faultWire) LocalGID() verbs.GID { return w.inner.LocalGID() }
 
+// PortState is the inner wire's, if it watches a link; faults model the
+// path, not the port.
+func (w *faultWire) PortState() (verbs.PortState, error) {
+	if w.closed.Load() {
+		return 0, errClosed
+	}
+	if p, ok := w.inner.(interface {
+		PortState() (verbs.PortState, error)
+	}); ok {
+		return p.PortState()
+	}
+	return verbs.PortStateActive, nil
+}
+
 func (w *faultWire) Recv(pkts []Packet) (int, error) { return w.inner.Recv(pkts) }
 
 func (w *faultWire) Stats() Stats {

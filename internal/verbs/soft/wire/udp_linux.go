@@ -51,6 +51,8 @@ type UDP struct {
 
 	cnt    counters
 	closed atomic.Bool
+	// link watches the interface holding the bind address (PortState).
+	link *link
 
 	tx udpTx
 	rx udpRx
@@ -122,6 +124,10 @@ func ListenUDP(cfg UDPConfig) (*UDP, error) {
 		// without checksums, so loopback with segmentation keeps it.
 		rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1) })
 	}
+	if u.link, err = newLink(cfg.Addr); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	u.initTx(cfg.Port, gso)
 	u.initRx(gro)
 	return u, nil
@@ -188,7 +194,23 @@ func (u *UDP) Close() error {
 	if u.closed.Swap(true) {
 		return nil
 	}
+	u.link.close()
 	return u.conn.Close()
+}
+
+// PortState is what rxe would report for a port on the bind address's
+// netdev: DOWN once no interface that is up and running holds the
+// address (the link went down, lost carrier, or lost the address),
+// ACTIVE otherwise.
+func (u *UDP) PortState() (verbs.PortState, error) {
+	if u.closed.Load() {
+		return 0, errClosed
+	}
+	st, err := u.link.state()
+	if err != nil {
+		return 0, u.wrapErr("port state", err)
+	}
+	return st, nil
 }
 
 func (u *UDP) wrapErr(op string, err error) error {

@@ -30,4 +30,7 @@ func (u *UDP) SocketBuffers() (read, write int) { return 0, 0 }
 func (u *UDP) Send(pkts []Packet) (int, error)  { return 0, errClosed }
 func (u *UDP) Recv(pkts []Packet) (int, error)  { return 0, errClosed }
 func (u *UDP) Close() error                     { return nil }
-func (u *UDP) Stats() Stats                     { return Stats{} }
+func (u *UDP) PortState() (verbs.PortState, error) {
+	return 0, errClosed
+}
+func (u *UDP) Stats() Stats { return Stats{} }
