@@ -13,9 +13,10 @@ import (
 // unbounded state: an on-chip cache of QP contexts, whose misses fetch the
 // context from host memory over PCIe, and a receive ring of fixed depth
 // drained no faster than the line rate. It is what makes one QP per
-// connection cost more as connections grow (the RDMAvisor paper's ~400
-// connection knee) on a machine whose software cost per packet does not
-// grow with them.
+// connection cost more as connections grow (the ~400-connection knee the
+// RDMAvisor paper is cited for; docs/architecture.md says what of that was
+// checked) on a machine whose software cost per packet does not grow with
+// them.
 //
 // Model: the device's receive path keeps a virtual clock. Each packet it
 // takes from its ring advances the clock by its serialisation time at
@@ -41,8 +42,9 @@ import (
 // the knee falls and its direction, not the hardware's magnitude. The
 // cache is fully associative LRU; real QP-context caches are
 // set-associative and also hold MTT/MPT entries, which are not modelled.
-// Every default is a published figure (see DefaultNICModel), not fitted to
-// a result.
+// Every default is taken from a published figure or a driver default (see
+// the Default* constants), not fitted to a result; where the published
+// text could not be checked, the constant's comment says so.
 type NICModel struct {
 	// QPCacheEntries is how many QP contexts the NIC holds on chip.
 	QPCacheEntries int
@@ -57,30 +59,48 @@ type NICModel struct {
 }
 
 // Published figures the model's defaults come from (docs/architecture.md,
-// "NIC model", lists them with the same sources).
+// "NIC model", lists them with the same sources, a quote from each and
+// what was and was not checked against the source's text).
 const (
-	// DefaultQPCacheEntries: the RDMAvisor paper reports one-QP-per-
-	// connection RDMA collapsing past about 400 connections, which it
-	// attributes to the NIC's QP-context cache thrashing; ScaleRPC (Chen,
-	// Lu and Shu, EuroSys'19, §2) observes the same NIC-cache thrashing on
-	// RC past a few hundred connections on ConnectX-3/4. The model takes
-	// the paper's 400 as the number of contexts the cache holds.
+	// DefaultQPCacheEntries: 400, the knee (one QP per connection
+	// collapsing past about 400 connections, blamed on the NIC's
+	// QP-context cache) attributed to the RDMAvisor paper (Wang et al.,
+	// arXiv:1802.01870, 2018). Only that paper's abstract could be read
+	// here; it reports "high throughput for thousand of connections" and
+	// names no knee, so the 400 and its cause are not verified. Checked: Kalia
+	// et al. ("Design Guidelines for High Performance RDMA Systems",
+	// ATC'16) list QP state among what a NIC caches, where "a miss
+	// translates to a read over PCIe" (§3.5), and say connected QPs
+	// "limit scalability to a few hundred RPC clients" (§4.2.1); ScaleRPC
+	// (Chen, Lu and Shu, EuroSys'19, abstract) roots RC's degradation with
+	// many targets "in the resource contention in the NIC cache". No
+	// source checked gives the cache's size in entries: 400 is the knee
+	// taken as one.
 	DefaultQPCacheEntries = 400
 	// DefaultMissPenalty: a miss is a DMA read of the context from host
-	// memory. Kalia, Kaminsky and Andersen ("Design Guidelines for High
-	// Performance RDMA Systems", ATC'16, §2) explain NIC-side state
-	// misses as PCIe reads; Neugebauer et al. ("Understanding PCIe
-	// performance for end host networking", SIGCOMM'18, §5) measure a
-	// small DMA read's round trip on Xeon E5 hosts at about 500 ns.
+	// memory (ATC'16, §3.5). The data published with pcie-bench (Neugebauer
+	// et al., "Understanding PCIe performance for end host networking",
+	// SIGCOMM'18; github.com/pcie-bench/data, lat_dma_sizes.txt, a
+	// Netronome NFP6000, warm host cache) put a 64-byte DMA read's median
+	// at 546-600 ns on five Xeon E5 hosts (minimum 520-546 ns; 256 bytes:
+	// 626-666 ns). 500 ns is a round figure at the low end of that, under
+	// the medians; the paper's own text was not checked here.
 	DefaultMissPenalty = 500 * time.Nanosecond
-	// DefaultLineRate: 40 Gb/s, the Ethernet (RoCE) rate of ConnectX-3
-	// Pro (Mellanox ConnectX-3 Pro product brief: 10/40/56 GbE; 40 GbE is
-	// the RoCE rate the ATC'16 and FaSST experiments ran ConnectX-3 at).
+	// DefaultLineRate: 40 Gb/s, an Ethernet (RoCE) rate of ConnectX-3 Pro
+	// (NVIDIA's WinOF VPI 5.50.53000 notes list its Ethernet speeds as "10,
+	// 40 and 56 Gb/s"). It is not the rate the ATC'16 and FaSST
+	// measurements ran at: ATC'16 ran ConnectX-3 on 56 Gb/s InfiniBand
+	// ("CX3 NICs require 256-byte READs to saturate 56 Gbps", §5.3.1), and
+	// FaSST's code asks for InfiniBand HCAs (its README: RoCE "not been
+	// tested").
 	DefaultLineRate = 40e9
-	// DefaultRxRingDepth: 1,024 entries, the default receive ring of the
-	// Linux mlx5 driver for ConnectX-4/5 (MLX5E_PARAMS_DEFAULT_LOG_RQ_SIZE
-	// = 0xa in drivers/net/ethernet/mellanox/mlx5/core/en.h; maximum 0xd,
-	// 8,192).
+	// DefaultRxRingDepth: 1,024 packets, the default Ethernet receive ring
+	// of Linux's drivers for ConnectX-3 (MLX4_EN_DEF_RX_RING_SIZE = 1024,
+	// maximum MLX4_EN_MAX_RX_SIZE = 8192, in
+	// drivers/net/ethernet/mellanox/mlx4/mlx4_en.h) and for ConnectX-4 on
+	// (MLX5E_PARAMS_DEFAULT_LOG_RQ_SIZE = 0xa, maximum 0xd, in
+	// drivers/net/ethernet/mellanox/mlx5/core/en.h). These are the netdev's
+	// rings, not RDMA receive-queue depths, which applications choose.
 	DefaultRxRingDepth = 1024
 )
 
