@@ -24,14 +24,14 @@ type collector struct {
 // dashboard (charts/rdmavisor/dashboards), which a test checks.
 var (
 	descVConns = prometheus.NewDesc("rdmavisor_vconns",
-		"Vconns of this node's engine, by state.", []string{"state"}, nil)
+		"Vconns of this node's engines (every rail), by state.", []string{"state"}, nil)
 	descPeers = prometheus.NewDesc("rdmavisor_peers",
 		"Peer nodes the engine holds shared QPs for.", nil, nil)
 	descQPs = prometheus.NewDesc("rdmavisor_qps",
 		"Shared QPs toward a peer, by type: rc and uc are those this engine created, ingress those the peer created toward it.",
-		[]string{"peer", "type"}, nil)
+		[]string{"peer", "type", "rail"}, nil)
 	descPeerVConns = prometheus.NewDesc("rdmavisor_peer_vconns",
-		"Open vconns to a peer, multiplexed over its shared QPs.", []string{"peer"}, nil)
+		"Open vconns to a peer, multiplexed over its shared QPs, by rail.", []string{"peer", "rail"}, nil)
 	descMsgsSent = prometheus.NewDesc("rdmavisor_messages_sent_total",
 		"Application messages handed to the device, by transport (retransmissions excluded).", []string{"transport"}, nil)
 	descBytesSent = prometheus.NewDesc("rdmavisor_sent_bytes_total",
@@ -89,28 +89,69 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	e := a.eng
-	st := e.Stats()
-	peers, states := e.PeerStats()
+	// Every rail's engine: the node's figures are their sums, and a peer's
+	// QPs and vconns are labelled with the rail they are on.
+	var states engine.StateCounts
+	var sent, recv [engine.NumTransports]engine.Traffic
+	var rejects [engine.NumRejectReasons]uint64
+	var st engine.Stats
+	var buffers []int
+	peers, poller := 0, 0
+	names := a.peerNames()
+	for rail, e := range a.engines {
+		es := e.Stats()
+		ps, sc := e.PeerStats()
+		states.Connecting += sc.Connecting
+		states.Open += sc.Open
+		states.Closing += sc.Closing
+		states.Failed += sc.Failed
+		peers += len(ps)
+		r := strconv.Itoa(rail)
+		for _, p := range ps {
+			name := names[p.GID]
+			if name == "" {
+				name = p.GID.String()
+			}
+			gauge(descQPs, float64(p.RCQPs), name, "rc", r)
+			gauge(descQPs, float64(p.UCQPs), name, "uc", r)
+			gauge(descQPs, float64(p.IngressQPs), name, "ingress", r)
+			gauge(descPeerVConns, float64(p.VConns.Open), name, r)
+		}
+		s, rv := e.TrafficStats()
+		for t := range sent {
+			sent[t].Msgs, sent[t].Bytes = sent[t].Msgs+s[t].Msgs, sent[t].Bytes+s[t].Bytes
+			recv[t].Msgs, recv[t].Bytes = recv[t].Msgs+rv[t].Msgs, recv[t].Bytes+rv[t].Bytes
+		}
+		for i, n := range e.RejectStats() {
+			rejects[i] += n
+		}
+		st.Retransmits += es.Retransmits
+		st.GapResends += es.GapResends
+		st.CreditStalls += es.CreditStalls
+		st.Posts += es.Posts
+		st.WRsPosted += es.WRsPosted
+		st.StaleDropped += es.StaleDropped
+		st.Malformed += es.Malformed
+		st.Sleeps += es.Sleeps
+		for i, n := range es.BuffersInUse {
+			if i == len(buffers) {
+				buffers = append(buffers, 0)
+			}
+			buffers[i] += n
+		}
+		// Pollers are numbered across the rails, rail 0's first.
+		for _, ps := range e.PollerStats() {
+			ch <- prometheus.MustNewConstMetric(descPollerBusy, prometheus.CounterValue, ps.Busy.Seconds(), strconv.Itoa(poller))
+			poller++
+		}
+	}
 	for _, s := range []struct {
 		name string
 		n    int
 	}{{"connecting", states.Connecting}, {"open", states.Open}, {"closing", states.Closing}, {"failed", states.Failed}} {
 		gauge(descVConns, float64(s.n), s.name)
 	}
-	gauge(descPeers, float64(len(peers)))
-	names := a.peerNames()
-	for _, p := range peers {
-		name := names[p.GID]
-		if name == "" {
-			name = p.GID.String()
-		}
-		gauge(descQPs, float64(p.RCQPs), name, "rc")
-		gauge(descQPs, float64(p.UCQPs), name, "uc")
-		gauge(descQPs, float64(p.IngressQPs), name, "ingress")
-		gauge(descPeerVConns, float64(p.VConns.Open), name)
-	}
-	sent, recv := e.TrafficStats()
+	gauge(descPeers, float64(peers))
 	for t := engine.RC; t <= engine.Auto; t++ { // no vconn's is Unknown
 		tr := t.String()
 		counter(descMsgsSent, sent[t].Msgs, tr)
@@ -125,14 +166,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descWRs, st.WRsPosted)
 	counter(descDropped, st.StaleDropped, "stale")
 	counter(descDropped, st.Malformed, "malformed")
-	for r, n := range e.RejectStats() {
+	for r, n := range rejects {
 		counter(descDropped, n, engine.RejectReason(r).String())
 	}
-	for i, n := range st.BuffersInUse {
+	for i, n := range buffers {
 		gauge(descBuffers, float64(n), strconv.Itoa(i))
-	}
-	for i, ps := range e.PollerStats() {
-		ch <- prometheus.MustNewConstMetric(descPollerBusy, prometheus.CounterValue, ps.Busy.Seconds(), strconv.Itoa(i))
 	}
 	counter(descPollerSleeps, st.Sleeps)
 	allocs := a.Allocations()
@@ -166,8 +204,10 @@ func (a *Agent) peerNames() map[verbs.GID]string {
 	names := make(map[verbs.GID]string, len(rs))
 	for _, r := range rs {
 		r.mu.Lock()
-		if r.peer != nil && r.node != "" {
-			names[r.peer.GID()] = r.node
+		for _, p := range r.peersLocked() {
+			if p != nil && r.node != "" {
+				names[p.GID()] = r.node
+			}
 		}
 		r.mu.Unlock()
 	}

@@ -118,9 +118,9 @@ func TestMetrics(t *testing.T) {
 		`rdmavisor_vconns{state="open"}`:                  1,
 		`rdmavisor_vconns{state="failed"}`:                0,
 		`rdmavisor_peers`:                                 1,
-		`rdmavisor_qps{peer="node-b",type="rc"}`:          1,
-		`rdmavisor_qps{peer="node-b",type="uc"}`:          1,
-		`rdmavisor_peer_vconns{peer="node-b"}`:            1,
+		`rdmavisor_qps{peer="node-b",rail="0",type="rc"}`: 1,
+		`rdmavisor_qps{peer="node-b",rail="0",type="uc"}`: 1,
+		`rdmavisor_peer_vconns{peer="node-b",rail="0"}`:   1,
 		`rdmavisor_messages_sent_total{transport="auto"}`: msgs,
 		`rdmavisor_sent_bytes_total{transport="auto"}`:    msgs * size,
 		`rdmavisor_messages_sent_total{transport="rc"}`:   0,
@@ -140,10 +140,10 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	for k, want := range map[string]float64{
-		`rdmavisor_messages_received_total{transport="auto"}`: msgs,
-		`rdmavisor_received_bytes_total{transport="auto"}`:    msgs * size,
-		`rdmavisor_qps{peer="node-a",type="ingress"}`:         2,
-		`rdmavisor_vconn_quota{kind="used"}`:                  1, // the accepted vconn
+		`rdmavisor_messages_received_total{transport="auto"}`:  msgs,
+		`rdmavisor_received_bytes_total{transport="auto"}`:     msgs * size,
+		`rdmavisor_qps{peer="node-a",rail="0",type="ingress"}`: 2,
+		`rdmavisor_vconn_quota{kind="used"}`:                   1, // the accepted vconn
 	} {
 		if got := sb[k]; got != want {
 			t.Errorf("node-b %s = %v, want %v", k, got, want)

@@ -133,6 +133,27 @@ func TestTwoRails(t *testing.T) {
 		}
 	}
 
+	// The metrics cover both rails: the peer's QPs and vconns by rail,
+	// named after its node on each, and the node's messages summed.
+	m := gather(t, a.Agent.Collector())
+	for _, k := range []string{`rdmavisor_qps{peer="node-b",rail="0",type="rc"}`, `rdmavisor_qps{peer="node-b",rail="1",type="rc"}`} {
+		if m[k] < 1 {
+			t.Errorf("node-a %s = %v, want at least 1", k, m[k])
+		}
+	}
+	sent, recv := 0.0, 0.0
+	for k, v := range m {
+		switch {
+		case strings.HasPrefix(k, "rdmavisor_messages_sent_total{"):
+			sent += v
+		case strings.HasPrefix(k, "rdmavisor_messages_received_total{"):
+			recv += v
+		}
+	}
+	if sent != 2 || recv != 2 { // a message out and its echo back on each rail
+		t.Errorf("node-a sent %v and received %v messages over its rails, want 2 and 2", sent, recv)
+	}
+
 	// The status reports each rail's device and what is bound to it.
 	st := a.Agent.Status()
 	if len(st.Rails) != 2 || st.Rails[0].Device != "soft-127.0.0.2" || st.Rails[1].Device != "soft-127.0.0.4" ||
