@@ -4,19 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
+	"github.com/rdmavisor/rdmavisor/internal/netnstest"
 )
 
 // TestRailDownOnLink: end to end with the soft provider, in a network
@@ -25,53 +23,15 @@ import (
 // and an allocation on it refused, bringing it up makes it allocatable,
 // and removing the address makes it down again.
 func TestRailDownOnLink(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root (a network namespace and a veth link); CI runs it as root")
-	}
-	errc := make(chan error)
-	go func() {
-		// The thread enters the namespace and is never unlocked: it exits
-		// with the goroutine, so no other goroutine runs in it.
-		runtime.LockOSThread()
-		errc <- railDownOnLink(t)
-	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	netnstest.Run(t, func() error { return railDownOnLink(t) })
 }
 
 func railDownOnLink(t *testing.T) (err error) {
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("unshare: %w", err)
-	}
-	lo, err := netlink.LinkByName("lo")
+	v, err := netnstest.NewVeth("rail1", "10.99.0.1/24")
 	if err != nil {
 		return err
 	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		return err
-	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "rail1"}, PeerName: "rail1p"}
-	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("adding a veth pair: %w", err)
-	}
-	peer, err := netlink.LinkByName("rail1p")
-	if err != nil {
-		return err
-	}
-	addr, err := netlink.ParseAddr("10.99.0.1/24")
-	if err != nil {
-		return err
-	}
-	for _, step := range []func() error{
-		func() error { return netlink.AddrAdd(veth, addr) },
-		func() error { return netlink.LinkSetUp(peer) },
-		func() error { return netlink.LinkSetUp(veth) },
-	} {
-		if err := step(); err != nil {
-			return err
-		}
-	}
+	veth, addr := v.Link, v.Addr
 	ctl, err := net.Listen("tcp", "127.0.0.2:0")
 	if err != nil {
 		return err

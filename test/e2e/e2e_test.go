@@ -209,6 +209,16 @@ func setup(t *testing.T) *env {
 // run runs a command and returns its output; a failure fails the step.
 func (e *env) run(name string, args ...string) string {
 	e.t.Helper()
+	out, err := e.tryRun(name, args...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// tryRun is run for a step that waits: its error says the command and
+// what it printed.
+func (e *env) tryRun(name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
@@ -216,9 +226,9 @@ func (e *env) run(name string, args ...string) string {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		e.t.Fatalf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, out.String())
+		return out.String(), fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, out.String())
 	}
-	return out.String()
+	return out.String(), nil
 }
 
 // eventually polls cond until it holds, or fails the step with what it
@@ -534,6 +544,13 @@ func (e *env) kubeletRestart() {
 		return n > before, fmt.Sprintf("%d registrations (before the restart: %d) %v", n, before, err)
 	})
 	e.eventually("allocatable back", 2*time.Minute, e.allocatableIs(e.capacity, node))
+	// The plugin may register before the new kubelet knows its pods (an
+	// exec then finds "pod does not exist"): wait until it serves the
+	// agent's pod.
+	e.eventually("the new kubelet serves the agent's pod", 2*time.Minute, func() (bool, string) {
+		_, err := e.tryRun(e.kubectl, "exec", "-n", namespace, e.agentPod(node).Name, "-c", "agent", "--", "rdmavisor", "agent", "allocations")
+		return err == nil, fmt.Sprint(err)
+	})
 	// The new kubelet admits and allocates: a new client gets its vconns;
 	// once it is deleted, the plugin learns it from the new kubelet and
 	// releases them.

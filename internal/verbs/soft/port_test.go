@@ -4,13 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
+	"github.com/rdmavisor/rdmavisor/internal/netnstest"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -22,55 +20,15 @@ import (
 // link changes in a network namespace of the test's own, on a veth
 // pair.
 func TestPortStateFollowsLink(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root (a network namespace and a veth link); CI runs it as root")
-	}
-	errc := make(chan error)
-	go func() {
-		// The thread enters the namespace and is never unlocked: it exits
-		// with the goroutine, so no other goroutine runs in it.
-		runtime.LockOSThread()
-		errc <- portStateInNetns(t)
-	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	netnstest.Run(t, func() error { return portStateInNetns(t) })
 }
 
 func portStateInNetns(t *testing.T) error {
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("unshare: %w", err)
-	}
-	lo, err := netlink.LinkByName("lo")
+	v, err := netnstest.NewVeth("rail0", "10.99.0.1/24")
 	if err != nil {
 		return err
 	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		return err
-	}
-	// A veth pair (the kernel here may lack the dummy driver): rail0
-	// has carrier while its peer is up too.
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "rail0"}, PeerName: "rail0p"}
-	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("adding a veth pair: %w", err)
-	}
-	peer, err := netlink.LinkByName("rail0p")
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetUp(peer); err != nil {
-		return err
-	}
-	addr, err := netlink.ParseAddr("10.99.0.1/24")
-	if err != nil {
-		return err
-	}
-	if err := netlink.AddrAdd(veth, addr); err != nil {
-		return err
-	}
-	if err := netlink.LinkSetUp(veth); err != nil {
-		return err
-	}
+	veth, peer, addr := v.Link, v.Peer, v.Addr
 	open := func(bind string) (*Device, error) {
 		d, err := OpenUDP(bind, 4791)
 		if err != nil {
