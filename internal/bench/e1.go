@@ -148,9 +148,18 @@ func e1Once(ctx context.Context, e *env, name string, nic bool, n int, rec *Reco
 		msg[i] = byte(i)
 	}
 	s0 := [2]soft.StatsSnapshot{tb.devs[0].Stats(), tb.devs[1].Stats()}
+	var stalls0 uint64
+	if ed, ok := d.(*engineDesign); ok {
+		stalls0 = ed.a.Stats().CreditStalls
+	}
 	r, err := drive(ctx, senders, e.Plan.Producers, msg, rx, e.Plan.Warmup, e.Plan.Measure)
 	if err != nil {
 		return rate{}, memSample{}, err
+	}
+	if ed, ok := d.(*engineDesign); ok {
+		// Why the engine's rate moves with the count (-v 1): a sender
+		// waiting for its peer's credits is the engine's own limit.
+		e.Log.V(1).Info("Engine", "nicModel", nic, "vconns", n, "creditStalls", ed.a.Stats().CreditStalls-stalls0)
 	}
 	for i, d := range tb.devs {
 		s1 := d.Stats()
