@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"debug/elf"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,18 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/echotest"
 )
-
-// verdict is what the client's --verdict writes, as the Go example's
-// (examples/echo) and the end-to-end tests read it.
-type verdict struct {
-	OK        bool      `json:"ok"`
-	Error     string    `json:"error"`
-	At        time.Time `json:"at"`
-	Sent      int64     `json:"sent"`
-	Delivered int64     `json:"delivered"`
-}
 
 // build makes the static binary with the Makefile.
 func build(t *testing.T) string {
@@ -52,21 +41,9 @@ func build(t *testing.T) string {
 // vconns of 300 messages of 3,000 bytes, every byte checked.
 func TestEchoC(t *testing.T) {
 	bin := build(t)
-	cl, err := agenttest.Start(agenttest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srvSock, err := cl.Nodes[1].Allocate(ctx, "server", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cliSock, err := cl.Nodes[0].Allocate(ctx, "client", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, srvSock, cliSock := echotest.Agents(ctx, t)
 	tmp := t.TempDir()
 	ready, v := filepath.Join(tmp, "ready"), filepath.Join(tmp, "verdict")
 
@@ -99,20 +76,9 @@ func TestEchoC(t *testing.T) {
 		t.Fatalf("client printed %q", cout.String())
 	}
 	t.Logf("%s", strings.TrimSpace(cout.String()))
-	var got verdict
-	b, err := os.ReadFile(v)
-	if err != nil || json.Unmarshal(b, &got) != nil {
-		t.Fatalf("verdict %q: %v", b, err)
-	}
-	if !got.OK || got.Error != "" || got.Sent != 600 || got.Delivered != 600 || time.Since(got.At) > time.Minute || time.Since(got.At) < 0 {
-		t.Fatalf("verdict %+v", got)
-	}
+	echotest.CheckOK(t, v, 600)
 	// The server said where it listens; show prints it, as a probe reads it.
-	out, err := exec.Command(bin, "show", ready).Output()
-	var said struct{ Listening string }
-	if err != nil || json.Unmarshal(out, &said) != nil || !strings.HasSuffix(said.Listening, ":7000") {
-		t.Fatalf("show %s: %q, %v", ready, out, err)
-	}
+	echotest.CheckShow(t, exec.Command(bin, "show", ready), 7000)
 
 	// A SIGTERM stops the server, which exits 0 (a pod deleted).
 	if err := server.Process.Signal(os.Interrupt); err != nil {
@@ -129,14 +95,11 @@ func TestEchoC(t *testing.T) {
 	// 1 and says why in its verdict.
 	fail := exec.CommandContext(ctx, bin, "client", "--addr="+cl.Nodes[1].Name+":7000", "--conns=1", "--timeout=1s", "--verdict="+v)
 	fail.Env = append(os.Environ(), "RDMAVISOR_SOCKET="+cliSock)
-	out, err = fail.CombinedOutput()
+	out, err := fail.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "connection refused") {
 		t.Fatalf("client without a server: %v, %q", err, out)
 	}
-	got = verdict{}
-	if b, err = os.ReadFile(v); err != nil || json.Unmarshal(b, &got) != nil || got.OK || !strings.Contains(got.Error, "connection refused") || got.Sent != 0 {
-		t.Fatalf("verdict of a failed client %q: %v", b, err)
-	}
+	echotest.CheckFailed(t, v, "connection refused")
 }
 
 // Bad flags are refused with a clear message, before the agent is asked.

@@ -3,7 +3,6 @@ package echopy_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -12,18 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/echotest"
 )
-
-// verdict is what the client's --verdict writes, as the Go example's
-// (examples/echo) and the end-to-end tests read it.
-type verdict struct {
-	OK        bool      `json:"ok"`
-	Error     string    `json:"error"`
-	At        time.Time `json:"at"`
-	Sent      int64     `json:"sent"`
-	Delivered int64     `json:"delivered"`
-}
 
 // venv installs python/ with pip into a virtual environment of Debian's
 // /usr/bin/python3 (the interpreter the image carries; a python3 earlier
@@ -96,21 +85,9 @@ func start(t *testing.T, cmd *exec.Cmd, sock string, out *bytes.Buffer) {
 func TestEchoPy(t *testing.T) {
 	py := venv(t)
 	cEcho := buildC(t)
-	cl, err := agenttest.Start(agenttest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	srvSock, err := cl.Nodes[1].Allocate(ctx, "server", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cliSock, err := cl.Nodes[0].Allocate(ctx, "client", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, srvSock, cliSock := echotest.Agents(ctx, t)
 	tmp := t.TempDir()
 	ready, v := filepath.Join(tmp, "ready"), filepath.Join(tmp, "verdict")
 	addr := cl.Nodes[1].Name + ":7000"
@@ -142,20 +119,9 @@ func TestEchoPy(t *testing.T) {
 				t.Fatalf("client printed %q", cout.String())
 			}
 			t.Logf("%s", strings.TrimSpace(cout.String()))
-			var got verdict
-			b, err := os.ReadFile(v)
-			if err != nil || json.Unmarshal(b, &got) != nil {
-				t.Fatalf("verdict %q: %v", b, err)
-			}
-			if !got.OK || got.Error != "" || got.Sent != 400 || got.Delivered != 400 || time.Since(got.At) > time.Minute || time.Since(got.At) < 0 {
-				t.Fatalf("verdict %+v", got)
-			}
+			echotest.CheckOK(t, v, 400)
 			// The server said where it listens; show prints it, as a probe reads it.
-			out, err := exec.Command(py, "echo.py", "show", ready).Output()
-			var said struct{ Listening string }
-			if err != nil || json.Unmarshal(out, &said) != nil || !strings.HasSuffix(said.Listening, ":7000") {
-				t.Fatalf("show %s: %q, %v", ready, out, err)
-			}
+			echotest.CheckShow(t, exec.Command(py, "echo.py", "show", ready), 7000)
 			// SIGTERM stops the server, which exits 0 (a pod deleted).
 			if err := srv.Process.Signal(os.Interrupt); err != nil {
 				t.Fatal(err)
@@ -177,10 +143,7 @@ func TestEchoPy(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "nothing listens") {
 		t.Fatalf("client without a server: %v, %q", err, out)
 	}
-	var got verdict
-	if b, err := os.ReadFile(v); err != nil || json.Unmarshal(b, &got) != nil || got.OK || got.Error == "" || got.Sent != 0 {
-		t.Fatalf("verdict of a failed client %q: %v", b, err)
-	}
+	echotest.CheckFailed(t, v, "")
 }
 
 // Bad flags are refused with a clear message, before the agent is asked.

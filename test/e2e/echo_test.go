@@ -13,6 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/rdmavisor/rdmavisor/internal/echotest"
 )
 
 // The example program's pods (examples/echo): servers, clients, and the
@@ -261,13 +263,7 @@ func (e *env) startServerAfterRestart() {
 
 // verdict is what an echo client writes (examples/echo --verdict): read
 // from the pod while it runs, or from its status once it ended.
-type verdict struct {
-	OK        bool      `json:"ok"`
-	Error     string    `json:"error"`
-	At        time.Time `json:"at"`
-	Sent      int64     `json:"sent"`
-	Delivered int64     `json:"delivered"`
-}
+type verdict = echotest.Verdict
 
 // clientVerdict waits for the client pod to end and returns its verdict.
 func (e *env) clientVerdict(name string, timeout time.Duration) verdict {
