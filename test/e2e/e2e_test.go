@@ -106,53 +106,6 @@ func TestE2E(t *testing.T) {
 	t.Logf("e2e suite took %s", time.Since(began).Round(time.Second))
 }
 
-// stepT is a step's *testing.T that remembers the step's failures, so
-// that the suite can say them again after the state dump: the dump is
-// long, and a log cut to its head and tail would hide them.
-type stepT struct {
-	*testing.T
-	failures *[]string
-}
-
-func (s *stepT) record(msg string) {
-	if s.failures != nil {
-		*s.failures = append(*s.failures, msg)
-	}
-}
-
-func (s *stepT) Fatalf(format string, args ...any) {
-	s.T.Helper()
-	s.record(fmt.Sprintf(format, args...))
-	s.T.Fatalf(format, args...)
-}
-
-func (s *stepT) Fatal(args ...any) {
-	s.T.Helper()
-	s.record(fmt.Sprint(args...))
-	s.T.Fatal(args...)
-}
-
-func (s *stepT) Errorf(format string, args ...any) {
-	s.T.Helper()
-	s.record(fmt.Sprintf(format, args...))
-	s.T.Errorf(format, args...)
-}
-
-// step runs fn as the subtest name; if it fails, it dumps the cluster's
-// state, repeats what failed, and ends the suite.
-func (e *env) step(name string, fn func(*env)) {
-	var failures []string
-	if e.t.Run(name, func(t *testing.T) {
-		sub := *e
-		sub.t = &stepT{T: t, failures: &failures}
-		fn(&sub)
-	}) {
-		return
-	}
-	e.dumpState()
-	e.t.T.Fatalf("step %q failed (the cluster's state is above):\n%s", name, strings.Join(failures, "\n"))
-}
-
 func setup(t *testing.T) *env {
 	for _, v := range []string{"KUBECONFIG", "HELM", "KUBECTL"} {
 		if os.Getenv(v) == "" {
@@ -516,72 +469,6 @@ func (e *env) overQuota() {
 		e.t.Fatalf("too-many: %v %+v", err, p.Status)
 	}
 	e.deletePod("too-many")
-}
-
-// registrations counts the device plugin's registrations with node's
-// kubelet, from its metrics; -1 with the error if they cannot be read
-// (while its kubelet restarts).
-func (e *env) registrations(node string) (int, error) {
-	pod := e.agentPod(node)
-	m, err := e.tryScrape(pod.Name, containerPort(pod.Spec.Containers, "device-plugin", "plugin-metrics"))
-	if err != nil {
-		return -1, err
-	}
-	return int(m.sum(`rdmavisor_device_plugin_registrations_total{result="ok"}`)), nil
-}
-
-// kubeletRestart restarts the kubelet of the client's node: its device
-// plugin registers again, and a new client there reaches the server.
-func (e *env) kubeletRestart() {
-	node := e.clientNode()
-	before, err := e.registrations(node)
-	if err != nil || before < 1 {
-		e.t.Fatalf("device plugin registrations on %s before the restart: %d %v", node, before, err)
-	}
-	e.run("hack/local-cluster/up.sh", "--restart", "kubelet", node)
-	e.eventually("device plugin registered again", 2*time.Minute, func() (bool, string) {
-		n, err := e.registrations(node)
-		return n > before, fmt.Sprintf("%d registrations (before the restart: %d) %v", n, before, err)
-	})
-	e.eventually("allocatable back", 2*time.Minute, e.allocatableIs(e.capacity, node))
-	// The plugin may register before the new kubelet knows its pods (an
-	// exec then finds "pod does not exist"): wait until it serves the
-	// agent's pod.
-	e.eventually("the new kubelet serves the agent's pod", 2*time.Minute, func() (bool, string) {
-		_, err := e.tryRun(e.kubectl, "exec", "-n", namespace, e.agentPod(node).Name, "-c", "agent", "--", "rdmavisor", "agent", "allocations")
-		return err == nil, fmt.Sprint(err)
-	})
-	// The new kubelet admits and allocates: a new client gets its vconns;
-	// once it is deleted, the plugin learns it from the new kubelet and
-	// releases them.
-	held := e.liveAllocations(node)
-	e.exchange("echo-client-2", node, defaultLoad)
-	e.deletePod("echo-client-2")
-	e.allocationsBackTo(node, held)
-}
-
-// agentKilled kills the server's node's agent: a new one comes up, and a
-// new server there serves a client on another node.
-func (e *env) agentKilled() {
-	old := e.agentPod(e.serverNode())
-	err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.eventually("a new agent pod ready", 3*time.Minute, func() (bool, string) {
-		for _, p := range e.agentPods() {
-			if p.UID == old.UID {
-				return false, "the old agent pod is still there"
-			}
-		}
-		return e.agentReady()
-	})
-	e.eventually("devices healthy: allocatable back", 2*time.Minute, e.allocatableIs(e.capacity, e.serverNode()))
-	// The old server's agent is gone; a new pair talks through the new one.
-	e.deletePod("echo-server")
-	e.startServerAfterRestart()
-	e.exchange("echo-client-3", e.clientNode(), defaultLoad)
-	e.deletePod("echo-client-3")
 }
 
 func (e *env) deleteService() {
