@@ -79,7 +79,9 @@ type Config struct {
 	// QKey is the Q_Key of the engines' UD QPs (default 0x52444d56).
 	QKey uint32
 	// CloseTimeout bounds how long a closed vconn waits for its peer's FIN
-	// before its vQPN is released (default 10 s).
+	// before its vQPN is released, and how long one whose FIN waits behind
+	// data the peer does not read goes without a grant before it is reset
+	// (default 10 s).
 	CloseTimeout time.Duration
 	// SpinPolls is how many empty polls a poller makes before it sleeps on
 	// the completion channel (default 2000).

@@ -48,10 +48,17 @@ func (vc *VConn) deliver(p *poller, m Message) {
 	vc.e.stats.msgsReceived.Add(1)
 	p.st.recv[vc.tr].add(1, len(m.Data))
 	// Closing too: Close dropped what was queued, and nothing reads
-	// what would come after (it would hold its buffer for good).
+	// what would come after (it would hold its buffer for good). Data
+	// after Close is lost, so the peer is told with a RST, as TCP does
+	// (RFC 1122 4.2.2.13): else a peer whose queue outgrew the credits
+	// it held would wait for grants this side no longer makes, and its
+	// FIN, behind that queue, would never go.
 	if st := vc.state.Load(); st == stateClosed || st == stateFailed || st == stateClosing {
 		vc.rxMu.Unlock()
 		m.Release()
+		if st == stateClosing {
+			vc.Abort()
+		}
 		return
 	}
 	p.pin(&m)

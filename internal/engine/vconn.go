@@ -248,8 +248,35 @@ func (vc *VConn) onFinSent() {
 		vc.release()
 		return
 	}
-	t := time.AfterFunc(vc.e.cfg.CloseTimeout, vc.release)
-	vc.closeTimer.Store(t)
+	vc.armClose(vc.release)
+}
+
+// watchClose aborts a closing vconn whose FIN cannot go because the peer
+// stopped granting credits for the data queued before it (the peer's
+// application stopped reading, or the peer released its end): after
+// CloseTimeout with no grant since limit, the peer is told by a RST and
+// the vQPN released, as Linux kills an orphaned socket whose peer's
+// window stays shut. A grant re-arms it; once the FIN is sent,
+// onFinSent's timer takes over.
+func (vc *VConn) watchClose(limit uint32) {
+	vc.armClose(func() {
+		if vc.state.Load() != stateClosing || vc.finSent.Load() {
+			return
+		}
+		if l := vc.limit.Load(); l != limit {
+			vc.watchClose(l)
+			return
+		}
+		vc.Abort()
+	})
+}
+
+// armClose runs f after CloseTimeout unless the vconn is released first.
+func (vc *VConn) armClose(f func()) {
+	t := time.AfterFunc(vc.e.cfg.CloseTimeout, f)
+	if old := vc.closeTimer.Swap(t); old != nil {
+		old.Stop()
+	}
 	if vc.state.Load() == stateClosed {
 		t.Stop() // released meanwhile
 	}
@@ -277,6 +304,7 @@ func (vc *VConn) Close() error {
 					return nil
 				}
 				vc.finDue.Store(true)
+				vc.watchClose(vc.limit.Load())
 				vc.schedule()
 				return nil
 			}
