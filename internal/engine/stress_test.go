@@ -46,6 +46,10 @@ func TestCloseReuseNeverMisdelivers(t *testing.T) {
 				for errors.Is(err, vqpn.ErrFull) {
 					// Closed vconns free their vQPNs once both FINs are
 					// through; wait for one.
+					if ctx.Err() != nil {
+						t.Errorf("round %d: every vQPN stayed live until the deadline (%d vconns on A, %d on B)", r, a.Stats().VConns, b.Stats().VConns)
+						return
+					}
 					time.Sleep(100 * time.Microsecond)
 					va, vb, err = Pair(ctx, a, b, VConnOptions{}, VConnOptions{Handler: handler})
 				}

@@ -254,17 +254,25 @@ func (vc *VConn) onFinSent() {
 // watchClose aborts a closing vconn whose FIN cannot go because the peer
 // stopped granting credits for the data queued before it (the peer's
 // application stopped reading, or the peer released its end): after
-// CloseTimeout with no grant since limit, the peer is told by a RST and
-// the vQPN released, as Linux kills an orphaned socket whose peer's
-// window stays shut. A grant re-arms it; once the FIN is sent,
-// onFinSent's timer takes over.
+// CloseTimeout with data still queued and no grant since limit, the peer
+// is told by a RST and the vQPN released, as Linux kills an orphaned
+// socket whose peer's window stays shut. A grant re-arms it; once the
+// queue is empty the FIN goes, and onFinSent's timer takes over.
 func (vc *VConn) watchClose(limit uint32) {
 	vc.armClose(func() {
-		if vc.state.Load() != stateClosing || vc.finSent.Load() {
+		if vc.state.Load() != stateClosing || vc.finSent.Load() || vc.ring.empty() {
+			// Nothing waits for a grant: the FIN is on its way (once
+			// closed the ring only empties), bounded by its QP's
+			// retries; a slow network is no reason to reset.
 			return
 		}
 		if l := vc.limit.Load(); l != limit {
 			vc.watchClose(l)
+			if vc.finSent.Load() {
+				// The FIN went meanwhile: the re-arm may have
+				// stopped onFinSent's timer.
+				vc.armClose(vc.release)
+			}
 			return
 		}
 		vc.Abort()
