@@ -157,13 +157,7 @@ func recvUC(ctx context.Context, t *testing.T, a, b *Engine, fb *wire.Fabric, vb
 	}
 	// The last messages may be read before the sender polled their
 	// completions (seen on rxe): counted sent soon, not at once.
-	deadline := time.Now().Add(10 * time.Second)
-	for a.Stats().MsgsSent != uint64(n) && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if s := a.Stats().MsgsSent; s != uint64(n) {
-		t.Errorf("the sender counted %d of %d messages sent", s, n)
-	}
+	waitFor(t, func() bool { return a.Stats().MsgsSent == uint64(n) }, "every UC message counted sent once")
 	lost, once := uint64(n-got), perMessage()
 	if dev == nil {
 		t.Logf("%d of %d UC messages arrived on %s, %d dropped by a full vconn queue", got, n, b.dev.Attr().Name, once)
