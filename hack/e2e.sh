@@ -49,7 +49,8 @@ status=0
 t=$SECONDS
 # The suite is TestE2E; TestSoak runs through hack/soak.sh, which passes
 # its own -run (the last -run wins).
-go test -tags e2e -count=1 -timeout 40m -v -run '^TestE2E$' "$@" ./test/e2e/ || status=$?
+out=$(mktemp)
+go test -tags e2e -count=1 -timeout 40m -v -run '^TestE2E$' "$@" ./test/e2e/ 2>&1 | tee "$out" || status=$?
 echo "e2e: suite took $((SECONDS - t))s (exit $status)" >&2
 if [ "${E2E_KEEP:-0}" != 1 ]; then
   trap - EXIT
@@ -58,5 +59,12 @@ if [ "${E2E_KEEP:-0}" != 1 ]; then
   $lc/down.sh || status=1
   echo "e2e: teardown took $((SECONDS - t))s" >&2
 fi
+# A failed step's messages again, last: CI keeps only a log's head and
+# tail, and the state dump and the teardown push them out of both.
+if [ "$status" != 0 ]; then
+  echo "e2e: what failed:" >&2
+  grep -E -A12 'step ".*" failed|--- FAIL|^panic:|^FAIL|test timed out' "$out" | grep -v -- '--- PASS' | tail -n 40 >&2 || true
+fi
+rm -f "$out"
 echo "e2e: wall time $((SECONDS - began))s (exit $status)" >&2
 exit $status

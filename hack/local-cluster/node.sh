@@ -127,6 +127,55 @@ netem_clear() {
   return 0
 }
 
+# freezer_is NODE frozen|thawed: whether the node's cgroup is so (v1's
+# freezer.state, v2's cgroup.events).
+freezer_is() {
+  local f
+  f=$(freezer_dir "$1")
+  if [ -f "$f/freezer.state" ]; then
+    [ "$(cat "$f/freezer.state")" = "${2^^}" ]
+  else
+    grep -qx "frozen $([ "$2" = frozen ] && echo 1 || echo 0)" "$f/cgroup.events"
+  fi
+}
+
+# freezer_write NODE freeze|thaw: asks the node's cgroup freezer.
+freezer_write() {
+  local f
+  f=$(freezer_dir "$1")
+  if [ -f "$f/freezer.state" ]; then
+    echo "$([ "$2" = freeze ] && echo FROZEN || echo THAWED)" >"$f/freezer.state"
+  else
+    echo "$([ "$2" = freeze ] && echo 1 || echo 0)" >"$f/cgroup.freeze"
+  fi
+}
+
+# set_freezer NODE freeze|thaw, waiting until the node is so. A freeze can
+# stick half-way: a thread in exec (a probe's runc exec) waits, unfrozen,
+# for its sibling threads to exit, and they are frozen. As runc does, the
+# node is thawed a moment and frozen again; a freeze that never completes
+# leaves the node thawed, not half frozen, and fails.
+set_freezer() {
+  local node=$1 cmd=$2 want try i
+  want=$([ "$cmd" = freeze ] && echo frozen || echo thawed)
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    freezer_write "$node" "$cmd"
+    for i in $(seq 1 10); do
+      if freezer_is "$node" "$want"; then
+        log "$node: $cmd (attempt $try)"
+        return 0
+      fi
+      sleep 0.05
+    done
+    [ "$cmd" = freeze ] || continue
+    freezer_write "$node" thaw
+    sleep 0.05
+  done
+  [ "$cmd" = freeze ] && freezer_write "$node" thaw
+  echo "node.sh: $node did not become $want in 10 attempts" >&2
+  return 1
+}
+
 [ $# -ge 1 ] || usage
 if [ "$1" = list ]; then
   for ((i = 1; i <= NODES; i++)); do echo "$(node_name "$i") $(node_ip "$i")"; done
@@ -146,16 +195,7 @@ case $cmd in
     # Entering the node's mount namespace moves to its root: absolute paths.
     for t in "$@"; do in_node "$node" ctr -n k8s.io images import "$(realpath "$t")" >&2; done ;;
   freeze|thaw)
-    f=$(freezer_dir "$node")
-    if [ -f "$f/freezer.state" ]; then
-      echo "$([ "$cmd" = freeze ] && echo FROZEN || echo THAWED)" >"$f/freezer.state"
-      want=$([ "$cmd" = freeze ] && echo FROZEN || echo THAWED)
-      for _ in $(seq 1 100); do [ "$(cat "$f/freezer.state")" = "$want" ] && break; sleep 0.1; done
-      [ "$(cat "$f/freezer.state")" = "$want" ] || { echo "node.sh: $node is $(cat "$f/freezer.state"), not $want" >&2; exit 1; }
-    else
-      echo "$([ "$cmd" = freeze ] && echo 1 || echo 0)" >"$f/cgroup.freeze"
-    fi
-    log "$node: $cmd" ;;
+    set_freezer "$node" "$cmd" ;;
   netem)
     peer=${1:?netem needs a peer node, clear, or stats PEER}
     shift

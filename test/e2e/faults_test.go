@@ -128,17 +128,24 @@ func (e *env) nodeLost() {
 		n := e.agentMetrics(from).sum(peerVConns)
 		return n == float64(endless.conns), fmt.Sprintf("%s = %v", peerVConns, n)
 	})
-	frozen := time.Now()
-	e.nodeSH(lost, "freeze")
+	// Thawed whatever happens, a failed freeze too: a node left half
+	// frozen would fail every step after this one.
 	thawed := false
 	defer func() {
 		if !thawed {
 			e.nodeSH(lost, "thaw")
 		}
 	}()
+	// Counted from when the freeze completed: node.sh may thaw and freeze
+	// again (a probe's exec can hold a freeze half-way), and each thaw
+	// lets the node answer a beat.
+	asked := time.Now()
+	e.nodeSH(lost, "freeze")
+	frozen := time.Now()
 	v := e.clientVerdict("lost-client", time.Minute)
 	took := v.At.Sub(frozen)
-	e.t.Logf("node %s frozen: the client on %s failed after %s: %s", lost, from, took.Round(time.Millisecond), v.Error)
+	e.t.Logf("node %s frozen (in %s): the client on %s failed after %s: %s", lost, frozen.Sub(asked).Round(time.Millisecond),
+		from, took.Round(time.Millisecond), v.Error)
 	if v.OK || !strings.Contains(v.Error, lost) {
 		e.t.Errorf("client verdict %+v: want a failure naming %s", v, lost)
 	}
