@@ -38,3 +38,10 @@ func (a *Agent) RegionsHeld(id string) (regions int, bytes int64, ok bool) {
 	defer al.mu.Unlock()
 	return al.held.regions, al.held.regionBytes, true
 }
+
+// BeforeRestartFail has f run before a restarted peer's engine peers fail
+// (beforeRestartFail), until the test ends.
+func BeforeRestartFail(t interface{ Cleanup(func()) }, f func()) {
+	beforeRestartFail = f
+	t.Cleanup(func() { beforeRestartFail = nil })
+}

@@ -1,11 +1,15 @@
 package agent_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
@@ -97,5 +101,91 @@ func TestLostPeerReleased(t *testing.T) {
 	}
 	if m, err := c.RecvMsg(ctx); err != nil || string(m.Data) != "again" {
 		t.Fatalf("echo from the node that came back: %q, %v", m.Data, err)
+	}
+}
+
+// TestRestartedPeerBurst: a node's agent restarts and its pods dial at
+// once, before this agent's heartbeat has met the new agent: the first
+// call tells of the new incarnation, and the peer of the old one fails.
+// No vconn of the burst may join that peer, or the peer made for the new
+// agent fail with it: every one echoes.
+func TestRestartedPeerBurst(t *testing.T) {
+	// Beats far apart: only the calls of the new agent tell of it.
+	cl := startCluster(t, agenttest.Options{HeartbeatTimeout: 30 * time.Second,
+		TuneAgent: func(o *agent.Options) { o.HeartbeatInterval = 10 * time.Second }})
+	a, b := cl.Nodes[0], cl.Nodes[1]
+	ctx := ctxT(t)
+	const burst = 200
+	ln, err := appClient(t, a, "srv", 2*burst).Listen(ctx, ":9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go agenttest.ServeEcho(ln)
+	// echo dials, then echoes a message once every vconn of the burst
+	// has dialled (and echoed one already, if ready is not nil): the
+	// vconns are all open when the old agent's peer fails.
+	var dialled sync.WaitGroup
+	echo := func(c *vconn.Client, i int, ready *sync.WaitGroup) error {
+		conn, err := c.Dial(ctx, a.Name+":9")
+		if ready != nil {
+			ready.Done()
+		}
+		if err != nil {
+			return fmt.Errorf("dial %d: %w", i, err)
+		}
+		defer conn.Close()
+		if ready != nil {
+			// Then long enough for a fail that was due to come.
+			ready.Wait()
+			time.Sleep(200 * time.Millisecond)
+		}
+		for round := range 2 {
+			msg := fmt.Appendf(nil, "vconn %d, round %d", i, round)
+			if err := conn.SendMsg(ctx, msg); err != nil {
+				return fmt.Errorf("vconn %d: send %d: %w", i, round, err)
+			}
+			m, err := conn.RecvMsg(ctx)
+			if err != nil {
+				return fmt.Errorf("vconn %d: receive %d: %w", i, round, err)
+			}
+			if !bytes.Equal(m.Data, msg) {
+				return fmt.Errorf("vconn %d: echo %q", i, m.Data)
+			}
+		}
+		return nil
+	}
+	// a knows b's first agent: b called it.
+	if err := echo(appClient(t, b, "before", 1), 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The old agent's peer fails only once the burst has dialled, or
+	// after a second if it cannot (the burst waits for it to fail).
+	agent.BeforeRestartFail(t, func() {
+		all := make(chan struct{})
+		go func() { dialled.Wait(); close(all) }()
+		select {
+		case <-all:
+		case <-time.After(time.Second):
+		}
+	})
+	if err := b.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	pod := appClient(t, b, "after", burst)
+	errs := make(chan error, burst)
+	dialled.Add(burst)
+	for i := range burst {
+		go func() { errs <- echo(pod, i, &dialled) }()
+	}
+	failed := 0
+	for range burst {
+		if err := <-errs; err != nil {
+			if failed++; failed <= 3 {
+				t.Error(err)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d vconns dialled from the restarted node failed", failed, burst)
 	}
 }

@@ -39,6 +39,12 @@ type remote struct {
 	// peer's only.
 	rails       []*engine.Peer
 	incarnation uint64 // last seen; guarded by mu
+	// incMu makes a new incarnation and the failing of the engine peers
+	// of the old one a single step for the calls that then pick a peer
+	// (observe waits for it): a vconn of the new incarnation never joins
+	// a peer about to fail for the old one, nor does a peer made for it
+	// fail because the old one's news came late.
+	incMu sync.Mutex
 	// lost: the peer answered beats, then stopped; cleared by its next
 	// answer. Guarded by mu.
 	lost bool
@@ -218,18 +224,41 @@ func (r *remote) observe(inc uint64) {
 	if inc == 0 {
 		return
 	}
-	r.mu.Lock()
-	old := r.incarnation
-	r.incarnation = inc
-	r.mu.Unlock()
 	// (gRPC's backoff is capped at a second (dial), so the heartbeat does
 	// not wait long once the peer is up. ResetConnectBackoff would cut
 	// that, but in grpc-go 1.85 it ranges over the connection's subchannel
 	// map outside its lock, racing a dial that adds one: grpc-go#9155.)
-	if old != 0 && old != inc {
-		r.fail(errRestarted)
-	}
+	r.newIncarnation(inc)
 }
+
+// newIncarnation records inc as the peer agent's incarnation; if it
+// replaces another, the engine peers of that one fail (their QPs were
+// connected to the agent that is gone) before anyone sees inc: the calls
+// of the new agent, which come all at once when its pods start, then
+// make a fresh peer rather than joining the old one just before it fails
+// (a node's first 1,000 vconns after an agent restart failed so). It
+// reports whether inc was new.
+func (r *remote) newIncarnation(inc uint64) bool {
+	r.incMu.Lock()
+	defer r.incMu.Unlock()
+	r.mu.Lock()
+	old := r.incarnation
+	r.incarnation = inc
+	r.mu.Unlock()
+	if old == 0 || old == inc {
+		return false
+	}
+	if beforeRestartFail != nil {
+		beforeRestartFail()
+	}
+	r.fail(errRestarted)
+	return true
+}
+
+// beforeRestartFail, when a test sets it, runs before a restarted peer's
+// engine peers fail: a loaded node's scheduler, or the log line fail
+// writes first, may stretch that moment.
+var beforeRestartFail func()
 
 // fail fails every vconn to the peer, on every rail.
 func (r *remote) fail(err error) {
@@ -281,8 +310,10 @@ func (r *remote) heartbeat(ctx context.Context) {
 			r.mu.Lock()
 			r.lost = true
 			r.mu.Unlock()
+			// (A restart's peers failed when it was seen: the ones
+			// there may be now are the new agent's.)
+			r.fail(err)
 		}
-		r.fail(err)
 		r.release()
 		select {
 		case <-ctx.Done():
@@ -379,10 +410,9 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 			return beating, fmt.Errorf("heartbeat: %w", err)
 		}
 		beating = true
+		restarted := r.newIncarnation(b.Incarnation)
 		r.mu.Lock()
 		r.lost = false
-		old := r.incarnation
-		r.incarnation = b.Incarnation
 		peers := r.peersLocked()
 		r.mu.Unlock()
 		for rail, p := range peers {
@@ -398,7 +428,7 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 				r.a.engines[rail].ObservePeerEpoch(p.GID(), epoch)
 			}
 		}
-		if old != 0 && old != b.Incarnation {
+		if restarted {
 			return true, errRestarted
 		}
 	}
