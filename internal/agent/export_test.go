@@ -42,6 +42,6 @@ func (a *Agent) RegionsHeld(id string) (regions int, bytes int64, ok bool) {
 // BeforeRestartFail has f run before a restarted peer's engine peers fail
 // (beforeRestartFail), until the test ends.
 func BeforeRestartFail(t interface{ Cleanup(func()) }, f func()) {
-	beforeRestartFail = f
-	t.Cleanup(func() { beforeRestartFail = nil })
+	beforeRestartFail.Store(&f)
+	t.Cleanup(func() { beforeRestartFail.Store(nil) })
 }

@@ -121,9 +121,10 @@ func TestRestartedPeerBurst(t *testing.T) {
 		t.Fatal(err)
 	}
 	go agenttest.ServeEcho(ln)
-	// echo dials, then echoes a message once every vconn of the burst
-	// has dialled (and echoed one already, if ready is not nil): the
-	// vconns are all open when the old agent's peer fails.
+	// echo dials and echoes two messages. In the burst (ready not nil) it
+	// waits, before echoing, until every vconn of the burst has dialled
+	// and a moment more: the vconns are all open when the old agent's
+	// peer fails.
 	var dialled sync.WaitGroup
 	echo := func(c *vconn.Client, i int, ready *sync.WaitGroup) error {
 		conn, err := c.Dial(ctx, a.Name+":9")

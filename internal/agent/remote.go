@@ -235,9 +235,8 @@ func (r *remote) observe(inc uint64) {
 // replaces another, the engine peers of that one fail (their QPs were
 // connected to the agent that is gone) before anyone sees inc: the calls
 // of the new agent, which come all at once when its pods start, then
-// make a fresh peer rather than joining the old one just before it fails
-// (a node's first 1,000 vconns after an agent restart failed so). It
-// reports whether inc was new.
+// make a fresh peer rather than joining the old one just before it fails.
+// It reports whether inc was new.
 func (r *remote) newIncarnation(inc uint64) bool {
 	r.incMu.Lock()
 	defer r.incMu.Unlock()
@@ -248,8 +247,8 @@ func (r *remote) newIncarnation(inc uint64) bool {
 	if old == 0 || old == inc {
 		return false
 	}
-	if beforeRestartFail != nil {
-		beforeRestartFail()
+	if f := beforeRestartFail.Load(); f != nil {
+		(*f)()
 	}
 	r.fail(errRestarted)
 	return true
@@ -258,7 +257,7 @@ func (r *remote) newIncarnation(inc uint64) bool {
 // beforeRestartFail, when a test sets it, runs before a restarted peer's
 // engine peers fail: a loaded node's scheduler, or the log line fail
 // writes first, may stretch that moment.
-var beforeRestartFail func()
+var beforeRestartFail atomic.Pointer[func()]
 
 // fail fails every vconn to the peer, on every rail.
 func (r *remote) fail(err error) {
