@@ -156,11 +156,11 @@ freezer_write() {
 # node is thawed a moment and frozen again; a freeze that never completes
 # leaves the node thawed, not half frozen, and fails.
 set_freezer() {
-  local node=$1 cmd=$2 want try i
+  local node=$1 cmd=$2 want try
   want=$([ "$cmd" = freeze ] && echo frozen || echo thawed)
   for try in 1 2 3 4 5 6 7 8 9 10; do
     freezer_write "$node" "$cmd"
-    for i in $(seq 1 10); do
+    for _ in $(seq 1 10); do
       if freezer_is "$node" "$want"; then
         log "$node: $cmd (attempt $try)"
         return 0
