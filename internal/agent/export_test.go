@@ -1,6 +1,10 @@
 package agent
 
-import "github.com/rdmavisor/rdmavisor/internal/discovery"
+import (
+	"testing"
+
+	"github.com/rdmavisor/rdmavisor/internal/discovery"
+)
 
 // PeersChanged is what discovery calls with the current peers.
 func (a *Agent) PeersChanged(peers []discovery.Peer) { a.peersChanged(peers) }
@@ -41,7 +45,7 @@ func (a *Agent) RegionsHeld(id string) (regions int, bytes int64, ok bool) {
 
 // BeforeRestartFail has f run before a restarted peer's engine peers fail
 // (beforeRestartFail), until the test ends.
-func BeforeRestartFail(t interface{ Cleanup(func()) }, f func()) {
+func BeforeRestartFail(t testing.TB, f func()) {
 	beforeRestartFail.Store(&f)
 	t.Cleanup(func() { beforeRestartFail.Store(nil) })
 }
