@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
@@ -142,10 +143,14 @@ func TestAllocation(t *testing.T) {
 	updateService(t, "alloc", func(s *v1alpha1.RDMAService) { s.Spec.Allocation = v1alpha1.AllocationBoth })
 	eventually(t, "both", shape([]string{"agent", "device-plugin", "dra-driver"}, true, append(draPaths, hostDevicePluginDir), nil))
 
-	// The schema refuses another value.
-	svc := getService(t, "alloc")
-	svc.Spec.Allocation = "Claims"
-	if err := k8s.Update(testCtx(t), svc); err == nil || !strings.Contains(err.Error(), "DevicePlugin") {
+	// The schema refuses another value. The controller writes the status meanwhile, so an
+	// update may first meet a conflict; only the schema's answer counts.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		svc := getService(t, "alloc")
+		svc.Spec.Allocation = "Claims"
+		return k8s.Update(testCtx(t), svc)
+	})
+	if err == nil || !strings.Contains(err.Error(), "DevicePlugin") {
 		t.Errorf("allocation Claims: %v, want refused naming the choices", err)
 	}
 
