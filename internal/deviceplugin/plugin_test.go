@@ -539,12 +539,11 @@ func TestGarbageCollection(t *testing.T) {
 	if want := slices.Sorted(slices.Values([]string{idB, "other"})); !slices.Equal(keys, want) {
 		t.Errorf("allocations %v, want %v", keys, want)
 	}
-	if got := e.metric(t, "rdmavisor_device_plugin_allocations_collected_total"); got != 2 {
-		t.Errorf("collected %v, want 2", got)
-	}
-	if got := e.metric(t, "rdmavisor_device_plugin_devices_allocated"); got != 2 {
-		t.Errorf("devices allocated %v, want 2", got)
-	}
+	// The counters move just after the agent lets the allocation go.
+	eventually(t, "2 allocations collected, 2 devices allocated", func() bool {
+		return e.metric(t, "rdmavisor_device_plugin_allocations_collected_total") == 2 &&
+			e.metric(t, "rdmavisor_device_plugin_devices_allocated") == 2
+	})
 }
 
 // A restarted agent has lost its allocations: the plugin re-creates those
@@ -564,8 +563,11 @@ func TestAgentRestartRecreatesAllocations(t *testing.T) {
 	if err := e.cl.Nodes[0].Restart(); err != nil {
 		t.Fatal(err)
 	}
+	// The counter moves after the agent holds the allocation again (and
+	// the plugin bound it): wait for both.
 	eventually(t, "the allocation is re-created", func() bool {
-		return e.allocations(t)[id].VConns == len(devs)
+		return e.allocations(t)[id].VConns == len(devs) &&
+			e.metric(t, "rdmavisor_device_plugin_allocations_recreated_total") > 0
 	})
 	m := rep.ContainerResponses[0].Mounts[0]
 	a, err := vconn.NewClient(ctx, vconn.Options{Socket: filepath.Join(m.HostPath, admin.SocketName)})
