@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,6 +77,10 @@ const (
 // at the same class. The scheduler preempts any other pod to fit an agent,
 // so the schema and validateSpec bound what an agent may request.
 const agentPriorityClass = "system-node-critical"
+
+// agentMinReadySeconds is how long a new agent stays ready before the
+// DaemonSet counts it available and takes the next node's agent down.
+const agentMinReadySeconds = 5
 
 // agentObjectPrefix starts the name of every object rendered for an
 // RDMAService; the policies in static.go recognise the agents' service
@@ -315,9 +320,9 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 	// Validate accepted the address, so the port parses.
 	_, port, _ := net.SplitHostPort(cfg.MetricsAddress)
 	metricsPort, _ := strconv.Atoi(port)
-	probe := func(path string) *corev1ac.ProbeApplyConfiguration {
+	probe := func(path string, period int32) *corev1ac.ProbeApplyConfiguration {
 		return corev1ac.Probe().WithHTTPGet(corev1ac.HTTPGetAction().WithPath(path).WithPort(intstr.FromString("metrics"))).
-			WithPeriodSeconds(10)
+			WithPeriodSeconds(period)
 	}
 
 	agent := corev1ac.Container().
@@ -331,8 +336,10 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		).
 		WithVolumeMounts(agentMounts...).
 		WithSecurityContext(agentSecurity).
-		WithLivenessProbe(probe("/healthz")).
-		WithReadinessProbe(probe("/readyz"))
+		WithLivenessProbe(probe("/healthz", 10)).
+		// Often: a new agent's node serves again, and the roll goes on,
+		// soon after the agent is ready, not up to a period later.
+		WithReadinessProbe(probe("/readyz", 2))
 	if cfg.Device.Provider == config.ProviderSoft {
 		agent.WithPorts(corev1ac.ContainerPort().WithName("roce").WithContainerPort(int32(cfg.Soft.UDPPort)).WithProtocol(corev1.ProtocolUDP))
 	}
@@ -457,6 +464,18 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		WithOwnerReferences(ownerRef(svc)).
 		WithSpec(appsv1ac.DaemonSetSpec().
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(svc))).
+			// A changed configuration or image rolls one node at a time:
+			// the old agent goes before the new one starts (they share the
+			// node's ports and device, so no surge), and the next node
+			// waits until the new agent has stayed ready a while, so an
+			// agent that fails soon after it starts stops the roll on its
+			// first node.
+			WithUpdateStrategy(appsv1ac.DaemonSetUpdateStrategy().
+				WithType(appsv1.RollingUpdateDaemonSetStrategyType).
+				WithRollingUpdate(appsv1ac.RollingUpdateDaemonSet().
+					WithMaxUnavailable(intstr.FromInt32(1)).
+					WithMaxSurge(intstr.FromInt32(0)))).
+			WithMinReadySeconds(agentMinReadySeconds).
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(commonLabels(svc)).
 				// A changed config rolls the pods, which read it only at start.

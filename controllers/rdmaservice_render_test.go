@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -304,5 +305,35 @@ func TestRenderRails(t *testing.T) {
 	svc.Spec.Device.Rails = 0
 	if cfg, _, err = renderConfig(svc); err != nil || cfg.Device.Rails != 0 {
 		t.Fatalf("no rails: device %+v, %v; want the agent's one", cfg.Device, err)
+	}
+}
+
+// TestRenderRoll: the agents roll one node at a time, the old agent gone
+// before the new one starts, and the next node only once the new agent
+// has stayed ready; readiness is probed often enough that a node is back
+// soon after its agent is.
+func TestRenderRoll(t *testing.T) {
+	svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"},
+		Spec: v1alpha1.RDMAServiceSpec{Device: v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderSoft}}}
+	cfg, data, err := renderConfig(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := renderDaemonSet(svc, "ns", "img", cfg, data, nil, false).Spec
+	u := spec.UpdateStrategy
+	if u == nil || *u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil ||
+		u.RollingUpdate.MaxUnavailable.IntValue() != 1 || u.RollingUpdate.MaxSurge.IntValue() != 0 {
+		t.Fatalf("update strategy %+v, want a rolling update of one node at a time, no surge", u)
+	}
+	if spec.MinReadySeconds == nil || *spec.MinReadySeconds < 1 {
+		t.Errorf("minReadySeconds %v: the roll must wait for a new agent to stay ready", spec.MinReadySeconds)
+	}
+	for _, c := range spec.Template.Spec.Containers {
+		if *c.Name != "agent" {
+			continue
+		}
+		if p := c.ReadinessProbe; p == nil || *p.PeriodSeconds > 2 || *p.HTTPGet.Path != "/readyz" {
+			t.Errorf("agent readiness probe %+v, want /readyz at least every 2s", p)
+		}
 	}
 }

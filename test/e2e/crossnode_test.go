@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -212,6 +213,11 @@ func (e *env) servedCertificate(addr string) *x509.Certificate {
 // two nodes were ever without one at once or the service does not return
 // to Ready.
 func (e *env) rollTo(transport string) {
+	// A node whose agent is not ready when the roll begins is replaced at
+	// once, beside the one the roll takes down (the DaemonSet controller
+	// replaces an unavailable old pod without counting it): start from
+	// every agent ready.
+	e.eventually("every agent ready before the roll", 2*time.Minute, e.agentReady)
 	before := map[string]types.UID{}
 	for _, n := range e.nodes {
 		before[n] = e.agentPod(n).UID
@@ -250,14 +256,22 @@ func (e *env) rollTo(transport string) {
 	down := map[string]time.Time{}
 	outage := map[string]time.Duration{}
 	maxDown := 0
+	// The roll as it went, a line per change: what a failure is read by.
+	var timeline []string
+	last := ""
 	e.eventually("every agent replaced and ready", 5*time.Minute, func() (bool, string) {
 		ready := map[string]bool{}
 		replaced := map[string]bool{}
-		for _, p := range e.agentPods() {
+		pods := e.agentPods()
+		for _, p := range pods {
 			if p.DeletionTimestamp == nil && podReady(&p) {
 				ready[p.Spec.NodeName] = true
 				replaced[p.Spec.NodeName] = p.UID != before[p.Spec.NodeName]
 			}
+		}
+		if s := rollState(pods, before); s != last {
+			last = s
+			timeline = append(timeline, fmt.Sprintf("+%5.1fs %s", time.Since(began).Seconds(), s))
 		}
 		now, downNow := time.Now(), 0
 		for _, n := range e.nodes {
@@ -283,7 +297,10 @@ func (e *env) rollTo(transport string) {
 	})
 	e.eventually("the service Ready after the roll", 2*time.Minute, e.agentReady)
 	if maxDown > 1 {
-		e.t.Errorf("%d nodes were without a ready agent at once; the roll must go one node at a time", maxDown)
+		e.t.Errorf("%d nodes were without a ready agent at once; the roll must go one node at a time:\n%s",
+			maxDown, strings.Join(timeline, "\n"))
+	} else {
+		e.t.Logf("roll to %s, as it went:\n%s", transport, strings.Join(timeline, "\n"))
 	}
 	for _, n := range e.nodes {
 		e.t.Logf("roll to %s: the agent on %s was not ready for %s", transport, n, outage[n].Round(100*time.Millisecond))
@@ -300,6 +317,41 @@ func (e *env) rollTo(transport string) {
 	if c := meta.FindStatusCondition(svc.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
 		e.t.Fatalf("RDMAService Ready: %+v", c)
 	}
+}
+
+// rollState says, node by node, which agent pod is there (old or new),
+// whether it is ready or going, and its containers' restarts: a
+// container that restarted makes its pod unready, whatever the roll does.
+func rollState(pods []corev1.Pod, before map[string]types.UID) string {
+	byNode := map[string][]string{}
+	for _, p := range pods {
+		age := "new"
+		if p.UID == before[p.Spec.NodeName] {
+			age = "old"
+		}
+		state := "not ready"
+		switch {
+		case p.DeletionTimestamp != nil:
+			state = "going"
+		case podReady(&p):
+			state = "ready"
+		}
+		var restarts int32
+		for _, c := range p.Status.ContainerStatuses {
+			restarts += c.RestartCount
+		}
+		s := age + " " + state
+		if restarts > 0 {
+			s += fmt.Sprintf(" (%d restarts)", restarts)
+		}
+		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], s)
+	}
+	nodes := slices.Sorted(maps.Keys(byNode))
+	parts := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		parts = append(parts, n+": "+strings.Join(byNode[n], " + "))
+	}
+	return strings.Join(parts, "; ")
 }
 
 func podReady(p *corev1.Pod) bool {
