@@ -63,7 +63,7 @@ fi
 # tail, and the state dump and the teardown push them out of both.
 if [ "$status" != 0 ]; then
   echo "e2e: what failed:" >&2
-  grep -E -A12 'step ".*" failed|--- FAIL|^panic:|^FAIL|test timed out' "$out" | grep -v -- '--- PASS' | tail -n 40 >&2 || true
+  grep -E -A20 'step ".*" failed|--- FAIL|^panic:|^FAIL|test timed out' "$out" | grep -v -- '--- PASS' | tail -n 40 >&2 || true
 fi
 rm -f "$out"
 echo "e2e: wall time $((SECONDS - began))s (exit $status)" >&2
