@@ -337,8 +337,8 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 		WithVolumeMounts(agentMounts...).
 		WithSecurityContext(agentSecurity).
 		WithLivenessProbe(probe("/healthz", 10)).
-		// Often: a new agent's node serves again, and the roll goes on,
-		// soon after the agent is ready, not up to a period later.
+		// Probed often: a new agent's node serves again, and the roll
+		// goes on, soon after the agent is ready, not a period later.
 		WithReadinessProbe(probe("/readyz", 2))
 	if cfg.Device.Provider == config.ProviderSoft {
 		agent.WithPorts(corev1ac.ContainerPort().WithName("roce").WithContainerPort(int32(cfg.Soft.UDPPort)).WithProtocol(corev1.ProtocolUDP))
