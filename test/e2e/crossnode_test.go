@@ -337,7 +337,7 @@ func rollState(pods []corev1.Pod, before map[string]types.UID) string {
 			state = "ready"
 		}
 		var restarts int32
-		for _, c := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		for _, c := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
 			restarts += c.RestartCount
 		}
 		s := age + " " + state

@@ -555,7 +555,7 @@ func (e *env) dumpState() {
 			e.t.Logf("%s/%s logs:\n%s", p.Name, c, b)
 		}
 		// A container that restarted: how its last run ended, in its words.
-		for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
 			if t := cs.LastTerminationState.Terminated; t != nil {
 				b, _ := e.kube.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: cs.Name, Previous: true, TailLines: new(int64(40))}).DoRaw(context.Background())
 				e.t.Logf("%s/%s restarted %d times; the last run ended %s (exit %d) at %s:\n%s", p.Name, cs.Name, cs.RestartCount,
