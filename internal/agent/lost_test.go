@@ -160,7 +160,10 @@ func TestRestartedPeerBurst(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The old agent's peer fails only once the burst has dialled, or
-	// after a second if it cannot (the burst waits for it to fail).
+	// after a second if it cannot (the burst waits for it to fail). The
+	// burst is counted before the restart: the hook may wait on it before
+	// the burst starts.
+	dialled.Add(burst)
 	agent.BeforeRestartFail(t, func() {
 		all := make(chan struct{})
 		go func() { dialled.Wait(); close(all) }()
@@ -174,7 +177,6 @@ func TestRestartedPeerBurst(t *testing.T) {
 	}
 	pod := appClient(t, b, "after", burst)
 	errs := make(chan error, burst)
-	dialled.Add(burst)
 	for i := range burst {
 		go func() { errs <- echo(pod, i, &dialled) }()
 	}
