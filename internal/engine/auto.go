@@ -194,7 +194,16 @@ type ackWaiter struct {
 // but that has received more since waits another AckDelay: in a stream,
 // grants carry every acknowledgement and the timer sends none. Only the
 // poller that owns p.rel.acks.
-func (p *poller) flushAcks() {
+func (p *poller) flushAcks() { p.ackWaiters(false) }
+
+// flushAcksNow sends every acknowledgement still owed, before the poller
+// sleeps: no reply is coming soon to carry them.
+func (p *poller) flushAcksNow() { p.ackWaiters(true) }
+
+// ackWaiters schedules the acknowledgements of p.rel.acks that no message
+// carried since they were due; now, those too whose vconn sent some but
+// still owes one.
+func (p *poller) ackWaiters(now bool) {
 	k := 0
 	for _, w := range p.rel.acks {
 		vc := w.vc
@@ -203,7 +212,7 @@ func (p *poller) flushAcks() {
 		switch {
 		case next == sent:
 			vc.ackWait.Store(false)
-		case sent != w.sent:
+		case sent != w.sent && !now:
 			p.rel.acks[k] = ackWaiter{vc, sent}
 			k++
 		default:

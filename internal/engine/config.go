@@ -83,8 +83,12 @@ type Config struct {
 	// data the peer does not read goes without a grant before it is reset
 	// (default 10 s).
 	CloseTimeout time.Duration
-	// SpinPolls is how many empty polls a poller makes before it sleeps on
-	// the completion channel (default 2000).
+	// SpinPolls is how many empty polls a poller makes, yielding the
+	// processor between them, before it parks until a completion or work
+	// (default 0: it parks at once). Parking costs a goroutine wake-up,
+	// about a microsecond; spinning with fewer spare CPUs than spinners
+	// cost far more (see poller.run), and burns a core that other pods on
+	// the node could use.
 	SpinPolls int
 	// MaxRegisteredBytes bounds the memory exported regions keep
 	// registered, all vconns together (default 0: no bound). A region
@@ -117,7 +121,7 @@ const (
 	defaultMaxCredits   = 512
 	defaultDgramBuffers = 1024
 	defaultSQDepth      = 512
-	defaultSpinPolls    = 2000
+	defaultSpinPolls    = 0
 	maxCQDepth          = 1 << 16
 )
 

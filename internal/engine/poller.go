@@ -1,9 +1,9 @@
 package engine
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -19,8 +19,8 @@ import (
 // vconns queued (one PostSend per QP per round: many WRs per doorbell),
 // reposts released receive buffers to the SRQ, and polls and dispatches
 // completions. When a round finds nothing to do SpinPolls times in a row it
-// arms the CQ and sleeps in poll(2) on the completion channel and its wake
-// eventfd.
+// arms the CQ and parks on its wake channel, which a completion event or
+// a kick fills (see sleep).
 //
 // Its work is split by flow, as are the files and its fields (each group
 // says who may touch it, as wireguard-go's Peer does): the loop, its clock
@@ -56,14 +56,17 @@ type poller struct {
 // by any goroutine (kick, throttle); done closes when the loop ends; the
 // rest is the poller goroutine's.
 type pollerLoop struct {
-	wake     int // eventfd: work was queued while the poller slept
+	// wake holds a wake-up for the sleeping poller: a kick's, or the
+	// CQ's completion event (verbs.Notifier, or relayed from its FD).
+	wake     chan struct{}
 	sleeping atomic.Bool
 	stopping atomic.Bool
 	done     chan struct{}
 	started  bool
-	now      time.Time // the coarse clock (see clock)
-	busy     bool      // in a run of busy rounds (stats.go)
-	fds      [2]unix.PollFd
+	now      time.Time   // the coarse clock (see clock)
+	busy     bool        // in a run of busy rounds (stats.go)
+	timer    *time.Timer // a sleep's bound, when it has one
+	relay    *os.File    // a dup of the CQ's FD, for a CQ that is no Notifier
 }
 
 // pollerInbox is what vconns and readers hand the poller: any goroutine,
@@ -135,17 +138,54 @@ func newPoller(e *Engine, idx int) (*poller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: poller %d CQ: %w", idx, err)
 	}
-	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		_ = cq.Close()
-		return nil, fmt.Errorf("engine: poller %d eventfd: %w", idx, err)
-	}
-	return &poller{
+	p := &poller{
 		e: e, idx: idx, cq: cq,
-		loop: pollerLoop{wake: fd, done: make(chan struct{})},
+		loop: pollerLoop{wake: make(chan struct{}, 1), done: make(chan struct{})},
 		rx:   pollerRx{wcs: make([]verbs.WC, pollBatch), vcs: make([]*VConn, pollBatch)},
 		tx:   pollerTx{budget: e.cfg.sendBudget()},
-	}, nil
+	}
+	if n, ok := cq.(verbs.Notifier); ok {
+		n.NotifyTo(p.loop.wake)
+		return p, nil
+	}
+	// A CQ whose events come only on its FD (a NIC's completion
+	// channel): a goroutine parked in the network poller on a copy of
+	// the descriptor passes them on (relayEvents).
+	fd, err := unix.Dup(cq.FD())
+	if err == nil {
+		err = unix.SetNonblock(fd, true)
+	}
+	if err != nil {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+		_ = cq.Close()
+		return nil, fmt.Errorf("engine: poller %d completion channel: %w", idx, err)
+	}
+	p.loop.relay = os.NewFile(uintptr(fd), "cq-channel")
+	return p, nil
+}
+
+// relayEvents passes the CQ's completion events from its FD to the wake
+// channel until the poller closes the descriptor's copy.
+func (p *poller) relayEvents() {
+	rc, err := p.loop.relay.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		err := rc.Read(func(uintptr) bool {
+			n, err := p.cq.AckEvents()
+			return n > 0 || err != nil
+		})
+		if err != nil {
+			return // the copy was closed: the poller is closing
+		}
+		select {
+		case p.loop.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // openUD creates the poller's UD QP on the datagram SRQ.
@@ -171,14 +211,18 @@ func (p *poller) openUD() error {
 // kick wakes the poller if it sleeps. Any goroutine.
 func (p *poller) kick() {
 	if p.loop.sleeping.Load() {
-		var one [8]byte
-		binary.NativeEndian.PutUint64(one[:], 1)
-		_, _ = unix.Write(p.loop.wake, one[:])
+		select {
+		case p.loop.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
 	}
 }
 
 func (p *poller) run() {
 	defer close(p.loop.done)
+	if p.loop.relay != nil {
+		go p.relayEvents()
+	}
 	idle := 0
 	for !p.loop.stopping.Load() {
 		if p.round() {
@@ -195,17 +239,13 @@ func (p *poller) run() {
 		if idle++; idle%clockRounds == 0 {
 			p.loop.now = time.Time{}
 		}
-		// Spin a while, yielding: the completions come from goroutines
-		// that need the core. Then sleep, even with vconns waiting for
-		// room on a QP (their completions wake the poller): yielding
-		// forever starved the goroutines that wait in the runtime's
-		// network poller, which a P only checks when it has nothing
-		// else to run, or every 10 ms. A UDP device's receive loop is
-		// one: with a send queue full, ACKs then took 5 ms to come in,
-		// and 64 producers on one QP ran at 3-10% of their rate.
-		// Delayed acknowledgements are due within reliable.AckDelay: those
-		// keep the poller spinning.
-		if idle < p.e.cfg.SpinPolls || len(p.rel.acks) > 0 {
+		// Spin a while, yielding, only where Ps are to spare (SpinPolls'
+		// default): a yielding spinner goes straight back on the run
+		// queue, so a P that always has it to run never looks at the
+		// network poller, where the UDP device's receiver and the
+		// application's sockets wait. On two CPUs shared with other
+		// work that made every hop wait for sysmon (up to 10 ms).
+		if idle < p.e.cfg.SpinPolls {
 			runtime.Gosched()
 			continue
 		}
@@ -294,19 +334,23 @@ func (p *poller) clock() time.Time {
 	return p.loop.now
 }
 
-// sleep blocks until a completion or a kick. The CQ is armed and the
-// queues rechecked before blocking, so nothing that arrives meanwhile is
-// missed.
+// sleep parks the poller until a completion or a kick. The CQ is armed
+// and the queues rechecked before it parks, so nothing that arrives
+// meanwhile is missed. Acknowledgements still delayed go out now rather
+// than wait on a timer: a timer fires at the kernel's tick (1 ms on some
+// machines), and an ack that late holds the sender's window.
 func (p *poller) sleep() {
+	if len(p.rel.acks) > 0 {
+		p.rel.ackAt = time.Time{}
+		p.flushAcksNow()
+		return
+	}
 	p.loop.sleeping.Store(true)
 	defer p.loop.sleeping.Store(false)
 	if err := p.cq.ReqNotify(false); err != nil {
 		return
 	}
-	p.inbox.mu.Lock()
-	pending := len(p.inbox.runq) > 0 || len(p.inbox.repost) > 0
-	p.inbox.mu.Unlock()
-	if pending || p.loop.stopping.Load() {
+	if p.inbox.queued.Load() || p.loop.stopping.Load() {
 		return
 	}
 	if n := p.cq.Poll(p.rx.wcs); n > 0 {
@@ -316,22 +360,22 @@ func (p *poller) sleep() {
 	}
 	p.e.stats.sleeps.Add(1)
 	defer func() { p.loop.now = time.Time{} }()
-	p.loop.fds = [2]unix.PollFd{{Fd: int32(p.cq.FD()), Events: unix.POLLIN}, {Fd: int32(p.loop.wake), Events: unix.POLLIN}}
-	timeout := -1
-	if len(p.rel.rtx) > 0 || len(p.sched.active) > 0 || len(p.sched.later) > 0 {
-		// Datagrams await acknowledgement, or vconns room that a
-		// completion should bring: look again within a millisecond.
-		timeout = 1
+	if len(p.rel.rtx) == 0 && len(p.sched.active) == 0 && len(p.sched.later) == 0 {
+		<-p.loop.wake
+		return
 	}
-	for {
-		_, err := unix.Poll(p.loop.fds[:], timeout)
-		if err == nil || !errors.Is(err, unix.EINTR) {
-			break
-		}
+	// Datagrams await acknowledgement, or vconns room that a
+	// completion should bring: look again within a millisecond.
+	if p.loop.timer == nil {
+		p.loop.timer = time.NewTimer(time.Millisecond)
+	} else {
+		p.loop.timer.Reset(time.Millisecond)
 	}
-	_, _ = p.cq.AckEvents()
-	var buf [8]byte
-	_, _ = unix.Read(p.loop.wake, buf[:])
+	select {
+	case <-p.loop.wake:
+		p.loop.timer.Stop()
+	case <-p.loop.timer.C:
+	}
 }
 
 func (p *poller) stop() {
@@ -350,5 +394,8 @@ func (p *poller) close() error {
 			errs = append(errs, q.qp.Close())
 		}
 	}
-	return errors.Join(append(errs, p.cq.Close(), unix.Close(p.loop.wake))...)
+	if p.loop.relay != nil {
+		errs = append(errs, p.loop.relay.Close()) // ends relayEvents
+	}
+	return errors.Join(append(errs, p.cq.Close())...)
 }

@@ -91,6 +91,18 @@ type CQ interface {
 	Close() error
 }
 
+// Notifier is a CQ that can also deliver its completion events to a Go
+// channel instead of FD, as a provider in the same process can: the waiting
+// goroutine is then woken as one goroutine wakes another, with no system
+// call and no trip through the runtime's network poller, which a busy P
+// looks at only when it has nothing else to run.
+type Notifier interface {
+	// NotifyTo makes each event of a ReqNotify arming a send on ch that
+	// does not block (a full ch already holds a wake-up), and FD stays
+	// quiet. Call it before the first ReqNotify.
+	NotifyTo(ch chan<- struct{})
+}
+
 // QP is a queue pair.
 type QP interface {
 	QPN() uint32

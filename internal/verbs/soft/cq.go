@@ -39,11 +39,16 @@ type cq struct {
 	efd     int // -1 until created; written once under efdOnce
 	efdErr  error
 	wbuf    [8]byte
+	// note, once set (NotifyTo), takes the events instead of the eventfd.
+	note chan<- struct{}
 	rbuf    [8]byte
 	rmu     sync.Mutex // serialises AckEvents' reads into rbuf
 }
 
-var _ verbs.CQ = (*cq)(nil)
+var (
+	_ verbs.CQ       = (*cq)(nil)
+	_ verbs.Notifier = (*cq)(nil)
+)
 
 func newCQ(cqe int) (*cq, error) {
 	c := &cq{ring: make([]verbs.WC, cqe), efd: -1}
@@ -111,15 +116,34 @@ func (c *cq) push(wc *verbs.WC, solicited bool) {
 	notify := c.armed && (!c.solOnly || solicited || wc.Status != verbs.WCSuccess)
 	if notify {
 		c.armed = false
-		_, _ = unix.Write(c.efd, c.wbuf[:])
+		if c.note != nil {
+			select {
+			case c.note <- struct{}{}:
+			default: // a wake-up is pending already
+			}
+		} else {
+			_, _ = unix.Write(c.efd, c.wbuf[:])
+		}
 	}
+	c.mu.Unlock()
+}
+
+// NotifyTo sends the completion events on ch (verbs.Notifier).
+func (c *cq) NotifyTo(ch chan<- struct{}) {
+	c.mu.Lock()
+	c.note = ch
 	c.mu.Unlock()
 }
 
 // ReqNotify arms the completion channel for the next completion.
 func (c *cq) ReqNotify(solicitedOnly bool) error {
-	if _, err := c.channel(); err != nil {
-		return err
+	c.mu.Lock()
+	note := c.note != nil
+	c.mu.Unlock()
+	if !note {
+		if _, err := c.channel(); err != nil {
+			return err
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
