@@ -41,8 +41,8 @@ type cq struct {
 	wbuf    [8]byte
 	// note, once set (NotifyTo), takes the events instead of the eventfd.
 	note chan<- struct{}
-	rbuf    [8]byte
-	rmu     sync.Mutex // serialises AckEvents' reads into rbuf
+	rbuf [8]byte
+	rmu  sync.Mutex // serialises AckEvents' reads into rbuf
 }
 
 var (
