@@ -26,9 +26,10 @@ func (h *vconnHandle) work() {
 			h.doneOp(o)
 			if err != nil {
 				_ = h.s.replyErr(o.f.Req, h.id, err)
-				continue
+			} else {
+				_ = h.s.write(&r)
 			}
-			_ = h.s.write(&r)
+			h.answered()
 		}
 	}
 }

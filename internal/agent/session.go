@@ -144,6 +144,9 @@ func (s *session) dispatch(f frame.Frame) bool {
 		if h == nil {
 			return s.reply(f.Req, f.Handle, frame.CodeNoHandle, fmt.Sprintf("%v: no such vconn", f.Op)) == nil
 		}
+		if f.Op == frame.OpSend && h.sendNow(f) {
+			return true
+		}
 		// Past the window, past the allocation's limits.queuedBytes, or
 		// on a vconn that ended: an error reply, the session goes on.
 		o := op{f: f}

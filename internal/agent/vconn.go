@@ -30,6 +30,7 @@ type vconnHandle struct {
 
 	qmu         sync.Mutex
 	outstanding int   // ops accepted and not yet answered, at most SendWindow; guarded by qmu
+	running     int   // ops enqueued whose answer is not yet written; guarded by qmu
 	txQueued    int64 // payload bytes of ops claimed against the allocation (claimTx); guarded by qmu
 	workDone    bool  // the worker returned and gave txQueued back; guarded by qmu
 	// txRefused: an op met limits.queuedBytes; every later op with a
@@ -73,8 +74,43 @@ func (h *vconnHandle) enqueue(o op) error {
 		o.claimed = n
 	}
 	h.outstanding++
+	h.running++
 	h.ops <- o // never blocks: the channel holds SendWindow
 	return nil
+}
+
+// answered: the worker wrote the answer of an op it ran.
+func (h *vconnHandle) answered() {
+	h.qmu.Lock()
+	h.running--
+	h.qmu.Unlock()
+}
+
+// sendNow runs a Send on the session's reader when nothing of the vconn
+// is queued or running, so that order holds, and the engine takes it at
+// once: no hand-off to the worker, no copy of the payload, which goes
+// from the read buffer into the engine's registered one. It reports
+// false, having done nothing, to leave the send to the worker (which
+// answers an error, or waits for room).
+func (h *vconnHandle) sendNow(f frame.Frame) bool {
+	h.qmu.Lock()
+	idle := h.running == 0 && !h.workDone && h.txRefused == nil
+	h.qmu.Unlock()
+	if !idle || uint32(len(f.Payload)) > h.info.MaxMessage {
+		return false
+	}
+	var sent bool
+	var err error
+	if f.Flags&frame.FlagImm != 0 {
+		sent, err = h.vc.TrySendImm(f.Payload, f.Arg)
+	} else {
+		sent, err = h.vc.TrySend(f.Payload)
+	}
+	if err != nil || !sent {
+		return false
+	}
+	_ = h.s.ok(f.Req, h.id)
+	return true
 }
 
 // doneOp gives back an op's place in the window and its claim.
@@ -96,7 +132,7 @@ func (h *vconnHandle) refuseQueued() {
 	h.qmu.Lock()
 	h.workDone = true
 	h.s.al.releaseTx(h.txQueued)
-	h.txQueued, h.outstanding = 0, 0
+	h.txQueued, h.outstanding, h.running = 0, 0, 0
 	var left []op
 	for len(h.ops) > 0 {
 		left = append(left, <-h.ops)
