@@ -89,35 +89,56 @@ func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
 	return prog, nil
 }
 
-// up copies what the program writes into the vconn, a read at a time.
+// up copies what the program writes into the vconn, a read at a time:
+// the bridge's sending goroutine, with the socket as its source.
 func (b *bridge) up() {
 	defer b.wg.Done()
-	buf := make([]byte, min(bridgeChunk, b.vc.MaxMessage()))
-	for {
-		n, err := b.c.Read(buf)
-		if n > 0 {
-			if serr := b.vc.Send(b.ctx, buf[:n]); serr != nil {
-				b.cancel() // the vconn failed or the agent stops: reset the program's socket
-				return
-			}
-		}
-		switch {
-		case errors.Is(err, io.EOF):
-			// The program's close, or its shutdown(SHUT_WR): then the
-			// peer reads EOF and may still answer, until the close.
-			if !b.hungUp() {
-				_ = b.vc.CloseWrite()
-				if !b.waitClosed() {
-					return
-				}
-			}
-			_ = b.vc.Close()
-			return
-		case err != nil:
-			b.cancel()
+	forward(b.ctx, b.vc, &bridgeTX{b: b, buf: make([]byte, min(bridgeChunk, b.vc.MaxMessage()))})
+}
+
+// bridgeTX is the program's socket as a source: each read is a message.
+type bridgeTX struct {
+	b   *bridge
+	buf []byte
+}
+
+func (t *bridgeTX) next() (outgoing, error) {
+	n, err := t.b.c.Read(t.buf)
+	if n > 0 {
+		return outgoing{data: t.buf[:n]}, nil // an error comes again at the next read
+	}
+	if err == nil {
+		err = io.EOF // a stream read of 0 bytes is its end
+	}
+	return outgoing{}, err
+}
+
+// sent: a failed send (the vconn failed, or the agent stops) resets the
+// program's socket.
+func (t *bridgeTX) sent(err error) bool {
+	if err != nil {
+		t.b.cancel()
+		return false
+	}
+	return true
+}
+
+// end: the program's close, or its shutdown(SHUT_WR), is the end of what
+// it sends; then the peer reads EOF and may still answer, until the
+// close. Any other error resets the socket.
+func (t *bridgeTX) end(err error) {
+	b := t.b
+	if !errors.Is(err, io.EOF) {
+		b.cancel()
+		return
+	}
+	if !b.hungUp() {
+		_ = b.vc.CloseWrite()
+		if !b.waitClosed() {
 			return
 		}
 	}
+	_ = b.vc.Close()
 }
 
 // hungUp: no process holds the program's end any more (POLLHUP: it was

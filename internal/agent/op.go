@@ -10,48 +10,72 @@ import (
 )
 
 // work runs the vconn's operations in order and answers each; those
-// still queued when the vconn ends are answered with why it ended.
+// still queued when the vconn ends are answered with why it ended. Its
+// sends go through the agent's send loop (forward); the other operations
+// run as opSource meets them, in order with the sends.
 func (h *vconnHandle) work() {
 	defer h.s.wg.Done()
 	defer h.dropRegions()
 	defer h.refuseQueued()
+	forward(h.ctx, h.vc, &opSource{h: h})
+}
+
+// opSource is the session's queue of a vconn's operations as a source of
+// messages: Sends are forward's, the rest it runs itself.
+type opSource struct {
+	h   *vconnHandle
+	cur op // the Send next returned
+}
+
+func (s *opSource) next() (outgoing, error) {
+	h := s.h
 	for {
 		select {
 		case <-h.ctx.Done():
-			return
+			return outgoing{}, h.ctx.Err()
 		case o := <-h.ops:
-			r, err := h.do(o.f)
-			// Done before the answer goes: a client that sends again
-			// on reading it finds the place in its window free.
-			h.doneOp(o)
-			if err != nil {
-				_ = h.s.replyErr(o.f.Req, h.id, err)
-			} else {
-				_ = h.s.write(&r)
+			if o.f.Op != frame.OpSend {
+				r, err := h.do(o.f)
+				h.answer(o, r, err)
+				continue
 			}
-			h.answered()
+			if max := h.info.MaxMessage; uint32(len(o.f.Payload)) > max {
+				h.answer(o, frame.Frame{}, fmt.Errorf("send %d bytes on a %v vconn: %w (%d)", len(o.f.Payload), h.info.Transport, engine.ErrTooLarge, max))
+				continue
+			}
+			s.cur = o
+			return outgoing{data: o.f.Payload, imm: o.f.Arg, hasImm: o.f.Flags&frame.FlagImm != 0}, nil
 		}
 	}
 }
 
-// do runs one operation and returns its OK reply, which work writes.
+// sent answers the Send; a failed one ends only itself: the operations
+// after it are answered in turn (with the vconn's failure, if it failed).
+func (s *opSource) sent(err error) bool {
+	s.h.answer(s.cur, frame.Frame{Op: frame.OpOK, Req: s.cur.f.Req, Handle: s.h.id}, err)
+	s.cur = op{}
+	return true
+}
+
+func (s *opSource) end(error) {} // the vconn ended: refuseQueued answers the rest
+
+// answer gives back o's place in the window, then writes its reply r or
+// its error: a client that sends again on reading the answer finds the
+// place free.
+func (h *vconnHandle) answer(o op, r frame.Frame, err error) {
+	h.doneOp(o)
+	if err != nil {
+		_ = h.s.replyErr(o.f.Req, h.id, err)
+	} else {
+		_ = h.s.write(&r)
+	}
+	h.answered()
+}
+
+// do runs one operation other than Send and returns its OK reply.
 func (h *vconnHandle) do(f frame.Frame) (frame.Frame, error) {
 	s, vc := h.s, h.vc
 	switch f.Op {
-	case frame.OpSend:
-		if max := h.info.MaxMessage; uint32(len(f.Payload)) > max {
-			return frame.Frame{}, fmt.Errorf("send %d bytes on a %v vconn: %w (%d)", len(f.Payload), h.info.Transport, engine.ErrTooLarge, max)
-		}
-		var err error
-		if f.Flags&frame.FlagImm != 0 {
-			err = vc.SendImm(h.ctx, f.Payload, f.Arg)
-		} else {
-			err = vc.Send(h.ctx, f.Payload)
-		}
-		if err != nil {
-			return frame.Frame{}, err
-		}
-		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 	case frame.OpExport:
 		if f.Arg2 == 0 || f.Arg2 > uint64(s.al.a.cfg.MaxMessageBytes) {
 			return frame.Frame{}, fmt.Errorf("export %d bytes: %w: want 1..%d", f.Arg2, verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)

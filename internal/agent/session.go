@@ -36,7 +36,6 @@ type session struct {
 	vconns    map[uint32]*vconnHandle // guarded by mu
 	listeners map[uint32]*listener    // guarded by mu
 	shm       map[uint32]*shmVConn    // vconns on shared memory; guarded by mu
-	shmPoll   *shmPoller              // their TX rings' poller, once one exists; guarded by mu
 	closed    bool                    // guarded by mu
 	hello     bool                    // reader-owned
 	netns     uint64                  // the application's network namespace (inode), 0 if unknown

@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,18 +18,18 @@ import (
 const shmBatch = 64
 
 // shmVConn is a vconn whose messages travel in shared memory (frame.OpShm):
-// the session's shmPoller feeds the pod's TX ring to the engine, serveRX
-// writes what the engine delivers into the RX ring. Each copies once: from
-// the ring's slab into the engine's registered send buffer, and from the
-// engine's receive buffer into the slab.
+// its sending goroutine (forwardTX) feeds the pod's TX ring to the engine,
+// serveRX writes what the engine delivers into the RX ring. Each copies
+// once: from the ring's slab into the engine's registered send buffer,
+// and from the engine's receive buffer into the slab.
 type shmVConn struct {
-	h    *vconnHandle
-	seg  *shm.Segment
-	tx   *shm.Consumer // the poller's, or drainBlocking's while busy
-	busy atomic.Bool   // drainBlocking has the TX ring
-	dead bool          // the vconn failed, its ring is not read; owned as tx
-	rx   *shm.Producer // serveRX's
-	wg   sync.WaitGroup
+	h      *vconnHandle
+	seg    *shm.Segment
+	tx     *shm.Consumer // forwardTX's
+	rx     *shm.Producer // serveRX's
+	wg     sync.WaitGroup
+	txStop shm.Stop // forwardTX's waits end with the vconn
+	rxStop shm.Stop // serveRX's too
 
 	failOnce sync.Once
 	reason   atomic.Pointer[error] // why fail ended the vconn
@@ -61,6 +59,8 @@ func (s *session) openShm(f frame.Frame) bool {
 	}
 	x := &shmVConn{h: h, seg: seg}
 	x.tx, x.rx = seg.Agent()
+	x.txStop = func() (time.Duration, error) { return -1, h.ctx.Err() }
+	x.rxStop = x.txStop
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -71,33 +71,15 @@ func (s *session) openShm(f frame.Frame) bool {
 		s.shm = make(map[uint32]*shmVConn)
 	}
 	s.shm[h.id] = x
-	p := s.shmPoll
-	if p == nil {
-		if p, err = newShmPoller(s); err != nil {
-			delete(s.shm, h.id)
-			s.mu.Unlock()
-			_ = seg.Close()
-			return s.replyErr(f.Req, h.id, err) == nil
-		}
-		s.shmPoll = p
-		s.wg.Add(1)
-		go p.run()
-	}
-	x.wg.Add(1)
+	x.wg.Add(2)
 	s.wg.Add(1)
 	s.mu.Unlock()
 	err = s.writeRights(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: shm.AppendLayout(nil, l)}, seg.Files())
 	seg.ClosePeer()
-	p.add(x)
+	go x.forwardTX()
 	go x.serveRX()
 	go x.reap()
 	return err == nil
-}
-
-func (s *session) shmPoller() *shmPoller {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.shmPoll
 }
 
 func (s *session) shmOf(id uint32) *shmVConn {
@@ -124,8 +106,7 @@ func (x *shmVConn) reap() {
 	s := x.h.s
 	defer s.wg.Done()
 	<-x.h.ctx.Done()
-	s.shmPoller().remove(x) // the poller lets go of the TX ring
-	x.seg.Shutdown()        // ends serveRX's doorbell wait
+	x.seg.Shutdown() // ends forwardTX's and serveRX's doorbell waits
 	x.wg.Wait()
 	_ = x.seg.Close()
 	s.mu.Lock()
@@ -159,50 +140,45 @@ func (x *shmVConn) fail(err error, rxBroken bool) {
 	})
 }
 
-// drainTX hands the TX ring's messages to the engine, at most a batch, so
-// the session's other vconns get their turn. When the engine's queue for
-// the vconn is full, a goroutine of the vconn's own takes over the ring
-// (drainBlocking) until it is empty: it sleeps in the engine until room
-// comes back, while the poller serves the others.
-func (x *shmVConn) drainTX(p *shmPoller) (n int) {
-	if x.busy.Load() || x.dead {
-		return 0
+// forwardTX is the vconn's sending goroutine on shared memory: the TX
+// ring is its source (forward).
+func (x *shmVConn) forwardTX() {
+	defer x.wg.Done()
+	forward(x.h.ctx, x.h.vc, shmTX{x})
+}
+
+// shmTX is the TX ring as a source: the pod's messages in its order, each
+// released to the pod once the engine copied it.
+type shmTX struct{ x *shmVConn }
+
+func (t shmTX) next() (outgoing, error) {
+	d, b, err := t.x.tx.Next(t.x.txStop)
+	if err == nil {
+		err = checkTX(d)
 	}
-	h := x.h
-	for n < shmBatch {
-		d, b, ok, err := x.tx.Peek()
-		if err == nil && ok {
-			err = checkTX(d)
-		}
-		if err != nil {
-			x.dead = true
-			x.fail(err, false)
-			return n
-		}
-		if !ok {
-			return n
-		}
-		var sent bool
-		if d.Flags&shm.FlagImm != 0 {
-			sent, err = h.vc.TrySendImm(b, d.Imm)
-		} else {
-			sent, err = h.vc.TrySend(b)
-		}
-		if err != nil {
-			x.dead = true
-			x.fail(err, false)
-			return n
-		}
-		if !sent {
-			x.busy.Store(true)
-			x.wg.Add(1) // before remove returns: reap waits for it
-			go x.drainBlocking(p)
-			return n
-		}
-		x.tx.Release()
-		n++
+	if err != nil {
+		return outgoing{}, err
 	}
-	return n
+	return outgoing{data: b, imm: d.Imm, hasImm: d.Flags&shm.FlagImm != 0}, nil
+}
+
+// sent releases the message; a send the engine refused ends the ring,
+// which the pod learns from the socket (fail).
+func (t shmTX) sent(err error) bool {
+	if err != nil {
+		t.x.fail(err, false)
+		return false
+	}
+	t.x.tx.Release()
+	return true
+}
+
+// end: a ring the pod broke aborts the vconn; else the vconn ended (its
+// context, the doorbell shut), which needs no word.
+func (t shmTX) end(err error) {
+	if errors.Is(err, shm.ErrCorrupt) {
+		t.x.fail(err, false)
+	}
 }
 
 func checkTX(d shm.Desc) error {
@@ -210,37 +186,6 @@ func checkTX(d shm.Desc) error {
 		return fmt.Errorf("%w: the pod sent flags %#x", shm.ErrCorrupt, d.Flags)
 	}
 	return nil
-}
-
-// drainBlocking sends the TX ring's messages, blocking in the engine,
-// until the ring is empty, then gives the ring back to the poller.
-func (x *shmVConn) drainBlocking(p *shmPoller) {
-	defer x.wg.Done()
-	h := x.h
-	for !x.dead {
-		d, b, ok, err := x.tx.Peek()
-		if err == nil && ok {
-			err = checkTX(d)
-		}
-		if err == nil && ok {
-			if d.Flags&shm.FlagImm != 0 {
-				err = h.vc.SendImm(h.ctx, b, d.Imm)
-			} else {
-				err = h.vc.Send(h.ctx, b)
-			}
-		}
-		if err != nil {
-			x.dead = true
-			x.fail(err, false)
-			break
-		}
-		if !ok {
-			break
-		}
-		x.tx.Release()
-	}
-	x.busy.Store(false) // publishes dead and the ring's state to the poller
-	p.kick.Ring()       // which may sleep with this ring unarmed
 }
 
 // serveRX is the vconn's delivery goroutine on shared memory (deliver),
@@ -285,156 +230,9 @@ func (x *shmVConn) pushErr(c frame.Code, msg string) {
 // does); on the delivery goroutine. False when the vconn is done or the
 // ring broke.
 func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
-	start, spin := time.Now(), time.Duration(0)
-	for {
-		ok, err := x.rx.Push(b, imm, flags)
-		if err != nil {
-			x.fail(err, true)
-			return false
-		}
-		if ok {
-			return true
-		}
-		if x.h.ctx.Err() != nil {
-			return false
-		}
-		if spin == 0 {
-			spin = max(shm.SpinFor(), 1) // 1: looked up, no spinning
-		}
-		if time.Since(start) < spin {
-			runtime.Gosched()
-			continue
-		}
-		x.rx.Arm()
-		if ok, err := x.rx.Push(b, imm, flags); ok || err != nil {
-			if err != nil {
-				x.fail(err, true)
-			}
-			return ok
-		}
-		if _, err := x.rx.Wait(-1); err != nil {
-			return false
-		}
+	err := x.rx.PushWait(b, imm, flags, x.rxStop)
+	if errors.Is(err, shm.ErrCorrupt) || errors.Is(err, shm.ErrTooLarge) {
+		x.fail(err, true)
 	}
-}
-
-// shmPoller is a session's one goroutine for the TX rings of all its
-// shared-memory vconns: it polls them, yielding the processor between
-// rounds, for shm.SpinFor after the last message, then sleeps (parked in the
-// network poller: see shm.Bell) on their doorbells (and its own, kicked,
-// for changes to the set) until a pod rings, which a pod does only once
-// the poller said it sleeps.
-type shmPoller struct {
-	s            *session
-	kick, kicked *shm.Bell // kick rings kicked, which the poller sleeps on
-
-	gen  atomic.Uint64 // bumped by each change to vcs
-	mu   sync.Mutex
-	cond sync.Cond   // signals seen's changes; on mu
-	vcs  []*shmVConn // guarded by mu
-	seen uint64      // the generation the poller serves; guarded by mu
-	done bool        // the poller returned; guarded by mu
-}
-
-func newShmPoller(s *session) (*shmPoller, error) {
-	a, b, err := shm.NewBellPair()
-	if err != nil {
-		return nil, fmt.Errorf("shm poller: %w", err)
-	}
-	p := &shmPoller{s: s, kick: a, kicked: b}
-	p.cond.L = &p.mu
-	return p, nil
-}
-
-func (p *shmPoller) add(x *shmVConn) {
-	p.mu.Lock()
-	p.vcs = append(p.vcs, x)
-	p.gen.Add(1)
-	p.mu.Unlock()
-	p.kick.Ring()
-}
-
-// remove takes x from the poller and waits until the poller no longer
-// touches its rings.
-func (p *shmPoller) remove(x *shmVConn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i, y := range p.vcs {
-		if y == x {
-			p.vcs = append(p.vcs[:i], p.vcs[i+1:]...)
-			break
-		}
-	}
-	g := p.gen.Add(1)
-	p.kick.Ring()
-	for p.seen < g && !p.done {
-		p.cond.Wait()
-	}
-}
-
-func (p *shmPoller) run() {
-	s := p.s
-	defer s.wg.Done()
-	stop := context.AfterFunc(s.ctx, p.kick.Ring)
-	defer func() {
-		stop()
-		p.mu.Lock()
-		p.done = true
-		p.cond.Broadcast()
-		p.mu.Unlock()
-		_ = p.kick.Close()
-		_ = p.kicked.Close()
-	}()
-	var (
-		vcs   []*shmVConn
-		bells shm.BellSet
-		seen  = ^uint64(0) // none yet: the first round builds the set, kicked in it
-		idle  time.Time    // when the last round with work ended
-		spin  time.Duration
-	)
-	defer bells.Reset() // closes its epoll instance
-	for s.ctx.Err() == nil {
-		if p.gen.Load() != seen {
-			p.mu.Lock()
-			vcs = append(vcs[:0], p.vcs...)
-			seen = p.gen.Load()
-			p.seen = seen
-			p.cond.Broadcast()
-			p.mu.Unlock()
-			bells.Reset()
-			bells.Add(p.kicked)
-			for _, x := range vcs {
-				bells.Add(x.tx.Bell())
-			}
-		}
-		work := 0
-		for _, x := range vcs {
-			work += x.drainTX(p)
-		}
-		if work > 0 {
-			idle = time.Time{}
-			continue
-		}
-		if idle.IsZero() {
-			idle, spin = time.Now(), shm.SpinFor()
-		}
-		if time.Since(idle) < spin {
-			runtime.Gosched()
-			continue
-		}
-		ready := false
-		for _, x := range vcs {
-			if !x.busy.Load() && !x.dead {
-				ready = x.tx.Arm() || ready
-			}
-		}
-		if ready || p.gen.Load() != seen {
-			continue
-		}
-		if err := bells.Wait(-1); err != nil {
-			s.log.Error(err, "Shared-memory poller cannot sleep: polling")
-			time.Sleep(time.Millisecond)
-		}
-		idle = time.Time{}
-	}
+	return err == nil
 }

@@ -253,5 +253,5 @@ func (c *Consumer) Wait(timeout time.Duration) (bool, error) {
 	return c.bell.waitReady(timeout, c.more)
 }
 
-// Bell is the consumer's end of the ring's doorbell, for a BellSet.
+// Bell is the consumer's end of the ring's doorbell.
 func (c *Consumer) Bell() *Bell { return c.bell }

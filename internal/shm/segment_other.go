@@ -44,21 +44,6 @@ func (*Segment) Pod() (*Producer, *Consumer)   { return nil, nil }
 func (*Segment) Shutdown()                     {}
 func (*Segment) Close() error                  { return nil }
 
-// BellSet is a set of doorbells; only Linux has them.
-type BellSet struct{}
-
-// Reset does nothing here.
-func (*BellSet) Reset() {}
-
-// Add does nothing here.
-func (*BellSet) Add(*Bell) {}
-
-// Wait fails here.
-func (*BellSet) Wait(time.Duration) error { return errNoShm }
-
-// NewBellPair fails here.
-func NewBellPair() (*Bell, *Bell, error) { return nil, nil, errNoShm }
-
 // Shutdown does nothing here.
 func (*Bell) Shutdown() {}
 

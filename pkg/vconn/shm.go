@@ -2,11 +2,11 @@ package vconn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"time"
 
@@ -230,53 +230,39 @@ func (c *Conn) shmSend(ctx context.Context, dl *deadline, data []byte, imm uint3
 	}
 	x.tmu.Lock()
 	defer x.tmu.Unlock()
-	var (
-		start time.Time
-		spin  time.Duration
-	)
-	for {
-		if x.closed {
-			return net.ErrClosed
-		}
-		ok, err := x.tx.Push(data, imm, flags)
-		if err != nil {
-			return &Error{Code: CodeTooLarge, Message: err.Error()}
-		}
-		if ok {
-			return nil
-		}
-		if err := c.Err(); err != nil {
-			return err
-		}
-		if start.IsZero() {
-			start, spin = time.Now(), shm.SpinFor()
-		}
-		if time.Since(start) < spin {
-			runtime.Gosched()
-			continue
-		}
-		x.tx.Arm()
-		if ok, _ := x.tx.Push(data, imm, flags); ok {
-			return nil
-		}
-		var dc chan struct{}
-		if dl != nil {
-			dc = dl.wait()
-		}
-		// The slice bounds the wait for a vconn that failed on the agent:
-		// it stops draining the ring and rings no bell.
-		if _, err := x.tx.Wait(slice(ctx, dc)); err != nil {
-			time.Sleep(shmWaitSlice) // shut down: the checks below end it
-		}
+	if x.closed {
+		return net.ErrClosed
+	}
+	var dc chan struct{}
+	if dl != nil {
+		dc = dl.wait()
+	}
+	// The slice bounds each sleep for a vconn that failed on the agent:
+	// it stops draining the ring and rings no bell.
+	stop := func() (time.Duration, error) {
 		switch {
 		case c.isClosed():
-			return net.ErrClosed
+			return 0, net.ErrClosed
 		case !c.s.alive():
-			return c.s.failure()
+			return 0, c.s.failure()
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return 0, ctx.Err()
 		case dc != nil && closedChan(dc):
-			return os.ErrDeadlineExceeded
+			return 0, os.ErrDeadlineExceeded
+		}
+		return slice(ctx, dc), c.Err()
+	}
+	for {
+		err := x.tx.PushWait(data, imm, flags, stop)
+		switch {
+		case errors.Is(err, shm.ErrShut):
+			time.Sleep(shmWaitSlice) // shut down: stop ends it
+		case errors.Is(err, shm.ErrTooLarge):
+			return &Error{Code: CodeTooLarge, Message: err.Error()}
+		case errors.Is(err, shm.ErrCorrupt):
+			return &Error{Code: CodeAgentGone, Message: err.Error()}
+		default:
+			return err
 		}
 	}
 }

@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"context"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine"
+)
+
+// source is where a vconn's outgoing messages come from in the agent, as
+// carrier is where its received ones go: the session's queue of
+// operations (opSource), the shared-memory TX ring (shmTX) or a bridge's
+// stream socket (bridgeTX). Its methods are called by forward only, on
+// the vconn's sending goroutine.
+type source interface {
+	// next waits for the next message to send. Its bytes stay valid
+	// until sent returns. An error ends the loop (io.EOF: the pod's side
+	// stopped sending).
+	next() (outgoing, error)
+	// sent takes the engine's answer to the message next returned; false
+	// ends the loop.
+	sent(err error) bool
+	// end is told next's error.
+	end(err error)
+}
+
+// outgoing is one message of a source.
+type outgoing struct {
+	data   []byte
+	imm    uint32
+	hasImm bool
+}
+
+// forward is the agent's one send loop: it hands the messages of src to
+// the engine, in order, blocking while the vconn's queue is full (the
+// peer's reader holds its credits), until src ends or ctx does.
+func forward(ctx context.Context, vc *engine.VConn, src source) {
+	for {
+		m, err := src.next()
+		if err != nil {
+			src.end(err)
+			return
+		}
+		if m.hasImm {
+			err = vc.SendImm(ctx, m.data, m.imm)
+		} else {
+			err = vc.Send(ctx, m.data)
+		}
+		if !src.sent(err) {
+			return
+		}
+	}
+}
+
+var (
+	_ source = (*opSource)(nil)
+	_ source = shmTX{}
+	_ source = (*bridgeTX)(nil)
+)

@@ -1,0 +1,91 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+)
+
+// ErrShut is a wait's doorbell that shut down or whose other side closed
+// it: the segment is going, and what ends the caller's use of it (its
+// vconn's end) follows.
+var ErrShut = errors.New("shm: doorbell shut")
+
+// Stop is asked by PushWait and Next before each sleep: an error ends the
+// wait and is returned; otherwise it says how long the sleep may be
+// (negative: until the other side rings), so that what else ends a
+// caller's wait (a context, a deadline, a close) is seen within it.
+type Stop func() (time.Duration, error)
+
+// PushWait is Push that waits for room: the one way a producer, the
+// agent's or the pod's, waits on its ring. It polls for SpinFor, yielding,
+// then arms the ring, tries once more and sleeps on the doorbell until
+// the consumer releases a descriptor. An error of Push (ErrTooLarge,
+// ErrCorrupt) or of stop is returned, and one of the doorbell (shut
+// down, or the other side closed it) as ErrShut.
+func (p *Producer) PushWait(b []byte, imm, flags uint32, stop Stop) error {
+	var spin spinner
+	for {
+		ok, err := p.Push(b, imm, flags)
+		if ok || err != nil {
+			return err
+		}
+		d, err := stop()
+		if err != nil {
+			return err
+		}
+		if spin.more() {
+			continue
+		}
+		p.Arm()
+		if ok, err := p.Push(b, imm, flags); ok || err != nil {
+			return err
+		}
+		if _, err := p.Wait(d); err != nil {
+			return fmt.Errorf("%w: %w", ErrShut, err)
+		}
+	}
+}
+
+// Next is Peek that waits for a descriptor, as PushWait waits for room:
+// the one way a consumer waits on its ring. The payload aliases shared
+// memory until Release.
+func (c *Consumer) Next(stop Stop) (Desc, []byte, error) {
+	var spin spinner
+	for {
+		d, b, ok, err := c.Peek()
+		if ok || err != nil {
+			return d, b, err
+		}
+		t, err := stop()
+		if err != nil {
+			return Desc{}, nil, err
+		}
+		if spin.more() || c.Arm() {
+			continue
+		}
+		if _, err := c.Wait(t); err != nil {
+			return Desc{}, nil, fmt.Errorf("%w: %w", ErrShut, err)
+		}
+	}
+}
+
+// spinner is a wait's spin: SpinFor from the first look that found
+// nothing, yielding the processor between looks.
+type spinner struct {
+	start time.Time
+	d     time.Duration
+}
+
+// more reports whether the wait should look again before it sleeps.
+func (s *spinner) more() bool {
+	if s.start.IsZero() {
+		s.start, s.d = time.Now(), SpinFor()
+	}
+	if s.d == 0 || time.Since(s.start) >= s.d {
+		return false
+	}
+	runtime.Gosched()
+	return true
+}
