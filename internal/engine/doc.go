@@ -11,9 +11,11 @@
 // Per device, an Engine holds one PD, a registered buffer pool in size
 // classes, an SRQ shared by all its RC QPs, and pollers: goroutines that own
 // a CQ each, post the work the vconns queue (many WRs per doorbell), poll
-// completions and demultiplex them. A poller busy-polls while there is work
-// and sleeps on the CQ's completion channel when idle, so an idle engine
-// burns no CPU.
+// completions and demultiplex them. A poller runs rounds while there is
+// work and, when idle, parks on a channel that kicks and the CQ's
+// completion events fill (verbs.Notifier, or a relay of the completion
+// channel's descriptor), so an idle engine burns no CPU and wakes as fast
+// as a goroutine does.
 //
 // Per peer node, a Peer holds P RC QPs created on first use and shared by
 // every vconn to that peer (each side sends on the QPs it created, so the
