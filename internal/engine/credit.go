@@ -14,8 +14,15 @@ import (
 // (credit.Limit.Grant). Any poller that receives the peer's messages.
 func (vc *VConn) grant(c uint32) bool {
 	moved, ok := vc.limit.Grant(c, uint32(vc.e.cfg.MaxCredits))
-	if moved && !vc.ring.empty() {
-		vc.schedule()
+	if moved {
+		// Cleared before the ring is read, as the sender pushes before it
+		// reads the flag (scheduleData): one of the two schedules the data.
+		if vc.creditWait.Load() {
+			vc.creditWait.Store(false)
+		}
+		if !vc.ring.empty() {
+			vc.schedule()
+		}
 	}
 	return ok
 }

@@ -32,8 +32,8 @@ func (p *poller) repostRecv(slot bufSlot) {
 // took accounts for an entry taken from vc's ring. The poller, which
 // consumes the ring.
 func (p *poller) took(vc *VConn) {
-	if vc.uncounted > 0 {
-		vc.uncounted-- // taken off the backlog when vc stalled
+	if vc.uncounted.Load() > 0 {
+		vc.uncounted.Add(-1) // not in the backlog: see uncounted
 		return
 	}
 	p.sched.popped++

@@ -81,11 +81,11 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 		}
 		vc.push(newEntry(slot, uint32(wire.HeaderLen+len(part))))
 		if chunks > 1 {
-			vc.schedule()
+			vc.scheduleData()
 		}
 	}
 	vc.txSeq++
-	vc.schedule()
+	vc.scheduleData()
 	return true, nil
 }
 
@@ -93,6 +93,10 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 // and checked free.
 func (vc *VConn) push(ent ringEntry) {
 	vc.ring.push(&vc.ents, ent)
+	if vc.creditWait.Load() {
+		vc.uncounted.Add(1) // it waits for the peer's reader, not for the QP
+		return
+	}
 	vc.sq.backlog.Add(1)
 }
 
@@ -127,7 +131,7 @@ func (vc *VConn) waitRing(ctx context.Context, block bool) error {
 		if spin < ringSpins {
 			// The poller is draining the ring, or about to: yielding a
 			// few times costs less than parking and being woken.
-			vc.schedule()
+			vc.scheduleData()
 			runtime.Gosched()
 			continue
 		}
@@ -135,7 +139,7 @@ func (vc *VConn) waitRing(ctx context.Context, block bool) error {
 			vc.txWake = make(chan struct{}, 1)
 		}
 		vc.txWaiting.Store(true)
-		vc.schedule()
+		vc.scheduleData()
 		if vc.ring.free() > 0 {
 			break
 		}
@@ -170,6 +174,16 @@ func (vc *VConn) wakeSender() {
 		case vc.txWake <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// scheduleData schedules the vconn for the data its sender queued, unless
+// it waits for the peer's credits: then the grant schedules it (grant),
+// and a wake-up would only find the poller stalled again. The sender's
+// goroutine, after its push.
+func (vc *VConn) scheduleData() {
+	if !vc.creditWait.Load() {
+		vc.schedule()
 	}
 }
 

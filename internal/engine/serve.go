@@ -26,8 +26,18 @@ func (p *poller) serve(vc *VConn) {
 	if vc.tr == Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
 		p.freeAcked(vc, vc.reliability()) // another poller received them
 	}
+	// A stall's flag that its grant raced is cleared here, at the serve
+	// that grant scheduled (or at any other).
+	if vc.creditWait.Load() {
+		vc.creditWait.Store(false)
+	}
 	stalled := p.drain(vc, remote)
-	vc.wakeSender()
+	if vc.ring.free() > 0 {
+		// A sender woken without room would only schedule the vconn
+		// again, to find it stalled again: on a stream waiting for
+		// credits that ping-pong made 24 wake-ups a message.
+		vc.wakeSender()
+	}
 	p.serveControl(vc, remote, st, stalled)
 }
 
@@ -123,11 +133,24 @@ func (p *poller) route(vc *VConn, b wire.Raw, n uint32) (dq *sendQP, auto, credi
 
 // creditStall takes what waits for the peer's reader off the QP's
 // backlog, or one slow reader would throttle every sender on the QP.
+//
+// It also sets creditWait, so that the sender's next pushes neither wake
+// the poller nor count in the backlog, under sendMu, so that no push falls
+// between the flag and the count; unless a sender holds sendMu, as one
+// parked for room in the ring does (it pushes nothing meanwhile): then
+// each push wakes the poller, as before the flag.
 func (p *poller) creditStall(vc *VConn) {
 	p.e.stats.creditStalls.Add(1)
-	if k := int32(vc.ring.len()) - vc.uncounted; k > 0 {
-		vc.uncounted += k
+	locked := vc.sendMu.TryLock()
+	if locked {
+		vc.creditWait.Store(true)
+	}
+	if k := int32(vc.ring.len()) - vc.uncounted.Load(); k > 0 {
+		vc.uncounted.Add(k)
 		p.sched.popped += k
+	}
+	if locked {
+		vc.sendMu.Unlock()
 	}
 }
 

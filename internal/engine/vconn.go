@@ -74,7 +74,10 @@ type VConn struct {
 	creditDue atomic.Bool   // a credit grant should go out
 	ackDue    atomic.Bool   // an Auto acknowledgement should go out
 	txWaiting atomic.Bool
-	uncounted int32 // poller-owned: ring entries taken off the QP's backlog while credits ran out
+	// uncounted is how many ring entries are not in the QP's backlog:
+	// taken off it when the vconn stalled for credits (creditStall), or
+	// pushed while it waited for them (creditWait).
+	uncounted atomic.Int32
 	// taken counts the peer's messages that took a receive credit
 	// (takeCredit); taken-consumed of them are held here.
 	taken credit.Taken
@@ -82,12 +85,19 @@ type VConn struct {
 	ents ringEntries
 
 	// Cold.
-	txWake     chan struct{}              // created by the producer before it sets txWaiting
-	rel        atomic.Pointer[rel]        // Auto's reliability state, created on first use
-	rstDue     atomic.Bool                // Abort asked for a RST
-	finDue     atomic.Bool                // Close or CloseWrite asked for a FIN after the queued data
-	finSent    atomic.Bool                // the FIN's send completed
-	wrClosed   atomic.Bool                // CloseWrite: no more sends (set under sendMu)
+	txWake   chan struct{}       // created by the producer before it sets txWaiting
+	rel      atomic.Pointer[rel] // Auto's reliability state, created on first use
+	rstDue   atomic.Bool         // Abort asked for a RST
+	finDue   atomic.Bool         // Close or CloseWrite asked for a FIN after the queued data
+	finSent  atomic.Bool         // the FIN's send completed
+	wrClosed atomic.Bool         // CloseWrite: no more sends (set under sendMu)
+	// creditWait: the poller found no credit for the queued data; the
+	// sender's pushes then leave the poller asleep and out of the QP's
+	// backlog, and the peer's grant schedules the vconn (scheduleData).
+	// Set under sendMu, cleared by the grant and by the next serve. On
+	// the line of wrClosed and finDue, which the sender and the poller
+	// read anyway.
+	creditWait atomic.Bool
 	closeTimer atomic.Pointer[time.Timer] // releases a closing vconn whose peer never answers
 	prev       *VConn                     // peer list; guarded by peer.mu
 	next       *VConn
@@ -105,7 +115,7 @@ type VConn struct {
 	nackDue atomic.Bool   // an Auto gap report should go out (see reportGap)
 	ackRecv atomic.Bool   // another poller received acknowledgements for the send side (see onAck)
 
-	_ [12]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
+	_ [4]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
 }
 
 // NewVConn allocates a vconn to peer on one of its shared QPs (connecting
