@@ -10,8 +10,9 @@
 # e6-ladder.svg (p50 and p99 round trip per path, quiet and busy).
 # ROUNDS (default 7) and SCALE (a round's work, default 1) shape each run;
 # QUICK=1 (as hack/bench.sh takes it) means ROUNDS=2 SCALE=0.2, a trial of
-# the script, not a measurement. A full run took about 4 minutes on the
-# loaded 2-CPU machine (quiet about 1.5, busy 2.5).
+# the script, not a measurement. A full run took 5 minutes on the 2-CPU
+# machine, with other work on it (load average 8 to 14): quiet 1m44s, busy
+# 2m59s, the rest building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
