@@ -51,6 +51,7 @@ for run in $(seq 1 "$runs"); do
   # amount of work, so -benchtime counts rounds here).
   go test -run '^$' -bench '^BenchmarkE4Paired$' -benchtime 7x -count 1 ./pkg/vconn/ | tee -a "$out/e4.txt" >&2
 done
+if [ -z "${SUMMARY_ONLY:-}" ]; then hack/bench-e6.sh >/dev/null; fi # E6, the ladder: its own rounds, quiet then busy (e6.txt, e6.md, e6-ladder.svg)
 cat "$out"/runs/engine-*.jsonl >"$out/engine.jsonl"
 
 echo "== figures" >&2
@@ -83,6 +84,7 @@ awk_med='
   fi
   echo
   echo "Figures (SVG, drawn by hack/cmd/benchplot from the same lines): e1-msgs.svg, e1-cpu.svg, e2-bytes.svg, e5-size.svg, e5-loss.svg, e4-rtt.svg, e4-rate.svg."
+  echo "E6, the ladder (every way a program reaches a vconn, and TCP, quiet and busy; hack/bench-e6.sh): e6.md, e6-ladder.svg, raw e6.txt."
   echo
   echo "## Verbs: RC SEND over the soft provider (UDP loopback) vs TCP loopback"
   echo

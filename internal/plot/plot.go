@@ -53,6 +53,10 @@ type Bars struct {
 	Groups        []string
 	Series        []Series // Y[i] is the bar of Groups[i]; X unused
 	Notes         []string
+
+	// LogY draws the Y axis on a logarithmic scale, the bars rising from
+	// its bottom.
+	LogY bool
 }
 
 const (
@@ -256,18 +260,21 @@ func (c Chart) SVG(w io.Writer) error {
 
 // SVG writes the bar chart.
 func (b Bars) SVG(w io.Writer) error {
-	yhi := math.Inf(-1)
+	ylo, yhi := math.Inf(1), math.Inf(-1)
 	for _, sr := range b.Series {
 		for _, y := range sr.Y {
-			if usable(y, false) {
-				yhi = max(yhi, y)
+			if usable(y, b.LogY) {
+				ylo, yhi = min(ylo, y), max(yhi, y)
 			}
 		}
 	}
 	if math.IsInf(yhi, 0) || len(b.Groups) == 0 {
 		return fmt.Errorf("%w: %s", ErrNoData, b.Title)
 	}
-	ys := newScale(0, yhi, false, true, height-bottom, top)
+	if !b.LogY {
+		ylo = 0
+	}
+	ys := newScale(ylo, yhi, b.LogY, true, height-bottom, top)
 	var s svg
 	s.head(b.Title, b.Notes)
 	groupW := float64(width-left-right) / float64(len(b.Groups))
@@ -285,12 +292,16 @@ func (b Bars) SVG(w io.Writer) error {
 		names[k], colors[k] = sr.Name, sr.color(k)
 		for i := range min(len(sr.Y), len(b.Groups)) {
 			y := sr.Y[i]
-			if !usable(y, false) {
+			if !usable(y, b.LogY) {
 				continue
 			}
 			x := float64(left) + groupW*float64(i) + groupW*0.15 + barW*float64(k)
 			top := ys.px(y)
-			s.f("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x, top, barW, ys.px(0)-top, html.EscapeString(colors[k]))
+			s.f("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x, top, barW, float64(height-bottom)-top, html.EscapeString(colors[k]))
+			if barW < 20 { // too narrow for its value written across: upwards
+				s.text(x+barW/2+3.5, top-3, "start", fmt.Sprintf(" font-size=\"10\" transform=\"rotate(-90 %.1f %.1f)\"", x+barW/2+3.5, top-3), Label(y))
+				continue
+			}
 			s.text(x+barW/2, top-4, "middle", " font-size=\"11\"", Label(y))
 		}
 	}

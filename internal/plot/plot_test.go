@@ -90,3 +90,25 @@ func TestLabel(t *testing.T) {
 		}
 	}
 }
+
+func TestBarsLog(t *testing.T) {
+	bs := Bars{Title: "E6", YLabel: "µs", LogY: true, Groups: []string{"engine", "shm", "socket", "libvconn", "preload", "python", "tcp", "tcp-c"},
+		Series: []Series{{Name: "p50", Y: []float64{30, 60, 70, 90, 100, 250, 15, 0}}, {Name: "p99", Y: []float64{90, 200, 300, 400, 500, 2000, 40, 50}},
+			{Name: "p50 busy", Y: []float64{40, 80, 90, 120, 130, 400, 20, 20}}, {Name: "p99 busy", Y: []float64{900, 2e3, 3e3, 4e3, 5e3, 2e4, 400, 500}}}}
+	var b bytes.Buffer
+	if err := bs.SVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	wellFormed(t, b.Bytes())
+	s := b.String()
+	// 31 bars (a zero has no place on a log axis), the background and the frame.
+	if n := strings.Count(s, "<rect "); n != 33 {
+		t.Errorf("%d rects, want 33", n)
+	}
+	// Ticks at the powers of ten from 10 to 100k; narrow bars' values written upwards.
+	for _, want := range []string{">10<", ">100k<", ">20k<", "rotate(-90"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("SVG lacks %q", want)
+		}
+	}
+}
