@@ -285,32 +285,56 @@ func (h *harness) iperf3(t *testing.T) {
 			dir, args = "server to client", append(args, "-R")
 		}
 		h.paired("iperf3", []string{"throughput, " + dir}, "Mbit/s", func() []float64 {
-			return []float64{iperfRate(t, h.run(h.env(h.client, fmt.Sprintf("%s:%d", h.ip, vport), ""), nil, "iperf3", append(args, "-p", strconv.Itoa(vport))...)) / 1e6}
+			return []float64{h.iperfClient(h.env(h.client, fmt.Sprintf("%s:%d", h.ip, vport), ""), append(args, "-p", strconv.Itoa(vport))) / 1e6}
 		}, func() []float64 {
-			return []float64{iperfRate(t, h.run(os.Environ(), nil, "iperf3", append(args, "-p", strconv.Itoa(tport))...)) / 1e6}
+			return []float64{h.iperfClient(os.Environ(), append(args, "-p", strconv.Itoa(tport))) / 1e6}
 		})
 	}
 }
 
-// iperfRate is what the receiver measured (bits/s), from iperf3 -J.
-func iperfRate(t *testing.T, out []byte) float64 {
-	t.Helper()
-	var r struct {
-		End struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-				Bytes         int64   `json:"bytes"`
-			} `json:"sum_received"`
-		} `json:"end"`
-		Error string `json:"error"`
+// iperfClient runs an iperf3 client and gives the rate the receiver
+// measured. The iperf3 server closes its listening socket at the end of a
+// test and opens a new one for the next (its "Server listening on PORT
+// (test #N)"), so a client that comes right after another (a round's last
+// run, then the next round's first on the same path) may find nothing
+// listening, more so through the preload library, whose listen asks the
+// agent, on a busy machine: it tries again for a few seconds.
+func (h *harness) iperfClient(env, args []string) float64 {
+	h.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		cmd := exec.CommandContext(ctx, "iperf3", args...)
+		cmd.Env = env
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		cancel()
+		var r iperfReport
+		perr := json.Unmarshal(out, &r)
+		if perr == nil && strings.Contains(r.Error, "unable to connect") && time.Now().Before(deadline) {
+			h.t.Logf("iperf3 %s: %s: again", strings.Join(args, " "), r.Error)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if perr != nil {
+			h.t.Fatalf("iperf3 %s: %v, -J: %v\n%s%s", strings.Join(args, " "), err, perr, out, stderr.Bytes())
+		}
+		if err != nil || r.Error != "" || r.End.SumReceived.Bytes == 0 {
+			h.t.Fatalf("iperf3 %s: %v: error %q, %d bytes received\n%s", strings.Join(args, " "), err, r.Error, r.End.SumReceived.Bytes, stderr.Bytes())
+		}
+		return r.End.SumReceived.BitsPerSecond
 	}
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("iperf3 -J: %v\n%s", err, out)
-	}
-	if r.Error != "" || r.End.SumReceived.Bytes == 0 {
-		t.Fatalf("iperf3: error %q, %d bytes received", r.Error, r.End.SumReceived.Bytes)
-	}
-	return r.End.SumReceived.BitsPerSecond
+}
+
+// iperfReport is what iperf3 -J reports: the receiver's count.
+type iperfReport struct {
+	End struct {
+		SumReceived struct {
+			BitsPerSecond float64 `json:"bits_per_second"`
+			Bytes         int64   `json:"bytes"`
+		} `json:"sum_received"`
+	} `json:"end"`
+	Error string `json:"error"`
 }
 
 func (h *harness) redis(t *testing.T) {
