@@ -13,8 +13,8 @@
 # runs of each program per path; MODES (default "quiet busy"); QUICK=1
 # one round of each, 0.5s for gRPC: a trial of the script, not a
 # measurement. Needs iperf3, redis and curl (hack/deps.sh test).
-# A full run took about NN minutes on this 2-CPU machine (the last line of
-# the file says how long a run took).
+# A full run took 7.5 minutes on this shared 2-CPU machine (gRPC about 2 and
+# the programs 1.2 to 2 per mode; the last line of the file says how long).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grpc_rounds=${GRPC_ROUNDS:-5}
