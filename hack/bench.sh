@@ -52,6 +52,7 @@ for run in $(seq 1 "$runs"); do
   go test -run '^$' -bench '^BenchmarkE4Paired$' -benchtime 7x -count 1 ./pkg/vconn/ | tee -a "$out/e4.txt" >&2
 done
 if [ -z "${SUMMARY_ONLY:-}" ]; then hack/bench-e6.sh >/dev/null; fi # E6, the ladder: its own rounds, quiet then busy (e6.txt, e6.md, e6-ladder.svg)
+if [ -z "${SUMMARY_ONLY:-}" ]; then hack/bench-e6-programs.sh >&2; fi # E6: gRPC, iperf3, redis, curl over vconns vs TCP, quiet and busy (bench/results/e6-programs.md)
 cat "$out"/runs/engine-*.jsonl >"$out/engine.jsonl"
 
 echo "== figures" >&2
