@@ -7,7 +7,8 @@
 # measurement quiet, then busy (two CPU-bound processes beside it, which the
 # test starts and kills), and writes bench/results/: e6.txt (every round's
 # figures, both runs), e6.md (a table per mode, medians over rounds) and
-# e6-ladder.svg (p50 and p99 round trip per path, quiet and busy).
+# e6-ladder.svg (p50 and p99 round trip per path, quiet and busy); and
+# idle.md, the CPU two idle agents holding 1,000 open vconns each use.
 # ROUNDS (default 7) and SCALE (a round's work, default 1) shape each run;
 # QUICK=1 (as hack/bench.sh takes it) means ROUNDS=2 SCALE=0.2, a trial of
 # the script, not a measurement. A full run took 5 minutes on the 2-CPU
@@ -32,5 +33,9 @@ for mode in quiet busy; do
     RDMAVISOR_E6_ROUNDS=$rounds RDMAVISOR_E6_SCALE=$scale \
     "$bin/ladder.test" -test.run '^TestE6$' -test.v -test.timeout 60m) >&2
 done
+# Beside the ladder: what two idle agents holding 1,000 open vconns each
+# burn (TestIdleCPU), into idle.md.
+(cd test/ladder && RDMAVISOR_IDLE_REPORT="$root/$out/idle.md" \
+  "$bin/ladder.test" -test.run '^TestIdleCPU$' -test.v) >&2
 go run ./hack/cmd/e6report -in "$out/e6.txt" -md "$out/e6.md" -svg "$out/e6-ladder.svg" >&2
 cat "$out/e6.md"
