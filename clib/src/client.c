@@ -87,6 +87,7 @@ struct vconn {
 	char errmsg[256];
 	int consumed, outstanding;
 	int efd, efd_set;
+	int watched; /* vconn_fd was asked: efd follows readiness (v_ready) */
 	int nonblock, rto, wto;
 	struct vc_shm *shm;
 	pthread_mutex_t txmu, rxmu; /* the rings' single producer and consumer */
@@ -157,9 +158,13 @@ static void efd_set(int fd, int *set, int ready)
 }
 
 /* v_ready keeps v's descriptor readable exactly while a read would not
- * block (socket vconns; mu held). */
+ * block (socket vconns; mu held). A socket vconn whose descriptor nobody
+ * asked for (vconn_fd) skips it: the eventfd's write and read were two
+ * system calls a message. A shared-memory vconn's own waits poll it. */
 static void v_ready(vconn *v)
 {
+	if (!v->watched && !v->shm)
+		return;
 	efd_set(v->efd, &v->efd_set, v->qhead || v->cur || v->eof || v->err || v->closed);
 }
 
@@ -775,6 +780,7 @@ static int start(vconn *v)
 			}
 			pthread_mutex_lock(&c->mu);
 			v->shm = s;
+			v_ready(v); /* its waits poll efd from now on */
 			pthread_mutex_unlock(&c->mu);
 			return 0;
 		}
@@ -1436,7 +1442,18 @@ int vconn_set_nonblock(vconn *v, int on)
 	return 0;
 }
 
-int vconn_fd(vconn *v) { return v->shm ? v->shm->rxbell : v->efd; }
+int vconn_fd(vconn *v)
+{
+	if (v->shm)
+		return v->shm->rxbell;
+	pthread_mutex_lock(&v->c->mu);
+	if (!v->watched) {
+		v->watched = 1;
+		v_ready(v); /* readable now if a read would not block */
+	}
+	pthread_mutex_unlock(&v->c->mu);
+	return v->efd;
+}
 int vconn_max_message(vconn *v) { return (int)v->max_msg; }
 int vconn_transport(vconn *v) { return v->transport; }
 int vconn_is_shm(vconn *v) { return v->shm != NULL; }
