@@ -178,6 +178,12 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 	if l == nil {
 		return nil, status.Errorf(codes.NotFound, "nothing listens on port %d of %s", req.Port, placeOf(req.GetIp(), a.cfg.NodeName))
 	}
+	if l.bridged && !eng.Config().Transport.Reliable() {
+		// Listen refuses a bridged listener where its allocation's
+		// vconns are unreliable (bridgeable); this guards an engine of
+		// another rail. Refused here, nothing reaches the listener.
+		return nil, status.Errorf(codes.InvalidArgument, "listener on port %d is bridged, and this node's vconns are %v, which cannot carry a stream", req.Port, eng.Config().Transport)
+	}
 	if !l.sess.al.take() {
 		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: allocation %s has all its %d vconns in use", req.Port, l.sess.al.id, l.sess.al.quota)
 	}

@@ -33,6 +33,12 @@ func (s *session) listen(f frame.Frame) {
 		_ = s.reply(f.Req, 0, frame.CodeBadRequest, fmt.Sprintf("listen: port %d: want 1..65535", f.Arg))
 		return
 	}
+	if f.Flags&frame.FlagBridge != 0 {
+		if err := s.bridgeable(); err != nil {
+			_ = s.replyErr(f.Req, 0, fmt.Errorf("listen on port %d: %w", f.Arg, err))
+			return
+		}
+	}
 	scope, ips, err := s.al.scope(s.ctx)
 	if err != nil {
 		_ = s.replyErr(f.Req, 0, fmt.Errorf("listen on port %d: %w", f.Arg, err))
@@ -64,6 +70,21 @@ func (s *session) listen(f frame.Frame) {
 	s.listeners[l.id] = l
 	s.mu.Unlock()
 	_ = s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: l.id, Payload: []byte(boundAddr(a.cfg.NodeName, ips, f.Arg))})
+}
+
+// bridgeable says whether the allocation's vconns can be bridged: a byte
+// stream cannot ride a transport that may lose messages (uc, ud), and a
+// vconn takes its engine's transport. A bridged Dial or Listen is refused
+// so (errUnreliable: CodeBadRequest) before anything reaches a listener.
+func (s *session) bridgeable() error {
+	eng, err := s.al.a.engineOf(s.al.rail)
+	if err != nil {
+		return err
+	}
+	if tr := eng.Config().Transport; !tr.Reliable() {
+		return fmt.Errorf("bridge: this node's vconns are %v, which cannot carry a stream (rc or auto can): %w", tr, errUnreliable)
+	}
+	return nil
 }
 
 // boundAddr is a listener's address as its application sees it: the
@@ -105,6 +126,14 @@ func (s *session) dial(req uint32, addr string, bridged bool) {
 	if err != nil {
 		_ = s.reply(req, 0, frame.CodeBadRequest, fmt.Sprintf("dial: %v", err))
 		return
+	}
+	if bridged {
+		// Refused before anything is dialled: no listener hears of a
+		// vconn that could not be handed over.
+		if err := s.bridgeable(); err != nil {
+			_ = s.replyErr(req, 0, fmt.Errorf("dial %s: %w", addr, err))
+			return
+		}
 	}
 	_, from, err := s.al.scope(s.ctx)
 	if err != nil {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -63,6 +64,11 @@ func (s *opSource) end(error) {} // the vconn ended: refuseQueued answers the re
 // its error: a client that sends again on reading the answer finds the
 // place free.
 func (h *vconnHandle) answer(o op, r frame.Frame, err error) {
+	if err != nil && errors.Is(err, context.Canceled) && h.ctx.Err() != nil {
+		// Closed under it (Close, the session's end): the operation
+		// was not done, as those still queued (refuseQueued).
+		err = h.ended()
+	}
 	h.doneOp(o)
 	if err != nil {
 		_ = h.s.replyErr(o.f.Req, h.id, err)
@@ -77,8 +83,16 @@ func (h *vconnHandle) do(f frame.Frame) (frame.Frame, error) {
 	s, vc := h.s, h.vc
 	switch f.Op {
 	case frame.OpExport:
-		if f.Arg2 == 0 || f.Arg2 > uint64(s.al.a.cfg.MaxMessageBytes) {
-			return frame.Frame{}, fmt.Errorf("export %d bytes: %w: want 1..%d", f.Arg2, verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
+		// The whole of arg is the access: bits the protocol does not
+		// define are refused, not dropped (a later version may use them).
+		if f.Arg == 0 || f.Arg&^uint32(engine.AccessRead|engine.AccessWrite) != 0 {
+			return frame.Frame{}, fmt.Errorf("export with access %#x: %w: want 1 (read), 2 (write) or 3", f.Arg, verbs.ErrInvalid)
+		}
+		if f.Arg2 == 0 {
+			return frame.Frame{}, fmt.Errorf("export of 0 bytes: %w: want 1..%d", verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
+		}
+		if f.Arg2 > uint64(s.al.a.cfg.MaxMessageBytes) {
+			return frame.Frame{}, fmt.Errorf("export %d bytes: %w: at most %d (the agent's maxMessageBytes)", f.Arg2, engine.ErrTooLarge, s.al.a.cfg.MaxMessageBytes)
 		}
 		size := int64(f.Arg2)
 		if err := s.al.claimRegion(size); err != nil {
@@ -110,6 +124,13 @@ func (h *vconnHandle) do(f frame.Frame) (frame.Frame, error) {
 		}
 		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 	case frame.OpLocalRead, frame.OpLocalWrite:
+		var l uint32
+		if f.Op == frame.OpLocalRead {
+			var err error
+			if l, err = lengthOf(f); err != nil {
+				return frame.Frame{}, err
+			}
+		}
 		r := h.regions[f.Arg]
 		if r == nil {
 			return frame.Frame{}, fmt.Errorf("%v region %d: %w", f.Op, f.Arg, engine.ErrNoRegion)
@@ -125,10 +146,6 @@ func (h *vconnHandle) do(f frame.Frame) (frame.Frame, error) {
 			}
 			return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 		}
-		l, err := frame.DecodeLength(f.Payload)
-		if err != nil {
-			return frame.Frame{}, fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
-		}
 		if uint64(l) > uint64(r.Len())-f.Arg2 {
 			return frame.Frame{}, fmt.Errorf("%v: %d bytes at %d outside region %d of %d: %w", f.Op, l, f.Arg2, f.Arg, r.Len(), engine.ErrRegionAccess)
 		}
@@ -143,9 +160,9 @@ func (h *vconnHandle) do(f frame.Frame) (frame.Frame, error) {
 		}
 		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 	case frame.OpRead:
-		l, err := frame.DecodeLength(f.Payload)
+		l, err := lengthOf(f)
 		if err != nil {
-			return frame.Frame{}, fmt.Errorf("%w: %w", verbs.ErrInvalid, err)
+			return frame.Frame{}, err
 		}
 		buf := make([]byte, l)
 		if err := vc.Read(h.ctx, f.Arg, f.Arg2, buf); err != nil {
@@ -154,6 +171,20 @@ func (h *vconnHandle) do(f frame.Frame) (frame.Frame, error) {
 		return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: buf}, nil
 	}
 	return frame.Frame{}, fmt.Errorf("%v: %w", f.Op, verbs.ErrInvalid)
+}
+
+// lengthOf reads the u32 length payload of LocalRead and Read: one of
+// more than MaxPayload bytes is too large (CodeTooLarge), a payload that
+// is no u32 a bad request.
+func lengthOf(f frame.Frame) (uint32, error) {
+	l, err := frame.DecodeLength(f.Payload)
+	switch {
+	case errors.Is(err, frame.ErrTooBig):
+		return 0, fmt.Errorf("%v: %w: %w", f.Op, engine.ErrTooLarge, err)
+	case err != nil:
+		return 0, fmt.Errorf("%v: %w: %w", f.Op, verbs.ErrInvalid, err)
+	}
+	return l, nil
 }
 
 // dropRegions withdraws the vconn's regions; each is given back to the

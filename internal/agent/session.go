@@ -89,6 +89,11 @@ func (s *session) run() {
 	}
 }
 
+// isRequest: op is one a client sends (docs/protocol.md §2's table).
+func isRequest(op frame.Op) bool {
+	return op >= frame.OpHello && op <= frame.OpRead || op == frame.OpShm
+}
+
 func reqOf(b []byte) uint32 {
 	if len(b) < 8 {
 		return 0
@@ -100,6 +105,21 @@ func reqOf(b []byte) uint32 {
 func (s *session) dispatch(f frame.Frame) bool {
 	if !s.hello && f.Op != frame.OpHello {
 		_ = s.reply(f.Req, 0, frame.CodeBadRequest, "the first frame must be hello")
+		return false
+	}
+	// An Error with req 0 and handle 0 is the session's last frame
+	// (docs/protocol.md §3, R8.5, R8.6): the agent sends one only as it
+	// hangs up.
+	// So a request whose answer would be one ends the session: a request
+	// other than Grant with req 0 (its answer could not be told from a
+	// push), and a Grant on handle 0 (its failure is pushed on the handle
+	// it names, and no vconn has handle 0).
+	switch {
+	case f.Op == frame.OpGrant && f.Handle == 0:
+		_ = s.reply(0, 0, frame.CodeBadRequest, "grant on handle 0: no vconn has handle 0")
+		return false
+	case f.Req == 0 && isRequest(f.Op) && f.Op != frame.OpGrant:
+		_ = s.reply(0, 0, frame.CodeBadRequest, fmt.Sprintf("%v with req 0: a request's req must be nonzero (0 marks the agent's pushes)", f.Op))
 		return false
 	}
 	switch f.Op {
@@ -131,7 +151,11 @@ func (s *session) dispatch(f frame.Frame) bool {
 	case frame.OpGrant:
 		h := s.lookup(f.Handle)
 		if h == nil {
-			return s.reply(f.Req, f.Handle, frame.CodeNoHandle, "grant: no such vconn") == nil
+			// Grant has no reply, and its req is not read: its failure
+			// is a push on the handle it named (docs/protocol.md
+			// R8.9), which a client
+			// that closed that vconn ignores.
+			return s.reply(0, f.Handle, frame.CodeNoHandle, fmt.Sprintf("grant: no vconn %d in this session", f.Handle)) == nil
 		}
 		if s.shmOf(h.id) == nil { // a shared-memory vconn has no window
 			h.grant(int(f.Arg))

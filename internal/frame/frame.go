@@ -17,7 +17,9 @@
 //	28     len  payload  at most MaxPayload bytes
 //
 // Requests (client to agent; each answered by OK or Error with its req,
-// except Grant, answered only when it fails):
+// except Grant, sent with req 0 and never answered: its failure is an
+// Error push on the handle it named). A request other than Grant with
+// req 0, and a Grant on handle 0, end the session (docs/protocol.md §8):
 //
 //	op         handle    arg       arg2  payload            OK reply
 //	Hello      -         version   -     -                  arg version, payload HelloInfo
@@ -157,7 +159,7 @@ const (
 	CodeClosed       Code = 7  // the vconn is closed
 	CodeReset        Code = 8  // the peer aborted the vconn
 	CodePeerGone     Code = 9  // the peer node is gone
-	CodeTooLarge     Code = 10 // message larger than the maximum
+	CodeTooLarge     Code = 10 // a message, region or read larger than its maximum
 	CodeInternal     Code = 11 // the agent failed
 	CodeAddrInUse    Code = 12 // the port already has a listener
 	CodeRegion       Code = 13 // region missing, out of bounds or not allowed
