@@ -387,6 +387,12 @@ func (s *session) read() {
 }
 
 func (s *session) dispatch(f frame.Frame) {
+	if f.Op == frame.OpError && f.Req == 0 && f.Handle == 0 {
+		// The agent's last frame (docs/protocol.md §3, §8): it ends
+		// the session, whether or not its close has come yet.
+		s.shutdown(&Error{Code: CodeAgentGone, Message: fmt.Sprintf("the agent ended the session: %v: %s", frame.Code(f.Arg), f.Payload)})
+		return
+	}
 	if f.Req != 0 && (f.Op == frame.OpOK || f.Op == frame.OpError) {
 		s.mu.Lock()
 		cb := s.pending[f.Req]

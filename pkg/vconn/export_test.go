@@ -33,5 +33,9 @@ func (c *Conn) PushRaw(b []byte, imm, flags uint32) (bool, error) {
 	return c.shm.tx.Push(b, imm, flags)
 }
 
+// WriteFrame writes f as it is on the session of c: for tests that make
+// the agent answer what no method of the package sends.
+func (c *Conn) WriteFrame(f frame.Frame) error { return c.s.write(&f) }
+
 // SplitAddr is splitAddr, for the fuzz target.
 func SplitAddr(addr string) (string, uint16, error) { return splitAddr(addr) }
