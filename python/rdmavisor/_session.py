@@ -36,7 +36,9 @@ class Call(Waitable):
 
 # The codes of the errors the agent sends right before it closes a session
 # (a malformed frame, a version it does not speak, too many sessions): the
-# end of the connection is reported with them.
+# end of the connection is reported with them when they answer a request
+# nobody waits for. An Error with req 0 and handle 0 ends the session
+# itself (docs/protocol.md §3, §8).
 _HANGUP_CODES = (1, 2, 16)
 
 
@@ -179,6 +181,11 @@ class Session:
                 return
 
     def _dispatch(self, f):
+        if f.op == fr.OP_ERROR and f.req == 0 and f.handle == 0:
+            # The agent's last frame: the session is over, whether or not
+            # its close has come yet.
+            self.shutdown(AgentGoneError(f"the agent ended the session: {error_of(f)}"))
+            return
         if f.req != 0 and f.op in (fr.OP_OK, fr.OP_ERROR):
             with self._lock:
                 cb = self._pending.pop(f.req, None)
@@ -192,8 +199,6 @@ class Session:
                 c = self.conns.get(f.handle)
             if c is not None:
                 c._deliver(f)
-            elif f.op == fr.OP_ERROR and f.handle == 0 and f.arg in _HANGUP_CODES:
-                self._hangup = error_of(f)  # e.g. the answer to a malformed frame, req unknown
         elif f.op == fr.OP_ACCEPT:
             with self._lock:
                 ln = self.listeners.get(f.handle)
