@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/internal/shm"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
@@ -311,7 +312,8 @@ func TestCBadInput(t *testing.T) {
 	b := allocate(t, cl.Nodes[1], "bad-b", 4)
 	out := runC(t, "test_badinput", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT=7001")
 	for _, want := range []string{"short datagram: error 1", "version 2: error 1", "unknown op: error 1", "unknown flag: error 1",
-		"length mismatch: error 1", "dial before hello: error 1", "a reply sent as a request: error 1"} {
+		"length mismatch: error 1", "grant on handle 0: error 1", "dial with req 0: error 1",
+		"dial before hello: error 1", "a reply sent as a request: error 1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in the output", want)
 		}
@@ -346,6 +348,28 @@ func TestCBadInput(t *testing.T) {
 	got := make([]byte, 4)
 	if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping" {
 		t.Fatalf("echo after the bad clients: %q, %v", got, err)
+	}
+}
+
+// TestCProtocol runs test/test_protocol.c: the rules issue 35 clarified,
+// as libvconn meets them (bad arguments with their own codes, the client
+// kept; bridging refused on ud before any listener hears of it).
+func TestCProtocol(t *testing.T) {
+	cl := cluster(t)
+	ud, err := agenttest.Start(agenttest.Options{Transport: config.TransportUD})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ud.Close(); err != nil {
+			t.Errorf("close the ud cluster: %v", err)
+		}
+	})
+	out := runC(t, "test_protocol", "VCONN_SOCK_A="+allocate(t, cl.Nodes[0], "p-a", 4), "VCONN_SOCK_B="+allocate(t, cl.Nodes[1], "p-b", 4),
+		"VCONN_UD_SOCK_A="+allocate(t, ud.Nodes[0], "u-a", 4), "VCONN_UD_SOCK_B="+allocate(t, ud.Nodes[1], "u-b", 4),
+		"VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT=7005")
+	if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
+		t.Fatal("test_protocol did not finish")
 	}
 }
 
@@ -453,6 +477,11 @@ func TestCMalformedAgent(t *testing.T) {
 		{"dial code unknown", afterHello(func(r uint32) []byte {
 			return encode(t, frame.Frame{Op: frame.OpError, Req: r, Arg: 4000})
 		}), "dial=-121 "},
+		// An Error with req 0 and handle 0 ends the session at once, with
+		// the agent's reason, though the connection stays open.
+		{"session ended", afterHello(func(uint32) []byte {
+			return encode(t, frame.Frame{Op: frame.OpError, Arg: uint32(frame.CodeBadRequest), Payload: []byte("you lost track")})
+		}), "dial=-22 (bad request: the agent ended the session: you lost track)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := runC(t, "test_fakeagent", "VCONN_SOCK="+fakeAgent(t, tc.serve))

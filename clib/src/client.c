@@ -550,7 +550,13 @@ static void dispatch(vconn_client *c, const struct vconn_frame *f, int *fds, int
 		return;
 	case VC_OP_ERROR:
 		if (f->handle == 0) {
-			fail(c, vconn_code_errno(f->arg), "the agent failed the session");
+			/* req 0, handle 0: the agent's last frame (docs/protocol.md
+			 * §3, §8); the session ends here, with the agent's reason,
+			 * whether or not its close has come yet. */
+			char why[200];
+			snprintf(why, sizeof why, "the agent ended the session: %.*s", (int)(f->len < 160 ? f->len : 160),
+				 (const char *)f->payload);
+			fail(c, vconn_code_errno(f->arg), why);
 			return;
 		}
 		if ((v = find_vconn(c, f->handle)) && !v->err) {

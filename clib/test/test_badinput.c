@@ -69,6 +69,10 @@ int main(void)
 		{"unknown op", {1, 99, 0, 0, 0, 0, 0, 4}, 28, 4},
 		{"unknown flag", {1, 4, 0x80, 0, 0, 0, 0, 5}, 28, 5},
 		{"length mismatch", {1, 4, 0, 0, 0, 0, 0, 6, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 'x'}, 29, 6},
+		/* An Error with req 0 and handle 0 is the agent's last frame: a
+		 * request whose answer would be one ends the session. */
+		{"grant on handle 0", {1, 5, 0, 0, 0, 0, 0x10, 0x92, 0, 0, 0, 0, 0, 0, 0, 1}, 28, 0},
+		{"dial with req 0", {1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 'a', ':', '1'}, 31, 0},
 	};
 	for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
 		int fd = hello(sock);
