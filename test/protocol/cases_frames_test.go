@@ -134,11 +134,13 @@ var frameCases = []conformanceCase{
 	}},
 	{"R2.2", "the examples of §2, replayed", rc, false, replayExamples},
 	{"R2.3", "each frame-invalid example is answered BadRequest naming its check, and ends the session", rc, false, func(t *testing.T, e *env) {
-		sock := alloc(t, e.a, 2)
-		other := open(t, "other", sock)
 		raws, checks := invalidExamples(t)
 		words := map[string]string{"short": "shorter", "version": "version", "op": "op", "flags": "flags", "too-big": "larger", "length": "length"}
 		for i, raw := range raws {
+			// An allocation each: a session the agent closes takes a
+			// moment to leave the allocation's limits.sessions.
+			sock := alloc(t, e.a, 2)
+			other := open(t, "other", sock)
 			s := open(t, "A", sock)
 			s.sendRaw(raw)
 			var req uint32
@@ -149,7 +151,7 @@ var frameCases = []conformanceCase{
 			if w := words[checks[i]]; w == "" || !strings.Contains(string(m.Payload), w) {
 				t.Errorf("invalid example %d (%s): the reason %q does not name the check", i+1, checks[i], m.Payload)
 			}
+			other.alive() // other sessions are not affected
 		}
-		other.alive() // other sessions are not affected
 	}},
 }

@@ -77,6 +77,18 @@ func TestRulesHaveCases(t *testing.T) {
 			t.Errorf("rule %s of %s has no case", r, protocolDoc)
 		}
 	}
+	bySection := map[string][]string{}
+	var sections []string
+	for _, r := range rules {
+		sec, _, _ := strings.Cut(r, ".")
+		if bySection[sec] == nil {
+			sections = append(sections, sec)
+		}
+		bySection[sec] = append(bySection[sec], fmt.Sprintf("%s (%d)", r, covered[r]))
+	}
+	for _, sec := range sections {
+		t.Logf("§%s: %s", strings.TrimPrefix(sec, "R"), strings.Join(bySection[sec], ", "))
+	}
 	t.Logf("%d cases cover the %d rules of %s", len(cases), len(rules), protocolDoc)
 }
 
