@@ -108,12 +108,11 @@ func (s *session) dispatch(f frame.Frame) bool {
 		return false
 	}
 	// An Error with req 0 and handle 0 is the session's last frame
-	// (docs/protocol.md §3, R8.5, R8.6): the agent sends one only as it
-	// hangs up.
-	// So a request whose answer would be one ends the session: a request
-	// other than Grant with req 0 (its answer could not be told from a
-	// push), and a Grant on handle 0 (its failure is pushed on the handle
-	// it names, and no vconn has handle 0).
+	// (docs/protocol.md §3): the agent sends one only as it hangs up. So
+	// a request whose answer would be one ends the session (R8.5, R8.6):
+	// a request other than Grant with req 0 (its answer could not be told
+	// from a push), and a Grant on handle 0 (its failure is pushed on the
+	// handle it names, and no vconn has handle 0).
 	switch {
 	case f.Op == frame.OpGrant && f.Handle == 0:
 		_ = s.reply(0, 0, frame.CodeBadRequest, "grant on handle 0: no vconn has handle 0")
@@ -152,9 +151,8 @@ func (s *session) dispatch(f frame.Frame) bool {
 		h := s.lookup(f.Handle)
 		if h == nil {
 			// Grant has no reply, and its req is not read: its failure
-			// is a push on the handle it named (docs/protocol.md
-			// R8.9), which a client
-			// that closed that vconn ignores.
+			// is a push on the handle it named (docs/protocol.md R8.9),
+			// which a client that closed that vconn ignores.
 			return s.reply(0, f.Handle, frame.CodeNoHandle, fmt.Sprintf("grant: no vconn %d in this session", f.Handle)) == nil
 		}
 		if s.shmOf(h.id) == nil { // a shared-memory vconn has no window
