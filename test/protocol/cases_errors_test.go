@@ -255,6 +255,12 @@ var errorCases = []conformanceCase{
 			w.p.B.data(w.p.hb)
 		}
 		w.p.B.expectQuiet(time.Second) // and no more: the refused were not run
+		for range w.pending {
+			if m := w.p.A.recv(); m.Op != frame.OpOK || m.Handle != w.p.ha {
+				t.Fatalf("got %v, want the OKs of the sends that waited", m)
+			}
+		}
+		w.p.A.alive()
 	}},
 	{"R8.23", "an operation past limits.queuedBytes: Limit, and every later one with a payload on that vconn", queued, false, func(t *testing.T, e *env) {
 		p := newPair(t, e) // node-a's allocations have the least queued bytes; B never grants
@@ -389,6 +395,7 @@ var errorCases = []conformanceCase{
 			}
 		}
 		a.expectQuiet(300 * time.Millisecond)
+		a.alive()
 	}},
 	{"R8.33", "sends to a vconn its peer closed: the sender's vconn is reset (replies, then a push if its EOF was not pushed)", rc, false, func(t *testing.T, e *env) {
 		p := newPair(t, e)
