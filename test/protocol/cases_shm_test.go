@@ -134,6 +134,14 @@ var shmCases = []conformanceCase{
 		if _, b := seg.rx.take(t); string(b) != "still here" {
 			t.Fatalf("got %q", b)
 		}
+		// Ring TX is read no more: the refused message is not released,
+		// and what follows it is not sent.
+		p.B.send(frame.Frame{Op: frame.OpGrant, Handle: p.hb, Arg: 4})
+		seg.tx.publish(t, []byte("after"), 0, 0)
+		p.B.expectQuiet(500 * time.Millisecond)
+		if h := atomic.LoadUint32(seg.tx.head()); h != 0 {
+			t.Fatalf("ring TX's head %d, want 0", h)
+		}
 	}},
 	{"R5.10", "Close of a shared-memory vconn: OK, the peer's EOF, and the agent closes the doorbells", rc, false, func(t *testing.T, e *env) {
 		p, seg := shmPair(t, e)
