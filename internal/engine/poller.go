@@ -67,6 +67,9 @@ type pollerLoop struct {
 	busy     bool        // in a run of busy rounds (stats.go)
 	timer    *time.Timer // a sleep's bound, when it has one
 	relay    *os.File    // a dup of the CQ's FD, for a CQ that is no Notifier
+	// deaf: the relay stopped on a failing completion channel; sleeps
+	// are bounded (a millisecond) so that completions are still polled.
+	deaf atomic.Bool
 }
 
 // pollerInbox is what vconns and readers hand the poller: any goroutine,
@@ -174,8 +177,10 @@ func (p *poller) relayEvents() {
 		return
 	}
 	for {
+		var ackErr error
 		err := rc.Read(func(uintptr) bool {
 			n, err := p.cq.AckEvents()
+			ackErr = err
 			return n > 0 || err != nil
 		})
 		if err != nil {
@@ -184,6 +189,14 @@ func (p *poller) relayEvents() {
 		select {
 		case p.loop.wake <- struct{}{}:
 		default:
+		}
+		if ackErr != nil {
+			// A channel that fails to read would wake the poller in a
+			// loop: stop relaying, and have the poller look every
+			// millisecond instead.
+			p.e.log.Error(ackErr, "Completion channel failed: polling the CQ every millisecond", "poller", p.idx)
+			p.loop.deaf.Store(true)
+			return
 		}
 	}
 }
@@ -360,12 +373,13 @@ func (p *poller) sleep() {
 	}
 	p.e.stats.sleeps.Add(1)
 	defer func() { p.loop.now = time.Time{} }()
-	if len(p.rel.rtx) == 0 && len(p.sched.active) == 0 && len(p.sched.later) == 0 {
+	if len(p.rel.rtx) == 0 && len(p.sched.active) == 0 && len(p.sched.later) == 0 && !p.loop.deaf.Load() {
 		<-p.loop.wake
 		return
 	}
 	// Datagrams await acknowledgement, or vconns room that a
-	// completion should bring: look again within a millisecond.
+	// completion should bring, or no completion event comes: look again
+	// within a millisecond.
 	if p.loop.timer == nil {
 		p.loop.timer = time.NewTimer(time.Millisecond)
 	} else {
