@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 GO=${GO:-go}
-RACE=() RUN='TestEnginesOnRxe|TestSendRecv|TestOneSided|TestTransports|TestAuto(LongMessages|AcksOnlyDatagrams|DelayedAcks)|TestBundles|TestBundleCredits|TestSlowReadersDoNotThrottleOthers|TestPoolShared|TestIdleEngineSleeps|TestPeerFailFailsVConns|TestFailedPeerIsReplaced|TestCloseTimeout'
+RACE=() RUN='TestEnginesOnRxe|TestSendRecv|TestOneSided|TestTransports|TestAuto(LongMessages|AcksOnlyDatagrams|DelayedAcks)|TestBundles|TestBundleCredits|TestSlowReadersDoNotThrottleOthers|TestCreditStallIsQuiet|TestPoolShared|TestIdleEngineSleeps|TestPeerFailFailsVConns|TestFailedPeerIsReplaced|TestCloseTimeout'
 while [ $# -gt 0 ]; do
 	case $1 in
 	-race) RACE=(-race) ;;
