@@ -100,7 +100,13 @@ func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud bool
 		}
 		secret = vc.peer.udSecretIn
 	}
-	ok = (fromPeer || vc.peer.gid == from) && (ud || index == vc.peer.ingressIndex(vqpn.ID(vc.remote.Load())))
+	// Until the dial's answer names the peer's vconn (Connect), the QP it
+	// sends on is not known: the peer's first message can come first (it
+	// sends once it accepted, and its data outruns the control plane's
+	// answer). Any of the peer's QPs is taken then, its secret checked as
+	// always; rejecting it lost a message the peer's RC QP had delivered.
+	remote := vqpn.ID(vc.remote.Load())
+	ok = (fromPeer || vc.peer.gid == from) && (ud || index >= 0 && (!remote.Valid() || index == vc.peer.ingressIndex(remote)))
 	return b, ud, secret, ok
 }
 

@@ -179,6 +179,9 @@ func (vc *VConn) Connect(remote vqpn.ID) error {
 	if !vc.state.CompareAndSwap(stateConnecting, stateOpen) {
 		return fmt.Errorf("engine: connect vconn %v: %w", vc.id, vc.stateErr())
 	}
+	// What came before, the peer's first messages, may owe it a grant or
+	// an acknowledgement, which serve held back without a remote.
+	vc.schedule()
 	return nil
 }
 
