@@ -163,7 +163,7 @@ func Figures(recs []Record, e4 []GoBench) []Figure {
 		if len(xs) == 0 {
 			return nan
 		}
-		return median(xs)
+		return Median(xs)
 	}
 	var p50, mean, rate []float64
 	for _, p := range paths {

@@ -85,7 +85,7 @@ func merge(runs []Record) Record {
 	}
 	if len(samples) > 0 {
 		m.Samples = samples
-		m.MsgsPerSec = ptr(median(samples))
+		m.MsgsPerSec = ptr(Median(samples))
 	}
 	med := func(v func(*Record) *float64) *float64 {
 		var xs []float64
@@ -97,7 +97,7 @@ func merge(runs []Record) Record {
 		if len(xs) == 0 {
 			return nil
 		}
-		return ptr(median(xs))
+		return ptr(Median(xs))
 	}
 	m.CPUNsPerMsg = med(func(r *Record) *float64 { return r.CPUNsPerMsg })
 	m.MBPerSec = med(func(r *Record) *float64 { return r.MBPerSec })

@@ -126,7 +126,7 @@ func ratio(suite, name string, goal float64, a, b *Record, what string, v func(*
 	default:
 		t.Value = x / y
 		if rs := perRepeat(a.Samples, b.Samples); rs != nil {
-			t.PerRepeat, t.Value = rs, median(rs)
+			t.PerRepeat, t.Value = rs, Median(rs)
 		}
 	}
 	return t
@@ -145,7 +145,12 @@ func perRepeat(a, b []float64) []float64 {
 	return rs
 }
 
-func median(xs []float64) float64 {
+// Median is the median of xs (NaN for none), which it leaves unsorted:
+// the one the benchmarks' reports (E6's tools and tests, benchpair) share.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
 	s := slices.Sorted(slices.Values(xs))
 	n := len(s)
 	if n%2 == 1 {

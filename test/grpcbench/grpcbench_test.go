@@ -42,6 +42,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/bench"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -308,16 +309,7 @@ func row(b *strings.Builder, figure string, v, p []measured, f func(measured) fl
 		vs, ps = append(vs, f(v[i])), append(ps, f(p[i]))
 		ratios = append(ratios, f(v[i])/f(p[i]))
 	}
-	fmt.Fprintf(b, "| grpc-go benchmark service | %s | %s %s | %s %s | %.2f |\n", figure, num(median(vs)), unit, num(median(ps)), unit, median(ratios))
-}
-
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
+	fmt.Fprintf(b, "| grpc-go benchmark service | %s | %s %s | %s %s | %.2f |\n", figure, num(bench.Median(vs)), unit, num(bench.Median(ps)), unit, bench.Median(ratios))
 }
 
 // num writes x with three significant digits, or whole above 1000.

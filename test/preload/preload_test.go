@@ -24,7 +24,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +32,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/bench"
 )
 
 // build makes libvconn, the preload library and the C test programs in a
@@ -232,17 +232,8 @@ func (h *harness) paired(program string, figures []string, unit string, vconn, t
 			vs, ps = append(vs, v[r][i]), append(ps, p[r][i])
 			ratios = append(ratios, v[r][i]/p[r][i])
 		}
-		fmt.Fprintf(h.report, "| %s | %s | %s %s | %s %s | %.2f |\n", program, f, num(median(vs)), unit, num(median(ps)), unit, median(ratios))
+		fmt.Fprintf(h.report, "| %s | %s | %s %s | %s %s | %.2f |\n", program, f, num(bench.Median(vs)), unit, num(bench.Median(ps)), unit, bench.Median(ratios))
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // num writes x with three significant digits, or whole above 1000.

@@ -24,6 +24,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/rdmavisor/rdmavisor/internal/bench"
 )
 
 func main() {
@@ -199,21 +201,11 @@ func (p *pairs) print(w io.Writer, rounds int) {
 		for i, r := range ratios {
 			rs[i] = fmt.Sprintf("%.2f", r)
 		}
-		m := median(ratios)
+		m := bench.Median(ratios)
 		all = append(all, m)
-		fmt.Fprintf(w, "| %s | %.4g %s | %.4g %s | %.3f | %s |\n", k, median(b), p.unit[k], median(a), p.unit[k], m, strings.Join(rs, " "))
+		fmt.Fprintf(w, "| %s | %.4g %s | %.4g %s | %.3f | %s |\n", k, bench.Median(b), p.unit[k], bench.Median(a), p.unit[k], m, strings.Join(rs, " "))
 	}
 	if len(all) > 0 {
-		fmt.Fprintf(w, "\nMedian of the %d measurements' ratios: %.3f (min %.3f, max %.3f).\n", len(all), median(all), slices.Min(all), slices.Max(all))
+		fmt.Fprintf(w, "\nMedian of the %d measurements' ratios: %.3f (min %.3f, max %.3f).\n", len(all), bench.Median(all), slices.Min(all), slices.Max(all))
 	}
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }

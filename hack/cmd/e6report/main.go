@@ -12,10 +12,10 @@ import (
 	"io"
 	"math"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/rdmavisor/rdmavisor/internal/bench"
 	"github.com/rdmavisor/rdmavisor/internal/plot"
 )
 
@@ -106,18 +106,6 @@ func parse(r io.Reader) ([]*mode, error) {
 	return modes, nil
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	if n := len(v); n%2 == 0 {
-		return (v[n/2-1] + v[n/2]) / 2
-	}
-	return v[len(v)/2]
-}
-
 // med is the median over the rounds of path's figure key.
 func (m *mode) med(path, key string) float64 {
 	var v []float64
@@ -126,7 +114,7 @@ func (m *mode) med(path, key string) float64 {
 			v = append(v, x)
 		}
 	}
-	return median(v)
+	return bench.Median(v)
 }
 
 // ratio is the median over the rounds of num/den, each round's two figures
@@ -140,7 +128,7 @@ func (m *mode) ratio(pa, ka, pb, kb string) float64 {
 			v = append(v, ra[ka]/rb[kb])
 		}
 	}
-	return median(v)
+	return bench.Median(v)
 }
 
 func num(v float64, prec int) string {
