@@ -23,13 +23,14 @@ const shmBatch = 64
 // once: from the ring's slab into the engine's registered send buffer,
 // and from the engine's receive buffer into the slab.
 type shmVConn struct {
-	h      *vconnHandle
-	seg    *shm.Segment
-	tx     *shm.Consumer // forwardTX's
-	rx     *shm.Producer // serveRX's
-	wg     sync.WaitGroup
-	txStop shm.Stop // forwardTX's waits end with the vconn
-	rxStop shm.Stop // serveRX's too
+	h   *vconnHandle
+	seg *shm.Segment
+	tx  *shm.Consumer // forwardTX's
+	rx  *shm.Producer // serveRX's
+	wg  sync.WaitGroup
+	// stop ends forwardTX's and serveRX's waits on the rings with the
+	// vconn; made once, so that a wait allocates nothing.
+	stop shm.Stop
 
 	failOnce sync.Once
 	reason   atomic.Pointer[error] // why fail ended the vconn
@@ -59,8 +60,7 @@ func (s *session) openShm(f frame.Frame) bool {
 	}
 	x := &shmVConn{h: h, seg: seg}
 	x.tx, x.rx = seg.Agent()
-	x.txStop = func() (time.Duration, error) { return -1, h.ctx.Err() }
-	x.rxStop = x.txStop
+	x.stop = func() (time.Duration, error) { return -1, h.ctx.Err() }
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -152,7 +152,7 @@ func (x *shmVConn) forwardTX() {
 type shmTX struct{ x *shmVConn }
 
 func (t shmTX) next() (outgoing, error) {
-	d, b, err := t.x.tx.Next(t.x.txStop)
+	d, b, err := t.x.tx.Next(t.x.stop)
 	if err == nil {
 		err = checkTX(d)
 	}
@@ -230,7 +230,7 @@ func (x *shmVConn) pushErr(c frame.Code, msg string) {
 // does); on the delivery goroutine. False when the vconn is done or the
 // ring broke.
 func (x *shmVConn) push(b []byte, imm, flags uint32) bool {
-	err := x.rx.PushWait(b, imm, flags, x.rxStop)
+	err := x.rx.PushWait(b, imm, flags, x.stop)
 	if errors.Is(err, shm.ErrCorrupt) || errors.Is(err, shm.ErrTooLarge) {
 		x.fail(err, true)
 	}
