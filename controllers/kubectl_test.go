@@ -23,7 +23,7 @@ func kubectlTable(t *testing.T, kubeconfig string, args ...string) (header []str
 		t.Fatalf("kubectl get %v: %v\n%s", args, err, out)
 	}
 	t.Logf("kubectl get %s\n%s", strings.Join(args, " "), out)
-	// Columns are separated by at least two spaces; "IN USE" has one.
+	// Columns are separated by at least two spaces.
 	sep := regexp.MustCompile(`\s{2,}`)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	for i, l := range lines {
@@ -41,7 +41,9 @@ func TestKubectlColumns(t *testing.T) {
 	createNodes(t, map[string]string{"kubectl": "true"}, "kc-1")
 	createService(t, newService("kc", "kubectl"))
 	reportNode(t, "kc-1", "kc", metav1.ConditionTrue, "Serving", "")
+	rollDaemonSet(t, "kc", 1, 1, 1)
 	waitCondition(t, "kc", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
+	waitCondition(t, "kc", v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonComplete)
 	kubeconfig, err := testenv.WriteKubeconfig(testEnv, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -55,29 +57,29 @@ func TestKubectlColumns(t *testing.T) {
 	}{
 		{
 			args:       []string{"rdmaservices", "kc"},
-			wantHeader: []string{"NAME", "READY", "NODES", "CAPACITY", "IN USE", "AGE"},
-			wantRow:    []string{"kc", "True", "1/1", "64", "5"},
+			wantHeader: []string{"NAME", "READY", "NODES", "CAPACITY", "ALLOCATED", "OPEN", "AGE"},
+			wantRow:    []string{"kc", "True", "1/1", "64", "8", "5"},
 		},
 		{
 			args:       []string{"rdmaservices", "kc", "-o", "wide"},
-			wantHeader: []string{"NAME", "READY", "NODES", "CAPACITY", "IN USE", "CONFLICT", "RESOURCE", "AGE"},
-			wantRow:    []string{"kc", "True", "1/1", "64", "5", "False", "rdmavisor.io/vconn"},
+			wantHeader: []string{"NAME", "READY", "NODES", "CAPACITY", "ALLOCATED", "OPEN", "PROGRESSING", "CONFLICT", "RESOURCE", "AGE"},
+			wantRow:    []string{"kc", "True", "1/1", "64", "8", "5", "False", "False", "rdmavisor.io/vconn"},
 		},
 		{
 			args:       []string{"rdmanodes", "kc-1"},
-			wantHeader: []string{"NAME", "READY", "PROVIDER", "DEVICES", "VCONNS", "QPS", "ADDRESS", "AGE"},
-			wantRow:    []string{"kc-1", "True", "soft", "soft0", "5", "2", "10.0.0.1"},
+			wantHeader: []string{"NAME", "READY", "PROVIDER", "DEVICES", "ALLOCATED", "OPEN", "QPS", "ADDRESS", "AGE"},
+			wantRow:    []string{"kc-1", "True", "soft", "soft0", "8", "5", "2", "10.0.0.1"},
 		},
 		{
 			args:       []string{"rdmanodes", "kc-1", "-o", "wide"},
-			wantHeader: []string{"NAME", "READY", "PROVIDER", "DEVICES", "VCONNS", "CAPACITY", "QPS", "ADDRESS", "PORT", "SERVICE", "AGE"},
-			wantRow:    []string{"kc-1", "True", "soft", "soft0", "5", "64", "2", "10.0.0.1", "7471", "kc"},
+			wantHeader: []string{"NAME", "READY", "PROVIDER", "DEVICES", "ALLOCATED", "OPEN", "CAPACITY", "QPS", "ADDRESS", "PORT", "SERVICE", "AGE"},
+			wantRow:    []string{"kc-1", "True", "soft", "soft0", "8", "5", "64", "2", "10.0.0.1", "7471", "kc"},
 		},
 		{
 			// The short name and the selectable field work too.
 			args:       []string{"rdmanode", "--field-selector", "spec.serviceName=kc"},
-			wantHeader: []string{"NAME", "READY", "PROVIDER", "DEVICES", "VCONNS", "QPS", "ADDRESS", "AGE"},
-			wantRow:    []string{"kc-1", "True", "soft", "soft0", "5", "2", "10.0.0.1"},
+			wantHeader: []string{"NAME", "READY", "PROVIDER", "DEVICES", "ALLOCATED", "OPEN", "QPS", "ADDRESS", "AGE"},
+			wantRow:    []string{"kc-1", "True", "soft", "soft0", "8", "5", "2", "10.0.0.1"},
 		},
 	}
 	for _, tt := range tests {

@@ -207,7 +207,7 @@ func (r *RDMAServiceReconciler) refuse(ctx context.Context, svc *v1alpha1.RDMASe
 	r.setCondition(svc, metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonInvalidSpec})
 	st := &svc.Status
 	st.DesiredNodes, st.ReadyNodes, st.Nodes = 0, 0, "0/0"
-	st.VConnCapacity, st.VConnsInUse, st.QPsInUse = 0, 0, 0
+	st.VConnCapacity, st.VConnsAllocated, st.VConnsInUse, st.QPsInUse = 0, 0, 0, 0
 	return nil
 }
 

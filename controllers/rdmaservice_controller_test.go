@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -283,6 +284,16 @@ func TestStatus(t *testing.T) {
 	if !strings.Contains(c.Message, "0/2") {
 		t.Errorf("Ready message %q, want 0/2 nodes", c.Message)
 	}
+	// envtest runs no DaemonSet controller: the test plays it.
+	c = waitCondition(t, "stat", v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRollingOut)
+	if !strings.Contains(c.Message, "has not yet seen generation 1") {
+		t.Errorf("Progressing message %q, want the DaemonSet's unseen generation", c.Message)
+	}
+	rollDaemonSet(t, "stat", 2, 1, 1)
+	waitProgressing(t, "stat", "1 of 2 agents run the current spec")
+	rollDaemonSet(t, "stat", 2, 2, 1)
+	waitProgressing(t, "stat", "1 of 2 agents available")
+	rollDaemonSet(t, "stat", 2, 2, 2)
 	waitCondition(t, "stat", v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonWaitingForNodes)
 
 	reportNode(t, "stat-1", "stat", metav1.ConditionTrue, "Serving", "")
@@ -292,8 +303,8 @@ func TestStatus(t *testing.T) {
 	waitCondition(t, "stat", v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonComplete)
 	waitCondition(t, "stat", v1alpha1.ConditionDegraded, metav1.ConditionFalse, ReasonAsExpected)
 	st := getService(t, "stat").Status
-	if st.DesiredNodes != 2 || st.ReadyNodes != 2 || st.Nodes != "2/2" || st.VConnCapacity != 128 || st.VConnsInUse != 10 || st.QPsInUse != 4 {
-		t.Errorf("status %+v, want 2/2 nodes, capacity 128, 10 in use, 4 QPs", st)
+	if st.DesiredNodes != 2 || st.ReadyNodes != 2 || st.Nodes != "2/2" || st.VConnCapacity != 128 || st.VConnsAllocated != 16 || st.VConnsInUse != 10 || st.QPsInUse != 4 {
+		t.Errorf("status %+v, want 2/2 nodes, capacity 128, 16 allocated, 10 open, 4 QPs", st)
 	}
 	if st.ObservedGeneration != getService(t, "stat").Generation {
 		t.Errorf("observedGeneration %d", st.ObservedGeneration)
@@ -325,6 +336,52 @@ func TestStatus(t *testing.T) {
 	setUnreachable(t, "stat-1")
 	waitCondition(t, "stat", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
 	waitCondition(t, "stat", v1alpha1.ConditionDegraded, metav1.ConditionFalse, ReasonAsExpected)
+
+	// A spec change rolls the agents: Progressing is True, whatever the
+	// agents' readiness says, until the DaemonSet has rolled it out.
+	svc := getService(t, "stat")
+	svc.Spec.QPsPerPeer = ptr[int32](3)
+	if err := k8s.Update(testCtx(t), svc); err != nil {
+		t.Fatal(err)
+	}
+	c = waitCondition(t, "stat", v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRollingOut)
+	if !strings.Contains(c.Message, "has not yet seen generation 2") {
+		t.Errorf("Progressing message %q after a spec change, want the DaemonSet's unseen generation", c.Message)
+	}
+	rollDaemonSet(t, "stat", 2, 0, 2)
+	waitProgressing(t, "stat", "0 of 2 agents run the current spec")
+	rollDaemonSet(t, "stat", 2, 2, 2)
+	waitCondition(t, "stat", v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonComplete)
+}
+
+// waitProgressing waits for Progressing True, RollingOut, with message.
+func waitProgressing(t *testing.T, name, message string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("RDMAService %s Progressing: %s", name, message), func() error {
+		c := meta.FindStatusCondition(getService(t, name).Status.Conditions, v1alpha1.ConditionProgressing)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonRollingOut || c.Message != message {
+			return fmt.Errorf("Progressing is %+v", c)
+		}
+		return nil
+	})
+}
+
+// rollDaemonSet plays the DaemonSet controller for service's agents: it
+// has seen the current template, desired agents are scheduled, updated of
+// them run it and available are available.
+func rollDaemonSet(t *testing.T, service string, desired, updated, available int32) {
+	t.Helper()
+	ctx := testCtx(t)
+	eventually(t, "the agents' DaemonSet status written", func() error {
+		ds := &appsv1.DaemonSet{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: "rdmavisor-agent-" + service}, ds); err != nil {
+			return err
+		}
+		ds.Status = appsv1.DaemonSetStatus{ObservedGeneration: ds.Generation, DesiredNumberScheduled: desired,
+			CurrentNumberScheduled: desired, UpdatedNumberScheduled: updated, NumberReady: available,
+			NumberAvailable: available, NumberUnavailable: desired - available}
+		return k8s.Status().Update(ctx, ds)
+	})
 }
 
 // setUnreachable writes the peers node's agent reports unreachable.

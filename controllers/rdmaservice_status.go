@@ -8,7 +8,9 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,8 +34,11 @@ const (
 	ReasonNoConflict        = "NoConflict"
 	ReasonWaitingForNodes   = "WaitingForNodes"
 	ReasonComplete          = "Complete"
-	ReasonAsExpected        = "AsExpected"
-	ReasonReconcileError    = "ReconcileError"
+	// ReasonRollingOut: the agents' DaemonSet has not finished rolling
+	// out the current spec.
+	ReasonRollingOut     = "RollingOut"
+	ReasonAsExpected     = "AsExpected"
+	ReasonReconcileError = "ReconcileError"
 )
 
 // indexServiceName indexes RDMANodes by spec.serviceName in the cache.
@@ -109,7 +114,7 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	now := r.now()
 	st := &svc.Status
 	st.DesiredNodes, st.ReadyNodes = int32(len(p.desired)), 0
-	st.VConnCapacity, st.VConnsInUse, st.QPsInUse = 0, 0, 0
+	st.VConnCapacity, st.VConnsAllocated, st.VConnsInUse, st.QPsInUse = 0, 0, 0, 0
 	var unhealthy, pending, badDevices []string
 	var noDevice int // of the unhealthy nodes, those whose device does not open
 	var requeue time.Duration
@@ -143,6 +148,7 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 		}
 		if rn != nil {
 			st.VConnCapacity += int64(rn.Status.VConnCapacity)
+			st.VConnsAllocated += int64(rn.Status.VConnsAllocated)
 			st.VConnsInUse += int64(rn.Status.VConnsOpen)
 			st.QPsInUse += int64(rn.Status.QPsInUse)
 		}
@@ -174,8 +180,11 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	}
 	r.setCondition(svc, ready)
 
-	progressing := metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonComplete}
-	if len(pending) > 0 {
+	progressing, err := r.rollout(ctx, svc, p)
+	if err != nil {
+		return 0, err
+	}
+	if progressing.Status == metav1.ConditionFalse && len(pending) > 0 {
 		progressing.Status, progressing.Reason = metav1.ConditionTrue, ReasonWaitingForNodes
 		progressing.Message = "waiting for the agents of " + summarize(pending)
 	}
@@ -197,6 +206,41 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	}
 	r.setCondition(svc, degraded)
 	return requeue, nil
+}
+
+// rollout is Progressing as the agents' DaemonSet tells it, the way a
+// Deployment's condition follows its ReplicaSets: True from a spec change
+// until the DaemonSet controller has seen the new template and every
+// scheduled agent runs it and is available. Ready alone cannot say that:
+// between two nodes of a roll every agent can be ready, some on the old spec.
+func (r *RDMAServiceReconciler) rollout(ctx context.Context, svc *v1alpha1.RDMAService, p *placement) (metav1.Condition, error) {
+	c := metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonComplete}
+	if p.refused || len(p.desired) == 0 {
+		return c, nil
+	}
+	var ds appsv1.DaemonSet
+	if err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: objectName(svc)}, &ds); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return c, fmt.Errorf("reading the agents' DaemonSet: %w", err)
+		}
+		// Just applied; the cache has not seen it yet.
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonRollingOut, "creating the agents' DaemonSet"
+		return c, nil
+	}
+	st := ds.Status
+	c.Status, c.Reason = metav1.ConditionTrue, ReasonRollingOut
+	switch {
+	case st.ObservedGeneration < ds.Generation:
+		c.Message = fmt.Sprintf("the DaemonSet controller has not yet seen generation %d of the agents' DaemonSet", ds.Generation)
+	case st.UpdatedNumberScheduled < st.DesiredNumberScheduled:
+		c.Message = fmt.Sprintf("%d of %d agents run the current spec", st.UpdatedNumberScheduled, st.DesiredNumberScheduled)
+	case st.NumberAvailable < st.DesiredNumberScheduled || st.NumberUnavailable > 0:
+		c.Message = fmt.Sprintf("%d of %d agents available", st.NumberAvailable, st.DesiredNumberScheduled)
+	default:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonComplete
+		c.Message = fmt.Sprintf("all %d agents run the current spec", st.DesiredNumberScheduled)
+	}
+	return c, nil
 }
 
 // setConflict records the placement's conflicts.

@@ -333,7 +333,7 @@ func reportNode(t *testing.T, node, service string, ready metav1.ConditionStatus
 	meta.SetStatusCondition(&rn.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionNodeReady, Status: ready, Reason: reason, Message: message})
 	rn.Status.Devices = []v1alpha1.RDMADevice{{Name: "soft0", Vendor: "rdmavisor", Provider: v1alpha1.ProviderSoft,
 		GID: "10.0.0.1", NUMANode: ptr[int32](0), Health: v1alpha1.DeviceHealthy}}
-	rn.Status.VConnCapacity, rn.Status.VConnsOpen, rn.Status.QPsInUse = 64, 5, 2
+	rn.Status.VConnCapacity, rn.Status.VConnsAllocated, rn.Status.VConnsOpen, rn.Status.QPsInUse = 64, 8, 5, 2
 	rn.Status.Address = &v1alpha1.AgentAddress{IP: "10.0.0.1", ControlPort: 7471}
 	rn.Status.HeartbeatTime = ptr(metav1.Now())
 	if err := k8s.Status().Update(ctx, rn); err != nil {

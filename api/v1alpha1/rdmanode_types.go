@@ -134,10 +134,16 @@ type RDMANodeStatus struct {
 	// +optional
 	QPsInUse int32 `json:"qpsInUse,omitempty"`
 
+	// VConnsAllocated is the sum of the quotas of the allocations bound
+	// on the node (pods holding vconns, whether or not they opened them).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	VConnsAllocated int32 `json:"vconnsAllocated"`
+
 	// VConnsOpen is the number of vconns open on the node.
 	// +kubebuilder:validation:Minimum=0
 	// +optional
-	VConnsOpen int32 `json:"vconnsOpen,omitempty"`
+	VConnsOpen int32 `json:"vconnsOpen"`
 
 	// VConnCapacity is the number of vconns the node offers to pods.
 	// +kubebuilder:validation:Minimum=0
@@ -174,7 +180,8 @@ type RDMANodeStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.status.devices[0].provider`
 // +kubebuilder:printcolumn:name="Devices",type=string,JSONPath=`.status.devices[*].name`
-// +kubebuilder:printcolumn:name="VConns",type=integer,JSONPath=`.status.vconnsOpen`,description="vconns open"
+// +kubebuilder:printcolumn:name="Allocated",type=integer,JSONPath=`.status.vconnsAllocated`,description="vconns allocated to pods"
+// +kubebuilder:printcolumn:name="Open",type=integer,JSONPath=`.status.vconnsOpen`,description="vconns open"
 // +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.status.vconnCapacity`,priority=1
 // +kubebuilder:printcolumn:name="QPs",type=integer,JSONPath=`.status.qpsInUse`,description="queue pairs in use"
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.address.ip`

@@ -295,11 +295,16 @@ type RDMAServiceStatus struct {
 
 	// VConnCapacity is the sum of the vconn capacity the agents report.
 	// +optional
-	VConnCapacity int64 `json:"vconnCapacity,omitempty"`
+	VConnCapacity int64 `json:"vconnCapacity"`
+
+	// VConnsAllocated is the sum of the vconns allocated to pods on the
+	// agents' nodes (their quotas, open or not).
+	// +optional
+	VConnsAllocated int64 `json:"vconnsAllocated"`
 
 	// VConnsInUse is the sum of the vconns open on the agents.
 	// +optional
-	VConnsInUse int64 `json:"vconnsInUse,omitempty"`
+	VConnsInUse int64 `json:"vconnsInUse"`
 
 	// QPsInUse is the sum of the queue pairs the agents hold.
 	// +optional
@@ -315,7 +320,9 @@ type RDMAServiceStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`,description="Nodes ready/desired"
 // +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.status.vconnCapacity`,description="vconns the nodes offer"
-// +kubebuilder:printcolumn:name="In Use",type=integer,JSONPath=`.status.vconnsInUse`,description="vconns open"
+// +kubebuilder:printcolumn:name="Allocated",type=integer,JSONPath=`.status.vconnsAllocated`,description="vconns allocated to pods"
+// +kubebuilder:printcolumn:name="Open",type=integer,JSONPath=`.status.vconnsInUse`,description="vconns open"
+// +kubebuilder:printcolumn:name="Progressing",type=string,JSONPath=`.status.conditions[?(@.type=="Progressing")].status`,priority=1
 // +kubebuilder:printcolumn:name="Conflict",type=string,JSONPath=`.status.conditions[?(@.type=="Conflict")].status`,priority=1
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resourceName`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -42,7 +42,15 @@ int vc_agent_connect(const struct vconn_options *o)
 		return -e;
 	}
 	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-		vc_seterr("connect to the agent at %s: %s", path, strerror(errno));
+		int e = errno;
+		if (e == EACCES || e == EPERM)
+			vc_seterr("cannot connect to the agent: permission denied on %s: a pod that does not run as root "
+				  "needs the RDMAService's spec.socketGroup among its securityContext.supplementalGroups", path);
+		else if (e == ENOENT)
+			vc_seterr("cannot connect to the agent: no agent socket at %s: does the pod request an RDMAvisor "
+				  "vconn resource (rdmavisor.io/vconn or a ResourceClaim)?", path);
+		else
+			vc_seterr("cannot connect to the agent at %s: %s", path, strerror(e));
 		close(fd);
 		return -ENOTCONN;
 	}

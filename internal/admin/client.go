@@ -123,6 +123,9 @@ func (c *Client) ListAllocations(ctx context.Context) ([]Allocation, error) {
 	if err != nil {
 		return nil, err
 	}
+	if rep.Allocations == nil {
+		return []Allocation{}, nil // printed as [], not null
+	}
 	return rep.Allocations, nil
 }
 
@@ -143,6 +146,9 @@ func (c *Client) ListPods(ctx context.Context) ([]Pod, error) {
 	rep, err := c.do(ctx, Request{Op: OpListPods})
 	if err != nil {
 		return nil, err
+	}
+	if rep.Pods == nil {
+		return []Pod{}, nil // printed as [], not null
 	}
 	return rep.Pods, nil
 }

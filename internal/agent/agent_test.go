@@ -144,6 +144,10 @@ func TestAdmin(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// None is an empty list, which `rdmavisor agent pods` prints as [].
+	if pods, err := ac.ListPods(ctx); err != nil || pods == nil || len(pods) != 0 {
+		t.Fatalf("pods after the last left: %#v, %v; want an empty list", pods, err)
+	}
 }
 
 // standaloneAgent starts an agent on the soft provider at ip, with its

@@ -149,7 +149,7 @@ func (r *Reporter) Run(ctx context.Context, src Source) {
 			st := r.status(src.Status(), deviceError(src), metav1.Now())
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionNodeReady,
 				Status: metav1.ConditionFalse, Reason: ReasonStopped, Message: "the node agent stopped"})
-			st.VConnsOpen, st.QPsInUse = 0, 0
+			st.VConnsOpen, st.VConnsAllocated, st.QPsInUse = 0, 0, 0
 			// Never recreate it now: the operator may have deleted it
 			// because this node left the service.
 			if err := r.write(stopCtx, st, false); err != nil && !apierrors.IsNotFound(err) {
@@ -171,10 +171,11 @@ func deviceError(src Source) error {
 // status renders an agent's state; devErr is why its device does not open.
 func (r *Reporter) status(s admin.Status, devErr error, now metav1.Time) v1alpha1.RDMANodeStatus {
 	st := v1alpha1.RDMANodeStatus{
-		QPsInUse:      int32(s.QPs),
-		VConnsOpen:    int32(min(s.VConns, s.Capacity)),
-		VConnCapacity: int32(s.Capacity),
-		HeartbeatTime: &now,
+		QPsInUse:        int32(s.QPs),
+		VConnsAllocated: int32(s.Allocated),
+		VConnsOpen:      int32(min(s.VConns, s.Capacity)),
+		VConnCapacity:   int32(s.Capacity),
+		HeartbeatTime:   &now,
 	}
 	if s.Device != "" {
 		st.Devices = []v1alpha1.RDMADevice{{Name: s.Device, Provider: r.Provider, GID: s.GID, Health: v1alpha1.DeviceHealthy}}

@@ -248,7 +248,7 @@ func dialSession(ctx context.Context, path string) (*session, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unixpacket", path)
 	if err != nil {
-		return nil, fmt.Errorf("vconn: connect to the agent: %w", &Error{Code: CodeAgentGone, Message: err.Error()})
+		return nil, noAgent(path, err)
 	}
 	s := &session{conn: nc.(*net.UnixConn), done: make(chan struct{}),
 		pending: make(map[uint32]func(frame.Frame, error)), conns: make(map[uint32]*Conn), lns: make(map[uint32]*Listener)}

@@ -1,7 +1,9 @@
 package vconn
 
 import (
+	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
@@ -34,6 +36,9 @@ const (
 	// CodeNotStream: Read or Write on a vconn whose transport (uc, ud)
 	// may lose messages; SendMsg and RecvMsg work on it.
 	CodeNotStream Code = 1001
+	// CodeNoAgent: the agent's socket could not be connected to at all
+	// (no socket, no permission, no agent listening).
+	CodeNoAgent Code = 1002
 )
 
 func (c Code) String() string {
@@ -42,6 +47,8 @@ func (c Code) String() string {
 		return "agent connection lost"
 	case CodeNotStream:
 		return "not a byte stream"
+	case CodeNoAgent:
+		return "cannot connect to the agent"
 	}
 	return frame.Code(c).String()
 }
@@ -93,7 +100,25 @@ var (
 	ErrUnknownHost error = &Error{Code: CodeUnknownHost}
 	ErrAgentGone   error = &Error{Code: CodeAgentGone}
 	ErrNotStream   error = &Error{Code: CodeNotStream}
+	// ErrNoAgent: the session never started : no socket, no permission to it, or no agent listening.
+	ErrNoAgent error = &Error{Code: CodeNoAgent}
 )
+
+// noAgent says why the agent's socket at path refused a connection, and
+// what the pod's author can do about it: the bare errno names neither the
+// socket's group nor the pod's supplementalGroups.
+func noAgent(path string, err error) error {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		msg = fmt.Sprintf("permission denied on %s: a pod that does not run as root needs the RDMAService's spec.socketGroup among its securityContext.supplementalGroups", path)
+	case errors.Is(err, syscall.ENOENT):
+		msg = fmt.Sprintf("no agent socket at %s: does the pod request an RDMAvisor vconn resource (rdmavisor.io/vconn or a ResourceClaim), and is RDMAVISOR_SOCKET its path?", path)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		msg = fmt.Sprintf("nothing listens on %s: the node's agent is not running or is restarting; retry", path)
+	}
+	return &Error{Code: CodeNoAgent, Message: msg}
+}
 
 func errOf(f *frame.Frame) error {
 	if f.Op != frame.OpError {

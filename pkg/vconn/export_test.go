@@ -39,3 +39,6 @@ func (c *Conn) WriteFrame(f frame.Frame) error { return c.s.write(&f) }
 
 // SplitAddr is splitAddr, for the fuzz target.
 func SplitAddr(addr string) (string, uint16, error) { return splitAddr(addr) }
+
+// NoAgent is noAgent, for the errno a dial would have seen.
+var NoAgent = noAgent

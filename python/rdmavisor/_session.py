@@ -71,7 +71,15 @@ class Session:
             sock.connect(path)
         except OSError as e:
             sock.close()
-            raise AgentGoneError(f"connect to the agent at {path}: {e}") from e
+            if isinstance(e, PermissionError):
+                why = (f"permission denied on {path}: a pod that does not run as root needs the RDMAService's "
+                       "spec.socketGroup among its securityContext.supplementalGroups")
+            elif isinstance(e, FileNotFoundError):
+                why = (f"no agent socket at {path}: does the pod request an RDMAvisor vconn resource "
+                       "(rdmavisor.io/vconn or a ResourceClaim)?")
+            else:
+                why = f"{path}: {e}"
+            raise AgentGoneError(f"cannot connect to the agent: {why}") from e
         self._sock = sock
         self._reader = threading.Thread(target=self._read, name="rdmavisor-session", daemon=True)
         self._reader.start()
