@@ -41,8 +41,8 @@ test-rxe: ## As root: the ibverbs backend's tests and verbstest in qemu VMs on t
 	hack/rxe-vm/test.sh
 
 .PHONY: cluster-up
-cluster-up: ## As root: start a local cluster of NODES nodes (default 1), each in its own namespaces (hack/local-cluster/up.sh).
-	hack/local-cluster/up.sh
+cluster-up: ## As root: a local cluster of NODES nodes (default 1), each in its own namespaces, with RDMAvisor's images imported and cluster DNS (hack/cluster-up.sh).
+	hack/cluster-up.sh
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local cluster and clean up the host.

@@ -461,6 +461,9 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 
 	return appsv1ac.DaemonSet(objectName(svc), namespace).
 		WithLabels(commonLabels(svc)).
+		// Which spec this DaemonSet renders: until the cache holds it,
+		// the rollout it reports is the previous spec's (rollout).
+		WithAnnotations(map[string]string{annotationServiceGeneration: strconv.FormatInt(svc.Generation, 10)}).
 		WithOwnerReferences(ownerRef(svc)).
 		WithSpec(appsv1ac.DaemonSetSpec().
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(svc))).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,6 +41,10 @@ const (
 	ReasonAsExpected     = "AsExpected"
 	ReasonReconcileError = "ReconcileError"
 )
+
+// annotationServiceGeneration on the agents' DaemonSet is the generation
+// of the RDMAService it was rendered from.
+const annotationServiceGeneration = "rdmavisor.io/service-generation"
 
 // indexServiceName indexes RDMANodes by spec.serviceName in the cache.
 const indexServiceName = "spec.serviceName"
@@ -230,6 +235,8 @@ func (r *RDMAServiceReconciler) rollout(ctx context.Context, svc *v1alpha1.RDMAS
 	st := ds.Status
 	c.Status, c.Reason = metav1.ConditionTrue, ReasonRollingOut
 	switch {
+	case ds.Annotations[annotationServiceGeneration] != strconv.FormatInt(svc.Generation, 10):
+		c.Message = fmt.Sprintf("applying generation %d of the service to the agents' DaemonSet", svc.Generation)
 	case st.ObservedGeneration < ds.Generation:
 		c.Message = fmt.Sprintf("the DaemonSet controller has not yet seen generation %d of the agents' DaemonSet", ds.Generation)
 	case st.UpdatedNumberScheduled < st.DesiredNumberScheduled:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end tests on a real Kubernetes cluster: a fresh local cluster of
 # NODES nodes (default 3; hack/local-cluster, as root), the images imported
-# into every node's containerd (hack/images.sh), helm (hack/helm.sh), then
-# test/e2e. The cluster is torn down afterwards unless E2E_KEEP=1, and the
+# into every node's containerd and the cluster's DNS (hack/cluster-up.sh),
+# helm (hack/helm.sh), then test/e2e. The cluster is torn down afterwards unless E2E_KEEP=1, and the
 # teardown must leave the host clean. Prints the wall time of each part.
 #
 #   hack/e2e.sh [go test flags]      e.g. hack/e2e.sh -run 'TestE2E'
@@ -17,33 +17,18 @@ export NODES=${NODES:-3}
 lc=hack/local-cluster
 # A fresh cluster: objects left by an earlier run would confuse the suite.
 $lc/down.sh >/dev/null 2>&1 || $lc/down.sh
-t=$SECONDS
-KUBECONFIG=$($lc/up.sh | tail -n 1)
-echo "e2e: $NODES-node cluster up in $((SECONDS - t))s" >&2
 if [ "${E2E_KEEP:-0}" != 1 ]; then
   trap '$lc/down.sh >/dev/null 2>&1' EXIT
 fi
 t=$SECONDS
-out=$(hack/images.sh --no-import)
-tarball=$(echo "$out" | tail -n 1)
-dir=$(dirname "$tarball")
-# The image the cluster will run, checked before it is imported: the tag is
-# there, every library the agent loads, every binary a real one.
-RDMAVISOR_IMAGE_TARBALL=$(realpath "$tarball") go test -count=1 -run '^TestImageTarball$' ./hack/cmd/mkimage/ >&2
-for n in $($lc/node.sh list | awk '{print $1}'); do
-  $lc/node.sh "$n" import "$dir"/*.tar
-done
-echo "e2e: images built and imported into $NODES nodes in $((SECONDS - t))s" >&2
+# The cluster, the images imported into every node, the cluster's DNS: as
+# the README's quick start has them (make cluster-up).
+KUBECONFIG=$(hack/cluster-up.sh | tail -n 1)
+echo "e2e: $NODES-node cluster, images and DNS ready in $((SECONDS - t))s" >&2
 HELM=$(hack/helm.sh)
 KUBECTL=$STATE/bin/kubectl
 E2E_NODE_SH=$PWD/$lc/node.sh
 export KUBECONFIG HELM KUBECTL E2E_NODE_SH
-# The cluster's DNS (hack/cmd/localdns, imported above): pods resolve
-# headless Services' names, as the grpcecho step's client does.
-t=$SECONDS
-$KUBECTL apply -f $lc/dns.yaml >&2
-$KUBECTL -n kube-system rollout status deployment/localdns --timeout=180s >&2
-echo "e2e: cluster DNS ready in $((SECONDS - t))s" >&2
 echo "e2e: cluster and images ready after $((SECONDS - began))s" >&2
 status=0
 t=$SECONDS

@@ -5,7 +5,8 @@
 // RDMAVISOR_VCONNS when the pod requests rdmavisor.io/vconn.
 //
 //	echo server --port 7000
-//	echo client --addr NODE:7000 --conns 2 --messages 1000 --size 4096
+//	echo client --addr POD_IP:7000 --conns 2 --messages 1000 --size 4096
+//	echo client --addr SERVICE.NAMESPACE.svc:7000   (a headless Service's name)
 //
 // The client exits 0 and prints "echo: OK ..." when every message came back
 // intact. With --verdict FILE it also writes its outcome there as JSON, with

@@ -97,6 +97,7 @@ func TestE2E(t *testing.T) {
 		{"RDMAService deleted: agent, RDMANode and node resource gone", (*env).deleteService},
 		{"ibverbs sample on a node without RDMA: the agent waits and says why", (*env).ibverbsWithoutDevice},
 		{"helm uninstall leaves only the CRDs", (*env).helmUninstall},
+		{"the README's quick start, as written: install, echo by Service name, DRA echo, uninstall", (*env).quickstart},
 	}
 	for _, s := range steps {
 		start := time.Now()
@@ -124,7 +125,7 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 38*time.Minute)
 	t.Cleanup(cancel)
 	_, file, _, _ := runtime.Caller(0)
 	e := &env{t: &stepT{T: t}, ctx: ctx, kube: kube, crs: crs, repo: filepath.Join(filepath.Dir(file), "..", ".."),
@@ -405,6 +406,7 @@ func (e *env) echo() {
 			e.t.Fatalf("allocations of the agent on %s: %+v, want %+v", node, got, want[node])
 		}
 	}
+	e.columnsMatchAgents(defaultLoad.conns + serverVConns)
 }
 
 // agentPod is the agent's pod on node.

@@ -59,6 +59,9 @@ func (e *env) appPod(a app, name, node string, vconns int64, args ...string) *co
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": "rdmavisor-e2e"}},
 		Spec: corev1.PodSpec{
+			// The image's non-root user reaches its allocation's socket
+			// through the service's socketGroup, as the README says.
+			SecurityContext:               &corev1.PodSecurityContext{SupplementalGroups: e.socketGroups()},
 			NodeSelector:                  sel,
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: new(int64(2)),
@@ -73,6 +76,15 @@ func (e *env) appPod(a app, name, node string, vconns int64, args ...string) *co
 			}},
 		},
 	}
+}
+
+// socketGroups is the service's socketGroup, for a pod's
+// supplementalGroups.
+func (e *env) socketGroups() []int64 {
+	if e.svc.Spec.SocketGroup == nil {
+		return nil
+	}
+	return []int64{*e.svc.Spec.SocketGroup}
 }
 
 func (e *env) createPod(p *corev1.Pod) {
