@@ -59,6 +59,7 @@ type env struct {
 	svc      *v1alpha1.RDMAService // the sample, as applied
 	resource corev1.ResourceName
 	capacity int64
+	results  *results // shared by every step's copy of env
 }
 
 func TestE2E(t *testing.T) {
@@ -105,6 +106,12 @@ func TestE2E(t *testing.T) {
 		t.Logf("step %q took %s", s.name, time.Since(start).Round(time.Millisecond))
 	}
 	t.Logf("e2e suite took %s", time.Since(began).Round(time.Second))
+	if path := os.Getenv("E2E_RESULTS"); path != "" && !t.Failed() {
+		if err := e.results.write(path, e.repo, len(e.nodes), time.Since(began)); err != nil {
+			t.Error(err)
+		}
+		t.Logf("wrote the measured figures to %s", path)
+	}
 }
 
 func setup(t *testing.T) *env {
@@ -129,7 +136,7 @@ func setup(t *testing.T) *env {
 	t.Cleanup(cancel)
 	_, file, _, _ := runtime.Caller(0)
 	e := &env{t: &stepT{T: t}, ctx: ctx, kube: kube, crs: crs, repo: filepath.Join(filepath.Dir(file), "..", ".."),
-		helm: os.Getenv("HELM"), kubectl: os.Getenv("KUBECTL")}
+		helm: os.Getenv("HELM"), kubectl: os.Getenv("KUBECTL"), results: &results{}}
 	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -61,6 +61,8 @@ func (e *env) lossyLink() {
 	}
 	e.t.Logf("over a link with 5%% loss and 5%% reordering (%d packets dropped, %d reordered): %d messages checked, %v retransmissions on %s",
 		dropped, reordered, l.conns*l.msgs, after-retx, peer)
+	e.measured("5% loss and 5% reordering on a link: packets dropped, reordered; messages checked; retransmissions",
+		"%d, %d; %d; %v", dropped, reordered, l.conns*l.msgs, after-retx)
 	e.deletePod("lossy")
 }
 
@@ -152,6 +154,7 @@ func (e *env) nodeLost() {
 	if took > 5*time.Second {
 		e.t.Errorf("the client's vconns failed %s after the node was lost, want within 5s", took)
 	}
+	e.measured("a node frozen: its peer's vconns failed after (heartbeat timeout 2 s)", "%s", took.Round(10*time.Millisecond))
 	e.eventually("the agent on "+from+" released its vconns and QPs toward "+lost, time.Minute, func() (bool, string) {
 		m := e.agentMetrics(from)
 		open, qps := m.sum(peerVConns), m.sum(`rdmavisor_qps{peer="`+lost+`"}`)

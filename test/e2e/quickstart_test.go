@@ -78,7 +78,9 @@ func (e *env) quickstart() {
 	cmd.Dir = e.repo
 	// A newcomer's shell: none of the suite's own settings.
 	cmd.Env = []string{"HOME=" + os.Getenv("HOME"), "PATH=" + os.Getenv("PATH"), "GOFLAGS=" + os.Getenv("GOFLAGS")}
+	began := time.Now()
 	out, err := cmd.CombinedOutput()
+	e.measured("the README's quick start, from make cluster-up (cluster already up) to helm uninstall", "%s", time.Since(began).Round(time.Second))
 	if err != nil {
 		e.t.Fatalf("the README's quick start failed: %v\n%s", err, tail(string(out), 80))
 	}
