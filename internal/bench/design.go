@@ -56,9 +56,9 @@ type engineDesign struct {
 // benchQPsPerPeer is the QPs per peer the suites' engines use unless a
 // suite sets its own (E3): 4, what every earlier result was measured with
 // (the engine's own default until issue 27 gave every layer the product's
-// 2). On this machine 4 carries 1.4 to 2.2 times the messages of 2 at 100
-// to 10,000 connections (bench/results/pair-issues-23-27.md), so the
-// suites keep 4 and say so rather than move every figure.
+// 2). On this machine 4 carried 1.09, 1.08 and 2.1 times the messages of 2
+// at 100, 1,000 and 10,000 connections (bench/results/pair-issues-23-27.md),
+// so the suites keep 4 and say so rather than move every figure.
 const benchQPsPerPeer = 4
 
 func openEngines(tb *testbed, cfg engine.Config, t engine.Transport, rx *counter) (*engineDesign, error) {
