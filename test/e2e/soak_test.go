@@ -16,10 +16,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/echotest"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/rdmavisor/rdmavisor/internal/echotest"
 )
 
 // soakLoad is what each checker run sends from one node to another, with
