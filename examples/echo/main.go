@@ -8,14 +8,21 @@
 //	echo client --addr POD_IP:7000 --conns 2 --messages 1000 --size 4096
 //	echo client --addr SERVICE.NAMESPACE.svc:7000   (a headless Service's name)
 //
-// The client exits 0 and prints "echo: OK ..." when every message came back
-// intact. With --verdict FILE it also writes its outcome there as JSON, with
-// the time it ended: a pod's /dev/termination-log, which the kubelet puts in
-// the pod's status, where the end-to-end tests read it.
+// The client numbers its messages, keeps up to --window of them in flight
+// on each vconn (1: it waits for each echo before the next), and exits 0
+// and prints "echo: OK ..." when every message came back intact and in
+// order. With --verdict FILE it also writes its outcome there as JSON,
+// with the time it ended: a pod's /dev/termination-log, which the kubelet
+// puts in the pod's status, where the end-to-end tests read it. The
+// verdict says, by number, what became of the messages that did not come
+// back: failed with an error the client was told, or vanished with none.
 package main
 
 import (
+	"bytes"
+	"cmp"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,6 +31,8 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -71,13 +80,14 @@ func main() {
 		size := fs.Int("size", 4096, "bytes per message")
 		timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
 		hold := fs.Bool("hold", false, "after success, keep running until stopped (so the pod stays up)")
+		window := fs.Int("window", 1, "messages in flight per vconn, numbered; an echo must come back in order")
 		verdict := fs.String("verdict", "", "write the outcome here as JSON (e.g. /dev/termination-log)")
 		_ = fs.Parse(os.Args[2:])
 		runCtx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
 		var summary string
 		var count counts
-		summary, err = client(runCtx, c, *addr, *conns, *n, *size, &count)
+		summary, err = client(runCtx, c, *addr, *conns, *n, *size, *window, &count)
 		if *verdict != "" {
 			writeVerdict(*verdict, err, &count)
 		}
@@ -143,19 +153,39 @@ func echo(ctx context.Context, conn *vconn.Conn) (int, error) {
 	}
 }
 
-// client runs the exchanges and returns the summary line.
 // counts are the client's messages: sent (SendMsg returned nil) and
-// delivered (echoed back, every byte as sent, in order).
-type counts struct{ sent, delivered atomic.Int64 }
+// delivered (echoed back, every byte as sent, in order), and what each
+// vconn that did not deliver all of its messages came to.
+type counts struct {
+	sent, delivered atomic.Int64
 
-func client(ctx context.Context, c *vconn.Client, addr string, conns, n, size int, count *counts) (string, error) {
+	mu     sync.Mutex
+	vconns []VConn // guarded by mu
+}
+
+// client runs the exchanges and returns the summary line.
+func client(ctx context.Context, c *vconn.Client, addr string, conns, n, size, window int, count *counts) (string, error) {
 	if addr == "" {
 		return "", errors.New("--addr is required")
+	}
+	if size < header {
+		return "", fmt.Errorf("--size %d: a message carries its %d-byte number", size, header)
+	}
+	if window < 1 {
+		return "", fmt.Errorf("--window %d: at least one message in flight", window)
 	}
 	start := time.Now()
 	errs := make(chan error, conns)
 	for i := range conns {
-		go func() { errs <- exchange(ctx, c, addr, i, n, size, count) }()
+		go func() {
+			r, err := exchange(ctx, c, addr, i, n, size, window, count)
+			if r.Sent != r.Delivered || err != nil {
+				count.mu.Lock()
+				count.vconns = append(count.vconns, r)
+				count.mu.Unlock()
+			}
+			errs <- err
+		}()
 	}
 	var failed error
 	for range conns {
@@ -172,36 +202,152 @@ func client(ctx context.Context, c *vconn.Client, addr string, conns, n, size in
 		conns, total, size, d.Round(time.Millisecond), float64(total)/d.Seconds()), nil
 }
 
-// exchange sends n messages on one vconn, each filled from its vconn,
-// sequence number and offset, and checks each echo byte by byte.
-func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size int, count *counts) error {
+// header is the bytes of a message that carry its number.
+const header = 8
+
+// exchange dials addr and sends n messages on the vconn, numbered from 0
+// and filled from the vconn's id, the number and the offset, with at most
+// window of them unanswered, and checks each echo byte by byte. It returns
+// what became of every message sent, by number, and the first thing that
+// went wrong.
+func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size, window int, count *counts) (VConn, error) {
+	r := VConn{ID: id}
 	conn, err := dial(ctx, c, addr)
 	if err != nil {
-		return err
+		r.Error = err.Error()
+		return r, fmt.Errorf("vconn %d: %w", id, err)
 	}
 	defer conn.Close()
-	msg := make([]byte, size)
-	for seq := range n {
-		fill(msg, id, seq)
-		if err := conn.SendMsg(ctx, msg); err != nil {
-			return fmt.Errorf("vconn %d: send %d: %w", id, seq, err)
+
+	// The sender stops at its first error and takes the receiver down
+	// with it; the receiver, done, stops the sender.
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var tried, sent atomic.Int64 // messages SendMsg was called with, and took
+	slots := make(chan struct{}, window)
+	sendErr := make(chan error, 1)
+	go func() {
+		msg := make([]byte, size)
+		for seq := range n {
+			select {
+			case slots <- struct{}{}:
+			case <-rctx.Done():
+				sendErr <- nil
+				return
+			}
+			fill(msg, id, seq)
+			tried.Add(1)
+			if err := conn.SendMsg(rctx, msg); err != nil {
+				stop()
+				sendErr <- fmt.Errorf("vconn %d: send %d: %w", id, seq, err)
+				return
+			}
+			sent.Add(1)
+			count.sent.Add(1)
 		}
-		count.sent.Add(1)
-		m, err := conn.RecvMsg(ctx)
+		sendErr <- nil
+	}()
+
+	var (
+		next  int64                // the first number not answered yet
+		late  = map[int64]bool{}   // numbers skipped, until they come back
+		wrong error                // the first message that came back wrong
+		want  = make([]byte, size) // the message an echo's number says it is
+		ended error                // why the receiver stopped before the last echo
+	)
+	bad := func(err error) {
+		if wrong == nil {
+			wrong = fmt.Errorf("vconn %d: %w", id, err)
+		}
+	}
+	// answered frees the slots of the numbers below to.
+	answered := func(to int64) {
+		for ; next < to; next++ {
+			<-slots
+		}
+	}
+	for next < int64(n) {
+		m, err := conn.RecvMsg(rctx)
 		if err != nil {
-			return fmt.Errorf("vconn %d: receive %d: %w", id, seq, err)
+			ended = err
+			break
 		}
-		if len(m.Data) != size {
-			return fmt.Errorf("vconn %d: message %d: %d bytes back, sent %d", id, seq, len(m.Data), size)
-		}
-		for i, b := range m.Data {
-			if b != msg[i] {
-				return fmt.Errorf("vconn %d: message %d: byte %d is %#x, sent %#x", id, seq, i, b, msg[i])
+		seq, known := int64(-1), tried.Load()
+		if len(m.Data) == size {
+			seq = int64(binary.LittleEndian.Uint64(m.Data))
+			if seq >= 0 && seq < known {
+				fill(want, id, int(seq))
 			}
 		}
-		count.delivered.Add(1)
+		switch {
+		case seq < 0 || seq >= known || !bytes.Equal(m.Data, want):
+			// Damaged: counted as the message expected next.
+			r.Corrupt.add(next)
+			bad(fmt.Errorf("message %d: %s", next, diff(m.Data, want, size, seq, known)))
+			if next < known {
+				answered(next + 1)
+			}
+		case seq == next:
+			r.Delivered++
+			count.delivered.Add(1)
+			answered(next + 1)
+		case seq > next:
+			// In order or not at all: the messages skipped vanished,
+			// unless they come back later.
+			for s := next; s < seq; s++ {
+				r.Vanished.add(s)
+				if len(late) < 1<<16 {
+					late[s] = true
+				}
+			}
+			bad(fmt.Errorf("message %d came back before message %d", seq, next))
+			r.Delivered++
+			count.delivered.Add(1)
+			answered(seq + 1)
+		case late[seq]:
+			delete(late, seq)
+			r.Vanished.remove(seq)
+			r.Reordered.add(seq)
+			bad(fmt.Errorf("message %d came back after message %d", seq, next-1))
+		default:
+			r.Duplicated.add(seq)
+			bad(fmt.Errorf("message %d came back twice", seq))
+		}
 	}
-	return nil
+	stop()
+	failed := <-sendErr
+	if failed != nil && ctx.Err() != nil && errors.Is(failed, ctx.Err()) {
+		failed = nil // the client's time ran out, not the vconn
+	}
+	r.Sent = sent.Load()
+	if ended != nil {
+		// The messages sent and not answered failed if the application
+		// was told why (a send's error, the vconn's, the peer's close),
+		// and vanished if the client stopped waiting with no word.
+		if failed == nil && ctx.Err() != nil && errors.Is(ended, ctx.Err()) && conn.Err() == nil {
+			for s := next; s < r.Sent; s++ {
+				r.Vanished.add(s)
+			}
+			failed = fmt.Errorf("vconn %d: %d messages from %d unanswered when the client stopped waiting (%w), with no error from the vconn",
+				id, r.Sent-next, next, ctx.Err())
+		} else {
+			for s := next; s < r.Sent; s++ {
+				r.Failed.add(s)
+			}
+			if failed == nil {
+				why := ended
+				if ctx.Err() != nil && errors.Is(ended, ctx.Err()) {
+					why = conn.Err() // failed before the client stopped waiting
+				}
+				failed = fmt.Errorf("vconn %d: receive %d: %w", id, next, why)
+			}
+		}
+	}
+	err = cmp.Or(wrong, failed)
+	if err != nil {
+		r.Error = err.Error()
+	}
+	return r, err
 }
 
 // dial retries while nothing listens at addr yet, and while addr's name or
@@ -222,29 +368,132 @@ func dial(ctx context.Context, c *vconn.Client, addr string) (*vconn.Conn, error
 	}
 }
 
+// fill makes b message seq of vconn id: its number, then bytes from the
+// vconn, the number and the offset.
 func fill(b []byte, id, seq int) {
-	for i := range b {
+	binary.LittleEndian.PutUint64(b, uint64(seq))
+	for i := header; i < len(b); i++ {
 		b[i] = byte(id*131 + seq*7 + i)
 	}
 }
 
-// Verdict is what --verdict writes: whether every message came back, and
-// if not why, and when the client knew; how many messages it sent and how
-// many came back intact.
-type Verdict struct {
-	OK        bool      `json:"ok"`
-	Error     string    `json:"error,omitempty"`
-	At        time.Time `json:"at"`
-	Sent      int64     `json:"sent"`
-	Delivered int64     `json:"delivered"`
+// diff says how got, an echo, differs from want, message seq of known.
+func diff(got, want []byte, size int, seq, known int64) string {
+	switch {
+	case len(got) != size:
+		return fmt.Sprintf("%d bytes back, sent %d", len(got), size)
+	case seq < 0 || seq >= known:
+		return fmt.Sprintf("numbered %d, of %d sent", seq, known)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return fmt.Sprintf("message %d's byte %d is %#x, sent %#x", seq, i, got[i], want[i])
+		}
+	}
+	return "as sent"
 }
 
-func writeVerdict(path string, err error, count *counts) {
+// Verdict is what --verdict writes: whether every message came back, and
+// if not why, and when the client knew; how many messages it sent and how
+// many came back intact, and, by message number, what became of the
+// others: failed (the application was told), vanished (no error said
+// so), duplicated, reordered, corrupt. VConns are the vconns that did not
+// deliver all their messages, the first few.
+type Verdict struct {
+	OK         bool      `json:"ok"`
+	Error      string    `json:"error,omitempty"`
+	At         time.Time `json:"at"`
+	Sent       int64     `json:"sent"`
+	Delivered  int64     `json:"delivered"`
+	Failed     int64     `json:"failed,omitzero"`
+	Vanished   int64     `json:"vanished,omitzero"`
+	Duplicated int64     `json:"duplicated,omitzero"`
+	Reordered  int64     `json:"reordered,omitzero"`
+	Corrupt    int64     `json:"corrupt,omitzero"`
+	VConns     []VConn   `json:"vconns,omitempty"`
+}
+
+// VConn is what became of one vconn's messages. A reliable vconn delivers
+// every message it took, whole and in order, or fails with an error: what
+// it took and did not deliver is Failed, numbers from Delivered on, and
+// Vanished, Duplicated, Reordered and Corrupt are empty.
+type VConn struct {
+	ID        int   `json:"id"`
+	Sent      int64 `json:"sent"`      // SendMsg took messages 0 to Sent-1
+	Delivered int64 `json:"delivered"` // came back whole, in order
+	// Failed: sent, not back when the vconn failed with an error, closed,
+	// or a send failed; the application was told (Error).
+	Failed Numbers `json:"failed,omitzero"`
+	// Vanished: sent, never back, with no error: skipped (a later one
+	// came back first) or unanswered when the client stopped waiting.
+	Vanished Numbers `json:"vanished,omitzero"`
+	// Duplicated: back a second time. Reordered: back after a later one.
+	Duplicated Numbers `json:"duplicated,omitzero"`
+	Reordered  Numbers `json:"reordered,omitzero"`
+	// Corrupt: a message back with other bytes than its number's (counted
+	// as the message expected then).
+	Corrupt Numbers `json:"corrupt,omitzero"`
+	Error   string  `json:"error,omitempty"`
+}
+
+// Numbers counts messages and lists the first few of their numbers.
+type Numbers struct {
+	N     int64   `json:"n"`
+	First []int64 `json:"first,omitempty"`
+}
+
+// listed is how many numbers Numbers lists.
+const listed = 4
+
+func (ns *Numbers) add(seq int64) {
+	ns.N++
+	if len(ns.First) < listed {
+		ns.First = append(ns.First, seq)
+	}
+}
+
+func (ns *Numbers) remove(seq int64) {
+	ns.N--
+	ns.First = slices.DeleteFunc(ns.First, func(s int64) bool { return s == seq })
+}
+
+// verdictOf is the outcome of a client run.
+func verdictOf(err error, count *counts) Verdict {
 	v := Verdict{OK: err == nil, At: time.Now().UTC(), Sent: count.sent.Load(), Delivered: count.delivered.Load()}
 	if err != nil {
 		v.Error = err.Error()
 	}
+	count.mu.Lock()
+	defer count.mu.Unlock()
+	slices.SortFunc(count.vconns, func(a, b VConn) int { return a.ID - b.ID })
+	for _, r := range count.vconns {
+		v.Failed += r.Failed.N
+		v.Vanished += r.Vanished.N
+		v.Duplicated += r.Duplicated.N
+		v.Reordered += r.Reordered.N
+		v.Corrupt += r.Corrupt.N
+		if len(v.VConns) < listed {
+			v.VConns = append(v.VConns, r)
+		}
+	}
+	return v
+}
+
+// maxVerdict is the most a verdict may take: a pod's termination message
+// is cut at 4,096 bytes.
+const maxVerdict = 4096
+
+func writeVerdict(path string, err error, count *counts) {
+	v := verdictOf(err, count)
 	b, _ := json.Marshal(v)
+	for len(b) > maxVerdict && len(v.VConns) > 0 {
+		v.VConns = v.VConns[:len(v.VConns)-1]
+		b, _ = json.Marshal(v)
+	}
+	if len(b) > maxVerdict {
+		v.Error = v.Error[:min(len(v.Error), 1024)]
+		b, _ = json.Marshal(v)
+	}
 	if werr := os.WriteFile(path, b, 0o644); werr != nil {
 		log.Printf("writing the verdict to %s: %v", path, werr)
 	}

@@ -20,8 +20,8 @@ import (
 )
 
 // TestEcho runs the example across two agents, with as many vconns as the
-// client's allocation holds: a server pod and a client pod that dials it
-// by its headless Service's name.
+// client's allocation holds, 4 messages in flight on each: a server pod
+// and a client pod that dials it by its headless Service's name.
 func TestEcho(t *testing.T) {
 	cl, err := agenttest.Start(agenttest.Options{})
 	if err != nil {
@@ -58,7 +58,7 @@ func TestEcho(t *testing.T) {
 	res := make(chan result, 1)
 	go func() {
 		var count counts
-		out, err := client(ctx, cli, service, 2, 200, 3000, &count)
+		out, err := client(ctx, cli, service, 2, 200, 3000, 4, &count)
 		if err == nil && (count.sent.Load() != 400 || count.delivered.Load() != 400) {
 			err = fmt.Errorf("counted %d sent, %d delivered; want 400 of each", count.sent.Load(), count.delivered.Load())
 		}
@@ -79,7 +79,7 @@ func TestEcho(t *testing.T) {
 		t.Fatalf("ready file: %q, %v", b, err)
 	}
 	// A third vconn exceeds the client's allocation of two.
-	if _, err := client(ctx, cli, service, 3, 10, 10, new(counts)); err == nil {
+	if _, err := client(ctx, cli, service, 3, 10, 10, 1, new(counts)); err == nil {
 		t.Fatal("three vconns on an allocation of two")
 	}
 	stop()

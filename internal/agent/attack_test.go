@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -388,8 +390,11 @@ func TestImpostorSharedAddress(t *testing.T) {
 
 // TestOnePeerOneRemote: a peer is a node, not an address:port. node-x,
 // with a valid certificate, dials node-a claiming 32 control addresses of
-// its IP with different ports; node-a keeps at most one remote for it
-// (figure: remotes added <= 1, of 32 claims).
+// its IP with different ports; node-a keeps exactly one remote for it
+// (figure: remotes added = 1, of 32 claims). Nothing of node-x answers at
+// any of them, so every dial, let in, reaches the listener and fails where
+// node-a's engine connects to node-x through that remote: Unavailable,
+// every one at the same one of the claimed addresses.
 func TestOnePeerOneRemote(t *testing.T) {
 	cl := startCluster(t, agenttest.Options{TLS: true})
 	a := cl.Nodes[0]
@@ -404,12 +409,13 @@ func TestOnePeerOneRemote(t *testing.T) {
 	xcl := hostile(t, a.Agent.ControlAddress(), certSource(t, cl.CA, "node-x", "127.0.0.9").Credentials())
 	before := a.Agent.Remotes()
 	const claims = 32
+	errs := make([]error, claims)
 	var wg sync.WaitGroup
 	for i := range claims {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			_, _ = xcl.Dial(cctx, &controlpb.DialRequest{Caller: &controlpb.Node{Name: "node-x",
+			_, errs[i] = xcl.Dial(cctx, &controlpb.DialRequest{Caller: &controlpb.Node{Name: "node-x",
 				ControlAddress: fmt.Sprintf("127.0.0.9:%d", 20000+i), Gid: mappedGID("127.0.0.9"), Incarnation: 1},
 				Port: 8, Vconn: uint32(0x501 + i)})
 		})
@@ -417,8 +423,25 @@ func TestOnePeerOneRemote(t *testing.T) {
 	wg.Wait()
 	added := a.Agent.Remotes() - before
 	t.Logf("%d claimed control addresses of node-x added %d remotes", claims, added)
-	if added > 1 {
-		t.Errorf("%d claimed control addresses of one node added %d remotes, want at most 1", claims, added)
+	if added != 1 {
+		t.Errorf("%d claimed control addresses of one node added %d remotes, want 1", claims, added)
+	}
+	reached := regexp.MustCompile(`^engine: connect QP to peer 127\.0\.0\.9: .*dial tcp 127\.0\.0\.9:(\d+): `)
+	at := map[int]int{} // dials by the port node-a connected to
+	for i, err := range errs {
+		m := reached.FindStringSubmatch(status.Convert(err).Message())
+		var port int
+		if m != nil {
+			port, _ = strconv.Atoi(m[1])
+		}
+		if status.Code(err) != codes.Unavailable || port < 20000 || port >= 20000+claims {
+			t.Errorf("dial %d, claiming 127.0.0.9:%d: %v; want Unavailable, connecting to node-x at a claimed address", i, 20000+i, err)
+			continue
+		}
+		at[port]++
+	}
+	if len(at) != 1 {
+		t.Errorf("the dials reached node-x at %v; want all %d at one address", at, claims)
 	}
 }
 

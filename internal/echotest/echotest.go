@@ -19,13 +19,43 @@ import (
 
 // Verdict is what an echo client's --verdict writes: whether every
 // message came back, and if not why, and when the client knew; how many
-// messages it sent and how many came back intact.
+// messages it sent and how many came back intact. examples/echo numbers
+// its messages and says too what became of the others (its Verdict, of
+// which this is a copy): failed with an error the client was told,
+// vanished with none, duplicated, reordered, corrupt; the other
+// languages' clients leave those out.
 type Verdict struct {
-	OK        bool      `json:"ok"`
-	Error     string    `json:"error"`
-	At        time.Time `json:"at"`
-	Sent      int64     `json:"sent"`
-	Delivered int64     `json:"delivered"`
+	OK         bool      `json:"ok"`
+	Error      string    `json:"error"`
+	At         time.Time `json:"at"`
+	Sent       int64     `json:"sent"`
+	Delivered  int64     `json:"delivered"`
+	Failed     int64     `json:"failed,omitzero"`
+	Vanished   int64     `json:"vanished,omitzero"`
+	Duplicated int64     `json:"duplicated,omitzero"`
+	Reordered  int64     `json:"reordered,omitzero"`
+	Corrupt    int64     `json:"corrupt,omitzero"`
+	VConns     []VConn   `json:"vconns,omitempty"`
+}
+
+// VConn is what became of one vconn's messages, by number
+// (examples/echo's VConn).
+type VConn struct {
+	ID         int     `json:"id"`
+	Sent       int64   `json:"sent"`
+	Delivered  int64   `json:"delivered"`
+	Failed     Numbers `json:"failed,omitzero"`
+	Vanished   Numbers `json:"vanished,omitzero"`
+	Duplicated Numbers `json:"duplicated,omitzero"`
+	Reordered  Numbers `json:"reordered,omitzero"`
+	Corrupt    Numbers `json:"corrupt,omitzero"`
+	Error      string  `json:"error,omitempty"`
+}
+
+// Numbers counts messages and lists the first few of their numbers.
+type Numbers struct {
+	N     int64   `json:"n"`
+	First []int64 `json:"first,omitempty"`
 }
 
 // ReadVerdict reads the verdict file at path.

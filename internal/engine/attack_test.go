@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -417,7 +418,10 @@ func TestMessagesScopedToQP(t *testing.T) {
 }
 
 // TestStaleGenerationIgnored: a FIN or RESET that names a vconn's vQPN
-// with another generation (its previous owner's) leaves the vconn alone.
+// with another generation (its previous owner's) leaves the vconn alone:
+// after each, a message still arrives each way, whole, a receive with
+// nothing more sent waits rather than read the end, and the vconn has not
+// failed; the right generation's RESET does reach it.
 func TestStaleGenerationIgnored(t *testing.T) {
 	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
@@ -430,20 +434,88 @@ func TestStaleGenerationIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := vc.Connect(vqpn.MakeID(9, 1)); err != nil {
+	peer := vqpn.MakeID(9, 1)
+	if err := vc.Connect(peer); err != nil {
 		t.Fatal(err)
 	}
-	stale := a.Stats().StaleDropped
 	id := vc.ID()
+	var seq uint32 // the next data message's number from the hostile node
+	works := func(after string) {
+		t.Helper()
+		in := fmt.Sprintf("to the vconn, %d", seq)
+		d := wire.DataHeader(uint32(len(in)), seq, 0, false)
+		d.Flags |= wire.FlagFirst | wire.FlagLast
+		h.send(h.in, a, id, d, []byte(in))
+		seq++
+		m, err := vc.Recv(ctx)
+		if err != nil {
+			t.Fatalf("after %s: receive: %v", after, err)
+		}
+		if string(m.Data) != in {
+			t.Fatalf("after %s: received %q, want %q", after, m.Data, in)
+		}
+		m.Release()
+		// Nothing more was sent: a receive waits, as on a vconn whose
+		// peer has not closed (not io.EOF).
+		quiet, stop := context.WithTimeout(ctx, 20*time.Millisecond)
+		_, err = vc.Recv(quiet)
+		stop()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("after %s: a receive with nothing sent returned %v, want it to wait", after, err)
+		}
+		out := "from the vconn after " + after
+		if err := vc.Send(ctx, []byte(out)); err != nil {
+			t.Fatalf("after %s: send: %v", after, err)
+		}
+		if got := h.awaitData(peer); string(got) != out {
+			t.Fatalf("after %s: the peer received %q, want %q", after, got, out)
+		}
+		if err := vc.Err(); err != nil {
+			t.Fatalf("after %s: the vconn failed: %v", after, err)
+		}
+	}
+	works("nothing")
+	stale, sent := a.Stats().StaleDropped, 0
 	for _, g := range []vqpn.Gen{id.Gen() - 1, id.Gen() + 1} {
 		if g == 0 {
 			continue
 		}
-		h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), wire.ControlHeader(wire.Reset), nil)
-		h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), wire.ControlHeader(wire.Fin), nil)
+		for _, typ := range []wire.Type{wire.Fin, wire.Reset} {
+			h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), wire.ControlHeader(typ), nil)
+			stale, sent = stale+1, sent+1
+			waitFor(t, func() bool { return a.Stats().StaleDropped == stale }, "the stale drop")
+			works(fmt.Sprintf("a %s of generation %d (the vconn's is %d)", map[wire.Type]string{wire.Reset: "RESET", wire.Fin: "FIN"}[typ], g, id.Gen()))
+		}
 	}
-	waitFor(t, func() bool { return a.Stats().StaleDropped >= stale+2 }, "stale drops")
+	if sent < 2 {
+		t.Fatalf("%d stale messages sent, want a FIN and a RESET at least", sent)
+	}
 	// The right generation does reach it.
 	h.send(h.in, a, id, wire.ControlHeader(wire.Reset), nil)
 	waitFor(t, func() bool { return errors.Is(vc.Err(), ErrReset) }, "the reset")
+}
+
+// awaitData waits for a data message the engine sends the hostile node's
+// vconn id and returns its payload.
+func (h *hostile) awaitData(id vqpn.ID) []byte {
+	h.t.Helper()
+	wcs := make([]verbs.WC, 16)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, wc := range wcs[:h.cq.Poll(wcs)] {
+			if wc.Opcode&verbs.WCRecv == 0 || wc.Status != verbs.WCSuccess || wc.ImmData != vqpn.Imm(id) {
+				continue
+			}
+			off := 1<<19 + int(wc.WRID)*2048
+			b := h.mr.Bytes()[off : off+int(wc.ByteLen)]
+			var hd wire.Header
+			if err := hd.Parse(b); err != nil || hd.Type != wire.Data {
+				continue
+			}
+			return append([]byte(nil), b[wire.HeaderLen:]...)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	h.t.Fatal("no data message arrived")
+	return nil
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -15,9 +16,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
@@ -209,9 +214,10 @@ func (e *env) servedCertificate(addr string) *x509.Certificate {
 
 // rollTo changes the service's transport with a helm upgrade, which changes every agent's
 // configuration: the DaemonSet rolls its agents one node at a time. It
-// measures, per node, how long the node had no ready agent, and fails if
-// two nodes were ever without one at once or the service does not return
-// to Ready.
+// watches the agent pods, every change of them, and measures per node how
+// long the node had no ready agent; it fails if two nodes were ever
+// without one at once, at any change, or the service does not return to
+// Ready.
 func (e *env) rollTo(transport string) {
 	// A node whose agent is not ready when the roll begins is replaced at
 	// once, beside the one the roll takes down (the DaemonSet controller
@@ -250,6 +256,27 @@ func (e *env) rollTo(transport string) {
 	if d, err := e.daemonSet(); err != nil || d.Generation != ds.Generation {
 		e.t.Fatalf("adopting the service into the release changed the agents' DaemonSet: %v (generation %d, was %d)", err, d.Generation, ds.Generation)
 	}
+	// Every change of an agent pod from here on, in the order the API
+	// server made them (a watch from the list's resourceVersion, resumed
+	// where it broke): the roll's transitions as they happened, so an
+	// overlap of two nodes down, however short, is seen, where a poll
+	// could fall on either side of it.
+	sel := "app.kubernetes.io/name=" + agentApp
+	pl, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pods := map[types.UID]corev1.Pod{}
+	for _, p := range pl.Items {
+		pods[p.UID] = p
+	}
+	wctx, stopWatch := context.WithCancel(e.ctx)
+	defer stopWatch()
+	rw, err := watchtools.NewRetryWatcherWithContext(wctx, pl.ResourceVersion, podWatcher{e.kube.CoreV1().Pods(namespace), sel})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rw.Stop()
 	began := time.Now()
 	upgrade(transport)
 	e.serviceTransportIs(transport)
@@ -259,21 +286,25 @@ func (e *env) rollTo(transport string) {
 	// The roll as it went, a line per change: what a failure is read by.
 	var timeline []string
 	last := ""
-	e.eventually("every agent replaced and ready", 5*time.Minute, func() (bool, string) {
+	// seen takes the pods as they are after a change, at now, and says
+	// whether every node has a new agent, ready.
+	seen := func(now time.Time) (done bool, why string) {
 		ready := map[string]bool{}
 		replaced := map[string]bool{}
-		pods := e.agentPods()
 		for _, p := range pods {
 			if p.DeletionTimestamp == nil && podReady(&p) {
 				ready[p.Spec.NodeName] = true
 				replaced[p.Spec.NodeName] = p.UID != before[p.Spec.NodeName]
 			}
 		}
-		if s := rollState(pods, before); s != last {
+		all := slices.SortedFunc(maps.Values(pods), func(a, b corev1.Pod) int {
+			return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), strings.Compare(a.Name, b.Name))
+		})
+		if s := rollState(all, before); s != last {
 			last = s
-			timeline = append(timeline, fmt.Sprintf("+%5.1fs %s", time.Since(began).Seconds(), s))
+			timeline = append(timeline, fmt.Sprintf("+%5.1fs %s", now.Sub(began).Seconds(), s))
 		}
-		now, downNow := time.Now(), 0
+		downNow := 0
 		for _, n := range e.nodes {
 			switch {
 			case !ready[n]:
@@ -294,7 +325,28 @@ func (e *env) rollTo(transport string) {
 			}
 		}
 		return true, ""
-	})
+	}
+	timeout := time.After(5 * time.Minute)
+	for done, why := seen(time.Now()); !done; done, why = seen(time.Now()) {
+		select {
+		case ev, ok := <-rw.ResultChan():
+			if !ok {
+				e.t.Fatalf("the watch of the agent pods ended (%s):\n%s", why, strings.Join(timeline, "\n"))
+			}
+			switch ev.Type {
+			case watch.Added, watch.Modified:
+				p := ev.Object.(*corev1.Pod)
+				pods[p.UID] = *p
+			case watch.Deleted:
+				delete(pods, ev.Object.(*corev1.Pod).UID)
+			case watch.Error:
+				e.t.Fatalf("watching the agent pods: %v\n%s", apierrors.FromObject(ev.Object), strings.Join(timeline, "\n"))
+			}
+		case <-timeout:
+			e.t.Fatalf("every agent replaced and ready: not after 5m0s: %s\n%s", why, strings.Join(timeline, "\n"))
+		}
+	}
+	stopWatch()
 	e.eventually("the service Ready after the roll", 2*time.Minute, e.agentReady)
 	if maxDown > 1 {
 		e.t.Errorf("%d nodes were without a ready agent at once; the roll must go one node at a time:\n%s",
@@ -317,6 +369,17 @@ func (e *env) rollTo(transport string) {
 	if c := meta.FindStatusCondition(svc.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
 		e.t.Fatalf("RDMAService Ready: %+v", c)
 	}
+}
+
+// podWatcher watches the pods of a label selector, for a RetryWatcher.
+type podWatcher struct {
+	pods     typedcorev1.PodInterface
+	selector string
+}
+
+func (w podWatcher) WatchWithContext(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	o.LabelSelector = w.selector
+	return w.pods.Watch(ctx, o)
 }
 
 // rollState says, node by node, which agent pod is there (old or new),

@@ -159,9 +159,12 @@ func (e *env) dra() {
 	e.claimAllocated(extClaim, extNode, "dra-ext", 1)
 
 	// The quota is exact: a fifth vconn on the template's claim is refused
-	// by the agent, and the client says so.
+	// by the client's agent, with the quota's code and the claim's
+	// allocation named, and the four others deliver every message.
 	over := load{conns: templateVConns + 1, msgs: 10, size: 64}
 	e.createPod(e.draPod("dra-over", claimNode, 0, over))
+	overAlloc := "dra-" + string(e.claimOf("dra-over").UID)
+	refusal := fmt.Sprintf("allocation %s has all its %d vconns in use", overAlloc, templateVConns)
 	e.eventually("dra-over refused its fifth vconn", 3*time.Minute, func() (bool, string) {
 		v, ok, why := e.verdictOf("dra-over")
 		if !ok {
@@ -169,6 +172,14 @@ func (e *env) dra() {
 		}
 		if v.OK {
 			e.t.Fatalf("dra-over opened %d vconns on a claim of %d", over.conns, templateVConns)
+		}
+		// vconn.ErrQuota's text, then the agent's reason (internal/agent's
+		// listen.go): not the server's allocation, nor any other failure.
+		if !strings.Contains(v.Error, "vconn quota exhausted: dial ") || !strings.Contains(v.Error, refusal) {
+			e.t.Fatalf("dra-over failed with %q, want the quota's refusal: %q", v.Error, refusal)
+		}
+		if want := int64(templateVConns * over.msgs); v.Sent != want || v.Delivered != want || len(v.VConns) != 1 || v.VConns[0].Sent != 0 {
+			e.t.Fatalf("dra-over: verdict %+v, want %d messages sent and delivered on the %d vconns of the claim, and one vconn refused", v, want, templateVConns)
 		}
 		return true, ""
 	})

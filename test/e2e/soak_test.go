@@ -19,28 +19,30 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/rdmavisor/rdmavisor/internal/echotest"
 )
 
-// soakLoad is what each checker run sends from one node to another.
+// soakLoad is what each checker run sends from one node to another, with
+// soakWindow messages in flight on each vconn: a message that vanishes
+// shows as soon as a later one comes back.
 var soakLoad = load{conns: 4, msgs: 300, size: 2048}
 
-// pairStats is what the checker saw between two nodes.
-type pairStats struct {
-	runs, ok, failed      int
-	sent, delivered       int64
-	lost, corrupt, failIn int64
-}
+const soakWindow = 8
 
 // TestSoak runs `make soak` (hack/soak.sh, E2E_SOAK_DURATION): checkers
 // send and verify traffic between every ordered pair of nodes for the
 // duration while a schedule, at random, kills agents, restarts kubelets,
 // impairs links and restarts the operator. A reliable vconn either
 // delivers every message it took, whole and in order, or fails with an
-// error: a checker run that fails so counts its unanswered messages as
-// failed, not lost; one whose echo came back different counts the
-// difference as lost or corrupt (the echo checks every byte against the
-// message's vconn and sequence number, so a lost, duplicated or reordered
-// message shows). At the end, with the chaos stopped, one clean round
+// error. The checkers number their messages, soakWindow of them in flight
+// per vconn, and say by number what became of each (examples/echo's
+// verdict, tallied by echotest.Tally): delivered; failed, unanswered when
+// the vconn failed with an error the checker was told; vanished, skipped
+// over by a later message or unanswered when the checker stopped waiting
+// with no error; duplicated or out of order; corrupt, every byte checked
+// against the message's vconn and number. Only the first two may be
+// non-zero. At the end, with the chaos stopped, one clean round
 // must pass on every pair, and once the checkers are gone every agent must
 // hold what it held before they came: no allocation, open vconn or buffer
 // left. It prints, and writes to E2E_SOAK_REPORT if set, a table.
@@ -85,7 +87,7 @@ func TestSoak(t *testing.T) {
 		})
 	}()
 
-	stats := map[[2]string]*pairStats{}
+	stats := map[[2]string]*echotest.Tally{}
 	var smu sync.Mutex
 	var wg sync.WaitGroup
 	deadline := began.Add(d)
@@ -94,13 +96,13 @@ func TestSoak(t *testing.T) {
 			if from == to {
 				continue
 			}
-			ps := &pairStats{}
+			ps := &echotest.Tally{}
 			stats[[2]string{from, to}] = ps
 			wg.Go(func() {
 				for n := 0; time.Now().Before(deadline); n++ {
 					v := e.soakRun(fmt.Sprintf("soak-%s-%s-%d", short(from), short(to), n), from, to)
 					smu.Lock()
-					ps.add(v)
+					ps.Add(v)
 					smu.Unlock()
 				}
 			})
@@ -133,10 +135,11 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	for key, ps := range stats {
-		if ps.lost != 0 || ps.corrupt != 0 {
-			t.Errorf("%s → %s: %d messages lost, %d corrupt, duplicated or out of order on reliable vconns", key[0], key[1], ps.lost, ps.corrupt)
+		if !ps.Sound() {
+			t.Errorf("%s → %s: on reliable vconns, %d messages vanished without an error, %d came back duplicated or out of order, %d corrupt",
+				key[0], key[1], ps.Vanished, ps.Misordered, ps.Corrupt)
 		}
-		if ps.ok == 0 {
+		if ps.OK == 0 {
 			t.Errorf("%s → %s: no checker run succeeded in %s", key[0], key[1], d)
 		}
 	}
@@ -151,27 +154,6 @@ func TestSoak(t *testing.T) {
 }
 
 func short(node string) string { return node[strings.LastIndexByte(node, '-')+1:] }
-
-func (ps *pairStats) add(v verdict) {
-	ps.runs++
-	ps.sent += v.Sent
-	ps.delivered += v.Delivered
-	switch {
-	case v.OK:
-		ps.ok++
-		ps.lost += v.Sent - v.Delivered
-	case strings.Contains(v.Error, " byte ") || strings.Contains(v.Error, "bytes back"):
-		// The echo came back other than sent: a message lost, duplicated,
-		// reordered or damaged on a vconn that did not fail.
-		ps.corrupt++
-		ps.failed++
-	default:
-		// The vconn failed with an error: its unanswered messages are
-		// known to the application, not lost.
-		ps.failed++
-		ps.failIn += v.Sent - v.Delivered
-	}
-}
 
 // soakServer makes sure node runs an echo server.
 func (e *env) soakServer(node string) {
@@ -198,7 +180,7 @@ func (e *env) soakRun(name, from, to string) verdict {
 	}
 	pod := e.echoPod(name, from, int64(soakLoad.conns), "client", fmt.Sprintf("--addr=%s:%d", server.Status.PodIP, echoPort),
 		fmt.Sprintf("--conns=%d", soakLoad.conns), fmt.Sprintf("--messages=%d", soakLoad.msgs),
-		fmt.Sprintf("--size=%d", soakLoad.size), "--timeout=90s", "--verdict=/dev/termination-log")
+		fmt.Sprintf("--size=%d", soakLoad.size), fmt.Sprintf("--window=%d", soakWindow), "--timeout=90s", "--verdict=/dev/termination-log")
 	if _, err := e.kube.CoreV1().Pods("default").Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
 		return verdict{Error: "creating the checker: " + err.Error()}
 	}
@@ -311,29 +293,24 @@ func (e *env) soakLeaks(baseline map[string]samples) []string {
 	return leaks
 }
 
-func soakReport(d time.Duration, stats map[[2]string]*pairStats, final map[[2]string]verdict, events, leaks []string) string {
+func soakReport(d time.Duration, stats map[[2]string]*echotest.Tally, final map[[2]string]verdict, events, leaks []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Soak: %s, %d vconns × %d messages of %d bytes per checker run\n\n", d, soakLoad.conns, soakLoad.msgs, soakLoad.size)
-	b.WriteString("| from → to | runs | ok | failed with an error | sent | delivered | failed in flight | lost | corrupt/duplicated | after the chaos |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	var tot pairStats
+	fmt.Fprintf(&b, "# Soak: %s, %d vconns × %d messages of %d bytes, %d in flight, per checker run\n\n", d, soakLoad.conns, soakLoad.msgs, soakLoad.size, soakWindow)
 	keys := make([][2]string, 0, len(stats))
 	for k := range stats {
 		keys = append(keys, k)
 	}
 	sortPairs(keys)
+	rows := make([]echotest.Row, 0, len(keys))
 	for _, k := range keys {
-		ps := stats[k]
 		after := "ok"
 		if !final[k].OK {
 			after = "FAILED: " + final[k].Error
 		}
-		fmt.Fprintf(&b, "| %s → %s | %d | %d | %d | %d | %d | %d | %d | %d | %s |\n", k[0], k[1], ps.runs, ps.ok, ps.failed, ps.sent, ps.delivered, ps.failIn, ps.lost, ps.corrupt, after)
-		tot.runs, tot.ok, tot.failed = tot.runs+ps.runs, tot.ok+ps.ok, tot.failed+ps.failed
-		tot.sent, tot.delivered, tot.failIn, tot.lost, tot.corrupt = tot.sent+ps.sent, tot.delivered+ps.delivered, tot.failIn+ps.failIn, tot.lost+ps.lost, tot.corrupt+ps.corrupt
+		rows = append(rows, echotest.Row{From: k[0], To: k[1], Tally: *stats[k], After: after})
 	}
-	fmt.Fprintf(&b, "| **all** | %d | %d | %d | %d | %d | %d | %d | %d | |\n\n", tot.runs, tot.ok, tot.failed, tot.sent, tot.delivered, tot.failIn, tot.lost, tot.corrupt)
-	fmt.Fprintf(&b, "Resources leaked once the checkers were gone: %d\n", len(leaks))
+	echotest.WriteTable(&b, rows)
+	fmt.Fprintf(&b, "\nResources leaked once the checkers were gone: %d\n", len(leaks))
 	for _, l := range leaks {
 		fmt.Fprintf(&b, "- %s\n", l)
 	}

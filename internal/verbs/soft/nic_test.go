@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -58,20 +59,59 @@ func TestQPCacheLRU(t *testing.T) {
 
 // TestNICModelCharges checks that a cache smaller than the QPs in use
 // misses on every packet of a round-robin, and a large one only on the
-// first of each QP.
+// first of each QP, and what the packets cost on the model's virtual
+// clock: each its framed bytes at the line rate, plus the miss penalty on
+// a miss, paid in (synctest's) wall-clock time once it is a quantum
+// ahead; and that an idle spell credits at most maxCredit.
 func TestNICModelCharges(t *testing.T) {
+	const (
+		packets = 40
+		bytes   = 64
+		penalty = 10 * time.Microsecond
+		// At 1 Gb/s, a nanosecond a bit: 64 bytes and the framing.
+		perPacket = (bytes + frameOverhead) * 8 * time.Nanosecond
+	)
 	for _, tc := range []struct {
 		entries    int
 		wantMisses uint64
-	}{{entries: 2, wantMisses: 40}, {entries: 4, wantMisses: 4}} {
-		var s Stats
-		n := newNIC(NICModel{QPCacheEntries: tc.entries, MissPenalty: time.Nanosecond, LineRate: 1e12, RxRingDepth: 1}, &s)
-		for i := 0; i < 40; i++ {
-			n.charge(uint32(i%4), 64)
-		}
-		if got := s.qpCacheMisses.Load(); got != tc.wantMisses {
-			t.Errorf("%d entries: %d misses, want %d", tc.entries, got, tc.wantMisses)
-		}
+	}{{entries: 2, wantMisses: packets}, {entries: 4, wantMisses: 4}} {
+		t.Run(fmt.Sprintf("%d entries", tc.entries), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var s Stats
+				n := newNIC(NICModel{QPCacheEntries: tc.entries, MissPenalty: penalty, LineRate: 1e9, RxRingDepth: 1}, &s)
+				began := time.Now()
+				for i := range packets {
+					n.charge(uint32(i%4), bytes)
+				}
+				if got := s.qpCacheMisses.Load(); got != tc.wantMisses {
+					t.Errorf("%d misses, want %d", got, tc.wantMisses)
+				}
+				want := packets*perPacket + time.Duration(tc.wantMisses)*penalty
+				if n.vclock != want {
+					t.Errorf("virtual clock at %v after %d packets, want %v", n.vclock, packets, want)
+				}
+				// Time stands still in the bubble but for the model's
+				// sleeps: what it slept is what the clock was ahead,
+				// short of at most a quantum.
+				slept := time.Since(began)
+				if want < sleepQuantum && slept != 0 || want >= sleepQuantum && (slept > want || want-slept >= sleepQuantum) {
+					t.Errorf("slept %v for a virtual clock at %v, want within %v under it", slept, want, sleepQuantum)
+				}
+
+				// Idle for 10 ms: the clock falls behind by at most
+				// maxCredit, so a burst after it is charged nearly at once.
+				time.Sleep(10 * time.Millisecond)
+				idle := time.Since(n.start)
+				n.charge(0, bytes) // a miss unless the cache holds all 4 QPs
+				want = idle - maxCredit + perPacket
+				if tc.entries < 4 {
+					want += penalty
+				}
+				if n.vclock != want {
+					t.Errorf("after 10 ms idle, virtual clock at %v, want %v (maxCredit behind, plus one packet)", n.vclock, want)
+				}
+			})
+		})
 	}
 }
 
