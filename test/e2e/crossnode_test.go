@@ -212,6 +212,20 @@ func (e *env) servedCertificate(addr string) *x509.Certificate {
 	return got
 }
 
+// progressing is the service's Progressing condition for its current
+// generation, nil until the operator has written one.
+func (e *env) progressing() *metav1.Condition {
+	var svc v1alpha1.RDMAService
+	if err := e.crs.Get(e.ctx, client.ObjectKey{Name: e.svc.Name}, &svc); err != nil {
+		return nil
+	}
+	c := meta.FindStatusCondition(svc.Status.Conditions, v1alpha1.ConditionProgressing)
+	if c == nil || c.ObservedGeneration != svc.Generation {
+		return nil
+	}
+	return c
+}
+
 // rollTo changes the service's transport with a helm upgrade, which changes every agent's
 // configuration: the DaemonSet rolls its agents one node at a time. It
 // watches the agent pods, every change of them, and measures per node how
@@ -327,8 +341,17 @@ func (e *env) rollTo(transport string) {
 		return true, ""
 	}
 	timeout := time.After(5 * time.Minute)
+	// Progressing must stay True until every agent runs the new spec: a
+	// script waiting for it to turn False must not go on mid-roll.
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var progressingFalse []string
 	for done, why := seen(time.Now()); !done; done, why = seen(time.Now()) {
+		if c := e.progressing(); c != nil && c.Status == metav1.ConditionFalse {
+			progressingFalse = append(progressingFalse, fmt.Sprintf("+%.1fs %s: %s (%s)", time.Since(began).Seconds(), c.Reason, c.Message, why))
+		}
 		select {
+		case <-tick.C:
 		case ev, ok := <-rw.ResultChan():
 			if !ok {
 				e.t.Fatalf("the watch of the agent pods ended (%s):\n%s", why, strings.Join(timeline, "\n"))
@@ -347,6 +370,14 @@ func (e *env) rollTo(transport string) {
 		}
 	}
 	stopWatch()
+	if len(progressingFalse) > 0 {
+		e.t.Errorf("Progressing was False for the new spec while agents had not all rolled:\n%s\n%s",
+			strings.Join(progressingFalse, "\n"), strings.Join(timeline, "\n"))
+	}
+	e.eventually("Progressing False (Complete) once the roll is over", 2*time.Minute, func() (bool, string) {
+		c := e.progressing()
+		return c != nil && c.Status == metav1.ConditionFalse, fmt.Sprintf("%+v", c)
+	})
 	e.eventually("the service Ready after the roll", 2*time.Minute, e.agentReady)
 	if maxDown > 1 {
 		e.t.Errorf("%d nodes were without a ready agent at once; the roll must go one node at a time:\n%s",
@@ -354,10 +385,15 @@ func (e *env) rollTo(transport string) {
 	} else {
 		e.t.Logf("roll to %s, as it went:\n%s", transport, strings.Join(timeline, "\n"))
 	}
+	var outages []string
 	for _, n := range e.nodes {
 		e.t.Logf("roll to %s: the agent on %s was not ready for %s", transport, n, outage[n].Round(100*time.Millisecond))
+		outages = append(outages, fmt.Sprintf("%s %s", n, outage[n].Round(100*time.Millisecond)))
 	}
-	e.t.Logf("roll to %s: %s from the patch to every agent ready", transport, time.Since(began).Round(100*time.Millisecond))
+	took := time.Since(began).Round(100 * time.Millisecond)
+	e.t.Logf("roll to %s: %s from the patch to every agent ready", transport, took)
+	e.measured("roll to "+transport+": each node without a ready agent", "%s", strings.Join(outages, ", "))
+	e.measured("roll to "+transport+": from helm upgrade to every agent replaced and ready", "%s", took)
 	e.svc.Spec.Transport = v1alpha1.Transport(transport)
 	// The agents are new: the server's agent lost its vconns; start anew.
 	e.deletePod("echo-server")
