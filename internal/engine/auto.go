@@ -299,7 +299,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 	}
 	p.freeAcked(vc, r)
 	remote := vqpn.ID(vc.remote.Load())
-	resendTo := r.tx.TakeResend()
+	resendTo := r.tx.TakeResend(now)
 	pending := r.tx.Pending()
 	timedOut := false
 	for i := range pending {
@@ -332,7 +332,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		e.stats.retransmits.Add(1)
 	}
 	if timedOut {
-		r.tx.Backoff()
+		r.tx.Backoff(now)
 		// One loss, however many datagrams timed out: a lost or late
 		// acknowledgement (a credit grant RC is still recovering) times
 		// out every datagram in flight, which all arrived.

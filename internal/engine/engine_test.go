@@ -406,7 +406,8 @@ func TestAutoAcksOnlyDatagrams(t *testing.T) {
 // and no retransmission, for the timeout follows the measured round trip.
 //
 // A retransmission on a lossless fabric is then the host's doing: a poller
-// or a goroutine of the soft device stalled past the timeout's 5 ms floor.
+// or a goroutine of the soft device stalled past the timeout's floor (25 ms
+// on a path without gap reports, reliable.MinRTO; 5 ms before).
 // The race detector stalls goroutines for milliseconds; rxe in the rxe VM,
 // whose emulated CPUs stall the guest's pollers and rxe's own tasklets,
 // retransmitted 3 to 71 of 1603, with every message received once and no

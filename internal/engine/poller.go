@@ -324,7 +324,7 @@ func (p *poller) round() bool {
 	if len(p.rel.rtx) > 0 {
 		soon := p.rel.soon.Load() && p.rel.soon.Swap(false)
 		if now := p.clock(); soon || now.After(p.rel.rtxAt) {
-			p.rel.rtxAt = now.Add(reliable.MinRTO / 4)
+			p.rel.rtxAt = now.Add(reliable.LossyMinRTO / 4)
 			p.retransmit(now)
 			p.flushSends()
 		}
@@ -335,7 +335,7 @@ func (p *poller) round() bool {
 // clock is the poller's coarse time, read again after a round that did
 // work, every clockRounds rounds that did not, and after a sleep: datagram
 // timestamps and the acknowledgement delay need a resolution well under
-// reliable.MinRTO, not a clock read (46 ns here) in each of the millions of
+// reliable.LossyMinRTO, not a clock read (46 ns here) in each of the millions of
 // empty rounds a second a spinning poller makes. Only intervals matter,
 // so it reads the monotonic clock alone, as time.Since does (25 ns here,
 // where time.Now also reads the wall clock); its wall reading is the

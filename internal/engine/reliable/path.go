@@ -27,8 +27,8 @@ import "time"
 //
 // The thresholds are where the engine's recovery costs more than RC's: a
 // lost datagram costs a resend and a stall of its vconn while the gap is
-// reported (a round trip) or, at a burst's tail, a timeout (MinRTO and
-// more); a lost RC packet costs the NIC a go-back-N and, at a tail, its
+// reported (a round trip) or, at a burst's tail, a timeout (LossyMinRTO
+// and more on a path that reports gaps); a lost RC packet costs the NIC a go-back-N and, at a tail, its
 // local ACK timeout (the engine's RC QPs: 4.096 µs × 2^16, 268 ms). Measured
 // on the soft fabric (docs/architecture.md, E5's loss sweep), UC datagrams
 // stayed ahead of RC up to 5% packet loss at every small size (where a

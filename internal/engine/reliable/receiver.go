@@ -73,7 +73,7 @@ func (r *Receiver[M]) FirstCopy(seq uint32, window int) bool {
 // gap before it fills, and reports whether the sender should hear of the
 // gap (once per gap). A datagram lost (a receive queue overflowed on the
 // way) would otherwise wait for the retransmission timeout, at least
-// MinRTO, while the window drains and the vconn stops; told, the sender
+// LossyMinRTO, while the window drains and the vconn stops; told, the sender
 // resends what is missing at once, as TCP's fast retransmit and RC's
 // sequence-error NAK do. mu held.
 func (r *Receiver[M]) Hold(d int32, m M) (report bool) {

@@ -10,13 +10,21 @@ import (
 // The retransmission timeout is for the tail of a burst only: a loss with
 // anything after it is reported as a gap and resent at once (Receiver).
 // So it can afford to wait out the stalls a busy host imposes on pollers
-// and the soft device's goroutines (a goroutine may wait a scheduler slice,
-// milliseconds, for a core); at 1 ms, every such stall resent a window in
-// vain. eRPC's timeout is 5 ms too.
+// and the soft device's goroutines: a thread waits a scheduler slice or
+// several for a core (Linux's CFS stretches its 12 ms period on 2 CPUs
+// with more runnable threads). With four CPU-bound processes beside two
+// agents on 2 CPUs, a 5 ms floor resent up to 6 of 2,000 echoes on a
+// lossless link (4 runs of 5; 25 ms: none in 5), and each spurious timeout
+// also counts as a loss against Auto's path (TestSpuriousTimeouts). Only a path whose peer
+// has reported a gap lately, the sign of real loss, waits the shorter
+// LossyMinRTO, as eRPC's 5 ms: there a tail loss is likely, and waiting
+// 25 ms for each cut E5's rate at 5% loss to a quarter.
 const (
-	MinRTO  = 5 * time.Millisecond  // the timeout never goes below this
-	InitRTO = 10 * time.Millisecond // before the first round-trip sample
-	MaxRTO  = 160 * time.Millisecond
+	MinRTO      = 25 * time.Millisecond // the floor on a path that lost nothing lately
+	LossyMinRTO = 5 * time.Millisecond  // the floor within LossyHold of a gap report
+	LossyHold   = time.Second
+	InitRTO     = 50 * time.Millisecond // before the first round-trip sample
+	MaxRTO      = 160 * time.Millisecond
 	// MaxTries: about 3 to 4 s of silence before the vconn fails. The
 	// peer's agent is declared gone by its heartbeat after 2 s; this is
 	// for a path that fails while the control plane still answers, and
@@ -57,6 +65,9 @@ type Sender struct {
 	peerAck   atomic.Uint32
 	peerAckAt atomic.Int64
 	resendTo  atomic.Uint32
+	// lossyUntil: the peer reported a gap within LossyHold before it, so
+	// the floor is LossyMinRTO until then. Owner only.
+	lossyUntil time.Time
 }
 
 // Push keeps d until it is acknowledged. Owner only.
@@ -87,8 +98,14 @@ func (s *Sender) OnGap(end uint32) {
 }
 
 // TakeResend returns the end of the gap last reported and forgets it (0:
-// none). Owner only.
-func (s *Sender) TakeResend() uint32 { return s.resendTo.Swap(0) }
+// none); a gap makes the path lossy until LossyHold after now. Owner only.
+func (s *Sender) TakeResend(now time.Time) uint32 {
+	end := s.resendTo.Swap(0)
+	if end != 0 {
+		s.lossyUntil = now.Add(LossyHold)
+	}
+	return end
+}
 
 // FreeAcked hands free the datagrams the peer acknowledged, oldest first,
 // and updates the round-trip estimate from the newest one sent only once
@@ -157,7 +174,7 @@ func (s *Sender) Waiting() bool { return s.head < len(s.unacked) }
 func (s *Sender) Due(d *Datagram, now time.Time, resendTo uint32) (due, early bool) {
 	age := now.Sub(d.Sent)
 	gap := resendTo != 0 && int32(d.Seq-resendTo) < 0 && (d.Tries == 0 || age >= s.srtt)
-	early = age < s.timeout(d.Tries)
+	early = age < s.timeout(d.Tries, now)
 	return gap || !early, early
 }
 
@@ -174,12 +191,8 @@ func Resent(d *Datagram, now time.Time) { d.Sent, d.Tries = now, d.Tries+1 }
 // grew past the timeout (pollers starved of CPU), every datagram times out,
 // none gives a sample, and the timeout never grows: every message is sent
 // twice or more, on the path that could least afford it. Owner only.
-func (s *Sender) Backoff() {
-	rto := s.rto
-	if rto == 0 {
-		rto = InitRTO
-	}
-	s.rto = min(2*rto, MaxRTO)
+func (s *Sender) Backoff(now time.Time) {
+	s.rto = min(2*s.timeout(0, now), MaxRTO)
 }
 
 // observe folds a round-trip sample into the estimate (RFC 6298 2.2-2.3).
@@ -195,14 +208,18 @@ func (s *Sender) observe(sample time.Duration) {
 		s.rttvar = (3*s.rttvar + d) / 4
 		s.srtt = (7*s.srtt + sample) / 8
 	}
-	s.rto = min(max(s.srtt+4*s.rttvar, MinRTO), MaxRTO)
+	s.rto = min(max(s.srtt+4*s.rttvar, LossyMinRTO), MaxRTO)
 }
 
-// timeout is the retransmission timeout of a datagram sent tries+1 times.
-func (s *Sender) timeout(tries int32) time.Duration {
+// timeout is the retransmission timeout at now of a datagram sent tries+1
+// times: the estimate, at least the floor the path's recent losses allow.
+func (s *Sender) timeout(tries int32, now time.Time) time.Duration {
 	rto := s.rto
 	if rto == 0 {
 		rto = InitRTO
+	}
+	if now.After(s.lossyUntil) {
+		rto = max(rto, MinRTO)
 	}
 	return min(rto<<tries, MaxRTO)
 }

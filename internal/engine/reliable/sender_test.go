@@ -66,15 +66,15 @@ func TestSenderFreeAcked(t *testing.T) {
 // doubling with each try.
 func TestSenderRTT(t *testing.T) {
 	var s Sender
-	if got := s.timeout(0); got != InitRTO {
+	if got := s.timeout(0, epoch); got != InitRTO {
 		t.Fatalf("timeout before a sample %v, want %v", got, InitRTO)
 	}
 	seq := push(&s, 0, epoch, 1)
 	s.OnAck(seq)
-	s.AckTime(2 * time.Millisecond)
+	s.AckTime(10 * time.Millisecond)
 	s.FreeAcked(epoch, func(*Datagram) {})
-	if s.srtt != 2*time.Millisecond || s.rttvar != time.Millisecond || s.timeout(0) != 6*time.Millisecond {
-		t.Fatalf("after a 2 ms sample: srtt %v rttvar %v timeout %v", s.srtt, s.rttvar, s.timeout(0))
+	if s.srtt != 10*time.Millisecond || s.rttvar != 5*time.Millisecond || s.timeout(0, epoch) != 30*time.Millisecond {
+		t.Fatalf("after a 10 ms sample: srtt %v rttvar %v timeout %v", s.srtt, s.rttvar, s.timeout(0, epoch))
 	}
 	// A resent datagram's acknowledgement is no sample: the estimate stays.
 	next := push(&s, seq, epoch.Add(3*time.Millisecond), 1)
@@ -82,25 +82,37 @@ func TestSenderRTT(t *testing.T) {
 	s.OnAck(next)
 	s.AckTime(100 * time.Millisecond)
 	s.FreeAcked(epoch, func(*Datagram) {})
-	if s.srtt != 2*time.Millisecond {
+	if s.srtt != 10*time.Millisecond {
 		t.Fatalf("a resent datagram's ack moved srtt to %v", s.srtt)
 	}
-	if s.timeout(1) != 12*time.Millisecond || s.timeout(10) != MaxRTO {
-		t.Fatalf("backoff: %v, %v", s.timeout(1), s.timeout(10))
+	if s.timeout(1, epoch) != 60*time.Millisecond || s.timeout(10, epoch) != MaxRTO {
+		t.Fatalf("backoff: %v, %v", s.timeout(1, epoch), s.timeout(10, epoch))
 	}
-	// A tiny round trip still waits MinRTO.
+	// A tiny round trip still waits MinRTO, or LossyMinRTO for LossyHold
+	// after the peer reported a gap.
 	s.observe(time.Microsecond)
 	for range 50 {
 		s.observe(time.Microsecond)
 	}
-	if s.rto != MinRTO {
-		t.Fatalf("rto %v after µs samples, want %v", s.rto, MinRTO)
+	if got := s.timeout(0, epoch); got != MinRTO {
+		t.Fatalf("timeout %v after µs samples, want %v", got, MinRTO)
+	}
+	s.OnGap(1)
+	at := epoch.Add(time.Hour)
+	if s.TakeResend(at) != 1 {
+		t.Fatal("the gap was not taken")
+	}
+	if got := s.timeout(0, at.Add(LossyHold-time.Millisecond)); got != LossyMinRTO {
+		t.Fatalf("timeout %v within LossyHold of a gap report, want %v", got, LossyMinRTO)
+	}
+	if got := s.timeout(0, at.Add(LossyHold+time.Millisecond)); got != MinRTO {
+		t.Fatalf("timeout %v past LossyHold of a gap report, want %v again", got, MinRTO)
 	}
 }
 
 func TestSenderDue(t *testing.T) {
 	var s Sender
-	s.observe(2 * time.Millisecond) // srtt 2 ms, timeout 6 ms
+	s.observe(10 * time.Millisecond) // srtt 10 ms, timeout 30 ms
 	for _, tc := range []struct {
 		name       string
 		d          Datagram
@@ -109,11 +121,11 @@ func TestSenderDue(t *testing.T) {
 		due, early bool
 	}{
 		{"young", Datagram{Seq: 5, Last: 5}, time.Millisecond, 0, false, true},
-		{"timed out", Datagram{Seq: 5, Last: 5}, 7 * time.Millisecond, 0, true, false},
+		{"timed out", Datagram{Seq: 5, Last: 5}, 31 * time.Millisecond, 0, true, false},
 		{"in a gap", Datagram{Seq: 5, Last: 5}, time.Millisecond, 6, true, true},
 		{"past the gap", Datagram{Seq: 6, Last: 6}, time.Millisecond, 6, false, true},
 		{"in a gap, resent a moment ago", Datagram{Seq: 5, Last: 5, Tries: 1}, time.Millisecond, 6, false, true},
-		{"in a gap, resent a round trip ago", Datagram{Seq: 5, Last: 5, Tries: 1}, 3 * time.Millisecond, 6, true, true},
+		{"in a gap, resent a round trip ago", Datagram{Seq: 5, Last: 5, Tries: 1}, 11 * time.Millisecond, 6, true, true},
 		{"in a gap across the wrap", Datagram{Seq: ^uint32(0), Last: ^uint32(0)}, 0, 2, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,20 +150,20 @@ func TestSenderDue(t *testing.T) {
 
 func TestSenderGap(t *testing.T) {
 	var s Sender
-	if s.TakeResend() != 0 {
+	if s.TakeResend(epoch) != 0 {
 		t.Fatal("a gap before any was reported")
 	}
 	s.OnGap(10)
 	s.OnGap(8) // older news
-	if got := s.TakeResend(); got != 10 {
+	if got := s.TakeResend(epoch); got != 10 {
 		t.Fatalf("resend to %d, want 10", got)
 	}
-	if s.TakeResend() != 0 {
+	if s.TakeResend(epoch) != 0 {
 		t.Fatal("a gap taken twice")
 	}
 	s.OnGap(5)
 	s.OnGap(12)
-	if got := s.TakeResend(); got != 12 {
+	if got := s.TakeResend(epoch); got != 12 {
 		t.Fatalf("resend to %d, want 12", got)
 	}
 }
@@ -209,7 +221,7 @@ func FuzzSender(f *testing.F) {
 			case 4:
 				s.OnGap(s.acked + 1)
 			}
-			if s.rto != 0 && (s.rto < MinRTO || s.rto > MaxRTO) {
+			if s.rto != 0 && (s.rto < LossyMinRTO || s.rto > MaxRTO) {
 				t.Fatalf("rto %v", s.rto)
 			}
 		}
@@ -227,17 +239,17 @@ func FuzzSender(f *testing.F) {
 func TestSenderBackoff(t *testing.T) {
 	var s Sender
 	s.observe(time.Millisecond)
-	if got := s.timeout(0); got != MinRTO {
+	if got := s.timeout(0, epoch); got != MinRTO {
 		t.Fatalf("timeout after a 1 ms sample %v, want %v", got, MinRTO)
 	}
-	s.Backoff()
-	if got := s.timeout(0); got != 2*MinRTO {
+	s.Backoff(epoch)
+	if got := s.timeout(0, epoch); got != 2*MinRTO {
 		t.Fatalf("timeout after one backoff %v, want %v", got, 2*MinRTO)
 	}
 	for range 10 {
-		s.Backoff()
+		s.Backoff(epoch)
 	}
-	if got := s.timeout(0); got != MaxRTO {
+	if got := s.timeout(0, epoch); got != MaxRTO {
 		t.Fatalf("timeout after eleven backoffs %v, want %v", got, MaxRTO)
 	}
 	// Resent datagrams give no sample: the backed-off timeout stays.
@@ -246,7 +258,7 @@ func TestSenderBackoff(t *testing.T) {
 	s.OnAck(seq)
 	s.AckTime(201 * time.Millisecond)
 	s.FreeAcked(epoch, func(*Datagram) {})
-	if got := s.timeout(0); got != MaxRTO {
+	if got := s.timeout(0, epoch); got != MaxRTO {
 		t.Fatalf("timeout after a resent datagram's ack %v, want it still %v", got, MaxRTO)
 	}
 	// A datagram sent once gives a sample: the estimate takes over again.
@@ -254,12 +266,12 @@ func TestSenderBackoff(t *testing.T) {
 	s.OnAck(next)
 	s.AckTime(302 * time.Millisecond)
 	s.FreeAcked(epoch, func(*Datagram) {})
-	if got := s.timeout(0); got >= MaxRTO {
+	if got := s.timeout(0, epoch); got >= MaxRTO {
 		t.Fatalf("timeout after a fresh 2 ms sample %v, want it back under %v", got, MaxRTO)
 	}
 	var fresh Sender
-	fresh.Backoff()
-	if got := fresh.timeout(0); got != 2*InitRTO {
+	fresh.Backoff(epoch)
+	if got := fresh.timeout(0, epoch); got != 2*InitRTO {
 		t.Fatalf("backoff before any sample: %v, want %v", got, 2*InitRTO)
 	}
 }
