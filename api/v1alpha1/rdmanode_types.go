@@ -137,11 +137,13 @@ type RDMANodeStatus struct {
 	// VConnsAllocated is the sum of the quotas of the allocations bound
 	// on the node (pods holding vconns, whether or not they opened them).
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=0
 	// +optional
 	VConnsAllocated int32 `json:"vconnsAllocated"`
 
 	// VConnsOpen is the number of vconns open on the node.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=0
 	// +optional
 	VConnsOpen int32 `json:"vconnsOpen"`
 

@@ -294,15 +294,18 @@ type RDMAServiceStatus struct {
 	Nodes string `json:"nodes,omitempty"`
 
 	// VConnCapacity is the sum of the vconn capacity the agents report.
+	// +kubebuilder:default=0
 	// +optional
 	VConnCapacity int64 `json:"vconnCapacity"`
 
 	// VConnsAllocated is the sum of the vconns allocated to pods on the
 	// agents' nodes (their quotas, open or not).
+	// +kubebuilder:default=0
 	// +optional
 	VConnsAllocated int64 `json:"vconnsAllocated"`
 
 	// VConnsInUse is the sum of the vconns open on the agents.
+	// +kubebuilder:default=0
 	// +optional
 	VConnsInUse int64 `json:"vconnsInUse"`
 
