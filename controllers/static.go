@@ -46,7 +46,8 @@ func agentUserPrefix(namespace string) string {
 
 // AgentRules are what an agent needs: its RDMANode (create, update), every
 // RDMANode (read, for peer discovery) and certificate requests (create, and
-// get to wait for the signature) for its node certificate; and what its pod's
+// get to wait for the signature) for its node certificate; Events on the
+// pods it allocates vconns to (no reads); and what its pod's
 // DRA driver needs (spec.allocation DRA or Both): its node's ResourceSlice
 // (written, and watched for changes), the claims it prepares and its Node
 // (the slice's owner). RBAC cannot
@@ -59,6 +60,8 @@ func AgentRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{group}, Resources: []string{"rdmanodes"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
 		{APIGroups: []string{group}, Resources: []string{"rdmanodes/status"}, Verbs: []string{"get", "update", "patch"}},
 		{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}},
+		// Events on the pods whose vconns the agent allocates.
+		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},

@@ -101,6 +101,9 @@ func main() {
 		return
 	}
 	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }
+	if reporter != nil {
+		opts.PodEvents = rdmanode.NewPodEvents(ctx, reporter.Kube, cfg.NodeName, log)
+	}
 	a, err := agent.New(opts)
 	if err != nil {
 		log.Error(err, "Cannot start the agent")

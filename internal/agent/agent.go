@@ -35,6 +35,10 @@ type Options struct {
 	// (cmd/node-agent wires nodecert.Keeper.Renew), replaces it now: the
 	// admin op renewCertificate (rdmavisor agent renew-certificate).
 	RenewCertificate func(context.Context) (*x509.Certificate, error)
+	// PodEvents, when set, is told each allocation bound to a pod, so
+	// that the pod's Events say what it holds: its container's
+	// environment, which CDI and the device plugin fill, shows nothing.
+	PodEvents PodEvents
 	// OpenDevice opens the node's RDMA device for Config (the wiring in
 	// cmd/node-agent chooses the provider). New calls it once; the agent
 	// owns the device from then on and closes it on Close, or when New

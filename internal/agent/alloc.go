@@ -87,8 +87,30 @@ func (a *Agent) BindAllocation(id, namespace, name string) error {
 	al.mu.Unlock()
 	if old != pod {
 		a.log.Info("Bound an allocation to its pod", "allocation", id, "pod", pod, "was", old)
+		if a.opts.PodEvents != nil {
+			a.opts.PodEvents.Allocated(a.podRef(namespace, name), al.info())
+		}
 	}
 	return nil
+}
+
+// PodEvents records what happens to a pod's vconns as Events on the pod.
+// It must not block: it runs on the device plugin's requests.
+type PodEvents interface {
+	Allocated(pod admin.Pod, al admin.Allocation)
+}
+
+// podRef is the pod namespace/name as the CNI plugin registered it (its
+// UID, by which kubectl describe finds its Events), or only its name.
+func (a *Agent) podRef(namespace, name string) admin.Pod {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range a.pods {
+		if p.Namespace == namespace && p.Name == name {
+			return p
+		}
+	}
+	return admin.Pod{Namespace: namespace, Name: name}
 }
 
 func (a *Agent) createAllocation(id string, k int, podScoped bool, rail int) (admin.Allocation, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
@@ -32,8 +33,12 @@ func New(cfg *config.AgentConfig, log logr.Logger) (*Discovery, *Reporter, error
 	if err != nil {
 		return nil, nil, fmt.Errorf("rdmanode: API client: %w", err)
 	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rdmanode: API clientset: %w", err)
+	}
 	log = log.WithName("rdmanode")
 	d := &Discovery{Client: c, Service: cfg.ServiceName, Self: cfg.NodeName, Log: log}
-	r := &Reporter{Client: c, Node: cfg.NodeName, Service: cfg.ServiceName, Provider: v1alpha1.Provider(cfg.Device.Provider), Log: log}
+	r := &Reporter{Client: c, Kube: kube, Node: cfg.NodeName, Service: cfg.ServiceName, Provider: v1alpha1.Provider(cfg.Device.Provider), Log: log}
 	return d, r, nil
 }

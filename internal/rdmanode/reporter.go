@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
@@ -103,7 +104,9 @@ func (p *Pending) DeviceError() error {
 
 // Reporter keeps the RDMANode of one node up to date.
 type Reporter struct {
-	Client   client.Client
+	Client client.Client
+	// Kube is the typed clientset of the same API server, for Events.
+	Kube     kubernetes.Interface
 	Node     string
 	Service  string
 	Provider v1alpha1.Provider

@@ -414,6 +414,13 @@ func (e *env) echo() {
 		}
 	}
 	e.columnsMatchAgents(defaultLoad.conns + serverVConns)
+	// kubectl describe shows the pod's allocation (its environment,
+	// filled by the device plugin, shows nothing).
+	e.eventually("the server pod's Event of its allocation in kubectl describe", time.Minute, func() (bool, string) {
+		out, err := e.tryRun(e.kubectl, "describe", "pod", "echo-server", "-n", "default")
+		want := fmt.Sprintf("%d vconns allocated by the RDMAvisor agent on %s", serverVConns, e.serverNode())
+		return err == nil && strings.Contains(out, "VConnsAllocated") && strings.Contains(out, want), out
+	})
 }
 
 // agentPod is the agent's pod on node.

@@ -1,0 +1,56 @@
+package agent_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/agent"
+	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+)
+
+type podEvents struct {
+	mu  sync.Mutex
+	got []admin.Pod
+	als []admin.Allocation
+}
+
+func (e *podEvents) Allocated(p admin.Pod, al admin.Allocation) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.got, e.als = append(e.got, p), append(e.als, al)
+}
+
+// Binding an allocation to a pod tells PodEvents once, with the pod's UID
+// as the CNI plugin registered it (kubectl describe finds Events by it),
+// and binding it again to the same pod says nothing more.
+func TestBindAllocationTellsPodEvents(t *testing.T) {
+	ev := &podEvents{}
+	c, err := agenttest.Start(agenttest.Options{Log: logr.Discard(), TuneAgent: func(o *agent.Options) { o.PodEvents = ev }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a := c.Nodes[0].Agent
+	if err := a.RegisterPod(admin.Pod{UID: "uid-7", Namespace: "team", Name: "echo", IPs: []string{"10.244.0.7"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CreatePodAllocation("dp-7", 8); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := a.BindAllocation("dp-7", "team", "echo"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.got) != 1 || ev.got[0].UID != "uid-7" || ev.got[0].Namespace != "team" || ev.got[0].Name != "echo" {
+		t.Fatalf("PodEvents told %+v, want once the pod team/echo with uid uid-7", ev.got)
+	}
+	if ev.als[0].ID != "dp-7" || ev.als[0].VConns != 8 || ev.als[0].Pod != "team/echo" {
+		t.Errorf("allocation told %+v, want dp-7 of 8 vconns bound to team/echo", ev.als[0])
+	}
+}

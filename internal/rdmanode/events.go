@@ -1,0 +1,49 @@
+package rdmanode
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+
+	"github.com/rdmavisor/rdmavisor/internal/admin"
+)
+
+// ReasonVConnsAllocated is the reason of the Event a pod gets when its
+// vconns are allocated.
+const ReasonVConnsAllocated = "VConnsAllocated"
+
+// PodEvents records Events on pods through the events API, with its
+// broadcaster's rate limits and aggregation: what `kubectl describe pod`
+// shows of the pod's vconns.
+type PodEvents struct {
+	node string
+	rec  events.EventRecorder
+}
+
+// NewPodEvents records Events as the agent of node, until ctx ends.
+func NewPodEvents(ctx context.Context, kube kubernetes.Interface, node string, log logr.Logger) *PodEvents {
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: kube.EventsV1()})
+	b.StartRecordingToSink(ctx.Done())
+	b.StartStructuredLogging(4)
+	go func() { <-ctx.Done(); b.Shutdown() }()
+	return &PodEvents{node: node, rec: b.NewRecorder(scheme.Scheme, "rdmavisor-agent/"+node)}
+}
+
+// Allocated says on the pod which allocation of how many vconns its
+// node's agent holds for it, and where its socket is.
+func (e *PodEvents) Allocated(pod admin.Pod, al admin.Allocation) {
+	ref := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}}
+	e.rec.Eventf(ref, nil, corev1.EventTypeNormal, ReasonVConnsAllocated, "Allocate",
+		"%s", allocatedNote(e.node, al))
+}
+
+func allocatedNote(node string, al admin.Allocation) string {
+	return fmt.Sprintf("%d vconns allocated by the RDMAvisor agent on %s (allocation %s); the pod's RDMAVISOR_SOCKET is its socket", al.VConns, node, al.ID)
+}
