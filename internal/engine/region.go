@@ -103,6 +103,21 @@ func (vc *VConn) rg() *regions {
 // the memory against a limit gives it back there, never earlier. It may
 // run on a poller: it must not block.
 func (vc *VConn) Export(ctx context.Context, size int, access Access, released func()) (*Region, error) {
+	return vc.export(ctx, size, nil, access, released)
+}
+
+// ExportMem exports mem, memory the caller mapped outside the Go heap (the
+// agent's mapping of a memfd it shares with a pod), as Export exports
+// memory of its own: the region registers mem (verbs.PD.RegMRMem) and
+// never unmaps it. The caller keeps mem mapped until released runs, which
+// is after the deregistration, and may unmap it there.
+func (vc *VConn) ExportMem(ctx context.Context, mem []byte, access Access, released func()) (*Region, error) {
+	return vc.export(ctx, len(mem), mem, access, released)
+}
+
+// export registers mem, or size bytes of the engine's if mem is nil, and
+// exports them.
+func (vc *VConn) export(ctx context.Context, size int, mem []byte, access Access, released func()) (*Region, error) {
 	e := vc.e
 	fail := func(err error) (*Region, error) {
 		if released != nil {
@@ -126,7 +141,13 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access, released f
 	} else {
 		va |= remoteAccess(access)
 	}
-	mr, err := e.pd.RegMR(size, va)
+	var mr verbs.MR
+	var err error
+	if mem == nil {
+		mr, err = e.pd.RegMR(size, va)
+	} else {
+		mr, err = e.pd.RegMRMem(mem, va)
+	}
 	if err != nil {
 		e.registered.Add(-int64(size))
 		return fail(fmt.Errorf("engine: export on vconn %v: %w", vc.id, err))
