@@ -42,7 +42,7 @@ int vconn_frame_decode(const uint8_t *b, size_t n, struct vconn_frame *f, const 
 		w = "version";
 	else if (b[1] == 0 || b[1] >= VC_OP_LIMIT)
 		w = "op";
-	else if (get16(b + 2) & ~(VC_FLAG_IMM | VC_FLAG_BRIDGE))
+	else if (get16(b + 2) & ~(VC_FLAG_IMM | VC_FLAG_BRIDGE | VC_FLAG_MEMFD))
 		w = "flags";
 	else if ((len = vc_get32(b + 24)) > VCONN_MAX_PAYLOAD)
 		w = "too-big";

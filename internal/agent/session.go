@@ -129,7 +129,7 @@ func (s *session) dispatch(f frame.Frame) bool {
 		}
 		s.hello = true
 		info := frame.HelloInfo{Quota: uint32(s.al.quota), SendWindow: SendWindow, MaxMessage: s.maxMessage(), Node: s.al.a.cfg.NodeName}
-		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: frame.Version, Payload: frame.AppendHello(nil, info)}) == nil
+		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: frame.Version, Arg2: uint64(features), Payload: frame.AppendHello(nil, info)}) == nil
 	case frame.OpListen:
 		// Async, as a dial: a pod's first Listen may wait for the agent
 		// to learn the pod (allocation.scope).
@@ -181,6 +181,10 @@ func (s *session) dispatch(f frame.Frame) bool {
 	}
 	return true
 }
+
+// features are what this agent offers beyond the protocol's first form,
+// which Hello advertises.
+const features = frame.FeatureMemfd
 
 // maxMessage is the largest message of any vconn, which Hello advertises;
 // each vconn's own, smaller on UC and UD, is in its VConnInfo.

@@ -22,6 +22,8 @@ var golden = []struct {
 		"01040001" + "01020304" + "00000009" + "deadbeef" + "0000000000000000" + "00000001" + "aa"},
 	{"error push", Frame{Op: OpError, Handle: 3, Arg: uint32(CodePeerGone), Payload: []byte("x")},
 		"010e0000" + "00000000" + "00000003" + "00000009" + "0000000000000000" + "00000001" + "78"},
+	{"export memfd", Frame{Op: OpExport, Flags: FlagMemfd, Req: 3, Handle: 1, Arg: 3, Arg2: 0x1000},
+		"01070004" + "00000003" + "00000001" + "00000003" + "0000000000001000" + "00000000"},
 	{"read", Frame{Op: OpRead, Req: 2, Handle: 1, Arg: 5, Arg2: 0x100, Payload: AppendLength(nil, 16)},
 		"010c0000" + "00000002" + "00000001" + "00000005" + "0000000000000100" + "00000004" + "00000010"},
 }

@@ -50,6 +50,11 @@ type Conn struct {
 	sendErr  error         // an asynchronous send failed; guarded by mu
 	consumed int           // read since the last grant; guarded by mu
 	notify   chan struct{} // signalled on delivery
+	// mapped are the regions mapped here (FlagMemfd), to unmap at the
+	// vconn's Close or the session's end (unmapped, from then on).
+	// Guarded by mu.
+	mapped   map[*Region]struct{}
+	unmapped bool
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -340,6 +345,7 @@ func (c *Conn) Close() error {
 		if c.shm != nil {
 			c.shm.close()
 		}
+		c.unmapRegions(net.ErrClosed)
 		if err != nil && !errors.Is(err, ErrAgentGone) && !errors.Is(err, &Error{Code: CodeNoHandle}) {
 			c.closeErr = c.opErr("close", err)
 		}

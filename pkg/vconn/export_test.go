@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/shm"
 )
 
 // OnSharedMemory reports whether the vconn's messages travel in shared
@@ -22,7 +23,7 @@ func (c *Conn) SharedMemory() []byte {
 // AskSharedMemory asks the agent for shared memory again.
 func (c *Conn) AskSharedMemory(ctx context.Context) error {
 	_, fds, err := c.s.callRights(ctx, &frame.Frame{Op: frame.OpShm, Handle: c.h})
-	closeFDs(fds)
+	shm.CloseFDs(fds)
 	return err
 }
 
@@ -39,3 +40,12 @@ func (c *Conn) WriteFrame(f frame.Frame) error { return c.s.write(&f) }
 
 // SplitAddr is splitAddr, for the fuzz target.
 func SplitAddr(addr string) (string, uint16, error) { return splitAddr(addr) }
+
+// WithoutFeatures makes the client's session use none of the features the
+// agent offers, as a client that predates them: its regions go over the
+// socket.
+func (c *Client) WithoutFeatures() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.s.features = 0
+}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
@@ -172,12 +174,15 @@ var requestCases2 = []conformanceCase{
 		}
 		a.sendMsg(p.ha, []byte("the vconn is still there"))
 	}},
-	{"R3.7", "the HelloInfo: the allocation's quota, the send window (16), the max message, the node's name", rc, false, func(t *testing.T, e *env) {
+	{"R3.7", "Hello's OK: the features offered; the HelloInfo: the allocation's quota, the send window (16), the max message, the node's name", rc, false, func(t *testing.T, e *env) {
 		s := dial(t, "A", alloc(t, e.a, 7))
 		s.send(frame.Frame{Op: frame.OpHello, Req: 9, Arg: frame.Version})
 		m := s.expectOK(9, 0)
 		if m.Arg != frame.Version || len(m.Payload) < 12 || len(m.Payload) > 265 {
 			t.Fatalf("Hello's OK: arg %d, HelloInfo of %d bytes", m.Arg, len(m.Payload))
+		}
+		if f := frame.Features(m.Arg2); f != frame.FeatureMemfd {
+			t.Fatalf("Hello's OK offers features %#x, want %#x (FeatureMemfd)", f, frame.FeatureMemfd)
 		}
 		h, err := frame.DecodeHello(m.Payload)
 		if err != nil || h.Quota != 7 || h.SendWindow != 16 || h.MaxMessage != frame.MaxPayload || h.Node != "node-a" {
@@ -612,5 +617,67 @@ var requestCases3 = []conformanceCase{
 			}
 			return m.Op == frame.OpError
 		})
+	}},
+	{"R3.29", "Export with FlagMemfd: the OK carries a sealed memfd of the region's size, and its bytes are the region's, both ways", rc, false, func(t *testing.T, e *env) {
+		p := newPair(t, e)
+		const size = 10000
+		req := p.A.next()
+		p.A.send(frame.Frame{Op: frame.OpExport, Req: req, Handle: p.ha, Flags: frame.FlagMemfd, Arg: 3, Arg2: size})
+		m := p.A.recvFDs(1)
+		if m.Op != frame.OpOK || m.Req != req || m.Handle != p.ha || m.Arg != 1 {
+			t.Fatalf("Export with FlagMemfd: %v, want OK naming region 1", m)
+		}
+		r, fd := m.Arg, int(m.fds[0].Fd())
+		seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+		const want = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+		if err != nil || seals&want != want {
+			t.Fatalf("the memfd's seals: %#x, %v; want %#x", seals, err, want)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Size < size {
+			t.Fatalf("the memfd: %d bytes, %v; want at least %d", st.Size, err, size)
+		}
+		// What a pod could do to the agent's mapping, refused.
+		for _, n := range []int64{0, 4096, st.Size + 1} {
+			if err := unix.Ftruncate(fd, n); err == nil {
+				t.Fatalf("the pod resized the memfd to %d bytes", n)
+			}
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); err == nil {
+			t.Fatal("the pod sealed the memfd against writes")
+		}
+		mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(mem)
+		copy(mem[9000:], "from the pod's mapping")
+		if m := p.A.call(frame.Frame{Op: frame.OpLocalRead, Handle: p.ha, Arg: r, Arg2: 9000, Payload: length(22)}); string(m.Payload) != "from the pod's mapping" {
+			t.Fatalf("LocalRead of what the pod wrote in its mapping: %q", m.Payload)
+		}
+		p.A.call(frame.Frame{Op: frame.OpLocalWrite, Handle: p.ha, Arg: r, Arg2: 200, Payload: []byte("local")})
+		if string(mem[200:205]) != "local" {
+			t.Fatalf("the mapping after a LocalWrite: %q", mem[200:205])
+		}
+		p.A.sendMsg(p.ha, nil) // the export reached B before it
+		p.B.send(frame.Frame{Op: frame.OpGrant, Handle: p.hb, Arg: 1})
+		p.B.data(p.hb)
+		if m := p.B.call(frame.Frame{Op: frame.OpRead, Handle: p.hb, Arg: r, Arg2: 9000, Payload: length(22)}); string(m.Payload) != "from the pod's mapping" {
+			t.Fatalf("the peer's Read of what the pod wrote in its mapping: %q", m.Payload)
+		}
+		p.B.call(frame.Frame{Op: frame.OpWrite, Handle: p.hb, Arg: r, Arg2: 100, Payload: []byte("from the peer")})
+		if string(mem[100:113]) != "from the peer" {
+			t.Fatalf("the mapping after the peer's Write: %q", mem[100:113])
+		}
+		// A hole the pod punches is zeros to both sides, not a fault.
+		if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096); err != nil {
+			t.Fatal(err)
+		}
+		if m := p.B.call(frame.Frame{Op: frame.OpRead, Handle: p.hb, Arg: r, Arg2: 100, Payload: length(13)}); string(m.Payload) != string(make([]byte, 13)) {
+			t.Fatalf("the peer's Read of a hole: %q", m.Payload)
+		}
+		p.A.call(frame.Frame{Op: frame.OpUnexport, Handle: p.ha, Arg: r})
+		p.A.fails(frame.Frame{Op: frame.OpLocalRead, Handle: p.ha, Arg: r, Payload: length(1)}, frame.CodeRegion)
+		copy(mem, "still the pod's") // its own memory now
 	}},
 }
