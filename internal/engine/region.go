@@ -500,9 +500,19 @@ func (vc *VConn) releaseRegions() {
 // regionGrace outlasts a peer's RC retry budget (about 2 s, pathOptions).
 const regionGrace = 3 * time.Second
 
+// graced is registered memory whose deregistration may wait out
+// regionGrace: a Region, or Staging memory.
+type graced interface {
+	release() error
+	on() *Peer // the peer whose QPs may still reach it
+}
+
+// on is the peer whose QPs may still reach r.
+func (r *Region) on() *Peer { return r.peer }
+
 // releaseLater deregisters r after regionGrace, or now if the engine is
 // closing (its QPs are gone: nothing can reach r).
-func (e *Engine) releaseLater(r *Region) {
+func (e *Engine) releaseLater(r graced) {
 	e.graceMu.Lock()
 	defer e.graceMu.Unlock()
 	if e.closed.Load() {
@@ -510,7 +520,7 @@ func (e *Engine) releaseLater(r *Region) {
 		return
 	}
 	if e.grace == nil {
-		e.grace = make(map[*Region]*time.Timer)
+		e.grace = make(map[graced]*time.Timer)
 	}
 	e.grace[r] = time.AfterFunc(regionGrace, func() {
 		e.graceMu.Lock()
@@ -531,7 +541,7 @@ func (e *Engine) releaseGracedOf(p *Peer) {
 	e.graceMu.Lock()
 	defer e.graceMu.Unlock()
 	for r, t := range e.grace {
-		if r.peer == p {
+		if r.on() == p {
 			t.Stop()
 			delete(e.grace, r)
 			_ = r.release()
