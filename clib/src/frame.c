@@ -22,7 +22,7 @@ void vc_put32(uint8_t *p, uint32_t v)
 
 static const char *const op_names[VC_OP_LIMIT] = {
 	NULL, "hello", "listen", "dial", "send", "grant", "close", "export", "unexport",
-	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm",
+	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm", "stage",
 };
 
 const char *vconn_op_name(uint8_t op)

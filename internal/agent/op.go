@@ -92,11 +92,77 @@ func (h *vconnHandle) answerRights(o op, r frame.Frame, fds []int, err error) {
 // do runs one operation other than Send and returns its OK reply, with
 // the descriptors to pass with it (answerRights closes them).
 func (h *vconnHandle) do(f frame.Frame) (frame.Frame, []int, error) {
-	if f.Op == frame.OpExport {
+	switch {
+	case f.Op == frame.OpExport:
 		return h.export(f)
+	case f.Op == frame.OpStage:
+		return h.stageMemory(f)
+	case (f.Op == frame.OpWrite || f.Op == frame.OpRead) && f.Flags&frame.FlagMemfd != 0:
+		r, err := h.staged(f)
+		return r, nil, err
 	}
 	r, err := h.run(f)
 	return r, nil, err
+}
+
+// stageMemory gives the vconn staging memory (frame.OpStage): a sealed
+// memfd, as a region's, the engine registers for its one-sided
+// operations (engine.VConn.Stage), so that their bytes cross no socket.
+// The mapping goes once the engine deregistered it, at the vconn's end.
+func (h *vconnHandle) stageMemory(f frame.Frame) (frame.Frame, []int, error) {
+	s := h.s
+	if h.stage != nil {
+		return frame.Frame{}, nil, fmt.Errorf("stage: the vconn has staging memory already: %w", verbs.ErrInvalid)
+	}
+	if f.Arg2 == 0 {
+		return frame.Frame{}, nil, fmt.Errorf("stage 0 bytes: %w: want 1..%d", verbs.ErrInvalid, s.al.a.cfg.MaxMessageBytes)
+	}
+	size := int64(min(f.Arg2, uint64(s.al.a.cfg.MaxMessageBytes)))
+	if err := s.al.claimStaging(size); err != nil {
+		return frame.Frame{}, nil, err
+	}
+	fd, mem, err := shm.NewMemfd(fmt.Sprintf("rdmavisor-%s-%d-stage", s.al.id, h.id), int(size))
+	if err != nil {
+		s.al.releaseStaging(size)
+		return frame.Frame{}, nil, fmt.Errorf("stage: %w", err)
+	}
+	st, err := h.vc.Stage(mem, func() {
+		_ = shm.Unmap(mem)
+		s.al.releaseStaging(size)
+	})
+	if errors.Is(err, engine.ErrRegisteredLimit) {
+		err = fmt.Errorf("stage %d bytes: the node's regions are at limits.registeredBytes: %w", size, err)
+	}
+	if err != nil {
+		shm.CloseFDs([]int{fd})
+		return frame.Frame{}, nil, err
+	}
+	h.stage = st
+	return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Arg2: uint64(size)}, []int{fd}, nil
+}
+
+// staged runs a Write or Read whose bytes are in the vconn's staging
+// memory (FlagMemfd).
+func (h *vconnHandle) staged(f frame.Frame) (frame.Frame, error) {
+	if h.stage == nil {
+		return frame.Frame{}, fmt.Errorf("%v with its bytes staged: the vconn has no staging memory (stage first): %w", f.Op, verbs.ErrInvalid)
+	}
+	at, n, err := frame.DecodeStaged(f.Payload)
+	if err != nil {
+		return frame.Frame{}, fmt.Errorf("%v: %w: %w", f.Op, verbs.ErrInvalid, err)
+	}
+	if uint64(at)+uint64(n) > uint64(h.stage.Len()) {
+		return frame.Frame{}, fmt.Errorf("%v: %d bytes at %d outside the %d of staging memory: %w", f.Op, n, at, h.stage.Len(), verbs.ErrInvalid)
+	}
+	if f.Op == frame.OpWrite {
+		err = h.vc.WriteFrom(h.ctx, f.Arg, f.Arg2, h.stage, int(at), int(n))
+	} else {
+		err = h.vc.ReadInto(h.ctx, f.Arg, f.Arg2, h.stage, int(at), int(n))
+	}
+	if err != nil {
+		return frame.Frame{}, err
+	}
+	return frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id}, nil
 }
 
 // export registers and exports a region, in a memfd it passes to the pod
@@ -245,11 +311,16 @@ func lengthOf(f frame.Frame) (uint32, error) {
 	return l, nil
 }
 
-// dropRegions withdraws the vconn's regions; each is given back to the
-// allocation once deregistered (Export's released).
+// dropRegions withdraws the vconn's regions and its staging memory; each
+// is given back to the allocation once deregistered (Export's and Stage's
+// released).
 func (h *vconnHandle) dropRegions() {
 	for id, r := range h.regions {
 		_ = r.Close()
 		delete(h.regions, id)
+	}
+	if h.stage != nil {
+		_ = h.stage.Close()
+		h.stage = nil
 	}
 }

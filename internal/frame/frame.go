@@ -36,6 +36,12 @@
 //	Write      vconn     region    off   bytes              -   (RDMA WRITE on the peer's region)
 //	Read       vconn     region    off   u32 length         payload bytes (RDMA READ)
 //	Shm        vconn     -         -     -                  payload shm.Layout, SCM_RIGHTS memfd + 2 doorbells
+//	Stage      vconn     -         size  -                  arg2 size, SCM_RIGHTS memfd (staging memory)
+//
+// With FlagMemfd, Write and Read carry no bytes: their payload is a
+// Staged span (u32 offset, u32 length) of the vconn's staging memory
+// (Stage), which the RDMA WRITE reads from and the RDMA READ lands in,
+// and Read's OK has no payload.
 //
 // Pushes (agent to client, req 0):
 //
@@ -111,11 +117,12 @@ const (
 	OpEOF
 	OpAccept
 	OpShm
+	OpStage
 	opLimit
 )
 
 var opNames = [...]string{"", "hello", "listen", "dial", "send", "grant", "close", "export", "unexport",
-	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm"}
+	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm", "stage"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {
@@ -138,7 +145,9 @@ const (
 	// maps: the OK carries the region's memfd (SCM_RIGHTS), sealed
 	// against shrinking and growing, of at least the region's size.
 	// Only for an agent that offers FeatureMemfd: one that predates it
-	// refuses the flag and ends the session.
+	// refuses the flag and ends the session. On Write and Read (where
+	// FeatureStage is offered) it says the bytes are in the vconn's
+	// staging memory, at the span the payload names (Staged).
 	FlagMemfd uint16 = 1 << 2
 
 	knownFlags = FlagImm | FlagBridge | FlagMemfd
@@ -153,6 +162,8 @@ type Features uint64
 const (
 	// FeatureMemfd: Export takes FlagMemfd.
 	FeatureMemfd Features = 1 << 0
+	// FeatureStage: Stage, and Write and Read with FlagMemfd.
+	FeatureStage Features = 1 << 1
 )
 
 // Frame is one protocol frame. A decoded frame's Payload aliases the

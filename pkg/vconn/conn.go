@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
@@ -55,6 +56,10 @@ type Conn struct {
 	// Guarded by mu.
 	mapped   map[*Region]struct{}
 	unmapped bool
+
+	stg      atomic.Pointer[stage] // the staging memory (stage.go); stored under mu, unless unmapped
+	stgMu    sync.Mutex
+	stgAsked chan struct{} // closed once the agent answered Stage; nil before it was asked; guarded by stgMu
 }
 
 var _ net.Conn = (*Conn)(nil)

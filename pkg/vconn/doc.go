@@ -61,5 +61,7 @@
 // (package shm), where doorbells ring only for a side that sleeps. An
 // exported Region is, where the agent offers it, a memfd the agent
 // registered and the pod maps: its ReadAt and WriteAt are memory copies,
-// and the peer's RDMA reaches the same pages.
+// and the peer's RDMA reaches the same pages. WriteRegion and ReadRegion
+// likewise copy their bytes into or out of the vconn's staging memory,
+// which the agent registered, and send the agent only where they are.
 package vconn

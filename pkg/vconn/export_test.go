@@ -49,3 +49,7 @@ func (c *Client) WithoutFeatures() {
 	defer c.mu.Unlock()
 	c.s.features = 0
 }
+
+// Staged reports whether the vconn's one-sided operations go through
+// staging memory.
+func (c *Conn) Staged() bool { return c.stg.Load() != nil }

@@ -194,22 +194,35 @@ func (c *Conn) untrack(r *Region) {
 	delete(c.mapped, r)
 }
 
-// unmapRegions unmaps the vconn's mapped regions for good: their copies
-// fail with err from then on. The vconn's Close and the session's end
-// call it: a program that never closes its regions leaks no mapping.
+// unmapRegions unmaps the vconn's mapped regions and staging memory for
+// good: their copies fail with err from then on. The vconn's Close and
+// the session's end call it: a program that never closes its regions
+// leaks no mapping.
 func (c *Conn) unmapRegions(err error) {
 	c.mu.Lock()
 	rs := c.mapped
 	c.mapped, c.unmapped = nil, true
+	st := c.stg.Load()
 	c.mu.Unlock()
 	for r := range rs {
 		r.unmap(err)
 	}
+	if st != nil {
+		st.unmap(err)
+	}
 }
 
 // WriteRegion writes data into the peer's region id at off with RDMA
-// WRITE, returning once it is placed.
+// WRITE, returning once it is placed. Where the agent offers it, data is
+// copied into the vconn's staging memory, which the agent registered, and
+// the RDMA WRITE posted from there: no byte of it crosses the socket.
 func (c *Conn) WriteRegion(ctx context.Context, id uint32, off uint64, data []byte) error {
+	if staged, err := c.staged(ctx, id, off, data, false); staged {
+		if err != nil {
+			return fmt.Errorf("vconn: write region %d: %w", id, err)
+		}
+		return nil
+	}
 	for done := 0; done < len(data); {
 		n := min(len(data)-done, frame.MaxPayload)
 		if _, err := c.op(ctx, &frame.Frame{Op: frame.OpWrite, Arg: id, Arg2: off + uint64(done), Payload: data[done : done+n]}); err != nil {
@@ -221,8 +234,15 @@ func (c *Conn) WriteRegion(ctx context.Context, id uint32, off uint64, data []by
 }
 
 // ReadRegion reads len(dst) bytes of the peer's region id at off with
-// RDMA READ.
+// RDMA READ: into the vconn's staging memory, where the agent offers it,
+// and copied out from there.
 func (c *Conn) ReadRegion(ctx context.Context, id uint32, off uint64, dst []byte) error {
+	if staged, err := c.staged(ctx, id, off, dst, true); staged {
+		if err != nil {
+			return fmt.Errorf("vconn: read region %d: %w", id, err)
+		}
+		return nil
+	}
 	for done := 0; done < len(dst); {
 		n := min(len(dst)-done, frame.MaxPayload)
 		rep, err := c.op(ctx, &frame.Frame{Op: frame.OpRead, Arg: id, Arg2: off + uint64(done), Payload: frame.AppendLength(nil, uint32(n))})
