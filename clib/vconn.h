@@ -181,7 +181,8 @@ VCONN_API uint32_t vconn_handle(vconn *v);
  * them to the peer with access; *region names it (tell the peer). */
 VCONN_API int vconn_export(vconn *v, size_t size, int access, uint32_t *region);
 VCONN_API int vconn_unexport(vconn *v, uint32_t region);
-/* Copies to and from this side's exported region. */
+/* Copies to and from this side's exported region: memcpy on the memfd the
+ * agent passed with the export (FeatureMemfd), else frames. */
 VCONN_API int vconn_region_read(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n);
 VCONN_API int vconn_region_write(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n);
 /* RDMA READ and WRITE of the peer's region. */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -67,9 +68,18 @@ struct vconn_client {
 	vconn *vconns;
 	vconn_listener *lns;
 	struct vconn_hello_info info;
+	uint64_t features; /* what the agent offers (Hello's OK, arg2) */
 	int want_shm, timeout_ms;
 	pthread_mutex_t wmu; /* serialises writes; guards wbuf */
 	uint8_t wbuf[VCONN_MAX_FRAME];
+};
+
+/* A region this side exported in a memfd it maps (VC_FLAG_MEMFD). */
+struct vc_region {
+	struct vc_region *next;
+	uint32_t id;
+	uint8_t *mem;
+	size_t size;
 };
 
 struct vconn {
@@ -91,6 +101,10 @@ struct vconn {
 	int nonblock, rto, wto;
 	struct vc_shm *shm;
 	pthread_mutex_t txmu, rxmu; /* the rings' single producer and consumer */
+	/* Mapped regions: copies hold rgmu shared, unexport and close hold it
+	 * exclusively to unmap, so no copy touches unmapped memory. */
+	pthread_rwlock_t rgmu;
+	struct vc_region *regions; /* guarded by rgmu */
 };
 
 struct sockq {
@@ -398,6 +412,7 @@ static vconn *new_vconn(vconn_client *c, uint32_t h, uint64_t info, const uint8_
 	v->rto = v->wto = -1;
 	pthread_mutex_init(&v->txmu, NULL);
 	pthread_mutex_init(&v->rxmu, NULL);
+	pthread_rwlock_init(&v->rgmu, NULL);
 	v->next = c->vconns;
 	c->vconns = v;
 	return v;
@@ -420,9 +435,15 @@ static void destroy_vconn(vconn *v)
 		vc_shm_close(v->shm);
 		free(v->shm);
 	}
+	for (struct vc_region *g = v->regions, *n; g; g = n) {
+		n = g->next;
+		munmap(g->mem, g->size);
+		free(g);
+	}
 	close(v->efd);
 	pthread_mutex_destroy(&v->txmu);
 	pthread_mutex_destroy(&v->rxmu);
+	pthread_rwlock_destroy(&v->rgmu);
 	free(v);
 }
 
@@ -741,6 +762,8 @@ int vconn_client_open(vconn_client **out, const struct vconn_options *o)
 		vc_seterr("hello: the agent's hello info is %u bytes, want 12..265", r.f.len);
 		err = -EPROTO;
 	}
+	if (!err)
+		c->features = r.f.arg2;
 	reply_free(&r);
 	if (err) {
 		char keep[sizeof errbuf];
@@ -1369,6 +1392,23 @@ static int op(vconn *v, struct vconn_frame *f, struct reply *r)
 	return err;
 }
 
+/* map_region maps the memfd the agent passed with an Export's OK as
+ * region id; where it does not map, the region stays on the socket. */
+static void map_region(vconn *v, uint32_t id, int fd, size_t size)
+{
+	struct vc_region *g = malloc(sizeof *g);
+	if (!g || vc_memfd_map(fd, size, &g->mem) != 0) {
+		free(g);
+		return;
+	}
+	g->id = id;
+	g->size = size;
+	pthread_rwlock_wrlock(&v->rgmu);
+	g->next = v->regions;
+	v->regions = g;
+	pthread_rwlock_unlock(&v->rgmu);
+}
+
 int vconn_export(vconn *v, size_t size, int access, uint32_t *region)
 {
 	if ((access & ~3) || !access) {
@@ -1376,18 +1416,75 @@ int vconn_export(vconn *v, size_t size, int access, uint32_t *region)
 		return -EINVAL;
 	}
 	struct vconn_frame f = {.op = VC_OP_EXPORT, .arg = (uint32_t)access, .arg2 = size};
+	/* In memory this process maps, where the agent offers it: region
+	 * reads and writes are then copies here, not frames. */
+	int memfd = (v->c->features & VC_FEATURE_MEMFD) && size > 0;
+	if (memfd)
+		f.flags = VC_FLAG_MEMFD;
+	int err = enter(v); /* v stays until the mapping is recorded */
+	if (err)
+		return err;
 	struct reply r = {0};
-	int err = op(v, &f, &r);
-	if (!err)
+	err = op(v, &f, &r);
+	if (!err) {
 		*region = r.f.arg;
+		if (memfd && r.nfds == 1)
+			map_region(v, r.f.arg, r.fds[0], size);
+	}
 	reply_free(&r);
+	leave(v);
 	return err;
 }
 
 int vconn_unexport(vconn *v, uint32_t region)
 {
+	int err = enter(v);
+	if (err)
+		return err;
+	pthread_rwlock_wrlock(&v->rgmu);
+	struct vc_region *g = NULL;
+	for (struct vc_region **pp = &v->regions; *pp; pp = &(*pp)->next)
+		if ((*pp)->id == region) {
+			g = *pp;
+			*pp = g->next;
+			break;
+		}
+	pthread_rwlock_unlock(&v->rgmu);
+	if (g) {
+		munmap(g->mem, g->size);
+		free(g);
+	}
 	struct vconn_frame f = {.op = VC_OP_UNEXPORT, .arg = region};
-	return op(v, &f, NULL);
+	err = op(v, &f, NULL);
+	leave(v);
+	return err;
+}
+
+/* region_copy copies n bytes of a mapped region at off into dst, or src
+ * into it: 0, -EACCES out of its bounds, -EBADF on a closed vconn, or 1
+ * when the region is not mapped here (the socket's, then). */
+static int region_copy(vconn *v, uint32_t region, uint64_t off, void *dst, const void *src, size_t n)
+{
+	int err = enter(v);
+	if (err)
+		return err;
+	pthread_rwlock_rdlock(&v->rgmu);
+	struct vc_region *g = v->regions;
+	while (g && g->id != region)
+		g = g->next;
+	if (!g) {
+		err = 1;
+	} else if (off > g->size || n > g->size - off) {
+		vc_seterr("region %u: %zu bytes at %llu outside its %zu", region, n, (unsigned long long)off, g->size);
+		err = -EACCES;
+	} else if (src) {
+		memcpy(g->mem + off, src, n);
+	} else {
+		memcpy(dst, g->mem + off, n);
+	}
+	pthread_rwlock_unlock(&v->rgmu);
+	leave(v);
+	return err;
 }
 
 static int copy_in(vconn *v, uint8_t opc, uint32_t region, uint64_t off, void *buf, size_t n)
@@ -1426,8 +1523,17 @@ static int copy_out(vconn *v, uint8_t opc, uint32_t region, uint64_t off, const 
 	return 0;
 }
 
-int vconn_region_read(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n) { return copy_in(v, VC_OP_LOCAL_READ, region, off, buf, n); }
-int vconn_region_write(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n) { return copy_out(v, VC_OP_LOCAL_WRITE, region, off, buf, n); }
+int vconn_region_read(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n)
+{
+	int rc = region_copy(v, region, off, buf, NULL, n);
+	return rc == 1 ? copy_in(v, VC_OP_LOCAL_READ, region, off, buf, n) : rc;
+}
+
+int vconn_region_write(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n)
+{
+	int rc = region_copy(v, region, off, NULL, buf, n);
+	return rc == 1 ? copy_out(v, VC_OP_LOCAL_WRITE, region, off, buf, n) : rc;
+}
 int vconn_read_remote(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n) { return copy_in(v, VC_OP_READ, region, off, buf, n); }
 int vconn_write_remote(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n) { return copy_out(v, VC_OP_WRITE, region, off, buf, n); }
 

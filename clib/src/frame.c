@@ -22,7 +22,7 @@ void vc_put32(uint8_t *p, uint32_t v)
 
 static const char *const op_names[VC_OP_LIMIT] = {
 	NULL, "hello", "listen", "dial", "send", "grant", "close", "export", "unexport",
-	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm",
+	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm", "stage",
 };
 
 const char *vconn_op_name(uint8_t op)
@@ -42,7 +42,7 @@ int vconn_frame_decode(const uint8_t *b, size_t n, struct vconn_frame *f, const 
 		w = "version";
 	else if (b[1] == 0 || b[1] >= VC_OP_LIMIT)
 		w = "op";
-	else if (get16(b + 2) & ~(VC_FLAG_IMM | VC_FLAG_BRIDGE))
+	else if (get16(b + 2) & ~(VC_FLAG_IMM | VC_FLAG_BRIDGE | VC_FLAG_MEMFD))
 		w = "flags";
 	else if ((len = vc_get32(b + 24)) > VCONN_MAX_PAYLOAD)
 		w = "too-big";

@@ -11,12 +11,14 @@
 #define VC_VERSION 1
 #define VC_FLAG_IMM 1u
 #define VC_FLAG_BRIDGE 2u
+#define VC_FLAG_MEMFD 4u
+#define VC_FEATURE_MEMFD 1u /* Hello's OK, arg2: Export takes VC_FLAG_MEMFD */
 
 enum {
 	VC_OP_HELLO = 1, VC_OP_LISTEN, VC_OP_DIAL, VC_OP_SEND, VC_OP_GRANT, VC_OP_CLOSE,
 	VC_OP_EXPORT, VC_OP_UNEXPORT, VC_OP_LOCAL_READ, VC_OP_LOCAL_WRITE, VC_OP_WRITE,
 	VC_OP_READ, VC_OP_OK, VC_OP_ERROR, VC_OP_DATA, VC_OP_EOF, VC_OP_ACCEPT, VC_OP_SHM,
-	VC_OP_LIMIT
+	VC_OP_STAGE, VC_OP_LIMIT
 };
 
 uint32_t vc_get32(const uint8_t *p);
@@ -64,6 +66,10 @@ struct vc_shm {
 	int txbell, rxbell;
 };
 
+/* vc_memfd_map maps size bytes of a memfd the agent passed, read-write and
+ * shared, once it checked that fd is sealed against shrinking (so the
+ * mapping cannot fault) and holds size bytes. fd stays the caller's. */
+int vc_memfd_map(int fd, size_t size, uint8_t **mem);
 /* vc_shm_open maps the segment from the descriptors the agent passed
  * (memfd, TX doorbell, RX doorbell), taking ownership of them. */
 int vc_shm_open(struct vc_shm *s, const struct vconn_shm_layout *l, int fds[3]);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -55,39 +56,49 @@ static int is_stream_socket(int fd)
 	return getsockopt(fd, SOL_SOCKET, SO_TYPE, &t, &n) == 0 && t == SOCK_STREAM;
 }
 
-int vc_shm_open(struct vc_shm *s, const struct vconn_shm_layout *l, int fds[3])
+int vc_memfd_map(int fd, size_t size, uint8_t **mem)
 {
 	struct stat st;
+	*mem = NULL;
+	if (fstat(fd, &st) != 0) {
+		int e = errno;
+		vc_seterr("fstat of the memfd: %s", strerror(e));
+		return -e;
+	}
+	if ((size_t)st.st_size < size) {
+		vc_seterr("memfd of %lld bytes, %zu needed", (long long)st.st_size, size);
+		return -EPROTO;
+	}
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+		vc_seterr("the memfd is not sealed against shrinking");
+		return -EPROTO;
+	}
+	void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		int e = errno;
+		vc_seterr("mmap of the memfd: %s", strerror(e));
+		return -e;
+	}
+	*mem = m;
+	return 0;
+}
+
+int vc_shm_open(struct vc_shm *s, const struct vconn_shm_layout *l, int fds[3])
+{
 	int err = 0;
 	memset(s, 0, sizeof *s);
 	s->txbell = s->rxbell = -1;
 	s->l = *l;
 	s->size = vconn_shm_layout_size(l);
-	if (fstat(fds[0], &st) != 0) {
-		err = -errno;
-		vc_seterr("shm: fstat of the memfd: %s", strerror(errno));
-	} else if ((size_t)st.st_size < s->size) {
-		err = -EPROTO;
-		vc_seterr("shm: memfd of %lld bytes, the layout needs %zu", (long long)st.st_size, s->size);
-	} else {
-		int seals = fcntl(fds[0], F_GET_SEALS);
-		if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-			err = -EPROTO;
-			vc_seterr("shm: the memfd is not sealed against shrinking");
-		}
-	}
-	if (!err && (!is_stream_socket(fds[1]) || !is_stream_socket(fds[2]))) {
+	if (!is_stream_socket(fds[1]) || !is_stream_socket(fds[2])) {
 		err = -EPROTO;
 		vc_seterr("shm: a doorbell is not a stream socket");
 	}
-	if (!err) {
-		void *m = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-		if (m == MAP_FAILED) {
-			err = -errno;
-			vc_seterr("shm: mmap: %s", strerror(errno));
-		} else {
-			s->mem = m;
-		}
+	if (!err && (err = vc_memfd_map(fds[0], s->size, &s->mem)) != 0) {
+		char why[400];
+		snprintf(why, sizeof why, "%s", vconn_errmsg());
+		vc_seterr("shm: %s", why);
 	}
 	if (!err) {
 		s->tx.starts = calloc(l->entries, sizeof *s->tx.starts);

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -145,10 +146,28 @@ static void test_deadline_and_poll(vconn *a, vconn *b)
 	CHECK(vconn_wait(a, VCONN_POLLOUT, 1000) & VCONN_POLLOUT, "a is writable");
 }
 
+/* region_maps counts this process's mappings of regions' memfds, which
+ * the agent names "rdmavisor-<allocation>-<vconn>-region". */
+static int region_maps(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	CHECK(f != NULL, "open /proc/self/maps");
+	char line[512];
+	int n = 0;
+	while (fgets(line, sizeof line, f))
+		if (strstr(line, "memfd:rdmavisor-") && strstr(line, "-region"))
+			n++;
+	fclose(f);
+	return n;
+}
+
 static void test_regions(vconn *a, vconn *b)
 {
 	uint32_t id;
+	int maps = region_maps();
 	OK(vconn_export(b, 8192, VCONN_ACCESS_READ | VCONN_ACCESS_WRITE, &id));
+	/* The agent offers memfds: the region is memory this process maps. */
+	CHECK(region_maps() == maps + 1, "the region's memfd mapped: %d mappings, want %d", region_maps(), maps + 1);
 	OK(vconn_send_imm(b, NULL, 0, id)); /* tell the peer */
 	uint32_t rid;
 	int has;
@@ -169,7 +188,33 @@ static void test_regions(vconn *a, vconn *b)
 	CHECK(memcmp(big, back, sizeof big) == 0, "8 KiB through the region");
 	CHECK(vconn_read_remote(a, rid, 8190, buf, 10) == -EACCES, "out of bounds");
 	CHECK(vconn_read_remote(a, rid + 100, 0, buf, 1) == -EACCES, "no such region");
+	CHECK(vconn_region_read(b, id, 8190, buf, 10) == -EACCES, "a local read out of bounds");
+	CHECK(vconn_region_write(b, id, 8193, buf, 0) == -EACCES, "a local write past the end");
 	CHECK(vconn_export(b, 16, 4, &id) == -EINVAL, "bad access");
+	OK(vconn_unexport(b, id));
+	CHECK(region_maps() == maps, "the region's memfd unmapped at unexport: %d mappings, want %d", region_maps(), maps);
+	CHECK(vconn_region_read(b, id, 0, buf, 1) == -EACCES, "a local read after unexport");
+
+	/* More than frames carry, both ways, byte for byte: the pod's copies
+	 * into its mapping reach the peer's RDMA READ, the peer's RDMA WRITE
+	 * its copies out. */
+	enum { BIG = 300001 };
+	static uint8_t mine[BIG], theirs[BIG], got[BIG];
+	for (size_t i = 0; i < BIG; i++) {
+		mine[i] = pattern(i);
+		theirs[i] = (uint8_t)(pattern(i) ^ 0x5a);
+	}
+	OK(vconn_export(b, BIG, VCONN_ACCESS_READ | VCONN_ACCESS_WRITE, &id));
+	OK(vconn_send_imm(b, NULL, 0, id));
+	CHECK(vconn_recv(a, NULL, 0, &rid, &has) == 0 && has && rid == id, "region id");
+	OK(vconn_region_write(b, id, 7, mine, BIG - 7));
+	OK(vconn_read_remote(a, rid, 7, got, BIG - 7));
+	CHECK(memcmp(got, mine, BIG - 7) == 0, "the peer reads what the pod wrote in its mapping");
+	OK(vconn_write_remote(a, rid, 0, theirs, BIG));
+	OK(vconn_region_read(b, id, 0, got, BIG));
+	CHECK(memcmp(got, theirs, BIG) == 0, "the pod reads what the peer wrote");
+	/* Closing the vconn unmaps what it still exported (b's Close, in
+	 * main, counts on none being left). */
 	OK(vconn_unexport(b, id));
 }
 

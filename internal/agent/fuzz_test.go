@@ -24,6 +24,16 @@ func FuzzSession(f *testing.F) {
 		enc(frame.Frame{Op: frame.OpSend, Req: 2, Handle: 1, Payload: []byte("x")}),
 		enc(frame.Frame{Op: frame.OpGrant, Handle: 7, Arg: 1 << 31}),
 		enc(frame.Frame{Op: frame.OpRead, Req: 2, Handle: 1, Payload: []byte{1}}),
+		// A vconn to its own listener, its region in a memfd, its staging
+		// memory and a staged write.
+		bytes.Join([][]byte{
+			enc(frame.Frame{Op: frame.OpListen, Req: 2, Arg: 82}),
+			enc(frame.Frame{Op: frame.OpDial, Req: 3, Payload: []byte("node-a:82")}),
+			enc(frame.Frame{Op: frame.OpExport, Flags: frame.FlagMemfd, Req: 4, Handle: 2, Arg: 3, Arg2: 4096}),
+			enc(frame.Frame{Op: frame.OpStage, Req: 5, Handle: 2, Arg2: 8192}),
+			enc(frame.Frame{Op: frame.OpWrite, Flags: frame.FlagMemfd, Req: 6, Handle: 2, Arg: 1, Payload: frame.AppendStaged(nil, 100, 200)}),
+			enc(frame.Frame{Op: frame.OpRead, Flags: frame.FlagMemfd, Req: 7, Handle: 2, Arg: 1, Payload: frame.AppendStaged(nil, 8000, 1000)}),
+		}, sep),
 		{1, 2, 3},
 	} {
 		f.Add(seed)

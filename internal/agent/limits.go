@@ -74,6 +74,29 @@ func (al *allocation) releaseRegion(size int64) {
 	al.mu.Unlock()
 }
 
+// claimStaging counts a vconn's staging memory (frame.OpStage) of size
+// bytes against limits.regionBytes, until releaseStaging: it is
+// registered memory as a region's is, but no region (limits.regions).
+func (al *allocation) claimStaging(size int64) error {
+	l := al.a.cfg.Limits
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if size > l.RegionBytes-al.held.regionBytes {
+		return fmt.Errorf("stage %d bytes: allocation %s has %d of its %d bytes of regions and staging memory registered (limits.regionBytes): %w",
+			size, al.id, al.held.regionBytes, l.RegionBytes, errLimit)
+	}
+	al.held.regionBytes += size
+	return nil
+}
+
+// releaseStaging gives back what claimStaging counted, once the memory is
+// deregistered (Stage's released).
+func (al *allocation) releaseStaging(size int64) {
+	al.mu.Lock()
+	al.held.regionBytes -= size
+	al.mu.Unlock()
+}
+
 // Queued bytes (limits.queuedBytes). Where a message waits in the agent on
 // behalf of an allocation, and what bounds it:
 //

@@ -91,7 +91,7 @@ func (s *session) run() {
 
 // isRequest: op is one a client sends (docs/protocol.md §2's table).
 func isRequest(op frame.Op) bool {
-	return op >= frame.OpHello && op <= frame.OpRead || op == frame.OpShm
+	return op >= frame.OpHello && op <= frame.OpRead || op == frame.OpShm || op == frame.OpStage
 }
 
 func reqOf(b []byte) uint32 {
@@ -129,7 +129,7 @@ func (s *session) dispatch(f frame.Frame) bool {
 		}
 		s.hello = true
 		info := frame.HelloInfo{Quota: uint32(s.al.quota), SendWindow: SendWindow, MaxMessage: s.maxMessage(), Node: s.al.a.cfg.NodeName}
-		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: frame.Version, Payload: frame.AppendHello(nil, info)}) == nil
+		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: frame.Version, Arg2: uint64(features), Payload: frame.AppendHello(nil, info)}) == nil
 	case frame.OpListen:
 		// Async, as a dial: a pod's first Listen may wait for the agent
 		// to learn the pod (allocation.scope).
@@ -160,7 +160,7 @@ func (s *session) dispatch(f frame.Frame) bool {
 		}
 	case frame.OpShm:
 		return s.openShm(f)
-	case frame.OpSend, frame.OpExport, frame.OpUnexport, frame.OpLocalRead, frame.OpLocalWrite, frame.OpWrite, frame.OpRead:
+	case frame.OpSend, frame.OpExport, frame.OpUnexport, frame.OpLocalRead, frame.OpLocalWrite, frame.OpWrite, frame.OpRead, frame.OpStage:
 		h := s.lookup(f.Handle)
 		if h == nil {
 			return s.reply(f.Req, f.Handle, frame.CodeNoHandle, fmt.Sprintf("%v: no such vconn", f.Op)) == nil
@@ -181,6 +181,10 @@ func (s *session) dispatch(f frame.Frame) bool {
 	}
 	return true
 }
+
+// features are what this agent offers beyond the protocol's first form,
+// which Hello advertises.
+const features = frame.FeatureMemfd | frame.FeatureStage
 
 // maxMessage is the largest message of any vconn, which Hello advertises;
 // each vconn's own, smaller on UC and UD, is in its VConnInfo.

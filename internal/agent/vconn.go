@@ -27,6 +27,7 @@ type vconnHandle struct {
 	granted chan struct{} // signalled when window grows
 
 	regions map[uint32]*engine.Region // worker-owned
+	stage   *engine.Staging           // the vconn's staging memory (Stage); worker-owned
 
 	qmu         sync.Mutex
 	outstanding int   // ops accepted and not yet answered, at most SendWindow; guarded by qmu

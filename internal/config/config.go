@@ -168,10 +168,13 @@ type Limits struct {
 	// Regions: regions exported at once, over all its vconns, each
 	// counted until its memory is deregistered (see RegionBytes).
 	Regions int `json:"regions"`
-	// RegionBytes: memory those regions register, in bytes. A region
-	// counts until its memory is deregistered: after its unexport, once
-	// the peer confirmed it stopped using it; after its vconn ended, once
-	// the engine's grace for operations in flight passed (seconds).
+	// RegionBytes: memory those regions register, in bytes, and the
+	// staging memory of its vconns' one-sided operations (the pod
+	// protocol's Stage; not a region). A region counts until its memory
+	// is deregistered: after its unexport, once the peer confirmed it
+	// stopped using it; after its vconn ended, once the engine's grace
+	// for operations in flight passed (seconds). Staging memory counts
+	// until its vconn ended.
 	RegionBytes int64 `json:"regionBytes"`
 	// QueuedBytes: message bytes the agent holds in its own memory for
 	// the allocation, in each direction: received messages taken from

@@ -112,6 +112,16 @@ func (p *poller) onSend(wc *verbs.WC) {
 	}
 	id, tag := wire.SplitWRID(wc.WRID)
 	slot := bufSlot(tag.Slot())
+	if slot == stagedSlot {
+		// A one-sided operation on staging memory: no buffer.
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.opCompleted(wc, slot)
+		}
+		if wc.Status != verbs.WCSuccess && q != nil {
+			p.qpFailed(q, wc.Err())
+		}
+		return
+	}
 	if !e.pool.valid(slot) {
 		return
 	}

@@ -94,8 +94,9 @@ type Config struct {
 	// registered, all vconns together (default 0: no bound). A region
 	// counts from its export until its memory is deregistered, which may
 	// be well after it was withdrawn (Region.Close) or its vconn ended:
-	// the peer confirms first, or the grace ends. An export past it fails
-	// with ErrRegisteredLimit.
+	// the peer confirms first, or the grace ends. Staging memory
+	// (VConn.Stage) counts the same way. An export or staging past it
+	// fails with ErrRegisteredLimit.
 	MaxRegisteredBytes int64
 
 	// cqDepth is each poller's CQ depth: maxCQDepth, or less where the

@@ -96,13 +96,15 @@ type Engine struct {
 	winSeq  uint32
 	winWait map[uint64]*windowBind
 
-	// graceMu guards grace: regions of ended vconns, deregistered when
-	// their timer fires (region.go releaseLater) or the engine closes.
+	// graceMu guards grace: regions of ended vconns (and staging memory
+	// an abandoned operation may still reach), deregistered when their
+	// timer fires (region.go releaseLater) or the engine closes.
 	graceMu sync.Mutex
-	grace   map[*Region]*time.Timer
+	grace   map[graced]*time.Timer
 
-	// registered is the bytes of exported regions' memory registered
-	// now, from before RegMR until the deregistration succeeded: exported,
+	// registered is the bytes of exported regions' memory, and of
+	// vconns' staging memory, registered now, from before the
+	// registration until the deregistration succeeded: exported,
 	// withdrawn and awaiting the peer's confirmation, or in their grace.
 	registered atomic.Int64
 
@@ -351,10 +353,11 @@ type Stats struct {
 	RecvBuffersHeld  int
 	DgramBuffersHeld int
 	RecvCopied       uint64 // messages copied out of their receive buffers so (see above)
-	// RegisteredBytes is the memory of exported regions registered now,
-	// whatever holds it: exported, withdrawn and awaiting the peer's
-	// confirmation, or kept for the grace after its vconn ended. The
-	// engine's buffer pool is not counted (it is fixed).
+	// RegisteredBytes is the memory of exported regions (and of vconns'
+	// staging memory, VConn.Stage) registered now, whatever holds it:
+	// exported, withdrawn and awaiting the peer's confirmation, or kept
+	// for the grace after its vconn ended. The engine's buffer pool is
+	// not counted (it is fixed).
 	RegisteredBytes int64
 }
 

@@ -25,6 +25,9 @@ type rdmaOp struct {
 	dst     []byte
 	err     error
 	done    chan struct{} // closed when pending reaches 0
+	// abandoned: done was closed without the completions (abandonOp),
+	// whose work requests may still be in flight.
+	abandoned bool
 }
 
 // opMarker in a vconn's ring says "post the pending one-sided WRs here",
@@ -114,7 +117,7 @@ func (vc *VConn) prepareOp(ctx context.Context, o *rdmaOp, op verbs.WROpcode, r 
 	e := vc.e
 	per := e.cfg.ChunkSize
 	o.cmu.Lock()
-	o.wrs, o.reads, o.err, o.dst = o.wrs[:0], o.reads[:0], nil, buf
+	o.wrs, o.reads, o.err, o.dst, o.abandoned = o.wrs[:0], o.reads[:0], nil, buf, false
 	o.done = make(chan struct{})
 	o.cmu.Unlock()
 	var slots []bufSlot
@@ -189,6 +192,7 @@ func (vc *VConn) abandonOp(err error) {
 	o.cmu.Lock()
 	if o.pending > 0 {
 		o.pending = 0
+		o.abandoned = true
 		if o.err == nil {
 			o.err = err
 		}

@@ -103,6 +103,21 @@ func (vc *VConn) rg() *regions {
 // the memory against a limit gives it back there, never earlier. It may
 // run on a poller: it must not block.
 func (vc *VConn) Export(ctx context.Context, size int, access Access, released func()) (*Region, error) {
+	return vc.export(ctx, size, nil, access, released)
+}
+
+// ExportMem exports mem, memory the caller mapped outside the Go heap (the
+// agent's mapping of a memfd it shares with a pod), as Export exports
+// memory of its own: the region registers mem (verbs.PD.RegMRMem) and
+// never unmaps it. The caller keeps mem mapped until released runs, which
+// is after the deregistration, and may unmap it there.
+func (vc *VConn) ExportMem(ctx context.Context, mem []byte, access Access, released func()) (*Region, error) {
+	return vc.export(ctx, len(mem), mem, access, released)
+}
+
+// export registers mem, or size bytes of the engine's if mem is nil, and
+// exports them.
+func (vc *VConn) export(ctx context.Context, size int, mem []byte, access Access, released func()) (*Region, error) {
 	e := vc.e
 	fail := func(err error) (*Region, error) {
 		if released != nil {
@@ -126,7 +141,13 @@ func (vc *VConn) Export(ctx context.Context, size int, access Access, released f
 	} else {
 		va |= remoteAccess(access)
 	}
-	mr, err := e.pd.RegMR(size, va)
+	var mr verbs.MR
+	var err error
+	if mem == nil {
+		mr, err = e.pd.RegMR(size, va)
+	} else {
+		mr, err = e.pd.RegMRMem(mem, va)
+	}
 	if err != nil {
 		e.registered.Add(-int64(size))
 		return fail(fmt.Errorf("engine: export on vconn %v: %w", vc.id, err))
@@ -479,9 +500,19 @@ func (vc *VConn) releaseRegions() {
 // regionGrace outlasts a peer's RC retry budget (about 2 s, pathOptions).
 const regionGrace = 3 * time.Second
 
+// graced is registered memory whose deregistration may wait out
+// regionGrace: a Region, or Staging memory.
+type graced interface {
+	release() error
+	on() *Peer // the peer whose QPs may still reach it
+}
+
+// on is the peer whose QPs may still reach r.
+func (r *Region) on() *Peer { return r.peer }
+
 // releaseLater deregisters r after regionGrace, or now if the engine is
 // closing (its QPs are gone: nothing can reach r).
-func (e *Engine) releaseLater(r *Region) {
+func (e *Engine) releaseLater(r graced) {
 	e.graceMu.Lock()
 	defer e.graceMu.Unlock()
 	if e.closed.Load() {
@@ -489,7 +520,7 @@ func (e *Engine) releaseLater(r *Region) {
 		return
 	}
 	if e.grace == nil {
-		e.grace = make(map[*Region]*time.Timer)
+		e.grace = make(map[graced]*time.Timer)
 	}
 	e.grace[r] = time.AfterFunc(regionGrace, func() {
 		e.graceMu.Lock()
@@ -510,7 +541,7 @@ func (e *Engine) releaseGracedOf(p *Peer) {
 	e.graceMu.Lock()
 	defer e.graceMu.Unlock()
 	for r, t := range e.grace {
-		if r.peer == p {
+		if r.on() == p {
 			t.Stop()
 			delete(e.grace, r)
 			_ = r.release()

@@ -64,3 +64,17 @@ func DecodeLength(p []byte) (uint32, error) {
 	}
 	return n, nil
 }
+
+// StagedLen is the length of a Staged payload.
+const StagedLen = 8
+
+// DecodeStaged parses the payload of a Write or Read with FlagMemfd: the
+// span of the vconn's staging memory its bytes are in, offset then
+// length, each a u32. Whether the span lies in the staging memory is the
+// agent's to check.
+func DecodeStaged(p []byte) (off, n uint32, err error) {
+	if len(p) != StagedLen {
+		return 0, 0, fmt.Errorf("%w: staged span of %d bytes", ErrPayload, len(p))
+	}
+	return binary.BigEndian.Uint32(p), binary.BigEndian.Uint32(p[4:]), nil
+}

@@ -34,3 +34,10 @@ func AppendHello(dst []byte, h HelloInfo) []byte {
 
 // AppendLength encodes the u32 length payload of LocalRead and Read.
 func AppendLength(dst []byte, n uint32) []byte { return binary.BigEndian.AppendUint32(dst, n) }
+
+// AppendStaged encodes the span of staging memory of a Write or Read with
+// FlagMemfd after dst.
+func AppendStaged(dst []byte, off, n uint32) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, off)
+	return binary.BigEndian.AppendUint32(dst, n)
+}

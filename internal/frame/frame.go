@@ -6,7 +6,8 @@
 //	offset size field
 //	0      1    version  protocol version, Version (1)
 //	1      1    op       operation (Op)
-//	2      2    flags    FlagImm, FlagBridge; other bits must be zero
+//	2      2    flags    FlagImm, FlagBridge, FlagMemfd; other bits must
+//	                     be zero
 //	4      4    req      request id chosen by the client, echoed in the
 //	                     reply; 0 on frames the agent pushes
 //	8      4    handle   vconn or listener handle, 0 when none
@@ -22,19 +23,25 @@
 // req 0, and a Grant on handle 0, end the session (docs/protocol.md §8):
 //
 //	op         handle    arg       arg2  payload            OK reply
-//	Hello      -         version   -     -                  arg version, payload HelloInfo
+//	Hello      -         version   -     -                  arg version, arg2 Features, payload HelloInfo
 //	Listen     -         port      -     -                  handle listener, payload the address bound
 //	Dial       -         -         -     "host:port"        handle vconn, arg2 VConnInfo, payload remote address
 //	Send       vconn     imm       -     message            -
 //	Grant      vconn     n         -     -                  (none)
 //	Close      any       -         -     -                  -
-//	Export     vconn     access    size  -                  arg region
+//	Export     vconn     access    size  -                  arg region (FlagMemfd: SCM_RIGHTS its memfd)
 //	Unexport   vconn     region    -     -                  -
 //	LocalRead  vconn     region    off   u32 length         payload bytes
 //	LocalWrite vconn     region    off   bytes              -
 //	Write      vconn     region    off   bytes              -   (RDMA WRITE on the peer's region)
 //	Read       vconn     region    off   u32 length         payload bytes (RDMA READ)
 //	Shm        vconn     -         -     -                  payload shm.Layout, SCM_RIGHTS memfd + 2 doorbells
+//	Stage      vconn     -         size  -                  arg2 size, SCM_RIGHTS memfd (staging memory)
+//
+// With FlagMemfd, Write and Read carry no bytes: their payload is a
+// Staged span (u32 offset, u32 length) of the vconn's staging memory
+// (Stage), which the RDMA WRITE reads from and the RDMA READ lands in,
+// and Read's OK has no payload.
 //
 // Pushes (agent to client, req 0):
 //
@@ -63,8 +70,12 @@
 // the RX ring's last descriptor; Grants for it are ignored. A client that
 // gets Error (or no descriptors) stays on the socket.
 //
-// Region data is copied over the socket (LocalRead, LocalWrite); a memfd
-// fast path that maps the registered memory into the pod is future work.
+// An Export with FlagMemfd (where the agent offers FeatureMemfd) puts the
+// region in a sealed memfd the agent registers and passes with the OK:
+// the client maps it and reads and writes its region as memory. Without
+// it (or from an OK without a descriptor) the region's bytes are reached
+// with LocalRead and LocalWrite, copied over the socket; they reach a
+// mapped region too.
 package frame
 
 import (
@@ -106,11 +117,12 @@ const (
 	OpEOF
 	OpAccept
 	OpShm
+	OpStage
 	opLimit
 )
 
 var opNames = [...]string{"", "hello", "listen", "dial", "send", "grant", "close", "export", "unexport",
-	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm"}
+	"local-read", "local-write", "write", "read", "ok", "error", "data", "eof", "accept", "shm", "stage"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {
@@ -129,8 +141,29 @@ const (
 	// each Accept then carry the socket (SCM_RIGHTS) and no handle; the
 	// vconn is the socket's from then on, and ends when it is closed.
 	FlagBridge uint16 = 1 << 1
+	// FlagMemfd, on Export, asks for the region in memory the client
+	// maps: the OK carries the region's memfd (SCM_RIGHTS), sealed
+	// against shrinking and growing, of at least the region's size.
+	// Only for an agent that offers FeatureMemfd: one that predates it
+	// refuses the flag and ends the session. On Write and Read (where
+	// FeatureStage is offered) it says the bytes are in the vconn's
+	// staging memory, at the span the payload names (Staged).
+	FlagMemfd uint16 = 1 << 2
 
-	knownFlags = FlagImm | FlagBridge
+	knownFlags = FlagImm | FlagBridge | FlagMemfd
+)
+
+// Features is what an agent offers beyond the protocol's first form, in
+// the arg2 of its OK to Hello (0 from an agent that predates them). A
+// client uses a feature only where it is offered.
+type Features uint64
+
+// Features.
+const (
+	// FeatureMemfd: Export takes FlagMemfd.
+	FeatureMemfd Features = 1 << 0
+	// FeatureStage: Stage, and Write and Read with FlagMemfd.
+	FeatureStage Features = 1 << 1
 )
 
 // Frame is one protocol frame. A decoded frame's Payload aliases the

@@ -22,6 +22,12 @@ var golden = []struct {
 		"01040001" + "01020304" + "00000009" + "deadbeef" + "0000000000000000" + "00000001" + "aa"},
 	{"error push", Frame{Op: OpError, Handle: 3, Arg: uint32(CodePeerGone), Payload: []byte("x")},
 		"010e0000" + "00000000" + "00000003" + "00000009" + "0000000000000000" + "00000001" + "78"},
+	{"export memfd", Frame{Op: OpExport, Flags: FlagMemfd, Req: 3, Handle: 1, Arg: 3, Arg2: 0x1000},
+		"01070004" + "00000003" + "00000001" + "00000003" + "0000000000001000" + "00000000"},
+	{"stage", Frame{Op: OpStage, Req: 4, Handle: 1, Arg2: 0x40000},
+		"01130000" + "00000004" + "00000001" + "00000000" + "0000000000040000" + "00000000"},
+	{"write staged", Frame{Op: OpWrite, Flags: FlagMemfd, Req: 5, Handle: 1, Arg: 2, Arg2: 0x10, Payload: AppendStaged(nil, 0x10000, 0x2000)},
+		"010b0004" + "00000005" + "00000001" + "00000002" + "0000000000000010" + "00000008" + "0001000000002000"},
 	{"read", Frame{Op: OpRead, Req: 2, Handle: 1, Arg: 5, Arg2: 0x100, Payload: AppendLength(nil, 16)},
 		"010c0000" + "00000002" + "00000001" + "00000005" + "0000000000000100" + "00000004" + "00000010"},
 }
@@ -96,7 +102,7 @@ func TestHello(t *testing.T) {
 
 // FuzzDecode: what Decode accepts re-encodes to the same bytes, and what
 // it refuses, it refuses with one of the frame's errors; likewise for the
-// payloads DecodeHello and DecodeLength parse.
+// payloads DecodeHello, DecodeStaged and DecodeLength parse.
 func FuzzDecode(f *testing.F) {
 	for _, g := range golden {
 		b, _ := hex.DecodeString(g.hex)
@@ -130,6 +136,13 @@ func FuzzDecode(f *testing.F) {
 			}
 		} else if out := AppendHello(nil, h); !bytes.Equal(out, fr.Payload) {
 			t.Fatalf("hello %x decoded as %+v, re-encoded as %x", fr.Payload, h, out)
+		}
+		if off, n, err := DecodeStaged(fr.Payload); err != nil {
+			if !errors.Is(err, ErrPayload) {
+				t.Fatalf("staged %x: %v, not ErrPayload", fr.Payload, err)
+			}
+		} else if !bytes.Equal(AppendStaged(nil, off, n), fr.Payload) {
+			t.Fatalf("staged %x decoded as %d, %d", fr.Payload, off, n)
 		}
 		if n, err := DecodeLength(fr.Payload); err != nil {
 			if !errors.Is(err, ErrPayload) && !errors.Is(err, ErrTooBig) {

@@ -30,3 +30,11 @@ func ParseRights(oob []byte) ([]int, error) {
 	}
 	return fds, nil
 }
+
+// CloseFDs closes descriptors received or made to pass, ignoring errors:
+// what is left of them after a send or a failure.
+func CloseFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -19,30 +18,20 @@ type Segment struct {
 	peer []int
 }
 
-// Create makes a segment on the agent's side: a sealed memfd (the pod can
-// neither shrink it, which would make the agent's accesses fault, nor
-// grow it) mapped here, and two doorbells.
+// Create makes a segment on the agent's side: a sealed memfd (NewMemfd)
+// mapped here, and two doorbells.
 func Create(name string, l Layout) (*Segment, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, mem, err := NewMemfd(name, l.Size())
 	if err != nil {
-		return nil, fmt.Errorf("shm: memfd_create: %w", err)
+		return nil, err
 	}
-	s := &Segment{Layout: l, peer: []int{fd}}
+	s := &Segment{Layout: l, mem: mem, peer: []int{fd}}
 	fail := func(err error) (*Segment, error) {
 		_ = s.Close()
 		return nil, err
-	}
-	if err := unix.Ftruncate(fd, int64(l.Size())); err != nil {
-		return fail(fmt.Errorf("shm: size the memfd: %w", err))
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		return fail(fmt.Errorf("shm: seal the memfd: %w", err))
-	}
-	if s.mem, err = unix.Mmap(fd, 0, l.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-		return fail(fmt.Errorf("shm: map the memfd: %w", err))
 	}
 	for _, b := range []**Bell{&s.tx, &s.rx} {
 		fds, err := socketpair()
@@ -62,9 +51,7 @@ func (s *Segment) Files() []int { return s.peer }
 // ClosePeer closes the agent's copies of the pod's descriptors, once sent
 // (or not to be).
 func (s *Segment) ClosePeer() {
-	for _, fd := range s.peer {
-		_ = unix.Close(fd)
-	}
+	CloseFDs(s.peer)
 	s.peer = nil
 }
 
@@ -86,22 +73,9 @@ func Open(l Layout, fds []int) (s *Segment, err error) {
 	if len(fds) != 3 {
 		return nil, fmt.Errorf("shm: open: %d descriptors, want 3", len(fds))
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fds[0], &st); err != nil {
-		return nil, fmt.Errorf("shm: open: %w", err)
-	}
-	seals, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GET_SEALS, 0)
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("shm: open: not a memfd: %w", err)
-	case seals&unix.F_SEAL_SHRINK == 0:
-		return nil, errors.New("shm: open: the memfd can shrink")
-	case st.Size < int64(l.Size()):
-		return nil, fmt.Errorf("shm: open: memfd of %d bytes, layout needs %d", st.Size, l.Size())
-	}
-	mem, err := unix.Mmap(fds[0], 0, l.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := MapMemfd(fds[0], l.Size())
 	if err != nil {
-		return nil, fmt.Errorf("shm: open: map: %w", err)
+		return nil, err
 	}
 	// From here each descriptor is closed on its own path: bellFromFD
 	// closes the one it is given when it fails.

@@ -366,3 +366,45 @@ func TestWaitAllocs(t *testing.T) {
 		t.Errorf("%v allocations per push/wait/peek/release", n)
 	}
 }
+
+// TestMemfdSealed: what a pod holding the memfd NewMemfd made can try
+// against the agent's mapping fails (shrink, grow, unseal, seal writes),
+// the agent's mapping still reads what the pod wrote through its own, and
+// MapMemfd refuses a memfd smaller than asked.
+func TestMemfdSealed(t *testing.T) {
+	fd, mem, err := NewMemfd("test", 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmap(mem)
+	pod := passRights(t, []int{fd})[0]
+	_ = unix.Close(fd)
+	defer unix.Close(pod)
+	for _, size := range []int64{0, 4096, 9999, 10001, 1 << 20} {
+		if err := unix.Ftruncate(pod, size); !errors.Is(err, unix.EPERM) {
+			t.Errorf("ftruncate to %d: %v, want EPERM", size, err)
+		}
+	}
+	if err := unix.Fallocate(pod, 0, 0, 1<<20); !errors.Is(err, unix.EPERM) {
+		t.Errorf("fallocate past the end: %v, want EPERM", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(pod), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); !errors.Is(err, unix.EPERM) {
+		t.Errorf("add F_SEAL_WRITE: %v, want EPERM", err)
+	}
+	if _, err := MapMemfd(pod, 10001); err == nil {
+		t.Error("mapped 10001 bytes of a memfd of 10000")
+	}
+	m, err := MapMemfd(pod, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmap(m)
+	copy(m[9990:], "written by the pod")
+	if got := string(mem[9990:10000]); got != "written by" {
+		t.Errorf("the agent's mapping reads %q", got)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(pod, &st); err != nil || st.Size != 10000 {
+		t.Errorf("size %d, %v: want 10000", st.Size, err)
+	}
+}

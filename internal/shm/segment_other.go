@@ -31,8 +31,20 @@ func Create(string, Layout) (*Segment, error) { return nil, errNoShm }
 // Open fails, as Create.
 func Open(Layout, []int) (*Segment, error) { return nil, errNoShm }
 
+// NewMemfd fails: memfds are Linux's.
+func NewMemfd(string, int) (int, []byte, error) { return -1, nil, errNoShm }
+
+// MapMemfd fails, as NewMemfd.
+func MapMemfd(int, int) ([]byte, error) { return nil, errNoShm }
+
+// Unmap does nothing here.
+func Unmap([]byte) error { return nil }
+
 // Rights is empty here.
 func Rights([]int) []byte { return nil }
+
+// CloseFDs has nothing to close here.
+func CloseFDs([]int) {}
 
 // ParseRights finds nothing here.
 func ParseRights([]byte) ([]int, error) { return nil, nil }

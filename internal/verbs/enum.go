@@ -145,6 +145,13 @@ const (
 	AccessZeroBased Access = 1 << 5
 )
 
+// Writable reports whether registering memory with a needs it mapped
+// writable: any access that may change it, directly or by binding a
+// window that does (the kernel's ib_access_writable).
+func (a Access) Writable() bool {
+	return a&(AccessLocalWrite|AccessRemoteWrite|AccessRemoteAtomic|AccessMWBind) != 0
+}
+
 // WROpcode is enum ibv_wr_opcode.
 type WROpcode uint8
 

@@ -22,6 +22,9 @@ var (
 	ErrBusy = errors.New("verbs: resource busy")
 	// ErrClosed is returned for any use of a closed object.
 	ErrClosed = errors.New("verbs: closed")
+	// ErrFault is EFAULT: memory to register is not mapped with the
+	// access asked (PD.RegMRMem).
+	ErrFault = errors.New("verbs: bad address")
 )
 
 // Classes of completion errors, matched by WCError.Is.

@@ -28,6 +28,16 @@ type Device interface {
 type PD interface {
 	// RegMR allocates length bytes outside the Go heap and registers them.
 	RegMR(length int, access Access) (MR, error)
+	// RegMRMem registers mem, memory the caller owns (ibv_reg_mr on its
+	// address): the MR's Bytes is mem, and its Close deregisters mem
+	// without unmapping it. mem lies outside the Go heap (a mapping:
+	// AllocMemory's, a memfd's), at any byte alignment, and stays mapped
+	// until Close returned. Empty mem, or remote write or atomic access
+	// without local write, fails with ErrInvalid; memory not mapped
+	// readable, or not writable for an access that writes
+	// (Access.Writable), fails with ErrFault, as ibv_reg_mr fails with
+	// EFAULT.
+	RegMRMem(mem []byte, access Access) (MR, error)
 	CreateQP(attr *QPInitAttr) (QP, error)
 	CreateSRQ(attr *SRQInitAttr) (SRQ, error)
 	CreateAH(attr *AHAttr) (AH, error)
@@ -39,9 +49,11 @@ type PD interface {
 }
 
 // MR is a registered memory region. Close fails with ErrBusy while a
-// memory window is bound to it (IBA 10.6.7.2.6). Its memory belongs to the verbs layer:
-// Bytes is valid until Close, and the device may read or write it at any time
-// a work request or a remote key allows.
+// memory window is bound to it (IBA 10.6.7.2.6). Its memory belongs to the
+// verbs layer (RegMR) or to the caller (RegMRMem): Bytes is valid until
+// Close (or, for the caller's, as long as the caller keeps it mapped), and
+// the device may read or write it at any time a work request or a remote
+// key allows until Close returned.
 type MR interface {
 	Bytes() []byte
 	// Addr is the virtual address of Bytes()[0], the base for SGE.Addr and

@@ -240,8 +240,9 @@ type session struct {
 	lns     map[uint32]*Listener                // guarded by mu
 	err     error                               // why the session broke; guarded by mu
 
-	wantShm bool  // set before use: try shared memory for each vconn
-	rights  []int // descriptors of the frame being dispatched; reader-owned
+	wantShm  bool           // set before use: try shared memory for each vconn
+	features frame.Features // what the agent offers (Hello); set before use
+	rights   []int          // descriptors of the frame being dispatched; reader-owned
 }
 
 func dialSession(ctx context.Context, path string) (*session, error) {
@@ -269,6 +270,7 @@ func dialSession(ctx context.Context, path string) (*session, error) {
 		s.shutdown(err)
 		return nil, fmt.Errorf("vconn: hello: %w", err)
 	}
+	s.features = frame.Features(rep.Arg2)
 	return s, nil
 }
 
@@ -365,7 +367,7 @@ func (s *session) read() {
 			s.rights, _ = shm.ParseRights(oob[:oobn])
 		}
 		if err != nil || n == 0 {
-			closeFDs(s.rights)
+			shm.CloseFDs(s.rights)
 			msg := "connection closed"
 			if err != nil {
 				msg = err.Error()
@@ -375,13 +377,13 @@ func (s *session) read() {
 		}
 		f, err := frame.Decode(buf[:n])
 		if err != nil {
-			closeFDs(s.rights)
+			shm.CloseFDs(s.rights)
 			s.shutdown(&Error{Code: CodeAgentGone, Message: "protocol error: " + err.Error()})
 			return
 		}
 		f.Payload = append([]byte(nil), f.Payload...)
 		s.dispatch(f)
-		closeFDs(s.rights)
+		shm.CloseFDs(s.rights)
 		s.rights = nil
 	}
 }
@@ -475,6 +477,7 @@ func (s *session) shutdown(err error) {
 	}
 	for _, c := range conns {
 		c.fail(err)
+		c.unmapRegions(err)
 	}
 	for _, x := range shms { // unmapped now: the application may never Close
 		go x.close()

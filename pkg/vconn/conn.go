@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
@@ -50,6 +51,15 @@ type Conn struct {
 	sendErr  error         // an asynchronous send failed; guarded by mu
 	consumed int           // read since the last grant; guarded by mu
 	notify   chan struct{} // signalled on delivery
+	// mapped are the regions mapped here (FlagMemfd), to unmap at the
+	// vconn's Close or the session's end (unmapped, from then on).
+	// Guarded by mu.
+	mapped   map[*Region]struct{}
+	unmapped bool
+
+	stg      atomic.Pointer[stage] // the staging memory (stage.go); stored under mu, unless unmapped
+	stgMu    sync.Mutex
+	stgAsked chan struct{} // closed once the agent answered Stage; nil before it was asked; guarded by stgMu
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -340,6 +350,7 @@ func (c *Conn) Close() error {
 		if c.shm != nil {
 			c.shm.close()
 		}
+		c.unmapRegions(net.ErrClosed)
 		if err != nil && !errors.Is(err, ErrAgentGone) && !errors.Is(err, &Error{Code: CodeNoHandle}) {
 			c.closeErr = c.opErr("close", err)
 		}

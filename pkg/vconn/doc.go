@@ -58,6 +58,10 @@
 //
 // Data crosses the unix socket to the agent by copy, or, with
 // Options.SharedMemory, rings in a memfd the agent shares with the pod
-// (package shm), where doorbells ring only for a side that sleeps. Region
-// data (LocalRead, LocalWrite) still crosses the socket.
+// (package shm), where doorbells ring only for a side that sleeps. An
+// exported Region is, where the agent offers it, a memfd the agent
+// registered and the pod maps: its ReadAt and WriteAt are memory copies,
+// and the peer's RDMA reaches the same pages. WriteRegion and ReadRegion
+// likewise copy their bytes into or out of the vconn's staging memory,
+// which the agent registered, and send the agent only where they are.
 package vconn

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/shm"
 )
 
 // OnSharedMemory reports whether the vconn's messages travel in shared
@@ -22,7 +23,7 @@ func (c *Conn) SharedMemory() []byte {
 // AskSharedMemory asks the agent for shared memory again.
 func (c *Conn) AskSharedMemory(ctx context.Context) error {
 	_, fds, err := c.s.callRights(ctx, &frame.Frame{Op: frame.OpShm, Handle: c.h})
-	closeFDs(fds)
+	shm.CloseFDs(fds)
 	return err
 }
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/internal/shm"
-	"golang.org/x/sys/unix"
 )
 
 // shmConn is a vconn's shared-memory data path (frame.OpShm): SendMsg
@@ -47,9 +46,12 @@ func (c *Conn) openShm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if len(fds) == 0 {
+		return fmt.Errorf("vconn: shm: the agent's reply carried no descriptors")
+	}
 	l, err := shm.DecodeLayout(rep.Payload)
 	if err != nil {
-		closeFDs(fds)
+		shm.CloseFDs(fds)
 		return err
 	}
 	seg, err := shm.Open(l, fds)
@@ -90,13 +92,7 @@ func slice(ctx context.Context, dc chan struct{}) time.Duration {
 	return d
 }
 
-func closeFDs(fds []int) {
-	for _, fd := range fds {
-		_ = unix.Close(fd)
-	}
-}
-
-// callRights is call for a reply that carries descriptors; the caller
+// callRights is call for a reply that may carry descriptors; the caller
 // owns them.
 func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, []int, error) {
 	type result struct {
@@ -118,9 +114,6 @@ func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, 
 	req := f.Req
 	select {
 	case r := <-ch:
-		if r.err == nil && len(r.fds) == 0 {
-			r.err = fmt.Errorf("vconn: shm: the agent's reply carried no descriptors")
-		}
 		return r.f, r.fds, r.err
 	case <-ctx.Done():
 		s.mu.Lock()
@@ -128,7 +121,7 @@ func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, 
 		s.mu.Unlock()
 		select {
 		case r := <-ch: // the reply raced the cancellation
-			closeFDs(r.fds)
+			shm.CloseFDs(r.fds)
 		default:
 		}
 		return frame.Frame{}, nil, ctx.Err()

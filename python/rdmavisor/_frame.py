@@ -35,7 +35,8 @@ OP_DATA = 15
 OP_EOF = 16
 OP_ACCEPT = 17
 OP_SHM = 18
-_OP_LIMIT = 19
+OP_STAGE = 19  # not used here: regions and one-sided operations stay on the socket
+_OP_LIMIT = 20
 
 FLAG_IMM = 1
 

@@ -432,4 +432,31 @@ var errorCases = []conformanceCase{
 		p.A.fails(frame.Frame{Op: frame.OpSend, Handle: p.ha, Payload: []byte("x")}, frame.CodePeerGone)
 		p.A.alive()
 	}},
+	{"R8.35", "Stage of 0 bytes, or a second Stage: BadRequest; the session goes on", rc, false, func(t *testing.T, e *env) {
+		p := newPair(t, e)
+		p.A.fails(frame.Frame{Op: frame.OpStage, Handle: p.ha}, frame.CodeBadRequest)
+		stage(t, p.A, p.ha, 4096)
+		p.A.fails(frame.Frame{Op: frame.OpStage, Handle: p.ha, Arg2: 4096}, frame.CodeBadRequest)
+		p.goesOn(t)
+	}},
+	{"R8.36", "a staged Write or Read without staging memory, with a payload not of 8 bytes, or a span outside it: BadRequest; the session goes on", rc, false, func(t *testing.T, e *env) {
+		p := newPair(t, e)
+		r := p.B.call(frame.Frame{Op: frame.OpExport, Handle: p.hb, Arg: 3, Arg2: 8192}).Arg
+		p.B.sendMsg(p.hb, nil)
+		p.A.send(frame.Frame{Op: frame.OpGrant, Handle: p.ha, Arg: 1})
+		p.A.data(p.ha)
+		p.A.fails(frame.Frame{Op: frame.OpWrite, Flags: frame.FlagMemfd, Handle: p.ha, Arg: r, Payload: frame.AppendStaged(nil, 0, 1)}, frame.CodeBadRequest)
+		stage(t, p.A, p.ha, 4096)
+		for _, f := range []frame.Frame{
+			{Op: frame.OpWrite, Payload: []byte("1234567")},
+			{Op: frame.OpRead, Payload: length(1)},
+			{Op: frame.OpWrite, Payload: frame.AppendStaged(nil, 4000, 97)},
+			{Op: frame.OpRead, Payload: frame.AppendStaged(nil, 4097, 0)},
+			{Op: frame.OpRead, Payload: frame.AppendStaged(nil, 1, 1<<32-1)},
+		} {
+			f.Flags, f.Handle, f.Arg = frame.FlagMemfd, p.ha, r
+			p.A.fails(f, frame.CodeBadRequest)
+		}
+		p.goesOn(t)
+	}},
 }

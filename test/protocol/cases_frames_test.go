@@ -53,9 +53,16 @@ var socketCases = []conformanceCase{
 			t.Fatalf("a LocalRead of %d bytes: a datagram of %d bytes, want %d", frame.MaxPayload, m.size, frame.MaxFrame)
 		}
 	}},
-	{"R1.3", "descriptors come with Shm's OK (memfd, TX and RX doorbells) and bridged OKs and Accepts (a stream socket) only", rc, false, func(t *testing.T, e *env) {
+	{"R1.3", "descriptors come with Shm's OK (memfd, TX and RX doorbells), bridged OKs and Accepts (a stream socket) a FlagMemfd Export's OK and Stage's OK (a memfd) only", rc, false, func(t *testing.T, e *env) {
 		p := newPair(t, e) // the plain OK and Accept carried none: recv checks
 		openShm(t, p.A, p.ha)
+		p.A.call(frame.Frame{Op: frame.OpExport, Handle: p.ha, Arg: 3, Arg2: 64}) // none without FlagMemfd
+		ereq := p.A.next()
+		p.A.send(frame.Frame{Op: frame.OpExport, Req: ereq, Handle: p.ha, Flags: frame.FlagMemfd, Arg: 3, Arg2: 64})
+		if m := p.A.recvFDs(1); m.Op != frame.OpOK || m.Req != ereq {
+			t.Fatalf("Export with FlagMemfd: %v", m)
+		}
+		stage(t, p.A, p.ha, 4096)
 		// A bridged listener, and a bridged Dial to it.
 		bl := p.B.call(frame.Frame{Op: frame.OpListen, Flags: frame.FlagBridge, Arg: port()})
 		addr := string(bl.Payload)

@@ -275,7 +275,7 @@ func (s *sess) read(d time.Duration) (msg, error) {
 	if err != nil {
 		s.t.Fatalf("%s: R2.1: the agent sent a datagram that fails the checks: %v", s.name, err)
 	}
-	if f.Flags&frame.FlagBridge != 0 || (f.Flags&frame.FlagImm != 0 && f.Op != frame.OpData) {
+	if f.Flags&^frame.FlagImm != 0 || (f.Flags&frame.FlagImm != 0 && f.Op != frame.OpData) {
 		s.t.Fatalf("%s: R2.1: the agent sent %v with flags %#x", s.name, f.Op, f.Flags)
 	}
 	f.Payload = append([]byte(nil), f.Payload...)

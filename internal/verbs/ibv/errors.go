@@ -38,6 +38,8 @@ func wrap(what string, e syscall.Errno, post bool) error {
 		}
 	case syscall.EBUSY:
 		class = verbs.ErrBusy
+	case syscall.EFAULT:
+		class = verbs.ErrFault
 	}
 	if class == nil {
 		return fmt.Errorf("ibv: %s: %w", what, e)

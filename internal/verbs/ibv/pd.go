@@ -57,9 +57,10 @@ func (p *pd) Close() error {
 
 type mr struct {
 	life
-	pd  *pd
-	mr  *C.struct_ibv_mr
-	mem []byte
+	pd    *pd
+	mr    *C.struct_ibv_mr
+	mem   []byte
+	owned bool // mem is ours to unmap (RegMR), not the caller's
 }
 
 var _ verbs.MR = (*mr)(nil)
@@ -69,20 +70,50 @@ func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
 	if length <= 0 {
 		return nil, fmt.Errorf("ibv: %s: %w: length must be positive", what, verbs.ErrInvalid)
 	}
-	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
-		return nil, fmt.Errorf("ibv: %s: %w: remote write and atomic need local write", what, verbs.ErrInvalid)
-	}
-	if err := p.hold(what); err != nil {
+	if err := checkRegAccess(what, access); err != nil {
 		return nil, err
 	}
 	mem, err := verbs.AllocMemory(length)
 	if err != nil {
-		p.release()
 		return nil, fmt.Errorf("ibv: %s: %w", what, err)
 	}
-	m, cerr := C.ibv_reg_mr(p.pd, unsafe.Pointer(&mem[0]), C.size_t(length), C.int(access))
-	if m == nil {
+	m, err := p.register(what, mem, access, true)
+	if err != nil {
 		_ = verbs.FreeMemory(mem)
+		return nil, err
+	}
+	return m, nil
+}
+
+// RegMRMem registers the caller's memory: ibv_reg_mr on its address, which
+// pins its pages (EFAULT, ErrFault, where they are not mapped with the
+// access asked). mem must lie outside the Go heap: C keeps its address.
+func (p *pd) RegMRMem(mem []byte, access verbs.Access) (verbs.MR, error) {
+	what := fmt.Sprintf("register MR of %d bytes at %#x (access %#x)", len(mem), verbs.AddrOf(mem), uint32(access))
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("ibv: %s: %w: length must be positive", what, verbs.ErrInvalid)
+	}
+	if err := checkRegAccess(what, access); err != nil {
+		return nil, err
+	}
+	return p.register(what, mem, access, false)
+}
+
+func checkRegAccess(what string, access verbs.Access) error {
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
+		return fmt.Errorf("ibv: %s: %w: remote write and atomic need local write", what, verbs.ErrInvalid)
+	}
+	return nil
+}
+
+// register registers mem; owned says Close unmaps it.
+func (p *pd) register(what string, mem []byte, access verbs.Access, owned bool) (*mr, error) {
+	if err := p.hold(what); err != nil {
+		return nil, err
+	}
+	// C keeps the address beyond the call: mem is outside the Go heap.
+	m, cerr := C.ibv_reg_mr(p.pd, unsafe.Pointer(&mem[0]), C.size_t(len(mem)), C.int(access))
+	if m == nil {
 		p.release()
 		return nil, wrap(what, errnoOf(0, cerr), false)
 	}
@@ -92,7 +123,7 @@ func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
 	}
 	p.mrs[uint32(m.lkey)] = m
 	p.mwMu.Unlock()
-	return &mr{pd: p, mr: m, mem: mem}, nil
+	return &mr{pd: p, mr: m, mem: mem, owned: owned}, nil
 }
 
 func (m *mr) Bytes() []byte { return m.mem }
@@ -109,7 +140,10 @@ func (m *mr) Close() error {
 			return deregErr(errnoOf(int(rc), nil))
 		}
 		delete(m.pd.mrs, lkey)
-		err := verbs.FreeMemory(m.mem)
+		var err error
+		if m.owned {
+			err = verbs.FreeMemory(m.mem)
+		}
 		m.pd.release()
 		return err
 	})

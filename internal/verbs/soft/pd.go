@@ -28,17 +28,19 @@ func (p *pd) Close() error {
 	return nil
 }
 
-// mr is a registered region. Its memory is mmap'd by the verbs layer; the
-// device reads and writes it as DMA would, without locks, but counted in
-// use: deregistration waits for the copies in progress before it unmaps,
-// as ibv_dereg_mr waits for the NIC, so a packet racing the close of its
-// region never faults the process (copyIn, copyOut).
+// mr is a registered region. Its memory is mmap'd by the verbs layer
+// (RegMR) or the caller (RegMRMem); the device reads and writes it as DMA
+// would, without locks, but counted in use: deregistration waits for the
+// copies in progress before it returns (and, for its own memory, unmaps
+// it), as ibv_dereg_mr waits for the NIC, so a packet racing the close of
+// its region never faults the process (copyIn, copyOut).
 type mr struct {
 	pd     *pd
 	buf    []byte
 	addr   uint64
 	key    uint32
 	access verbs.Access
+	owned  bool // buf is ours to unmap (RegMR), not the caller's
 	closed atomic.Bool
 	use    atomic.Int32 // copies in progress
 
@@ -113,7 +115,9 @@ func (m *mr) Close() error {
 		for m.use.Load() != 0 {
 			runtime.Gosched()
 		}
-		err = verbs.FreeMemory(m.buf)
+		if m.owned {
+			err = verbs.FreeMemory(m.buf)
+		}
 		m.pd.children.Add(-1)
 	}
 	return err
@@ -121,23 +125,58 @@ func (m *mr) Close() error {
 
 // RegMR allocates length bytes outside the Go heap and registers them.
 func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
-	if p.closed.Load() {
-		return nil, fmt.Errorf("soft: reg mr: %w", verbs.ErrClosed)
-	}
+	what := fmt.Sprintf("reg mr of %d bytes", length)
 	if length <= 0 || uint64(length) > maxMRSize {
-		return nil, fmt.Errorf("soft: reg mr of %d bytes: %w", length, verbs.ErrInvalid)
+		return nil, fmt.Errorf("soft: %s: %w", what, verbs.ErrInvalid)
 	}
-	// As ibv_reg_mr: remote write needs local write.
-	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
-		return nil, fmt.Errorf("soft: reg mr: %w: remote write access requires local write", verbs.ErrInvalid)
+	if err := p.checkReg(what, access); err != nil {
+		return nil, err
 	}
 	buf, err := verbs.AllocMemory(length)
 	if err != nil {
-		return nil, fmt.Errorf("soft: reg mr: %w", err)
+		return nil, fmt.Errorf("soft: %s: %w", what, err)
 	}
-	m := &mr{pd: p, buf: buf, addr: verbs.AddrOf(buf), access: access}
-	if err := p.dev.keys.add(m); err != nil {
+	m, err := p.register(buf, access, true)
+	if err != nil {
 		_ = verbs.FreeMemory(buf)
+		return nil, err
+	}
+	return m, nil
+}
+
+// RegMRMem registers the caller's memory, as ibv_reg_mr does: pinning it
+// would fail on memory not mapped with the access asked (EFAULT), so
+// this checks the process's mappings for the same.
+func (p *pd) RegMRMem(mem []byte, access verbs.Access) (verbs.MR, error) {
+	what := fmt.Sprintf("reg mr of %d bytes at %#x", len(mem), verbs.AddrOf(mem))
+	if len(mem) == 0 || uint64(len(mem)) > maxMRSize {
+		return nil, fmt.Errorf("soft: %s: %w", what, verbs.ErrInvalid)
+	}
+	if err := p.checkReg(what, access); err != nil {
+		return nil, err
+	}
+	if err := checkMapped(verbs.AddrOf(mem), uint64(len(mem)), access.Writable()); err != nil {
+		return nil, fmt.Errorf("soft: %s: %w", what, err)
+	}
+	return p.register(mem, access, false)
+}
+
+// checkReg is what ibv_reg_mr refuses of any registration.
+func (p *pd) checkReg(what string, access verbs.Access) error {
+	if p.closed.Load() {
+		return fmt.Errorf("soft: %s: %w", what, verbs.ErrClosed)
+	}
+	// As ibv_reg_mr: remote write needs local write.
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
+		return fmt.Errorf("soft: %s: %w: remote write access requires local write", what, verbs.ErrInvalid)
+	}
+	return nil
+}
+
+// register makes buf a region with a key; owned says Close unmaps it.
+func (p *pd) register(buf []byte, access verbs.Access, owned bool) (*mr, error) {
+	m := &mr{pd: p, buf: buf, addr: verbs.AddrOf(buf), access: access, owned: owned}
+	if err := p.dev.keys.add(m); err != nil {
 		return nil, err
 	}
 	p.children.Add(1)

@@ -150,6 +150,16 @@ func (p *ibPD) RegMR(length int, access verbs.Access) (verbs.MR, error) {
 	return mr, err
 }
 
+func (p *ibPD) RegMRMem(mem []byte, access verbs.Access) (verbs.MR, error) {
+	mr, err := p.PD.RegMRMem(mem, access)
+	if err == nil {
+		p.d.mu.Lock()
+		p.d.mrs = append(p.d.mrs, mr)
+		p.d.mu.Unlock()
+	}
+	return mr, err
+}
+
 func (p *ibPD) CreateAH(attr *verbs.AHAttr) (verbs.AH, error) {
 	av, err := p.d.s.route(*attr)
 	if err != nil {

@@ -96,6 +96,7 @@ var cases = []testCase{
 	{"MWBindErrors", testMWBindErrors},
 	{"MWLocalInvErrors", testMWLocalInvErrors},
 	{"MWLifetime", testMWLifetime},
+	{"RegMRMem", testRegMRMem},
 }
 
 // Run runs every case of the suite against the devices f returns, each as a
