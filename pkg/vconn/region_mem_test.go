@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -313,6 +314,14 @@ func TestStagingCounts(t *testing.T) {
 		}
 		r, err := s.Export(ctx, 4096, vconn.AccessRead|vconn.AccessWrite)
 		if err != nil {
+			t.Fatal(err)
+		}
+		// The export reaches c before a message sent after it: c uses
+		// the region once it read one, as a program told its id would.
+		if _, err := s.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
 			t.Fatal(err)
 		}
 		return c, s, r.ID()
