@@ -42,6 +42,9 @@ const (
 	CodeVersion   = "version"
 	CodeMalformed = "malformed" // the agent closes the connection after the reply
 	CodeFailed    = "failed"    // the request was valid and could not be done
+	// CodeUnavailable: valid, and refused for now (every rail down); the
+	// caller retries.
+	CodeUnavailable = "unavailable"
 )
 
 // ErrExists, ErrNotFound and ErrQuota classify failures: the agent's own
@@ -50,6 +53,9 @@ var (
 	ErrExists   = errors.New("agent: already exists")
 	ErrNotFound = errors.New("agent: not found")
 	ErrQuota    = errors.New("agent: not enough vconns left on the node")
+	// ErrUnavailable: the agent cannot serve it now (its rails are down)
+	// and may later.
+	ErrUnavailable = errors.New("agent: unavailable for now")
 )
 
 // SocketName is the allocation socket's name in its directory,

@@ -12,13 +12,13 @@ import (
 
 // Error is a failed admin request.
 type Error struct {
-	Code    string // CodeInvalid, CodeExists, CodeNotFound, CodeQuota, CodeVersion, CodeMalformed, CodeFailed
+	Code    string // CodeInvalid, CodeExists, CodeNotFound, CodeQuota, CodeUnavailable, CodeVersion, CodeMalformed, CodeFailed
 	Message string
 }
 
 func (e *Error) Error() string { return "agent admin: " + e.Code + ": " + e.Message }
 
-// Is matches ErrExists, ErrNotFound and ErrQuota by code.
+// Is matches ErrExists, ErrNotFound, ErrQuota and ErrUnavailable by code.
 func (e *Error) Is(target error) bool {
 	switch target {
 	case ErrExists:
@@ -27,6 +27,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == CodeNotFound
 	case ErrQuota:
 		return e.Code == CodeQuota
+	case ErrUnavailable:
+		return e.Code == CodeUnavailable
 	}
 	return false
 }

@@ -143,6 +143,8 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 			return adminErr(admin.CodeNotFound, err)
 		case errors.Is(err, admin.ErrQuota):
 			return adminErr(admin.CodeQuota, err)
+		case errors.Is(err, admin.ErrUnavailable):
+			return adminErr(admin.CodeUnavailable, err)
 		}
 		return adminErr(admin.CodeInvalid, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -80,7 +81,7 @@ func (a *Agent) checkRails() {
 func (a *Agent) pickRail(rail int) (int, error) {
 	if rail != 0 {
 		if why := a.railDown[rail]; why != "" {
-			return 0, fmt.Errorf("rail %d (%s) is down: %s", rail, a.devs[rail].Attr().Name, why)
+			return 0, fmt.Errorf("rail %d (%s) is down: %s: %w", rail, a.devs[rail].Attr().Name, why, admin.ErrUnavailable)
 		}
 		return rail, nil
 	}
@@ -91,7 +92,7 @@ func (a *Agent) pickRail(rail int) (int, error) {
 		}
 		downs = append(downs, fmt.Sprintf("rail %d (%s): %s", i, a.devs[i].Attr().Name, why))
 	}
-	return 0, fmt.Errorf("every rail of node %s is down (%s)", a.cfg.NodeName, strings.Join(downs, "; "))
+	return 0, fmt.Errorf("every rail of node %s is down (%s): %w", a.cfg.NodeName, strings.Join(downs, "; "), admin.ErrUnavailable)
 }
 
 // railsDown returns why each rail is down ("" for one that is up).

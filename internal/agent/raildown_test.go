@@ -105,9 +105,9 @@ func TestRailDown(t *testing.T) {
 
 	rail0.SetPortState(verbs.PortStateInit)
 	waitDown("both rails down", is("port INIT"), is("port query failed: "+gone.Error()))
-	if _, err := ac.Create(ctx, admin.Allocation{ID: "none", VConns: 1}); err == nil ||
+	if _, err := ac.Create(ctx, admin.Allocation{ID: "none", VConns: 1}); !errors.Is(err, admin.ErrUnavailable) ||
 		!strings.Contains(err.Error(), "every rail of node node-a is down (rail 0 (soft-127.0.0.2): port INIT; rail 1 (soft-127.0.0.4): port query failed") {
-		t.Errorf("an allocation with every rail down: %v; want a refusal saying why", err)
+		t.Errorf("an allocation with every rail down: %v; want a refusal saying why, to retry (ErrUnavailable)", err)
 	}
 
 	rail1.SetPortState(verbs.PortStateNOP) // the soft device's own state: ACTIVE

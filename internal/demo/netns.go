@@ -189,7 +189,7 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 	if o.Server {
 		quota += 64 // the client's reachability probe may still be closing
 	}
-	al, err := ac.CreateAllocation(ctx, "demo", quota)
+	al, err := createAllocation(ctx, ac, quota)
 	_ = ac.Close()
 	if err != nil {
 		return err
@@ -237,3 +237,25 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 	}
 	return roundTrips(ctx, w, c, net.JoinHostPort(o.PeerName, strconv.Itoa(demoServicePort)), o.AgentsOptions, stats)
 }
+
+// createAllocation makes the node's allocation, waiting while the agent
+// says it cannot now (a link that comes up a moment after the agent
+// started: its rail is down until then), within ctx and railWait.
+func createAllocation(ctx context.Context, ac *admin.Client, quota int) (admin.Allocation, error) {
+	ctx, cancel := context.WithTimeout(ctx, railWait)
+	defer cancel()
+	for {
+		al, err := ac.CreateAllocation(ctx, "demo", quota)
+		if !errors.Is(err, admin.ErrUnavailable) {
+			return al, err
+		}
+		select {
+		case <-ctx.Done():
+			return al, fmt.Errorf("demo: waited %s for a rail to come up: %w", railWait, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// railWait bounds how long a node waits for its link to come up.
+const railWait = time.Minute
