@@ -25,12 +25,16 @@ if [ "$RDMAVISOR_GUEST_INDEX" = 1 ]; then
 	kill -INT "$pid" 2>/dev/null
 	wait "$pid"
 	rc=$?
+	touch /payload/server.exited # a client still waiting for it stops
 	cat /payload/server.log
 	exit $rc
 fi
 peer=node-1
 i=0
 until grep -q "node ready" /payload/server.log 2>/dev/null; do
+	# A server that exited will never be ready: say so now, not at the
+	# end of the wait (interop-agent.sh's host server says it too).
+	[ ! -e /payload/server.exited ] || { echo "the server's agent exited before it was ready"; cat /payload/server.log; touch /payload/client.done; exit 1; }
 	[ $i -lt 1200 ] || { echo "the server's agent never became ready"; cat /payload/server.log; touch /payload/client.done; exit 1; }
 	sleep 0.1
 	i=$((i + 1))

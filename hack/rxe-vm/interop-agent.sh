@@ -19,6 +19,7 @@ done
 kill -INT "$pid" 2>/dev/null
 wait "$pid"
 rc=$?
+touch "$P/server.exited" # a client still waiting for it stops
 cat "$P/server.log"
 [ -e "$P/client.done" ] || { echo "the guest's client never finished"; exit 1; }
 exit $rc
