@@ -102,7 +102,7 @@ func main() {
 	}
 	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }
 	if reporter != nil {
-		opts.PodEvents = rdmanode.NewPodEvents(ctx, reporter.Kube, cfg.NodeName, log)
+		opts.PodEvents = rdmanode.NewPodEvents(ctx, reporter.Kube, cfg.NodeName)
 	}
 	a, err := agent.New(opts)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,13 +26,14 @@ type PodEvents struct {
 	rec  events.EventRecorder
 }
 
-// NewPodEvents records Events as the agent of node, until ctx ends.
-func NewPodEvents(ctx context.Context, kube kubernetes.Interface, node string, log logr.Logger) *PodEvents {
+// NewPodEvents records Events as the agent of node, until ctx ends. The
+// reporting controller is one name for every agent (a qualified name;
+// a node's may be longer than its 63 characters); the note names the node.
+func NewPodEvents(ctx context.Context, kube kubernetes.Interface, node string) *PodEvents {
 	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: kube.EventsV1()})
 	b.StartRecordingToSink(ctx.Done())
-	b.StartStructuredLogging(4)
 	go func() { <-ctx.Done(); b.Shutdown() }()
-	return &PodEvents{node: node, rec: b.NewRecorder(scheme.Scheme, "rdmavisor-agent/"+node)}
+	return &PodEvents{node: node, rec: b.NewRecorder(scheme.Scheme, "rdmavisor.io/agent")}
 }
 
 // Allocated says on the pod which allocation of how many vconns its

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -20,7 +19,7 @@ func TestPodEventsAllocated(t *testing.T) {
 	kube := fake.NewClientset()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ev := NewPodEvents(ctx, kube, "node-2", logr.Discard())
+	ev := NewPodEvents(ctx, kube, "node-2")
 	ev.Allocated(admin.Pod{UID: "u-1", Namespace: "team", Name: "echo"}, admin.Allocation{ID: "dp-1", VConns: 8})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -34,8 +33,8 @@ func TestPodEventsAllocated(t *testing.T) {
 			if r.Kind != "Pod" || r.Namespace != "team" || r.Name != "echo" || string(r.UID) != "u-1" {
 				t.Errorf("event regards %+v, want the pod team/echo, uid u-1", r)
 			}
-			if e.Reason != ReasonVConnsAllocated || e.Type != "Normal" || e.ReportingController != "rdmavisor-agent/node-2" {
-				t.Errorf("event %s %s by %q, want Normal %s by rdmavisor-agent/node-2", e.Type, e.Reason, e.ReportingController, ReasonVConnsAllocated)
+			if e.Reason != ReasonVConnsAllocated || e.Type != "Normal" || e.ReportingController != "rdmavisor.io/agent" {
+				t.Errorf("event %s %s by %q, want Normal %s by rdmavisor.io/agent", e.Type, e.Reason, e.ReportingController, ReasonVConnsAllocated)
 			}
 			for _, w := range []string{"8 vconns", "node-2", "dp-1", "RDMAVISOR_SOCKET"} {
 				if !strings.Contains(e.Note, w) {
