@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -27,6 +28,9 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 )
+
+// EventSource reports the operator's Events (their reportingController).
+const EventSource = "rdmavisor.io/operator"
 
 // Finalizer holds an RDMAService until the cluster-scoped objects rendered for
 // it and the RDMANodes of its agents are deleted.
@@ -49,6 +53,9 @@ type RDMAServiceReconciler struct {
 	HeartbeatTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Recorder, when set, records each change of a condition as an Event
+	// on the service (kubectl describe rdmaservice, kubectl get events).
+	Recorder events.EventRecorder
 }
 
 // New returns a reconciler whose writes are owned by FieldOwner.
@@ -88,6 +95,7 @@ func (r *RDMAServiceReconciler) heartbeatTimeout() time.Duration {
 // +kubebuilder:rbac:groups="",namespace=rdmavisor-system,resources=configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=rdmavisor-system,resources=leases,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=rdmavisor-system,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile brings the objects of one RDMAService to what its spec asks and
 // reports what the agents say in its status.

@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -316,6 +317,10 @@ func TestStatus(t *testing.T) {
 		t.Errorf("Ready message %q should name the node and its reason", c.Message)
 	}
 	waitCondition(t, "stat", v1alpha1.ConditionDegraded, metav1.ConditionTrue, ReasonNodeUnhealthy)
+	// Each change is an Event on the service, a warning when it says
+	// something is wrong: kubectl describe rdmaservice shows why.
+	waitEvent(t, "stat", corev1.EventTypeWarning, ReasonNodeUnhealthy, "Degraded is True: node stat-2: DeviceLost: port 1 is down")
+	waitEvent(t, "stat", corev1.EventTypeNormal, ReasonAllNodesReady, "Ready is True: 2/2 nodes ready")
 
 	reportNode(t, "stat-2", "stat", metav1.ConditionTrue, "Serving", "")
 	waitCondition(t, "stat", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
@@ -352,6 +357,29 @@ func TestStatus(t *testing.T) {
 	waitProgressing(t, "stat", "0 of 2 agents run the current spec")
 	rollDaemonSet(t, "stat", 2, 2, 2)
 	waitCondition(t, "stat", v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonComplete)
+}
+
+// waitEvent waits for an Event on RDMAService name of type and reason
+// whose note contains note.
+func waitEvent(t *testing.T, name, typ, reason, note string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("a %s Event %s on RDMAService %s", typ, reason, name), func() error {
+		var list eventsv1.EventList
+		if err := k8s.List(testCtx(t), &list); err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range list.Items {
+			if e.Regarding.Kind != "RDMAService" || e.Regarding.Name != name {
+				continue
+			}
+			if e.Type == typ && e.Reason == reason && strings.Contains(e.Note, note) && e.ReportingController == EventSource {
+				return nil
+			}
+			seen = append(seen, e.Type+" "+e.Reason+": "+e.Note)
+		}
+		return fmt.Errorf("events of the service: %q", seen)
+	})
 }
 
 // waitProgressing waits for Progressing True, RollingOut, with message.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -272,7 +273,31 @@ func (r *RDMAServiceReconciler) setCondition(svc *v1alpha1.RDMAService, c metav1
 	if len(c.Message) > 1024 {
 		c.Message = c.Message[:1021] + "..."
 	}
+	old := meta.FindStatusCondition(svc.Status.Conditions, c.Type)
+	changed := old == nil || old.Status != c.Status || old.Reason != c.Reason
 	meta.SetStatusCondition(&svc.Status.Conditions, c)
+	if changed && r.Recorder != nil {
+		// The condition's type is the action: the recorder merges Events
+		// of one action and reason into a series with the first's note,
+		// and Ready and Degraded often change for one reason.
+		r.Recorder.Eventf(svc, nil, eventType(c), c.Reason, c.Type, "%s is %s: %s", c.Type, c.Status, c.Message)
+	}
+}
+
+// eventType is Warning for a condition that says something is wrong
+// (a node or device down, a conflict, a refused spec), Normal otherwise.
+func eventType(c metav1.Condition) string {
+	bad := false
+	switch c.Type {
+	case v1alpha1.ConditionDegraded, v1alpha1.ConditionConflict:
+		bad = c.Status == metav1.ConditionTrue
+	case v1alpha1.ConditionReady:
+		bad = c.Status == metav1.ConditionFalse && c.Reason != ReasonNodesNotReady
+	}
+	if bad {
+		return corev1.EventTypeWarning
+	}
+	return corev1.EventTypeNormal
 }
 
 // patchStatus writes the status if it changed, so a reconcile that changes

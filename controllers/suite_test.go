@@ -93,6 +93,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	rec = New(mgr.GetClient(), testNamespace, testImage)
+	rec.Recorder = mgr.GetEventRecorder(EventSource)
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: setting up the controller:", err)
 		return 1

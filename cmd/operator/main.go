@@ -83,7 +83,9 @@ func run() error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	ctx := ctrl.SetupSignalHandler()
-	if err := controllers.New(mgr.GetClient(), namespace, image).SetupWithManager(ctx, mgr); err != nil {
+	rec := controllers.New(mgr.GetClient(), namespace, image)
+	rec.Recorder = mgr.GetEventRecorder(controllers.EventSource)
+	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the RDMAService controller: %w", err)
 	}
 	signer := &controllers.CertSigner{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Namespace: namespace}
