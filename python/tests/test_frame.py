@@ -24,11 +24,11 @@ def test_header_layout_is_big_endian():
     (b"\x01\x04", "shorter than its header"),
     (bytes([2, fr.OP_SEND]) + bytes(26), "unsupported version 2"),
     (bytes([1, 0]) + bytes(26), "unknown op 0"),
-    (bytes([1, 19]) + bytes(26), "unknown op 19"),
+    (bytes([1, 20]) + bytes(26), "unknown op 20"),
     (bytes([1, fr.OP_SEND, 0, 2]) + bytes(24), "unknown flags 0x2"),
     (bytes([1, fr.OP_SEND]) + bytes(22) + struct.pack(">I", 1), "length does not match"),
     (bytes([1, fr.OP_SEND]) + bytes(22) + struct.pack(">I", fr.MAX_PAYLOAD + 1), "larger than MaxPayload"),
-], ids=["short", "version", "op0", "op19", "flags", "length", "too-big"])
+], ids=["short", "version", "op0", "op20", "flags", "length", "too-big"])
 def test_decode_refuses(b, why):
     with pytest.raises(fr.FrameError, match=why):
         fr.decode(b)
