@@ -146,7 +146,10 @@ func (p *pd) RegMR(length int, access verbs.Access) (verbs.MR, error) {
 
 // RegMRMem registers the caller's memory, as ibv_reg_mr does: pinning it
 // would fail on memory not mapped with the access asked (EFAULT), so
-// this checks the process's mappings for the same.
+// this checks the process's mappings for the same. It also refuses memory
+// mapped with no access for a read-only registration, which a NIC's
+// pinning allows (rxe did, in make test-rxe): this device reads the
+// memory itself and would fault.
 func (p *pd) RegMRMem(mem []byte, access verbs.Access) (verbs.MR, error) {
 	what := fmt.Sprintf("reg mr of %d bytes at %#x", len(mem), verbs.AddrOf(mem))
 	if len(mem) == 0 || uint64(len(mem)) > maxMRSize {

@@ -74,11 +74,10 @@ func testRegMRMem(t *testing.T, f Factory) {
 	CheckWCs(t, WaitCQ(t, p.CQA, 1, waitDone), verbs.WC{WRID: 3, Opcode: verbs.WCRDMARead, QPN: p.A.QPN()})
 	expectBytes(t, "the peer's read of read-only memory", src.Bytes()[:64], mem[page:page+64])
 
-	if err := unix.Mprotect(mem[2*page:3*page], unix.PROT_NONE); err != nil {
-		t.Fatal(err)
-	}
-	refuse("a page with no access", mem[page:4*page], verbs.AccessRemoteRead, verbs.ErrFault)
-	refuse("a page with no access", mem[2*page+1:2*page+2], 0, verbs.ErrFault)
+	// Memory with no access at all is not a case here: rxe (ib_umem_get)
+	// pins it for a read-only registration, as the kernel may read it; the
+	// soft device, which reads memory itself, refuses it
+	// (soft.TestRegMRMemNoAccess).
 	ExpectIdle(t, p.CQB, waitIdle)
 }
 
