@@ -38,6 +38,9 @@ type allocation struct {
 	// set. Otherwise it serves host services on the node's port space.
 	podScoped bool
 	pod       string // guarded by mu
+	// told: Options.PodEvents heard of pod's allocation, with its UID;
+	// guarded by mu.
+	told bool
 	// rail is the device whose engine carries the allocation's vconns
 	// (Agent.engines).
 	rail int
@@ -84,14 +87,53 @@ func (a *Agent) BindAllocation(id, namespace, name string) error {
 	al.mu.Lock()
 	old := al.pod
 	al.pod = pod
+	if old != pod {
+		al.told = false
+	}
 	al.mu.Unlock()
 	if old != pod {
 		a.log.Info("Bound an allocation to its pod", "allocation", id, "pod", pod, "was", old)
-		if a.opts.PodEvents != nil {
-			a.opts.PodEvents.Allocated(a.podRef(namespace, name), al.info())
-		}
+	}
+	if p, ok := a.podRef(namespace, name); ok {
+		al.tell(p)
 	}
 	return nil
+}
+
+// tell gives PodEvents the allocation of pod p, once: when the device
+// plugin binds it (BindAllocation) or, as the kubelet often binds before
+// the pod's network is up, when the CNI plugin registers the pod with its
+// UID (RegisterPod), by which kubectl describe finds the pod's Events.
+func (al *allocation) tell(p admin.Pod) {
+	ev := al.a.opts.PodEvents
+	if ev == nil {
+		return
+	}
+	al.mu.Lock()
+	if al.told || al.pod != p.Namespace+"/"+p.Name {
+		al.mu.Unlock()
+		return
+	}
+	al.told = true
+	al.mu.Unlock()
+	ev.Allocated(p, al.info())
+}
+
+// tellPod gives PodEvents the allocations bound to p before it was
+// registered.
+func (a *Agent) tellPod(p admin.Pod) {
+	if a.opts.PodEvents == nil {
+		return
+	}
+	a.mu.Lock()
+	als := make([]*allocation, 0, len(a.allocs))
+	for _, al := range a.allocs {
+		als = append(als, al)
+	}
+	a.mu.Unlock()
+	for _, al := range als {
+		al.tell(p)
+	}
 }
 
 // PodEvents records what happens to a pod's vconns as Events on the pod.
@@ -100,17 +142,17 @@ type PodEvents interface {
 	Allocated(pod admin.Pod, al admin.Allocation)
 }
 
-// podRef is the pod namespace/name as the CNI plugin registered it (its
-// UID, by which kubectl describe finds its Events), or only its name.
-func (a *Agent) podRef(namespace, name string) admin.Pod {
+// podRef is the pod namespace/name as the CNI plugin registered it, if
+// it did.
+func (a *Agent) podRef(namespace, name string) (admin.Pod, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, p := range a.pods {
 		if p.Namespace == namespace && p.Name == name {
-			return p
+			return p, true
 		}
 	}
-	return admin.Pod{Namespace: namespace, Name: name}
+	return admin.Pod{}, false
 }
 
 func (a *Agent) createAllocation(id string, k int, podScoped bool, rail int) (admin.Allocation, error) {

@@ -40,6 +40,7 @@ func (a *Agent) RegisterPod(p admin.Pod) error {
 		a.log.Error(err, "Cannot save the pods: an agent restart will not know them", "file", a.podsFile())
 	}
 	a.log.Info("Registered pod", "pod", p.Namespace+"/"+p.Name, "uid", p.UID, "ips", p.IPs)
+	a.tellPod(p)
 	return nil
 }
 

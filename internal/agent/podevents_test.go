@@ -25,7 +25,8 @@ func (e *podEvents) Allocated(p admin.Pod, al admin.Allocation) {
 
 // Binding an allocation to a pod tells PodEvents once, with the pod's UID
 // as the CNI plugin registered it (kubectl describe finds Events by it),
-// and binding it again to the same pod says nothing more.
+// whichever of the two came first; binding or registering again says
+// nothing more.
 func TestBindAllocationTellsPodEvents(t *testing.T) {
 	ev := &podEvents{}
 	c, err := agenttest.Start(agenttest.Options{Log: logr.Discard(), TuneAgent: func(o *agent.Options) { o.PodEvents = ev }})
@@ -52,5 +53,29 @@ func TestBindAllocationTellsPodEvents(t *testing.T) {
 	}
 	if ev.als[0].ID != "dp-7" || ev.als[0].VConns != 8 || ev.als[0].Pod != "team/echo" {
 		t.Errorf("allocation told %+v, want dp-7 of 8 vconns bound to team/echo", ev.als[0])
+	}
+	ev.mu.Unlock()
+
+	// The kubelet often binds before the pod's network is up: the pod is
+	// told once the CNI plugin registered it, with its UID.
+	if _, err := a.CreatePodAllocation("dp-8", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.BindAllocation("dp-8", "team", "late"); err != nil {
+		t.Fatal(err)
+	}
+	ev.mu.Lock()
+	if len(ev.got) != 1 {
+		t.Fatalf("PodEvents told %+v before the pod was registered; want nothing yet (no UID)", ev.got[1:])
+	}
+	ev.mu.Unlock()
+	for range 2 {
+		if err := a.RegisterPod(admin.Pod{UID: "uid-8", Namespace: "team", Name: "late", IPs: []string{"10.244.0.8"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev.mu.Lock()
+	if len(ev.got) != 2 || ev.got[1].UID != "uid-8" || ev.als[1].ID != "dp-8" {
+		t.Fatalf("PodEvents told %+v (%+v), want once more: team/late, uid-8, dp-8", ev.got, ev.als)
 	}
 }
