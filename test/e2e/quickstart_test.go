@@ -99,9 +99,9 @@ func (e *env) quickstart() {
 			e.t.Fatalf("after the quick start's uninstall, %s remains", name)
 		}
 	}
-	// kubectl delete --wait waits for the Deployments and Jobs, not for
-	// their pods to end.
-	e.eventually("the quick start's pods gone", 2*time.Minute, func() (bool, string) {
+	// The README deletes in the foreground: the pods are gone before the
+	// service, whose DRA driver a claim's pod needs to end.
+	e.eventually("the quick start's pods gone", 10*time.Second, func() (bool, string) {
 		pods, err := e.kube.CoreV1().Pods("default").List(e.ctx, metav1.ListOptions{LabelSelector: "app in (echo-server, echo-client, echo-dra-server, echo-dra-client)"})
 		if err != nil {
 			return false, err.Error()
