@@ -61,6 +61,18 @@ func (vc *VConn) rdma(ctx context.Context, op verbs.WROpcode, id uint32, off uin
 	if err != nil {
 		return err
 	}
+	_, err = vc.runOp(ctx, o, rg, id, r, func() { vc.putAll(slots) })
+	return err
+}
+
+// runOp queues the work requests o holds (o.wrs, o.done made ready) at
+// the vconn's marker and waits for them: whether the operation was
+// abandoned with them perhaps still in flight, and their error. unqueued
+// gives back what the operation held when it could not be queued. A
+// caller that stops waiting fails the vconn: the WRs are queued or posted
+// and will complete (their buffers come back then), and the peer cannot
+// be told to stop.
+func (vc *VConn) runOp(ctx context.Context, o *rdmaOp, rg *regions, id uint32, r remoteRegion, unqueued func()) (abandoned bool, err error) {
 	o.cmu.Lock()
 	o.pending = len(o.wrs)
 	done := o.done
@@ -69,20 +81,18 @@ func (vc *VConn) rdma(ctx context.Context, op verbs.WROpcode, id uint32, off uin
 		o.cmu.Lock()
 		o.pending = 0
 		o.cmu.Unlock()
-		vc.putAll(slots)
-		return err
+		unqueued()
+		return false, err
 	}
 	select {
 	case <-done:
 	case <-ctx.Done():
-		// The WRs are queued or posted and will complete; their buffers
-		// come back then. The peer cannot be told to stop: the vconn fails.
 		vc.fail(fmt.Errorf("one-sided operation abandoned: %w", ctx.Err()))
 		<-done
 	}
 	o.cmu.Lock()
 	defer o.cmu.Unlock()
-	return o.err
+	return o.abandoned, o.err
 }
 
 // remoteFor checks a one-sided operation against the region the peer

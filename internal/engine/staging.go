@@ -111,25 +111,8 @@ func (vc *VConn) rdmaStaged(ctx context.Context, op verbs.WROpcode, id uint32, o
 		NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{{Addr: s.mr.Addr() + uint64(at), Length: uint32(n), LKey: s.mr.LKey()}},
 		RemoteAddr: r.Addr + off, RKey: r.RKey,
 	})
-	o.pending = 1
-	done := o.done
 	o.cmu.Unlock()
-	if err := vc.queueOp(ctx, rg, id, r); err != nil {
-		o.cmu.Lock()
-		o.pending = 0
-		o.cmu.Unlock()
-		s.done(false)
-		return err
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		vc.fail(fmt.Errorf("one-sided operation abandoned: %w", ctx.Err()))
-		<-done
-	}
-	o.cmu.Lock()
-	err, abandoned := o.err, o.abandoned
-	o.cmu.Unlock()
+	abandoned, err := vc.runOp(ctx, o, rg, id, r, func() {})
 	s.done(abandoned)
 	return err
 }
