@@ -3,10 +3,12 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -126,10 +128,7 @@ func (a *Agent) tellPod(p admin.Pod) {
 		return
 	}
 	a.mu.Lock()
-	als := make([]*allocation, 0, len(a.allocs))
-	for _, al := range a.allocs {
-		als = append(als, al)
-	}
+	als := slices.Collect(maps.Values(a.allocs))
 	a.mu.Unlock()
 	for _, al := range als {
 		al.tell(p)
