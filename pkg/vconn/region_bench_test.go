@@ -3,9 +3,6 @@ package vconn_test
 import (
 	"fmt"
 	"testing"
-
-	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
-	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
 // BenchmarkRegion measures a region's four paths through two agents, at
@@ -13,35 +10,9 @@ import (
 // region, and the peer's RDMA READ and WRITE of it (ReadRegion,
 // WriteRegion). Each reports bytes/s (SetBytes) and its allocations.
 func BenchmarkRegion(b *testing.B) {
-	cl := cluster(b, agenttest.Options{})
-	ca, cb := client(b, cl.Nodes[0], "a", 4), client(b, cl.Nodes[1], "b", 4)
-	ctx := testCtx(b)
-	ln, err := cb.Listen(ctx, ":9")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = ln.Close() })
-	c, err := ca.Dial(ctx, "node-b:9")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv, err := ln.AcceptVConn()
-	if err != nil {
-		b.Fatal(err)
-	}
 	const size = 1 << 20
-	r, err := srv.Export(ctx, size, vconn.AccessRead|vconn.AccessWrite)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := srv.SendMsgImm(ctx, nil, r.ID()); err != nil {
-		b.Fatal(err)
-	}
-	m, err := c.RecvMsg(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := m.Imm
+	p := newRegionPair(b, size, true)
+	ctx, r, c, id := p.ctx, p.r, p.c, p.id
 	for _, n := range []int{4 << 10, 64 << 10} {
 		buf := make([]byte, n)
 		for _, p := range []struct {

@@ -29,7 +29,7 @@ type regionPair struct {
 	id     uint32
 }
 
-func newRegionPair(t *testing.T, size int, mapped bool) *regionPair {
+func newRegionPair(t testing.TB, size int, mapped bool) *regionPair {
 	t.Helper()
 	cl := cluster(t, agenttest.Options{})
 	p := &regionPair{ctx: testCtx(t), cl: cl, ca: client(t, cl.Nodes[0], "a", 4), cb: client(t, cl.Nodes[1], "b", 4)}
@@ -37,17 +37,8 @@ func newRegionPair(t *testing.T, size int, mapped bool) *regionPair {
 		p.ca.WithoutFeatures()
 		p.cb.WithoutFeatures()
 	}
-	ln, err := p.cb.Listen(p.ctx, ":9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	if p.c, err = p.ca.Dial(p.ctx, "node-b:9"); err != nil {
-		t.Fatal(err)
-	}
-	if p.srv, err = ln.AcceptVConn(); err != nil {
-		t.Fatal(err)
-	}
+	p.c, p.srv = shmPair(t, p.ca, p.cb, "node-b")
+	var err error
 	if p.r, err = p.srv.Export(p.ctx, size, vconn.AccessRead|vconn.AccessWrite); err != nil {
 		t.Fatal(err)
 	}
