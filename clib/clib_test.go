@@ -290,6 +290,20 @@ func TestCThreads(t *testing.T) {
 	}
 }
 
+// TestCLeader runs test/test_lead.c: a thread waiting for a reply reads
+// the socket itself (its background reader reads next to none of a ping
+// pong's frames), and the background reader reads the answers to sends
+// nobody waits for.
+func TestCLeader(t *testing.T) {
+	cl := cluster(t)
+	a := allocate(t, cl.Nodes[0], "ld-a", 4)
+	b := allocate(t, cl.Nodes[1], "ld-b", 4)
+	out := runC(t, "test_lead", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT=7006")
+	if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
+		t.Fatalf("test_lead did not finish")
+	}
+}
+
 // TestCBridge runs test/test_bridge.c: vconns the agent hands over as
 // kernel sockets (FlagBridge), read and written, half-closed, shared with
 // a forked child, outliving their client.

@@ -12,9 +12,10 @@
  * vconn_errmsg gives the agent's own message for the calling thread's last
  * failure. The agent's protocol codes map to errno values as listed below.
  *
- * Threads: a client runs one reader thread that serves the agent's socket.
- * Every function is safe to call from any thread; concurrent writers of one
- * vconn interleave whole messages.
+ * Threads: a thread waiting in a call reads the agent's socket itself, and
+ * a background thread reads it while none waits. Every function is safe to
+ * call from any thread; concurrent writers of one vconn interleave whole
+ * messages.
  *
  * Polling: vconn_fd returns a descriptor that is readable when vconn_recv
  * (or vconn_read) would not block: a message, the peer's EOF or a failure

@@ -1,4 +1,4 @@
-/* The client: a session on the allocation's socket, its reader thread,
+/* The client: a session on the allocation's socket, who reads it (cv_wait),
  * vconns and listeners (docs/protocol.md §1, §3). One mutex (c->mu) guards
  * a client's state and one condition variable wakes every waiter: a client
  * holds few vconns, and simple locking beats fast locking here. */
@@ -55,12 +55,25 @@ struct pending {
 	int fds[3], nfds;
 };
 
+/* Who reads the session's socket (vconn_client.leader): see cv_wait. */
+enum { LEAD_NONE, LEAD_BG, LEAD_APP };
+
 struct vconn_client {
 	int fd;
 	pthread_t reader;
 	int reader_started;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
+	/* The socket has one reader at a time (leader; guarded by mu): a
+	 * thread of the program waiting in cv_wait, or the background
+	 * reader when none waits. kick (an eventfd) wakes the leader from its
+	 * poll; rbuf is the leader's frame buffer. */
+	int leader, waiters, kicked, kick, closing;
+	int async;        /* a descriptor or non-blocking mode was asked for: the background reader always reads */
+	unsigned app_gen; /* counts the program's waits: the background reader stands by while it moves */
+	pthread_cond_t bgcv;
+	uint8_t *rbuf;
+	unsigned long bg_frames; /* frames the background reader read: vc_client_bg_frames */
 	int err; /* the session broke: <0; guarded by mu */
 	char errmsg[256];
 	uint32_t next_req;
@@ -149,14 +162,102 @@ static int remaining_ms(const struct timespec *ts)
 	return ms < 0 ? 0 : ms > 1000000000 ? 1000000000 : (int)ms;
 }
 
-/* wait sleeps on c->cv (mu held) until woken or the deadline: -ETIMEDOUT. */
-static int cv_wait(vconn_client *c, const struct timespec *dl)
+/* sleep waits on c->cv (mu held) until woken or the deadline: -ETIMEDOUT. */
+static int sleep_cv(vconn_client *c, const struct timespec *dl)
 {
 	if (!dl) {
 		pthread_cond_wait(&c->cv, &c->mu);
 		return 0;
 	}
 	return pthread_cond_timedwait(&c->cv, &c->mu, dl) == ETIMEDOUT ? -ETIMEDOUT : 0;
+}
+
+static void kick(vconn_client *c)
+{
+	uint64_t one = 1;
+	if (write(c->kick, &one, sizeof one) < 0) { /* full: a kick is pending anyway */
+	}
+}
+
+/* notify wakes the waiters of a change made outside the socket's frames
+ * (mu held), the leader too: its poll does not see the condition. */
+static void notify(vconn_client *c)
+{
+	pthread_cond_broadcast(&c->cv);
+	if (c->leader == LEAD_APP)
+		kick(c);
+}
+
+static int read_frame(vconn_client *c);
+
+/* lead reads the socket for a waiting thread of the program (mu held,
+ * released meanwhile) until a frame came, a kick or the deadline. The
+ * thread that waits for a reply reads it itself: a reader thread that
+ * hands each frame to the waiter over c->cv cost a second thread's
+ * wake-up a message, and on a virtual machine waking a core that went
+ * idle costs tens of microseconds (bench/results/e6-wakeups.md). */
+static int lead(vconn_client *c, const struct timespec *dl)
+{
+	c->leader = LEAD_APP;
+	pthread_mutex_unlock(&c->mu);
+	struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->kick, .events = POLLIN}};
+	int ms = dl ? remaining_ms(dl) : -1;
+	int n = ms == 0 ? 0 : poll(p, 2, ms);
+	if (n > 0 && (p[1].revents & POLLIN)) {
+		uint64_t k;
+		if (read(c->kick, &k, sizeof k) < 0) { /* drained by another */
+		}
+	}
+	if (n > 0 && p[0].revents)
+		read_frame(c);
+	pthread_mutex_lock(&c->mu);
+	c->leader = LEAD_NONE;
+	c->kicked = 0;
+	if (c->waiters)
+		pthread_cond_broadcast(&c->cv); /* one of them reads next */
+	return n == 0 ? -ETIMEDOUT : 0; /* n is 0 only when a deadline passed */
+}
+
+/* cv_wait waits (mu held) for what the socket or another thread brings,
+ * until the deadline: -ETIMEDOUT. The first waiter reads the socket
+ * itself (lead); the others sleep on c->cv. Programs that asked for
+ * descriptors or non-blocking mode (c->async) leave the socket to the
+ * background reader, which then reads at once. */
+static int cv_wait(vconn_client *c, const struct timespec *dl)
+{
+	c->app_gen++;
+	if (c->err)
+		return c->err; /* nothing more comes */
+	if (!c->async && c->leader == LEAD_NONE)
+		return lead(c, dl);
+	if (!c->async && c->leader == LEAD_BG && !c->kicked) {
+		c->kicked = 1; /* the background reader stands by: this thread reads next */
+		kick(c);
+	}
+	c->waiters++;
+	int err = sleep_cv(c, dl);
+	c->waiters--;
+	return err;
+}
+
+unsigned long vc_client_bg_frames(vconn_client *c)
+{
+	pthread_mutex_lock(&c->mu);
+	unsigned long n = c->bg_frames;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+/* set_async makes the background reader the socket's only reader (mu
+ * held): a program polling descriptors waits outside cv_wait. */
+static void set_async(vconn_client *c)
+{
+	if (!c->async) {
+		c->async = 1;
+		pthread_cond_signal(&c->bgcv);
+		if (c->leader == LEAD_APP)
+			kick(c);
+	}
 }
 
 static void efd_set(int fd, int *set, int ready)
@@ -212,7 +313,7 @@ static void leave(vconn *v)
 {
 	pthread_mutex_lock(&v->c->mu);
 	if (--v->users == 0)
-		pthread_cond_broadcast(&v->c->cv);
+		notify(v->c);
 	pthread_mutex_unlock(&v->c->mu);
 }
 
@@ -273,7 +374,7 @@ static void fail(vconn_client *c, int err, const char *msg)
 			l->err = err;
 		l_ready(l);
 	}
-	pthread_cond_broadcast(&c->cv);
+	notify(c);
 }
 
 static int write_frame(vconn_client *c, const struct vconn_frame *f)
@@ -620,77 +721,122 @@ static void dispatch(vconn_client *c, const struct vconn_frame *f, int *fds, int
 	fail(c, -EPROTO, why);
 }
 
-static void *reader(void *arg)
+/* read_frame reads one frame, if one is there, and dispatches it; the
+ * caller leads (mu not held). 1: it did; 0: none was there; or the
+ * session's error once it broke. */
+static int read_frame(vconn_client *c)
 {
-	vconn_client *c = arg;
-	uint8_t *buf = malloc(VCONN_MAX_FRAME + 1);
 	union {
 		char b[CMSG_SPACE(3 * sizeof(int))];
 		struct cmsghdr align;
 	} ctl;
-	for (;;) {
-		if (!buf) {
-			pthread_mutex_lock(&c->mu);
-			fail(c, -ENOMEM, "out of memory");
-			pthread_mutex_unlock(&c->mu);
-			break;
-		}
-		struct iovec iov = {buf, VCONN_MAX_FRAME + 1};
-		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
-		ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
-		if (n < 0 && errno == EINTR)
+	struct iovec iov = {c->rbuf, VCONN_MAX_FRAME + 1};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+	ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (n < 0 && (errno == EINTR || errno == EAGAIN))
+		return 0;
+	int fds[8], nfds = 0;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
 			continue;
-		int fds[8], nfds = 0;
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-				continue;
-			size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-			for (size_t i = 0; i < k; i++) {
-				int fd;
-				memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-				if (nfds < 8)
-					fds[nfds++] = fd;
-				else
-					close(fd);
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+			if (nfds < 8)
+				fds[nfds++] = fd;
+			else
+				close(fd);
+		}
+	}
+	struct vconn_frame f;
+	const char *why = NULL;
+	int err = n <= 0 ? -ENOTCONN : (mh.msg_flags & MSG_TRUNC) ? (why = "too-big", -EPROTO) : vconn_frame_decode(c->rbuf, (size_t)n, &f, &why);
+	if (err) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		char msg[128];
+		if (n <= 0)
+			snprintf(msg, sizeof msg, "%s", n == 0 ? "the agent closed the connection" : strerror(errno));
+		else
+			snprintf(msg, sizeof msg, "protocol error: the agent sent a malformed frame (%s)", why);
+		pthread_mutex_lock(&c->mu);
+		fail(c, n <= 0 ? -ENOTCONN : -EPROTO, msg);
+		err = c->err;
+		pthread_mutex_unlock(&c->mu);
+		return err;
+	}
+	pthread_mutex_lock(&c->mu);
+	/* An Accept nobody takes registers a discarded Close to send:
+	 * find it after dispatch, and send it outside mu. */
+	uint32_t before = c->next_req;
+	dispatch(c, &f, fds, nfds);
+	struct vconn_frame cl = {0};
+	if (c->next_req != before && c->pending && c->pending->req == c->next_req && c->pending->discard) {
+		cl = c->pending->f;
+		cl.req = c->pending->req;
+	}
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (cl.op == VC_OP_CLOSE)
+		write_frame(c, &cl);
+	return 1;
+}
+
+/* standby is how long the background reader leaves the socket to the
+ * program's threads after one waited (doubling while they keep waiting,
+ * up to STANDBY_MAX_MS): it reads for them when none waits, so that
+ * replies to sends nobody waits for, and a program blocked writing, are
+ * not left unread; waking it for each wait would cost what lead saves. */
+#define STANDBY_MIN_MS 2
+#define STANDBY_MAX_MS 64
+
+static void standby(vconn_client *c, int ms)
+{
+	struct timespec ts;
+	deadline(ms, &ts);
+	pthread_cond_timedwait(&c->bgcv, &c->mu, &ts);
+}
+
+/* reader is the background reader: the socket's reader while no thread of
+ * the program waits in cv_wait, and always once c->async. */
+static void *reader(void *arg)
+{
+	vconn_client *c = arg;
+	unsigned seen = 0;
+	int wait_ms = STANDBY_MIN_MS;
+	pthread_mutex_lock(&c->mu);
+	while (!c->err && !c->closing) {
+		if (!c->async && (c->leader != LEAD_NONE || c->waiters > 0 || c->app_gen != seen)) {
+			seen = c->app_gen;
+			standby(c, wait_ms);
+			wait_ms = wait_ms * 2 > STANDBY_MAX_MS ? STANDBY_MAX_MS : wait_ms * 2;
+			continue;
+		}
+		if (c->leader != LEAD_NONE) { /* async now: the program's leader is kicked out */
+			standby(c, STANDBY_MIN_MS);
+			continue;
+		}
+		wait_ms = STANDBY_MIN_MS;
+		c->leader = LEAD_BG;
+		pthread_mutex_unlock(&c->mu);
+		struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->kick, .events = POLLIN}};
+		int n = poll(p, 2, -1);
+		if (n > 0 && (p[1].revents & POLLIN)) {
+			uint64_t k;
+			if (read(c->kick, &k, sizeof k) < 0) { /* drained by another */
 			}
 		}
-		if (n <= 0) {
-			for (int i = 0; i < nfds; i++)
-				close(fds[i]);
-			pthread_mutex_lock(&c->mu);
-			fail(c, -ENOTCONN, n == 0 ? "the agent closed the connection" : strerror(errno));
-			pthread_mutex_unlock(&c->mu);
-			break;
-		}
-		struct vconn_frame f;
-		const char *why = NULL;
-		int err = (mh.msg_flags & MSG_TRUNC) ? (why = "too-big", -EPROTO) : vconn_frame_decode(buf, (size_t)n, &f, &why);
-		if (err) {
-			for (int i = 0; i < nfds; i++)
-				close(fds[i]);
-			char msg[128];
-			snprintf(msg, sizeof msg, "protocol error: the agent sent a malformed frame (%s)", why);
-			pthread_mutex_lock(&c->mu);
-			fail(c, -EPROTO, msg);
-			pthread_mutex_unlock(&c->mu);
-			break;
-		}
+		int got = n > 0 && p[0].revents ? read_frame(c) : 0;
 		pthread_mutex_lock(&c->mu);
-		/* An Accept nobody takes registers a discarded Close to send:
-		 * find it after dispatch, and send it outside mu. */
-		uint32_t before = c->next_req;
-		dispatch(c, &f, fds, nfds);
-		struct vconn_frame cl = {0};
-		if (c->next_req != before && c->pending && c->pending->req == c->next_req && c->pending->discard) {
-			cl = c->pending->f;
-			cl.req = c->pending->req;
-		}
-		pthread_cond_broadcast(&c->cv);
-		pthread_mutex_unlock(&c->mu);
-		if (cl.op == VC_OP_CLOSE)
-			write_frame(c, &cl);
+		if (got == 1)
+			c->bg_frames++;
+		c->leader = LEAD_NONE;
+		c->kicked = 0;
+		if (c->waiters)
+			pthread_cond_broadcast(&c->cv);
 	}
-	free(buf);
+	pthread_mutex_unlock(&c->mu);
 	return NULL;
 }
 
@@ -698,10 +844,17 @@ void vconn_client_close(vconn_client *c)
 {
 	if (!c)
 		return;
+	pthread_mutex_lock(&c->mu);
+	c->closing = 1;
+	pthread_cond_signal(&c->bgcv);
+	pthread_mutex_unlock(&c->mu);
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);
 	close(c->fd);
+	if (c->kick >= 0)
+		close(c->kick);
+	free(c->rbuf);
 	for (struct pending *p = c->pending, *n; p; p = n) {
 		n = p->next;
 		free_pending(p);
@@ -719,6 +872,7 @@ void vconn_client_close(vconn_client *c)
 	pthread_mutex_destroy(&c->mu);
 	pthread_mutex_destroy(&c->wmu);
 	pthread_cond_destroy(&c->cv);
+	pthread_cond_destroy(&c->bgcv);
 	free(c);
 }
 
@@ -744,8 +898,15 @@ int vconn_client_open(vconn_client **out, const struct vconn_options *o)
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&c->cv, &ca);
+	pthread_cond_init(&c->bgcv, &ca);
 	pthread_condattr_destroy(&ca);
 	c->fd = fd;
+	c->kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	c->rbuf = malloc(VCONN_MAX_FRAME + 1);
+	if (c->kick < 0 || !c->rbuf) {
+		vconn_client_close(c);
+		return -ENOMEM;
+	}
 	if (pthread_create(&c->reader, NULL, reader, c) != 0) {
 		vconn_client_close(c);
 		return -EAGAIN;
@@ -809,6 +970,7 @@ static int start(vconn *v)
 			}
 			pthread_mutex_lock(&c->mu);
 			v->shm = s;
+			set_async(c); /* its waits poll the doorbell, not cv_wait */
 			v_ready(v); /* its waits poll efd from now on */
 			pthread_mutex_unlock(&c->mu);
 			return 0;
@@ -1031,16 +1193,27 @@ int vconn_accept_socket(vconn_listener *l, int *fd)
 			break;
 	}
 	if (--l->users == 0)
-		pthread_cond_broadcast(&c->cv);
+		notify(c);
 	pthread_mutex_unlock(&c->mu);
 	return err;
 }
 
-int vconn_listener_fd(vconn_listener *l) { return l->efd; }
+int vconn_listener_fd(vconn_listener *l)
+{
+	pthread_mutex_lock(&l->c->mu);
+	set_async(l->c);
+	pthread_mutex_unlock(&l->c->mu);
+	return l->efd;
+}
 const char *vconn_listener_addr(vconn_listener *l) { return l->addr; }
 int vconn_listener_set_nonblock(vconn_listener *l, int on)
 {
 	l->nonblock = on;
+	if (on) {
+		pthread_mutex_lock(&l->c->mu);
+		set_async(l->c);
+		pthread_mutex_unlock(&l->c->mu);
+	}
 	return 0;
 }
 int vconn_listener_set_timeout(vconn_listener *l, int ms)
@@ -1074,7 +1247,7 @@ int vconn_accept(vconn_listener *l, vconn **out)
 			v->qnext = NULL;
 			l_ready(l);
 			if (--l->users == 0)
-				pthread_cond_broadcast(&c->cv);
+				notify(c);
 			pthread_mutex_unlock(&c->mu);
 			int err = start(v);
 			if (err) {
@@ -1093,7 +1266,7 @@ int vconn_accept(vconn_listener *l, vconn **out)
 			if (err == l->err)
 				vc_seterr("accept: %s", c->errmsg);
 			if (--l->users == 0)
-				pthread_cond_broadcast(&c->cv);
+				notify(c);
 			pthread_mutex_unlock(&c->mu);
 			return err;
 		}
@@ -1114,7 +1287,7 @@ int vconn_listener_shutdown(vconn_listener *l)
 	struct sockq *sq = l->shead;
 	l->shead = l->stail = NULL;
 	l_ready(l);
-	pthread_cond_broadcast(&c->cv);
+	notify(c);
 	while (l->users > 0) /* accepts inside return -EBADF */
 		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);
@@ -1385,7 +1558,7 @@ static int op(vconn *v, struct vconn_frame *f, struct reply *r)
 		err = call(c, f, c->timeout_ms, r);
 		pthread_mutex_lock(&c->mu);
 		v->outstanding--;
-		pthread_cond_broadcast(&c->cv);
+		notify(c);
 		pthread_mutex_unlock(&c->mu);
 	}
 	leave(v);
@@ -1550,6 +1723,8 @@ int vconn_set_nonblock(vconn *v, int on)
 {
 	pthread_mutex_lock(&v->c->mu);
 	v->nonblock = on;
+	if (on)
+		set_async(v->c);
 	pthread_mutex_unlock(&v->c->mu);
 	return 0;
 }
@@ -1561,6 +1736,7 @@ int vconn_fd(vconn *v)
 	pthread_mutex_lock(&v->c->mu);
 	if (!v->watched) {
 		v->watched = 1;
+		set_async(v->c);
 		v_ready(v); /* readable now if a read would not block */
 	}
 	pthread_mutex_unlock(&v->c->mu);
@@ -1648,7 +1824,7 @@ int vconn_close(vconn *v)
 		;
 	v->closed = 1;
 	v_ready(v); /* wakes a call asleep on a doorbell, which also polls efd */
-	pthread_cond_broadcast(&c->cv);
+	notify(c);
 	while (v->users > 0) /* the calls inside return -EBADF */
 		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);

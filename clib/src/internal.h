@@ -90,4 +90,8 @@ int vc_desc_check(const struct vc_ring *r, const struct vc_desc *d);
 /* The calling thread's last error message. */
 void vc_seterr(const char *fmt, ...);
 
+/* vc_client_bg_frames: frames c's background reader read, rather than a
+ * thread of the program waiting for them (tests: test_lead.c). */
+unsigned long vc_client_bg_frames(vconn_client *c);
+
 #endif
