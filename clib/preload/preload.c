@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "../vconn.h"
+#include "uaddr.h"
 
 /* The calls this library replaces are its only exported symbols (the
  * objects are built with hidden visibility: libvconn's stay internal). */
@@ -56,6 +57,7 @@ struct fdinfo {
 	enum kind kind;
 	struct sockaddr_storage local, peer; /* as TCP would report them */
 	socklen_t local_len, peer_len;
+	int family; /* of the program's TCP socket, which the bridged one replaced */
 };
 
 /* Descriptors are small integers: a table, grown under a lock. */
@@ -275,10 +277,14 @@ static void copy_info(int from, int to)
 	pthread_mutex_unlock(&mu);
 }
 
-/* is_tcp: fd is a stream socket of the Internet families. */
-static int is_tcp(int fd, const struct sockaddr *a)
+static int family_of(int fd);
+
+/* is_tcp: fd is a stream socket of the Internet families and a (len
+ * bytes, read with uaddr_in) an address TCP takes on it. Otherwise the
+ * call is the kernel's, with its errors for the same arguments. */
+static int is_tcp(int fd, const struct sockaddr_storage *a, socklen_t len)
 {
-	if (a == NULL || (a->sa_family != AF_INET && a->sa_family != AF_INET6))
+	if (!uaddr_fits(family_of(fd), a, len))
 		return 0;
 	int t = 0;
 	socklen_t n = sizeof t;
@@ -414,10 +420,14 @@ static struct vconn_options opts(void)
 
 /* The calls. */
 
-PUBLIC int connect(int fd, const struct sockaddr *a, socklen_t len)
+PUBLIC int connect(int fd, const struct sockaddr *ua, socklen_t len)
 {
-	if (n_connect == 0 || !is_tcp(fd, a) || !wants_connect(a))
-		return real_connect(fd, a, len);
+	/* The program's address, read as the kernel reads it: a length or
+	 * pointer it refuses leaves the call to it. */
+	struct sockaddr_storage ss;
+	const struct sockaddr *a = (const struct sockaddr *)&ss;
+	if (n_connect == 0 || uaddr_in(&ss, ua, len) != 0 || !is_tcp(fd, &ss, len) || !wants_connect(a))
+		return real_connect(fd, ua, len);
 	char addr[INET6_ADDRSTRLEN + 16];
 	vaddr(a, addr, sizeof addr);
 	struct vconn_options o = opts();
@@ -436,32 +446,35 @@ PUBLIC int connect(int fd, const struct sockaddr *a, socklen_t len)
 	struct fdinfo *i = slot(fd, 1);
 	if (i) {
 		i->kind = K_CONN;
-		memcpy(&i->peer, a, len < sizeof i->peer ? len : sizeof i->peer);
-		i->peer_len = len;
+		i->family = fam;
+		i->peer = ss;
+		i->peer_len = uaddr_len(fam); /* TCP's length, not the program's */
 		i->local_len = sockaddr_of("0.0.0.0:0", fam, &i->local);
 	}
 	pthread_mutex_unlock(&mu);
 	return 0;
 }
 
-PUBLIC int bind(int fd, const struct sockaddr *a, socklen_t len)
+PUBLIC int bind(int fd, const struct sockaddr *ua, socklen_t len)
 {
-	if ((n_listen == 0 && !listen_any) || !is_tcp(fd, a))
-		return real_bind(fd, a, len);
+	struct sockaddr_storage ss;
+	if ((n_listen == 0 && !listen_any) || uaddr_in(&ss, ua, len) != 0 || !is_tcp(fd, &ss, len))
+		return real_bind(fd, ua, len);
 	struct in6_addr ip;
 	uint16_t port;
 	int fam;
-	addr_of(a, &ip, &port, &fam);
+	addr_of((const struct sockaddr *)&ss, &ip, &port, &fam);
 	if (!wants_listen(port))
-		return real_bind(fd, a, len);
+		return real_bind(fd, ua, len);
 	/* No TCP port is taken: the port is the pod's vconn port, bound at
 	 * listen, where its errors (in use) are reported. */
 	pthread_mutex_lock(&mu);
 	struct fdinfo *i = slot(fd, 1);
 	if (i) {
 		i->kind = K_BOUND;
-		memcpy(&i->local, a, len < sizeof i->local ? len : sizeof i->local);
-		i->local_len = len;
+		i->family = ss.ss_family;
+		i->local = ss;
+		i->local_len = uaddr_len(ss.ss_family);
 	}
 	pthread_mutex_unlock(&mu);
 	if (i == NULL) {
@@ -518,22 +531,29 @@ static int do_accept(int fd, struct sockaddr *a, socklen_t *len, int flags)
 		errno = -s;
 		return -1;
 	}
-	int fam = family_of(fd);
+	struct sockaddr_storage peer;
+	socklen_t peer_len;
 	pthread_mutex_lock(&mu);
-	struct fdinfo *l = slot(fd, 0), *i = slot(s, 1);
-	l = slot(fd, 0);
+	struct fdinfo *i = slot(s, 1), *l = slot(fd, 0); /* l after the table grew */
+	int fam = l && l->family ? l->family : AF_INET; /* the bridged listener's is AF_UNIX */
+	peer_len = sockaddr_of(remote, fam, &peer);
 	if (i) {
 		i->kind = K_CONN;
+		i->family = fam;
 		if (l)
 			i->local = l->local, i->local_len = l->local_len;
-		i->peer_len = sockaddr_of(remote, fam, &i->peer);
-		if (a && len) {
-			socklen_t n = *len < i->peer_len ? *len : i->peer_len;
-			memcpy(a, &i->peer, n);
-			*len = i->peer_len;
-		}
+		i->peer = peer, i->peer_len = peer_len;
 	}
 	pthread_mutex_unlock(&mu);
+	/* As the kernel's accept: the address is copied after the connection
+	 * is taken, and a copy that fails drops the connection. */
+	int r = a ? uaddr_out(a, len, &peer, peer_len) : 0;
+	if (r < 0) {
+		forget(s);
+		real_close(s);
+		errno = -r;
+		return -1;
+	}
 	return s;
 }
 
@@ -558,6 +578,8 @@ PUBLIC int close(int fd)
 	return real_close(fd);
 }
 
+/* name_of gives the address TCP would report of fd: 0, -errno, or 1 when
+ * fd is not the library's. */
 static int name_of(int fd, struct sockaddr *a, socklen_t *len, int peer)
 {
 	pthread_mutex_lock(&mu);
@@ -566,24 +588,32 @@ static int name_of(int fd, struct sockaddr *a, socklen_t *len, int peer)
 		pthread_mutex_unlock(&mu);
 		return 1; /* not ours */
 	}
-	const struct sockaddr_storage *s = peer ? &i->peer : &i->local;
+	struct sockaddr_storage s = peer ? i->peer : i->local;
 	socklen_t n = peer ? i->peer_len : i->local_len;
-	if (a && len) {
-		memcpy(a, s, *len < n ? *len : n);
-		*len = n;
-	}
 	pthread_mutex_unlock(&mu);
+	return uaddr_out(a, len, &s, n); /* outside the lock: it may fault */
+}
+
+/* named answers for name_of: 1 is the kernel's to answer. */
+static int named(int r)
+{
+	if (r < 0) {
+		errno = -r;
+		return -1;
+	}
 	return 0;
 }
 
 PUBLIC int getsockname(int fd, struct sockaddr *a, socklen_t *len)
 {
-	return name_of(fd, a, len, 0) == 0 ? 0 : real_getsockname(fd, a, len);
+	int r = name_of(fd, a, len, 0);
+	return r == 1 ? real_getsockname(fd, a, len) : named(r);
 }
 
 PUBLIC int getpeername(int fd, struct sockaddr *a, socklen_t *len)
 {
-	return name_of(fd, a, len, 1) == 0 ? 0 : real_getpeername(fd, a, len);
+	int r = name_of(fd, a, len, 1);
+	return r == 1 ? real_getpeername(fd, a, len) : named(r);
 }
 
 /* TCP options have no meaning on the bridged socket: setting one succeeds
