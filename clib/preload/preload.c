@@ -31,24 +31,12 @@
 #include <unistd.h>
 
 #include "../vconn.h"
+#include "rules.h"
+#include "uaddr.h"
 
 /* The calls this library replaces are its only exported symbols (the
  * objects are built with hidden visibility: libvconn's stay internal). */
 #define PUBLIC __attribute__((visibility("default")))
-
-#define MAX_RULES 64
-
-struct rule {
-	int any_host, any_port;
-	int family; /* AF_INET or AF_INET6 */
-	struct in6_addr ip; /* v4 as v4-mapped */
-	uint16_t port;
-};
-
-static struct rule connect_rules[MAX_RULES];
-static int n_connect;
-static uint16_t listen_ports[MAX_RULES];
-static int n_listen, listen_any;
 
 /* What the library knows of a descriptor. */
 enum kind { K_NONE = 0, K_BOUND, K_LISTENER, K_CONN };
@@ -56,6 +44,7 @@ struct fdinfo {
 	enum kind kind;
 	struct sockaddr_storage local, peer; /* as TCP would report them */
 	socklen_t local_len, peer_len;
+	int family; /* of the program's TCP socket, which the bridged one replaced */
 };
 
 /* Descriptors are small integers: a table, grown under a lock. */
@@ -76,115 +65,6 @@ static int (*real_getsockopt)(int, int, int, void *, socklen_t *);
 static int (*real_dup)(int);
 static int (*real_dup2)(int, int);
 static int (*real_dup3)(int, int, int);
-
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("rdmavisor-preload: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	_exit(2);
-}
-
-static int parse_port(const char *s, size_t n, uint16_t *out)
-{
-	if (n == 0 || n > 5)
-		return -1;
-	unsigned v = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] < '0' || s[i] > '9')
-			return -1;
-		v = v * 10 + (unsigned)(s[i] - '0');
-	}
-	if (v == 0 || v > 65535)
-		return -1;
-	*out = (uint16_t)v;
-	return 0;
-}
-
-/* parse_connect parses one "host:port" rule; host is an IP (IPv6 in
- * brackets) or "*", port a number or "*". */
-static int parse_connect(const char *s, size_t n, struct rule *r)
-{
-	memset(r, 0, sizeof *r);
-	const char *colon = NULL;
-	for (size_t i = n; i > 0; i--)
-		if (s[i - 1] == ':') {
-			colon = s + i - 1;
-			break;
-		}
-	if (colon == NULL)
-		return -1;
-	size_t hl = (size_t)(colon - s), pl = n - hl - 1;
-	const char *host = s, *port = colon + 1;
-	if (pl == 1 && port[0] == '*')
-		r->any_port = 1;
-	else if (parse_port(port, pl, &r->port) != 0)
-		return -1;
-	if (hl == 1 && host[0] == '*') {
-		r->any_host = 1;
-		return r->any_port ? -1 : 0; /* "*:*" would take every connection */
-	}
-	if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']')
-		host++, hl -= 2;
-	char buf[INET6_ADDRSTRLEN];
-	if (hl == 0 || hl >= sizeof buf)
-		return -1;
-	memcpy(buf, host, hl);
-	buf[hl] = 0;
-	struct in_addr a4;
-	if (inet_pton(AF_INET, buf, &a4) == 1) {
-		r->family = AF_INET;
-		r->ip.s6_addr[10] = r->ip.s6_addr[11] = 0xff;
-		memcpy(&r->ip.s6_addr[12], &a4, 4);
-		return 0;
-	}
-	if (inet_pton(AF_INET6, buf, &r->ip) == 1) {
-		r->family = AF_INET6;
-		return 0;
-	}
-	return -1;
-}
-
-/* each calls fn on every comma-separated entry of v; fn's failure names
- * the variable and the entry. */
-static void each(const char *name, const char *v, int (*fn)(const char *, size_t), const char *want)
-{
-	const char *p = v;
-	for (;;) {
-		const char *e = strchr(p, ',');
-		size_t n = e ? (size_t)(e - p) : strlen(p);
-		while (n > 0 && (*p == ' ' || *p == '\t'))
-			p++, n--;
-		while (n > 0 && (p[n - 1] == ' ' || p[n - 1] == '\t'))
-			n--;
-		if (n == 0 || fn(p, n) != 0)
-			die("%s=\"%s\": bad entry \"%.*s\": want %s", name, v, (int)n, p, want);
-		if (e == NULL)
-			return;
-		p = e + 1;
-	}
-}
-
-static int add_connect(const char *s, size_t n)
-{
-	if (n_connect == MAX_RULES)
-		return -1;
-	return parse_connect(s, n, &connect_rules[n_connect++]);
-}
-
-static int add_listen(const char *s, size_t n)
-{
-	if (n == 1 && s[0] == '*') {
-		listen_any = 1;
-		return 0;
-	}
-	if (n_listen == MAX_RULES)
-		return -1;
-	return parse_port(s, n, &listen_ports[n_listen++]);
-}
 
 #define RESOLVE(f)                                                   \
 	do {                                                         \
@@ -208,17 +88,7 @@ __attribute__((constructor)) static void init(void)
 	RESOLVE(dup);
 	RESOLVE(dup2);
 	RESOLVE(dup3);
-	const char *c = getenv("RDMAVISOR_PRELOAD_CONNECT"), *l = getenv("RDMAVISOR_PRELOAD_LISTEN");
-	if (c != NULL && *c != 0)
-		each("RDMAVISOR_PRELOAD_CONNECT", c, add_connect,
-		     "ip:port, ip:* or *:port (IPv6 in brackets), at most 64 entries");
-	if (l != NULL && *l != 0)
-		each("RDMAVISOR_PRELOAD_LISTEN", l, add_listen, "a port 1..65535 or *, at most 64 entries");
-	if ((n_connect > 0 || n_listen > 0 || listen_any)) {
-		const char *s = getenv("RDMAVISOR_SOCKET");
-		if (s == NULL || *s == 0)
-			die("RDMAVISOR_PRELOAD_CONNECT or _LISTEN is set but RDMAVISOR_SOCKET (the allocation's socket) is not");
-	}
+	rules_load();
 }
 
 /* The table. */
@@ -275,55 +145,18 @@ static void copy_info(int from, int to)
 	pthread_mutex_unlock(&mu);
 }
 
-/* is_tcp: fd is a stream socket of the Internet families. */
-static int is_tcp(int fd, const struct sockaddr *a)
+static int family_of(int fd);
+
+/* is_tcp: fd is a stream socket of the Internet families and a (len
+ * bytes, read with uaddr_in) an address TCP takes on it. Otherwise the
+ * call is the kernel's, with its errors for the same arguments. */
+static int is_tcp(int fd, const struct sockaddr_storage *a, socklen_t len)
 {
-	if (a == NULL || (a->sa_family != AF_INET && a->sa_family != AF_INET6))
+	if (!uaddr_fits(family_of(fd), a, len))
 		return 0;
 	int t = 0;
 	socklen_t n = sizeof t;
 	return real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &t, &n) == 0 && t == SOCK_STREAM;
-}
-
-static void addr_of(const struct sockaddr *a, struct in6_addr *ip, uint16_t *port, int *family)
-{
-	memset(ip, 0, sizeof *ip);
-	if (a->sa_family == AF_INET) {
-		const struct sockaddr_in *s = (const struct sockaddr_in *)a;
-		ip->s6_addr[10] = ip->s6_addr[11] = 0xff;
-		memcpy(&ip->s6_addr[12], &s->sin_addr, 4);
-		*port = ntohs(s->sin_port);
-		*family = AF_INET;
-	} else {
-		const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)a;
-		*ip = s->sin6_addr;
-		*port = ntohs(s->sin6_port);
-		*family = IN6_IS_ADDR_V4MAPPED(ip) ? AF_INET : AF_INET6;
-	}
-}
-
-static int wants_connect(const struct sockaddr *a)
-{
-	struct in6_addr ip;
-	uint16_t port;
-	int fam;
-	addr_of(a, &ip, &port, &fam);
-	for (int i = 0; i < n_connect; i++) {
-		const struct rule *r = &connect_rules[i];
-		if ((r->any_port || r->port == port) && (r->any_host || memcmp(&r->ip, &ip, sizeof ip) == 0))
-			return 1;
-	}
-	return 0;
-}
-
-static int wants_listen(uint16_t port)
-{
-	if (listen_any)
-		return 1;
-	for (int i = 0; i < n_listen; i++)
-		if (listen_ports[i] == port)
-			return 1;
-	return 0;
 }
 
 /* vconn address of a sockaddr: "ip:port", "[ip6]:port". */
@@ -414,10 +247,14 @@ static struct vconn_options opts(void)
 
 /* The calls. */
 
-PUBLIC int connect(int fd, const struct sockaddr *a, socklen_t len)
+PUBLIC int connect(int fd, const struct sockaddr *ua, socklen_t len)
 {
-	if (n_connect == 0 || !is_tcp(fd, a) || !wants_connect(a))
-		return real_connect(fd, a, len);
+	/* The program's address, read as the kernel reads it: a length or
+	 * pointer it refuses leaves the call to it. */
+	struct sockaddr_storage ss;
+	const struct sockaddr *a = (const struct sockaddr *)&ss;
+	if (!rules_connect() || uaddr_in(&ss, ua, len) != 0 || !is_tcp(fd, &ss, len) || !wants_connect(a))
+		return real_connect(fd, ua, len);
 	char addr[INET6_ADDRSTRLEN + 16];
 	vaddr(a, addr, sizeof addr);
 	struct vconn_options o = opts();
@@ -436,32 +273,35 @@ PUBLIC int connect(int fd, const struct sockaddr *a, socklen_t len)
 	struct fdinfo *i = slot(fd, 1);
 	if (i) {
 		i->kind = K_CONN;
-		memcpy(&i->peer, a, len < sizeof i->peer ? len : sizeof i->peer);
-		i->peer_len = len;
+		i->family = fam;
+		i->peer = ss;
+		i->peer_len = uaddr_len(fam); /* TCP's length, not the program's */
 		i->local_len = sockaddr_of("0.0.0.0:0", fam, &i->local);
 	}
 	pthread_mutex_unlock(&mu);
 	return 0;
 }
 
-PUBLIC int bind(int fd, const struct sockaddr *a, socklen_t len)
+PUBLIC int bind(int fd, const struct sockaddr *ua, socklen_t len)
 {
-	if ((n_listen == 0 && !listen_any) || !is_tcp(fd, a))
-		return real_bind(fd, a, len);
+	struct sockaddr_storage ss;
+	if (!rules_listen() || uaddr_in(&ss, ua, len) != 0 || !is_tcp(fd, &ss, len))
+		return real_bind(fd, ua, len);
 	struct in6_addr ip;
 	uint16_t port;
 	int fam;
-	addr_of(a, &ip, &port, &fam);
+	addr_of((const struct sockaddr *)&ss, &ip, &port, &fam);
 	if (!wants_listen(port))
-		return real_bind(fd, a, len);
+		return real_bind(fd, ua, len);
 	/* No TCP port is taken: the port is the pod's vconn port, bound at
 	 * listen, where its errors (in use) are reported. */
 	pthread_mutex_lock(&mu);
 	struct fdinfo *i = slot(fd, 1);
 	if (i) {
 		i->kind = K_BOUND;
-		memcpy(&i->local, a, len < sizeof i->local ? len : sizeof i->local);
-		i->local_len = len;
+		i->family = ss.ss_family;
+		i->local = ss;
+		i->local_len = uaddr_len(ss.ss_family);
 	}
 	pthread_mutex_unlock(&mu);
 	if (i == NULL) {
@@ -518,22 +358,29 @@ static int do_accept(int fd, struct sockaddr *a, socklen_t *len, int flags)
 		errno = -s;
 		return -1;
 	}
-	int fam = family_of(fd);
+	struct sockaddr_storage peer;
+	socklen_t peer_len;
 	pthread_mutex_lock(&mu);
-	struct fdinfo *l = slot(fd, 0), *i = slot(s, 1);
-	l = slot(fd, 0);
+	struct fdinfo *i = slot(s, 1), *l = slot(fd, 0); /* l after the table grew */
+	int fam = l && l->family ? l->family : AF_INET; /* the bridged listener's is AF_UNIX */
+	peer_len = sockaddr_of(remote, fam, &peer);
 	if (i) {
 		i->kind = K_CONN;
+		i->family = fam;
 		if (l)
 			i->local = l->local, i->local_len = l->local_len;
-		i->peer_len = sockaddr_of(remote, fam, &i->peer);
-		if (a && len) {
-			socklen_t n = *len < i->peer_len ? *len : i->peer_len;
-			memcpy(a, &i->peer, n);
-			*len = i->peer_len;
-		}
+		i->peer = peer, i->peer_len = peer_len;
 	}
 	pthread_mutex_unlock(&mu);
+	/* As the kernel's accept: the address is copied after the connection
+	 * is taken, and a copy that fails drops the connection. */
+	int r = a ? uaddr_out(a, len, &peer, peer_len) : 0;
+	if (r < 0) {
+		forget(s);
+		real_close(s);
+		errno = -r;
+		return -1;
+	}
 	return s;
 }
 
@@ -558,6 +405,8 @@ PUBLIC int close(int fd)
 	return real_close(fd);
 }
 
+/* name_of gives the address TCP would report of fd: 0, -errno, or 1 when
+ * fd is not the library's. */
 static int name_of(int fd, struct sockaddr *a, socklen_t *len, int peer)
 {
 	pthread_mutex_lock(&mu);
@@ -566,24 +415,32 @@ static int name_of(int fd, struct sockaddr *a, socklen_t *len, int peer)
 		pthread_mutex_unlock(&mu);
 		return 1; /* not ours */
 	}
-	const struct sockaddr_storage *s = peer ? &i->peer : &i->local;
+	struct sockaddr_storage s = peer ? i->peer : i->local;
 	socklen_t n = peer ? i->peer_len : i->local_len;
-	if (a && len) {
-		memcpy(a, s, *len < n ? *len : n);
-		*len = n;
-	}
 	pthread_mutex_unlock(&mu);
+	return uaddr_out(a, len, &s, n); /* outside the lock: it may fault */
+}
+
+/* named answers for name_of: 1 is the kernel's to answer. */
+static int named(int r)
+{
+	if (r < 0) {
+		errno = -r;
+		return -1;
+	}
 	return 0;
 }
 
 PUBLIC int getsockname(int fd, struct sockaddr *a, socklen_t *len)
 {
-	return name_of(fd, a, len, 0) == 0 ? 0 : real_getsockname(fd, a, len);
+	int r = name_of(fd, a, len, 0);
+	return r == 1 ? real_getsockname(fd, a, len) : named(r);
 }
 
 PUBLIC int getpeername(int fd, struct sockaddr *a, socklen_t *len)
 {
-	return name_of(fd, a, len, 1) == 0 ? 0 : real_getpeername(fd, a, len);
+	int r = name_of(fd, a, len, 1);
+	return r == 1 ? real_getpeername(fd, a, len) : named(r);
 }
 
 /* TCP options have no meaning on the bridged socket: setting one succeeds

@@ -108,6 +108,29 @@ class Session:
         with self._lock:
             return self.err or AgentGoneError("connection closed")
 
+    def protocol_error(self, what):
+        """Breaks the session for a reply the agent should not have sent
+        (the Go SDK breaks it for a malformed frame); the error to raise."""
+        self.shutdown(AgentGoneError(f"protocol error: {what}"))
+        return self.failure()
+
+    def text(self, b, what):
+        """b, an address or name the agent sent, as text; bytes that are not
+        UTF-8 are a protocol error (a message is decoded with
+        errors="replace" instead: error_of)."""
+        try:
+            return bytes(b).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.protocol_error(f"{what}: not UTF-8: {bytes(b)!r}") from None
+
+    def exact(self, rep, n, what):
+        """The payload of a read's reply, which must carry the n bytes
+        asked for (as libvconn checks): an empty one would have the caller
+        ask again forever, a longer one give more than asked."""
+        if len(rep.payload) != n:
+            raise self.protocol_error(f"{what}: the agent returned {len(rep.payload)} bytes of {n}")
+        return rep.payload
+
     def write(self, f):
         self.write_raw(fr.encode(f))
 

@@ -192,7 +192,7 @@ class Client:
         return self._session(), host, port, fr.Frame(fr.OP_LISTEN, arg=port)
 
     def _listener(self, s, host, port, rep, addr):
-        bound = rep.payload.decode() or join_addr(s.info.node, port)
+        bound = s.text(rep.payload, f"listen {addr}: the address bound") or join_addr(s.info.node, port)
         ln = Listener(s, rep.handle, bound)
         with s._lock:
             if s.err is not None:
@@ -654,7 +654,7 @@ class VConn(Waitable):
             k = min(n - len(out), fr.MAX_PAYLOAD)
             rep = self.op(fr.Frame(fr.OP_READ, arg=region_id, arg2=offset + len(out), payload=fr.encode_length(k)),
                           timeout, f"read region {region_id}")
-            out += rep.payload
+            out += self._s.exact(rep, k, f"read region {region_id}")
         return bytes(out)
 
     # Closing.
@@ -793,7 +793,7 @@ class Region:
             k = min(n - len(out), fr.MAX_PAYLOAD)
             rep = self._c.op(fr.Frame(fr.OP_LOCAL_READ, arg=self.id, arg2=offset + len(out), payload=fr.encode_length(k)),
                              timeout, f"region {self.id}")
-            out += rep.payload
+            out += self._c._s.exact(rep, k, f"region {self.id}")
         return bytes(out)
 
     def write(self, offset, data, *, timeout=None):
