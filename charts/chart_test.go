@@ -20,6 +20,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/utils/ptr"
@@ -212,6 +213,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"CustomResourceDefinition/rdmanodes.rdmavisor.io",
 		"CustomResourceDefinition/rdmaservices.rdmavisor.io",
 		"Deployment/" + operator,
+		"PodDisruptionBudget/" + operator,
 		"Role/" + operator,
 		"RoleBinding/" + operator,
 		"ServiceAccount/" + operator,
@@ -229,7 +231,7 @@ func TestTemplateDefaults(t *testing.T) {
 	}
 	for _, o := range objs {
 		switch o.Kind {
-		case "Deployment", "ServiceAccount", "Role", "RoleBinding":
+		case "Deployment", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding":
 			if o.Metadata.Namespace != namespace {
 				t.Errorf("%s is in namespace %q, want the release's %q", o.id(), o.Metadata.Namespace, namespace)
 			}
@@ -249,6 +251,21 @@ func TestTemplateDefaults(t *testing.T) {
 		}
 	}
 	pod := d.Spec.Template.Spec
+	// Two replicas, spread over nodes, one at a time disrupted: a lost
+	// node takes at most one, and the other holds or takes the lease.
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+		t.Errorf("replicas %v, want 2", d.Spec.Replicas)
+	}
+	if a := pod.Affinity; a == nil || a.PodAntiAffinity == nil || len(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 ||
+		a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.TopologyKey != "kubernetes.io/hostname" ||
+		!reflect.DeepEqual(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.LabelSelector.MatchLabels, sel) {
+		t.Errorf("affinity %+v: want the replicas spread over nodes (hostname), selecting the operator's pods", pod.Affinity)
+	}
+	var pdb policyv1.PodDisruptionBudget
+	find(t, objs, "PodDisruptionBudget", operator, &pdb)
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || !reflect.DeepEqual(pdb.Spec.Selector.MatchLabels, sel) {
+		t.Errorf("PodDisruptionBudget %+v: want maxUnavailable 1 of the operator's pods", pdb.Spec)
+	}
 	if pod.ServiceAccountName != operator {
 		t.Errorf("serviceAccountName %q, want %q", pod.ServiceAccountName, operator)
 	}
@@ -309,6 +326,30 @@ func TestTemplateDefaults(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("rendered CRD %s differs from config/crd/bases", name)
 		}
+	}
+}
+
+// TestOperatorReplicas: one replica has no budget and no spread to keep;
+// an affinity of the user's replaces the spread; two replicas without
+// leader election are refused (both would reconcile).
+func TestOperatorReplicas(t *testing.T) {
+	objs := render(t, "operator.replicas=1")
+	if slices.Contains(ids(objs), "PodDisruptionBudget/"+operator) {
+		t.Error("a PodDisruptionBudget for one replica: it would block every drain")
+	}
+	var d appsv1.Deployment
+	find(t, objs, "Deployment", operator, &d)
+	if d.Spec.Template.Spec.Affinity != nil {
+		t.Errorf("one replica: affinity %+v, want none", d.Spec.Template.Spec.Affinity)
+	}
+	find(t, render(t, "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=k",
+		"affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists"), "Deployment", operator, &d)
+	if a := d.Spec.Template.Spec.Affinity; a == nil || a.NodeAffinity == nil || a.PodAntiAffinity != nil {
+		t.Errorf("affinity %+v: want the user's, alone", a)
+	}
+	args := []string{"template", release, chartDir, "--namespace", namespace, "--set", "operator.leaderElect=false"}
+	if out, err := runHelm(t, args...); err == nil || !strings.Contains(err.Error()+out, "needs operator.leaderElect") {
+		t.Errorf("two replicas without leader election: %v\n%s", err, out)
 	}
 }
 

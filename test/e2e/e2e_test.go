@@ -82,8 +82,8 @@ func TestE2E(t *testing.T) {
 		{"a gRPC client calls servers on other nodes by a headless Service's name", (*env).grpcEcho},
 		{"the echo example in C and Python: C server and Go client, Go server and Python client, Python server and C client, across nodes", (*env).languages},
 		{"every agent's certificate renewed mid-traffic: nothing lost, new certificates served", (*env).certRotation},
-		{"the operator restarted mid-traffic: the vconns carry on", (*env).operatorRestart},
-		{"a node lost: its peers' vconns fail within 5s, their QPs released; back, it serves again", (*env).nodeLost},
+		{"the operator's leader deleted mid-traffic: the vconns carry on, the other replica takes the lease", (*env).operatorRestart},
+		{"the operator leader's node lost: its peers' vconns fail within 5s, their QPs released, the other replica takes the lease and reports it, traffic between the other nodes loses nothing; back, it serves again", (*env).nodeLost},
 		{"a pod asking more vconns than any node has stays Pending", (*env).overQuota},
 		{"kubelet restart: the device plugin registers again, and releases a deleted pod's allocation", (*env).kubeletRestart},
 		{"agent pod killed: recreated, devices healthy again", (*env).agentKilled},
@@ -224,7 +224,7 @@ func (e *env) helmInstall() {
 			return false, fmt.Sprintf("deployments: %v %v", l, err)
 		}
 		d := l.Items[0]
-		return d.Status.AvailableReplicas == 1 && d.Status.ReadyReplicas == 1, fmt.Sprintf("%s: %+v", d.Name, d.Status)
+		return d.Status.AvailableReplicas == 2 && d.Status.ReadyReplicas == 2, fmt.Sprintf("%s: %+v", d.Name, d.Status)
 	})
 }
 

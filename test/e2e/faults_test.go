@@ -66,9 +66,10 @@ func (e *env) lossyLink() {
 	e.deletePod("lossy")
 }
 
-// operatorRestart deletes the operator's pod while a client exchanges
+// operatorRestart deletes the operator's leader while a client exchanges
 // messages: the data path does not go through the operator, so the
-// client's vconns carry on, and a new operator takes over the service.
+// client's vconns carry on; the other replica takes the lease, and the
+// Deployment brings the second replica back.
 func (e *env) operatorRestart() {
 	l := load{conns: 10, msgs: 3000, size: 4096}
 	e.startClient("during-operator-restart", e.clientNode(), e.podIP("echo-server"), l)
@@ -76,55 +77,63 @@ func (e *env) operatorRestart() {
 		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "during-operator-restart", metav1.GetOptions{})
 		return err == nil && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("%v", err)
 	})
-	sel := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component=operator"}
-	old, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, sel)
-	if err != nil || len(old.Items) != 1 {
-		e.t.Fatalf("operator pods: %v %v", old, err)
-	}
-	if err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, old.Items[0].Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+	before := e.operatorReplicas()
+	leader, _ := e.operatorLeader()
+	deleted := time.Now()
+	if err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, leader, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
 		e.t.Fatal(err)
 	}
+	holder, took := e.takeover(leader, deleted)
+	e.t.Logf("operator leader %s deleted: %s took the lease after %s", leader, holder, took.Round(100*time.Millisecond))
 	e.clientOK("during-operator-restart", l, 4*time.Minute)
-	e.eventually("a new operator ready", 2*time.Minute, func() (bool, string) {
-		l, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, sel)
-		if err != nil || len(l.Items) != 1 || l.Items[0].UID == old.Items[0].UID {
-			return false, fmt.Sprintf("%d operator pods %v", len(l.Items), err)
+	after := e.operatorReplicas()
+	for _, p := range after {
+		if p.Name == leader {
+			e.t.Errorf("the deleted leader %s is back among %d replicas", leader, len(after))
 		}
-		return podReady(&l.Items[0]), "not ready"
-	})
-	e.eventually("the service Ready under the new operator", 2*time.Minute, e.agentReady)
+	}
+	e.t.Logf("operator replicas before %s, %s; after %s, %s", before[0].Name, before[1].Name, after[0].Name, after[1].Name)
+	e.eventually("the service Ready under the new leader", 2*time.Minute, e.agentReady)
 	e.deletePod("during-operator-restart")
 }
 
-// nodeLost freezes every process of a node (its agent, kubelet, pods)
-// while a client on another node exchanges messages with a server on it:
-// the client's vconns fail with an error naming the lost node within 5 s,
-// the client's agent releases the QPs and vconns it held toward it, and
-// once the node is back a new client reaches the same server. The node
-// lost is not the operator's: a single operator on a lost node reports
-// nothing until it is back (or rescheduled), which is what its one replica
-// costs.
+// nodeLost freezes every process of the node running the operator's
+// leader (its agent, kubelet, pods) while a client on another node
+// exchanges messages with a server on it, and a second pair exchanges
+// between the two other nodes: the first client's vconns fail with an
+// error naming the lost node within 5 s, its agent releases the QPs and
+// vconns it held toward it, the other operator replica takes the lease
+// and reports the lost node on the RDMAService, the second pair loses
+// nothing, and once the node is back a new client reaches the same server.
 func (e *env) nodeLost() {
-	from := e.clientNode()
-	ops, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component=operator"})
-	if err != nil || len(ops.Items) != 1 {
-		e.t.Fatalf("operator pods: %v %v", ops, err)
-	}
-	lost := ""
-	for _, n := range slices.Backward(e.nodes) {
-		if n != from && n != ops.Items[0].Spec.NodeName {
-			lost = n
-			break
+	e.operatorReplicas()
+	leader, lost := e.operatorLeader()
+	var from, third string
+	for _, n := range e.nodes {
+		switch {
+		case n == lost:
+		case from == "":
+			from = n
+		case third == "":
+			third = n
 		}
 	}
-	e.createPod(e.serverPod("lost-server", lost, 8))
-	e.eventually("the server on "+lost+" running", 2*time.Minute, func() (bool, string) {
-		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "lost-server", metav1.GetOptions{})
-		return err == nil && podReady(p), fmt.Sprintf("%v", err)
-	})
+	if third == "" {
+		e.t.Fatalf("nodes %v: want three, the leader's %s and two others", e.nodes, lost)
+	}
+	for _, s := range [][2]string{{"lost-server", lost}, {"kept-server", third}} {
+		e.createPod(e.serverPod(s[0], s[1], 8))
+		e.eventually("the server on "+s[1]+" running", 2*time.Minute, func() (bool, string) {
+			p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, s[0], metav1.GetOptions{})
+			return err == nil && podReady(p), fmt.Sprintf("%v", err)
+		})
+	}
 	endless := load{conns: 4, msgs: 1 << 30, size: 1024}
 	e.startClient("lost-client", from, e.podIP("lost-server"), endless)
+	// Long enough to run through the freeze and the takeover (checked
+	// below), every byte checked at its end.
+	kept := load{conns: 4, msgs: 60000, size: 1024}
+	e.startClient("kept-client", from, e.podIP("kept-server"), kept)
 	peerVConns := `rdmavisor_peer_vconns{peer="` + lost + `"}`
 	e.eventually("the client's vconns open toward "+lost, 2*time.Minute, func() (bool, string) {
 		n := e.agentMetrics(from).sum(peerVConns)
@@ -155,6 +164,14 @@ func (e *env) nodeLost() {
 		e.t.Errorf("the client's vconns failed %s after the node was lost, want within 5s", took)
 	}
 	e.measured("a node frozen: its peer's vconns failed after (heartbeat timeout 2 s)", "%s", took.Round(10*time.Millisecond))
+	holder, leaseTook := e.takeover(leader, frozen)
+	e.t.Logf("the operator's leader %s frozen on %s: %s took the lease after %s", leader, lost, holder, leaseTook.Round(100*time.Millisecond))
+	e.measured("the operator leader's node frozen: the other replica took the lease after (lease 15 s)", "%s", leaseTook.Round(100*time.Millisecond))
+	if p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "kept-client", metav1.GetOptions{}); err != nil {
+		e.t.Error(err)
+	} else if p.Status.Phase != corev1.PodRunning {
+		e.t.Errorf("the client between %s and %s was no longer exchanging when the lease moved (%s): make its load longer", from, third, p.Status.Phase)
+	}
 	e.eventually("the agent on "+from+" released its vconns and QPs toward "+lost, time.Minute, func() (bool, string) {
 		m := e.agentMetrics(from)
 		open, qps := m.sum(peerVConns), m.sum(`rdmavisor_qps{peer="`+lost+`"}`)
@@ -183,13 +200,15 @@ func (e *env) nodeLost() {
 		e.t.Logf("RDMANode %s: %s; RDMAService Degraded: %s", from, pc.Message, dc.Message)
 		return true, ""
 	})
+	e.clientOK("kept-client", kept, 5*time.Minute)
 	e.nodeSH(lost, "thaw")
 	thawed = true
 	e.eventually("every agent ready again", 3*time.Minute, e.agentReady)
+	e.operatorReplicas() // the old leader, thawed, lost its lease and restarted as a follower
 	l := load{conns: 4, msgs: 200, size: 4096}
 	e.startClient("back-client", from, e.podIP("lost-server"), l)
 	e.clientOK("back-client", l, 3*time.Minute)
-	for _, p := range []string{"back-client", "lost-server"} {
+	for _, p := range []string{"back-client", "lost-server", "kept-client", "kept-server"} {
 		e.deletePod(p)
 	}
 }

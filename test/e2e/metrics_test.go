@@ -81,12 +81,11 @@ func (e *env) agentMetricsMoved(node string) {
 // SubjectAccessReviews work with the RBAC the chart grants. The suite runs
 // on the node, which reaches pod IPs.
 func (e *env) operatorMetrics() {
-	l, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component=operator"})
-	if err != nil || len(l.Items) != 1 || l.Items[0].Status.PodIP == "" {
-		e.t.Fatalf("operator pod: %v %v", l, err)
+	leader, _ := e.operatorLeader()
+	op, err := e.kube.CoreV1().Pods(namespace).Get(e.ctx, leader, metav1.GetOptions{})
+	if err != nil || op.Status.PodIP == "" {
+		e.t.Fatalf("operator pod %s: %v %v", leader, op, err)
 	}
-	op := l.Items[0]
 	url := "https://" + net.JoinHostPort(op.Status.PodIP, containerPort(op.Spec.Containers, "operator", "metrics")) + "/metrics"
 	const ns, name = "default", "rdmavisor-e2e-scraper"
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
