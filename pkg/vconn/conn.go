@@ -310,9 +310,30 @@ func (c *Conn) op(ctx context.Context, f *frame.Frame) (frame.Frame, error) {
 	if err := c.acquire(ctx, nil); err != nil {
 		return frame.Frame{}, err
 	}
-	defer c.release()
 	f.Handle = c.h
-	return c.s.call(ctx, f)
+	type result struct {
+		f   frame.Frame
+		err error
+	}
+	ch := make(chan result, 1)
+	// The slot goes back with the agent's answer, not when ctx ends: the
+	// agent counts the operation in the send window until it answers, and
+	// a slot given back sooner let a later operation past the window
+	// (CodeWindow). The session's end answers every operation.
+	err := c.s.async(f, func(r frame.Frame, err error) {
+		c.release()
+		ch <- result{r, err}
+	})
+	if err != nil {
+		c.release()
+		return frame.Frame{}, err
+	}
+	select {
+	case r := <-ch:
+		return r.f, r.err
+	case <-ctx.Done():
+		return frame.Frame{}, ctx.Err()
+	}
 }
 
 // drain waits until the agent answered every operation sent.

@@ -103,6 +103,9 @@ func (r *Region) ReadAt(ctx context.Context, p []byte, off int64) error {
 	for done := 0; done < len(p); {
 		n := min(len(p)-done, frame.MaxPayload)
 		rep, err := r.c.op(ctx, &frame.Frame{Op: frame.OpLocalRead, Arg: r.id, Arg2: uint64(off) + uint64(done), Payload: frame.AppendLength(nil, uint32(n))})
+		if err == nil {
+			err = r.c.readReply(rep, n)
+		}
 		if err != nil {
 			return fmt.Errorf("vconn: region %d: %w", r.id, err)
 		}
@@ -246,12 +249,28 @@ func (c *Conn) ReadRegion(ctx context.Context, id uint32, off uint64, dst []byte
 	for done := 0; done < len(dst); {
 		n := min(len(dst)-done, frame.MaxPayload)
 		rep, err := c.op(ctx, &frame.Frame{Op: frame.OpRead, Arg: id, Arg2: off + uint64(done), Payload: frame.AppendLength(nil, uint32(n))})
+		if err == nil {
+			err = c.readReply(rep, n)
+		}
 		if err != nil {
 			return fmt.Errorf("vconn: read region %d: %w", id, err)
 		}
 		done += copy(dst[done:], rep.Payload)
 	}
 	return nil
+}
+
+// readReply checks that a read's reply carries the n bytes asked: an
+// agent that answers with fewer (none: the read would ask again forever)
+// or more breaks the protocol, which ends the session as a malformed
+// frame does.
+func (c *Conn) readReply(rep frame.Frame, n int) error {
+	if len(rep.Payload) == n {
+		return nil
+	}
+	err := &Error{Code: CodeAgentGone, Message: fmt.Sprintf("protocol error: a read of %d bytes answered with %d", n, len(rep.Payload))}
+	c.s.shutdown(err)
+	return err
 }
 
 func errorsIsAgentGone(err error) bool { return errors.Is(err, ErrAgentGone) }
