@@ -189,7 +189,13 @@ type Limits struct {
 	// together register, in bytes, counted as RegionBytes is. Registered
 	// memory is pinned (with ibverbs the kernel cannot page or reclaim
 	// it): this bounds what the agent pins for tenants whatever their
-	// number, where RegionBytes bounds each one.
+	// number, where RegionBytes bounds each one. It is shared fairly, not
+	// first come, first served: an allocation may hold at most its fair
+	// share, RegisteredBytes divided by the allocations holding registered
+	// memory, itself included (max-min fairness, each holder presumed to
+	// want its share). A lone allocation may use it all; one over its
+	// share when others arrive keeps what it holds but claims no more
+	// until it is back under.
 	RegisteredBytes int64 `json:"registeredBytes"`
 	// MessageRate: messages per second the allocation may send, over all
 	// its vconns. ByteRate: their bytes per second. Zero: unlimited. An
