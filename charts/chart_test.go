@@ -560,7 +560,10 @@ func TestTemplateDefaultServiceHardware(t *testing.T) {
 		"defaultService.tolerations[0].key=rdmavisor.io/rdma",
 		"defaultService.tolerations[0].operator=Exists",
 		"defaultService.agent.resources.limits.memory=1Gi",
-		"defaultService.socketGroup=2147483647")
+		"defaultService.socketGroup=2147483647",
+		"defaultService.limits.listeners=1",
+		"defaultService.limits.messageRate=500",
+		"defaultService.limits.regionSize=256Mi")
 	var svc v1alpha1.RDMAService
 	find(t, objs, "RDMAService", "fabric", &svc)
 	s := svc.Spec
@@ -579,6 +582,10 @@ func TestTemplateDefaultServiceHardware(t *testing.T) {
 	if s.SocketGroup == nil || *s.SocketGroup != v1alpha1.MaxSocketGroup {
 		t.Errorf("socketGroup %v, want %d", s.SocketGroup, v1alpha1.MaxSocketGroup)
 	}
+	if l := s.Limits; l == nil || l.Listeners == nil || *l.Listeners != 1 || l.MessageRate == nil || *l.MessageRate != 500 ||
+		l.RegionSize == nil || l.RegionSize.String() != "256Mi" || l.Sessions != nil {
+		t.Errorf("limits %+v, want listeners 1, messageRate 500, regionSize 256Mi and no more", l)
+	}
 }
 
 func TestSchemaRejects(t *testing.T) {
@@ -596,6 +603,9 @@ func TestSchemaRejects(t *testing.T) {
 		"soft with names":  "defaultService.device.provider=soft,defaultService.device.names={mlx5_0}",
 		"socket group":     "defaultService.socketGroup=-1",
 		"socket group big": "defaultService.socketGroup=2147483648",
+		"no listeners":     "defaultService.limits.listeners=0",
+		"limit typo":       "defaultService.limits.listener=1",
+		"region size":      "defaultService.limits.regionSize=lots",
 	} {
 		t.Run(name, func(t *testing.T) {
 			out, err := runHelm(t, "template", release, chartDir, "--set", set)

@@ -147,6 +147,7 @@ func renderConfig(svc *v1alpha1.RDMAService) (*config.AgentConfig, []byte, error
 	if s.SocketGroup != nil {
 		cfg.SocketGID = int(*s.SocketGroup)
 	}
+	renderLimits(s.Limits, &cfg.Limits)
 	cfg.Pollers = pollersFor(s.Agent.Resources)
 	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryKubernetes}
 	// Agents always authenticate each other: there is no opt-out.

@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
@@ -335,5 +336,63 @@ func TestRenderRoll(t *testing.T) {
 		if p := c.ReadinessProbe; p == nil || *p.PeriodSeconds > 2 || *p.HTTPGet.Path != "/readyz" {
 			t.Errorf("agent readiness probe %+v, want /readyz at least every 2s", p)
 		}
+	}
+}
+
+// TestRenderLimits: spec.limits reaches the agents' agent.yaml, each set
+// field as the agent's limit and each absent one as the agent's default
+// (rates: unlimited, left out); a change of limits changes the pods'
+// config hash, which rolls the agents as any configuration change does.
+func TestRenderLimits(t *testing.T) {
+	svc := &v1alpha1.RDMAService{ObjectMeta: metav1.ObjectMeta{Name: "s"},
+		Spec: v1alpha1.RDMAServiceSpec{Device: v1alpha1.DeviceSelector{Provider: v1alpha1.ProviderSoft}}}
+	cfg, data, err := renderConfig(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Limits != config.Default().Limits || strings.Contains(string(data), "Rate") {
+		t.Fatalf("no spec.limits: limits %+v, want the agent's defaults without rates", cfg.Limits)
+	}
+	hash := func(data []byte) string {
+		return renderDaemonSet(svc, "ns", "img", cfg, data, nil, false).Spec.Template.Annotations[annotationConfigHash]
+	}
+	before := hash(data)
+
+	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+	i32 := func(v int32) *int32 { return &v }
+	svc.Spec.Limits = &v1alpha1.Limits{Sessions: i32(8), Listeners: i32(1), Regions: i32(16), RegionSize: q("256Mi"),
+		QueuedSize: q("1Mi"), RegisteredSize: q("2Gi"), MessageRate: i32(5000), ByteRate: q("100Mi")}
+	cfg, data, err = renderConfig(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the agent reads: the rendered file, loaded as the agent loads it.
+	got, err := config.Load(data)
+	if err != nil {
+		t.Fatalf("the agent refuses the rendered agent.yaml: %v", err)
+	}
+	want := config.Limits{Sessions: 8, Listeners: 1, Regions: 16, RegionBytes: 256 << 20, QueuedBytes: 1 << 20,
+		RegisteredBytes: 2 << 30, MessageRate: 5000, ByteRate: 100 << 20}
+	if got.Limits != want {
+		t.Errorf("agent.yaml limits %+v, want %+v", got.Limits, want)
+	}
+	for _, line := range []string{"listeners: 1\n", "messageRate: 5000\n", "byteRate: 104857600\n", "regionBytes: 268435456\n"} {
+		if !strings.Contains(string(data), line) {
+			t.Errorf("agent.yaml lacks %q:\n%s", line, data)
+		}
+	}
+	if after := hash(data); after == before {
+		t.Errorf("config hash %s unchanged by spec.limits: the agents would not roll", after)
+	}
+
+	// One field set: the others keep the agent's defaults.
+	svc.Spec.Limits = &v1alpha1.Limits{Listeners: i32(1)}
+	if cfg, _, err = renderConfig(svc); err != nil {
+		t.Fatal(err)
+	}
+	want = config.Default().Limits
+	want.Listeners = 1
+	if cfg.Limits != want {
+		t.Errorf("limits %+v, want listeners 1 and the agent's defaults", cfg.Limits)
 	}
 }

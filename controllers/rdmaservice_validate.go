@@ -30,8 +30,9 @@ var agentRequestBounds = map[corev1.ResourceName]resource.Quantity{
 
 // validateSpec repeats the schema's rules whose breach would harm other
 // tenants of the nodes: a resourceName outside RDMAvisor's domain (its device
-// plugin would take the resource over), and agent resources that would
-// preempt tenant pods at the agent's priority (system-node-critical).
+// plugin would take the resource over), agent resources that would
+// preempt tenant pods at the agent's priority (system-node-critical), and
+// limits the agents would refuse (validateLimits).
 func validateSpec(s *v1alpha1.RDMAServiceSpec) error {
 	var errs []error
 	name := s.ResourceName
@@ -63,5 +64,6 @@ func validateSpec(s *v1alpha1.RDMAServiceSpec) error {
 			}
 		}
 	}
+	errs = append(errs, validateLimits(s.Limits)...)
 	return errors.Join(errs...)
 }

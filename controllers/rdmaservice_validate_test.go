@@ -21,8 +21,9 @@ import (
 // whose spec would harm the nodes' other tenants, even when the API server
 // stored it (before the schema had the rule; validation ratcheting keeps an
 // unchanged field): another vendor's resourceName, which the agents'
-// device plugin would take over, or agent requests that preempt tenant
-// pods at the agent's priority. The agents' DaemonSet an older operator
+// device plugin would take over, agent requests that preempt tenant
+// pods at the agent's priority, or limits past the agent's bounds, which
+// its agents would refuse to start with. The agents' DaemonSet an older operator
 // rendered is deleted, and Ready and Degraded say why. DaemonSets left:
 // 0 (1 for the valid spec). The API server's refusal of the same specs is
 // api/v1alpha1's TestRDMAServiceValidation; this is the operator's own
@@ -31,6 +32,8 @@ func TestOperatorRefusesUnsafeSpec(t *testing.T) {
 	cpu := func(v string) corev1.ResourceList {
 		return corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(v)}
 	}
+	i32 := func(v int32) *int32 { return &v }
+	q := func(v string) *resource.Quantity { r := resource.MustParse(v); return &r }
 	tests := []struct {
 		name   string
 		mutate func(*v1alpha1.RDMAServiceSpec)
@@ -53,6 +56,29 @@ func TestOperatorRefusesUnsafeSpec(t *testing.T) {
 		{name: "a GPU requested", mutate: func(s *v1alpha1.RDMAServiceSpec) {
 			s.Agent.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}
 		}, want: "names nvidia.com/gpu: only cpu and memory"},
+		{name: "limits at their bounds", mutate: func(s *v1alpha1.RDMAServiceSpec) {
+			s.Limits = &v1alpha1.Limits{Sessions: i32(v1alpha1.MaxSessions), Listeners: i32(1), Regions: i32(v1alpha1.MaxRegions),
+				RegionSize: q(v1alpha1.MaxRegionSize), QueuedSize: q(v1alpha1.MinQueuedSize), RegisteredSize: q(v1alpha1.MaxRegisteredSize),
+				MessageRate: i32(v1alpha1.MaxMessageRate), ByteRate: q("0")}
+		}},
+		{name: "no listeners", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{Listeners: i32(0)} },
+			want: "spec.limits.listeners must be between 1 and 65535, got 0"},
+		{name: "too many sessions", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{Sessions: i32(4097)} },
+			want: "spec.limits.sessions must be between 1 and 4096, got 4097"},
+		{name: "too many regions", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{Regions: i32(1<<20 + 1)} },
+			want: "spec.limits.regions must be between 1 and 1048576"},
+		{name: "a negative message rate", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{MessageRate: i32(-1)} },
+			want: "spec.limits.messageRate must be between 0 and 100000000, got -1"},
+		{name: "regions of 65Gi", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{RegionSize: q("65Gi")} },
+			want: "spec.limits.regionSize must be a whole number of bytes between 1 and 64Gi, got 65Gi"},
+		{name: "queued bytes under a message", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{QueuedSize: q("32Ki")} },
+			want: "spec.limits.queuedSize must be a whole number of bytes between 64Ki and 16Gi, got 32Ki"},
+		{name: "no registered memory", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{RegisteredSize: q("0")} },
+			want: "spec.limits.registeredSize must be a whole number of bytes between 1 and 1Ti, got 0"},
+		{name: "a fraction of a byte a second", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{ByteRate: q("1500m")} },
+			want: "spec.limits.byteRate must be a whole number of bytes between 0 and 1Ti, got 1500m"},
+		{name: "a byte rate past 1Ti", mutate: func(s *v1alpha1.RDMAServiceSpec) { s.Limits = &v1alpha1.Limits{ByteRate: q("2Ti")} },
+			want: "spec.limits.byteRate must be a whole number of bytes between 0 and 1Ti, got 2Ti"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -87,6 +87,22 @@ const (
 	MaxAgentMemoryRequest = "8Gi"
 )
 
+// Bounds of spec.limits: the agent configuration's (internal/config's
+// Max* and Min* limits), which a test holds these to.
+const (
+	MaxSessions       = 4096
+	MaxListeners      = 65535
+	MaxRegions        = 1 << 20
+	MinRegionSize     = "1"
+	MaxRegionSize     = "64Gi"
+	MinQueuedSize     = "64Ki"
+	MaxQueuedSize     = "16Gi"
+	MinRegisteredSize = "1"
+	MaxRegisteredSize = "1Ti"
+	MaxMessageRate    = 100000000
+	MaxByteRate       = "1Ti"
+)
+
 // Condition types of an RDMAService.
 const (
 	// ConditionReady is True when every node the service deploys to runs an
@@ -143,6 +159,73 @@ type DeviceSelector struct {
 	// +kubebuilder:validation:Maximum=16
 	// +optional
 	Rails int32 `json:"rails,omitempty"`
+}
+
+// Limits bound what each allocation (a pod's share of a node's vconns)
+// may hold of its node's agent, so that one tenant cannot exhaust the
+// agent for the others, and registeredSize what all of them together may.
+// A request past a limit fails with the limit's name (the SDK's
+// ErrLimit), except the rates, which slow the pod's sends instead. Every
+// field is optional: absent, the agent's default. Sizes are quantities of
+// bytes, as bufferPoolSize is; they become the agent configuration's
+// limits.regionBytes, queuedBytes, registeredBytes and byteRate.
+type Limits struct {
+	// Sessions: connections to an allocation's socket at once. Absent: 64.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4096
+	// +optional
+	Sessions *int32 `json:"sessions,omitempty"`
+
+	// Listeners: ports an allocation listens on at once. Absent: 256.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Listeners *int32 `json:"listeners,omitempty"`
+
+	// Regions: regions an allocation has exported at once, each counted
+	// until its memory is deregistered. Absent: 1024.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1048576
+	// +optional
+	Regions *int32 `json:"regions,omitempty"`
+
+	// RegionSize: the memory an allocation's regions and staging memory
+	// register, between 1 and 64Gi. Absent: 1Gi.
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).compareTo(quantity('1')) >= 0 && quantity(string(self)).compareTo(quantity('64Gi')) <= 0",message="regionSize must be a whole number of bytes between 1 and 64Gi"
+	// +optional
+	RegionSize *resource.Quantity `json:"regionSize,omitempty"`
+
+	// QueuedSize: message bytes the agent holds for an allocation in each
+	// direction (received and not yet taken by the pod; sent and not yet
+	// taken by the engine), between 64Ki (the largest message the agent
+	// hands over) and 16Gi. Absent: 64Mi.
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).compareTo(quantity('64Ki')) >= 0 && quantity(string(self)).compareTo(quantity('16Gi')) <= 0",message="queuedSize must be a whole number of bytes between 64Ki and 16Gi"
+	// +optional
+	QueuedSize *resource.Quantity `json:"queuedSize,omitempty"`
+
+	// RegisteredSize: the memory the regions of all a node's allocations
+	// together register (pinned, with ibverbs), between 1 and 1Ti. Shared
+	// fairly: an allocation may hold at most registeredSize divided by
+	// the allocations holding registered memory, itself included. Absent:
+	// 4Gi.
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).compareTo(quantity('1')) >= 0 && quantity(string(self)).compareTo(quantity('1Ti')) <= 0",message="registeredSize must be a whole number of bytes between 1 and 1Ti"
+	// +optional
+	RegisteredSize *resource.Quantity `json:"registeredSize,omitempty"`
+
+	// MessageRate: messages a second an allocation may send, over all its
+	// vconns; past it its sends wait (a burst of a tenth of a second's
+	// worth goes at once). 0 or absent: unlimited.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000000
+	// +optional
+	MessageRate *int32 `json:"messageRate,omitempty"`
+
+	// ByteRate: bytes a second an allocation may send in messages, over
+	// all its vconns (a quantity such as 100Mi), up to 1Ti; past it its
+	// sends wait. 0 or absent: unlimited.
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).compareTo(quantity('0')) >= 0 && quantity(string(self)).compareTo(quantity('1Ti')) <= 0",message="byteRate must be a whole number of bytes a second between 0 (unlimited) and 1Ti"
+	// +optional
+	ByteRate *resource.Quantity `json:"byteRate,omitempty"`
 }
 
 // AgentSpec configures the pods of the node agent DaemonSet. One image holds
@@ -264,6 +347,12 @@ type RDMAServiceSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self in ['DevicePlugin', 'DRA', 'Both']",message="allocation must be DevicePlugin, DRA or Both"
 	// +optional
 	Allocation Allocation `json:"allocation,omitempty"`
+
+	// Limits bound what each pod's allocation may hold of its node's
+	// agent, and send, and the memory all of them may register. Absent:
+	// the agent's defaults. The agents' pods roll when it changes.
+	// +optional
+	Limits *Limits `json:"limits,omitempty"`
 }
 
 // RDMAServiceStatus is what the operator observed, aggregated from the

@@ -83,6 +83,7 @@ func TestSchemaMatchesConstants(t *testing.T) {
 			t.Errorf("buffer pool bound %s = %d bytes, agent config has %d", c.api, q.Value(), c.config)
 		}
 	}
+	checkLimitsSchema(t, spec["limits"].Properties)
 	if min, max := num(spec["socketGroup"].Minimum), num(spec["socketGroup"].Maximum); min != 0 || max != v1alpha1.MaxSocketGroup {
 		t.Errorf("socketGroup: schema min %v max %v, want 0 %d", min, max, v1alpha1.MaxSocketGroup)
 	}
@@ -176,5 +177,53 @@ func TestSharedSettingsAgree(t *testing.T) {
 	}
 	if def, cfg := string(spec["transport"].Default.Raw), string(config.Default().Transport); def != `"`+cfg+`"` || values.DefaultService.Transport != cfg {
 		t.Errorf("transport defaults to %s in the CRD, %q in the chart's values, %q in the agent config", def, values.DefaultService.Transport, cfg)
+	}
+}
+
+// checkLimitsSchema holds spec.limits' schema to the API's constants, and
+// those to the agent configuration's bounds: the integers' minimum and
+// maximum, and the quantities' rules, which must hold both bounds.
+func checkLimitsSchema(t *testing.T, limits map[string]apiextensionsv1.JSONSchemaProps) {
+	t.Helper()
+	for _, c := range []struct {
+		field              string
+		least, most        float64
+		configL, configMax int64
+	}{
+		{"sessions", 1, v1alpha1.MaxSessions, 1, config.MaxSessions},
+		{"listeners", 1, v1alpha1.MaxListeners, 1, config.MaxListeners},
+		{"regions", 1, v1alpha1.MaxRegions, 1, config.MaxRegions},
+		{"messageRate", 0, v1alpha1.MaxMessageRate, 0, config.MaxMessageRate},
+	} {
+		p := limits[c.field]
+		if p.Minimum == nil || p.Maximum == nil || *p.Minimum != c.least || *p.Maximum != c.most {
+			t.Errorf("limits.%s: schema min %v max %v, want %v %v", c.field, p.Minimum, p.Maximum, c.least, c.most)
+		}
+		if float64(c.configL) != c.least || float64(c.configMax) != c.most {
+			t.Errorf("limits.%s: agent config allows %d..%d, the API %v..%v", c.field, c.configL, c.configMax, c.least, c.most)
+		}
+	}
+	for _, c := range []struct {
+		field              string
+		least, most        string
+		configL, configMax int64
+	}{
+		{"regionSize", v1alpha1.MinRegionSize, v1alpha1.MaxRegionSize, 1, config.MaxRegionBytes},
+		{"queuedSize", v1alpha1.MinQueuedSize, v1alpha1.MaxQueuedSize, config.MinQueuedBytes, config.MaxQueuedBytes},
+		{"registeredSize", v1alpha1.MinRegisteredSize, v1alpha1.MaxRegisteredSize, 1, config.MaxRegisteredBytes},
+		{"byteRate", "0", v1alpha1.MaxByteRate, 0, config.MaxByteRate},
+	} {
+		if least, most := resource.MustParse(c.least), resource.MustParse(c.most); least.Value() != c.configL || most.Value() != c.configMax {
+			t.Errorf("limits.%s: API %s..%s, agent config %d..%d", c.field, c.least, c.most, c.configL, c.configMax)
+		}
+		rules := ""
+		for _, r := range limits[c.field].XValidations {
+			rules += r.Rule
+		}
+		for _, b := range []string{c.least, c.most} {
+			if !strings.Contains(rules, "quantity('"+b+"')") {
+				t.Errorf("limits.%s: no rule holds the bound %s", c.field, b)
+			}
+		}
 	}
 }

@@ -98,6 +98,17 @@ func TestRDMAServiceValidation(t *testing.T) {
 			s.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: resources("3500m", "1Gi")}
 		}},
 		{name: "socket group 0", mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](0) }},
+		{name: "limits at their bounds", mutate: func(s *v1alpha1.RDMAService) {
+			s.Spec.Limits = &v1alpha1.Limits{Sessions: ptr[int32](v1alpha1.MaxSessions), Listeners: ptr[int32](1),
+				Regions: ptr[int32](v1alpha1.MaxRegions), RegionSize: quantity(v1alpha1.MaxRegionSize),
+				QueuedSize: quantity(v1alpha1.MinQueuedSize), RegisteredSize: quantity(v1alpha1.MaxRegisteredSize),
+				MessageRate: ptr[int32](v1alpha1.MaxMessageRate), ByteRate: quantity(v1alpha1.MaxByteRate)}
+		}},
+		{name: "limits at their other bounds", mutate: func(s *v1alpha1.RDMAService) {
+			s.Spec.Limits = &v1alpha1.Limits{Sessions: ptr[int32](1), Listeners: ptr[int32](v1alpha1.MaxListeners),
+				RegionSize: quantity(v1alpha1.MinRegionSize), QueuedSize: quantity(v1alpha1.MaxQueuedSize),
+				RegisteredSize: quantity(v1alpha1.MinRegisteredSize), MessageRate: ptr[int32](0), ByteRate: quantity("0")}
+		}},
 		{name: "largest socket group", mutate: func(s *v1alpha1.RDMAService) { s.Spec.SocketGroup = ptr[int64](v1alpha1.MaxSocketGroup) }},
 		{name: "valid selector expressions", mutate: func(s *v1alpha1.RDMAService) {
 			s.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
@@ -257,6 +268,99 @@ func TestRDMAServiceValidation(t *testing.T) {
 			name:   "buffer pool not whole bytes",
 			mutate: func(s *v1alpha1.RDMAService) { s.Spec.BufferPoolSize = quantity("1500m") },
 			want:   []string{"spec.bufferPoolSize", "whole number of bytes"},
+		},
+		{
+			name:   "no sessions",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{Sessions: ptr[int32](0)} },
+			want:   []string{"spec.limits.sessions", "greater than or equal to 1"},
+		},
+		{
+			name: "too many sessions",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Limits = &v1alpha1.Limits{Sessions: ptr[int32](v1alpha1.MaxSessions + 1)}
+			},
+			want: []string{"spec.limits.sessions", "less than or equal to 4096"},
+		},
+		{
+			name:   "no listeners",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{Listeners: ptr[int32](0)} },
+			want:   []string{"spec.limits.listeners", "greater than or equal to 1"},
+		},
+		{
+			name: "too many listeners",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Limits = &v1alpha1.Limits{Listeners: ptr[int32](v1alpha1.MaxListeners + 1)}
+			},
+			want: []string{"spec.limits.listeners", "less than or equal to 65535"},
+		},
+		{
+			name:   "no regions",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{Regions: ptr[int32](0)} },
+			want:   []string{"spec.limits.regions", "greater than or equal to 1"},
+		},
+		{
+			name: "too many regions",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Limits = &v1alpha1.Limits{Regions: ptr[int32](v1alpha1.MaxRegions + 1)}
+			},
+			want: []string{"spec.limits.regions", "less than or equal to 1048576"},
+		},
+		{
+			name:   "no region bytes",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{RegionSize: quantity("0")} },
+			want:   []string{"spec.limits.regionSize", "between 1 and 64Gi"},
+		},
+		{
+			name:   "regions of 65Gi",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{RegionSize: quantity("65Gi")} },
+			want:   []string{"spec.limits.regionSize", "between 1 and 64Gi"},
+		},
+		{
+			name:   "queued bytes under a message",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{QueuedSize: quantity("65535")} },
+			want:   []string{"spec.limits.queuedSize", "between 64Ki and 16Gi"},
+		},
+		{
+			name:   "queued bytes past 16Gi",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{QueuedSize: quantity("17Gi")} },
+			want:   []string{"spec.limits.queuedSize", "between 64Ki and 16Gi"},
+		},
+		{
+			name:   "no registered memory",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{RegisteredSize: quantity("0")} },
+			want:   []string{"spec.limits.registeredSize", "between 1 and 1Ti"},
+		},
+		{
+			name:   "registered memory past 1Ti",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{RegisteredSize: quantity("1025Gi")} },
+			want:   []string{"spec.limits.registeredSize", "between 1 and 1Ti"},
+		},
+		{
+			name:   "a negative message rate",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{MessageRate: ptr[int32](-1)} },
+			want:   []string{"spec.limits.messageRate", "greater than or equal to 0"},
+		},
+		{
+			name: "a message rate past the bound",
+			mutate: func(s *v1alpha1.RDMAService) {
+				s.Spec.Limits = &v1alpha1.Limits{MessageRate: ptr[int32](v1alpha1.MaxMessageRate + 1)}
+			},
+			want: []string{"spec.limits.messageRate", "less than or equal to 100000000"},
+		},
+		{
+			name:   "a negative byte rate",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{ByteRate: quantity("-1")} },
+			want:   []string{"spec.limits.byteRate", "between 0 (unlimited) and 1Ti"},
+		},
+		{
+			name:   "a byte rate past 1Ti",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{ByteRate: quantity("2Ti")} },
+			want:   []string{"spec.limits.byteRate", "between 0 (unlimited) and 1Ti"},
+		},
+		{
+			name:   "a fraction of a byte",
+			mutate: func(s *v1alpha1.RDMAService) { s.Spec.Limits = &v1alpha1.Limits{RegionSize: quantity("1500m")} },
+			want:   []string{"spec.limits.regionSize", "whole number of bytes"},
 		},
 		{
 			name:   "image pull policy",

@@ -96,6 +96,10 @@ type Agent struct {
 	// their peer applications close.
 	stopping atomic.Bool
 
+	// registered shares limits.registeredBytes among the allocations
+	// (registered.go).
+	registered registeredPool
+
 	mu        sync.Mutex
 	closed    bool                               // guarded by mu
 	allocs    map[string]*allocation             // guarded by mu

@@ -46,6 +46,9 @@ type allocation struct {
 	// rail is the device whose engine carries the allocation's vconns
 	// (Agent.engines).
 	rail int
+	// rate holds the allocation's sends to limits.messageRate and
+	// limits.byteRate (rate.go); nil when both are unlimited.
+	rate *rateLimiter
 }
 
 // socketMode is the mode of every allocation's socket: connecting needs
@@ -212,7 +215,8 @@ func (a *Agent) createAllocation(id string, k int, podScoped bool, rail int) (ad
 		return admin.Allocation{}, fmt.Errorf("agent: allocation %s: %w", id, err)
 	}
 	al := &allocation{a: a, id: id, quota: k, dir: dir, path: path, ln: ln, done: make(chan struct{}), podScoped: podScoped, rail: rail,
-		sessions: make(map[*session]struct{}), refusing: make(map[*net.UnixConn]struct{})}
+		sessions: make(map[*session]struct{}), refusing: make(map[*net.UnixConn]struct{}),
+		rate: newRateLimiter(a.cfg.Limits.MessageRate, a.cfg.Limits.ByteRate)}
 	a.allocs[id] = al
 	go al.serve()
 	a.log.Info("Created allocation", "allocation", id, "vconns", k, "socket", path, "podScoped", podScoped, "rail", rail)

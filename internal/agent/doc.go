@@ -35,7 +35,7 @@
 // CodeBadRequest and the connection is closed; other clients are not
 // affected. Each vconn has a worker that runs its operations in order
 // (at most SendWindow outstanding; a Send with nothing ahead of it goes
-// to the engine from the reader) and a pump that pushes received
+// to the engine from the reader, unless the allocation has rates) and a pump that pushes received
 // messages only within the window the application granted. Data crosses
 // the socket by copy, or, for a vconn whose client asked (frame's Shm),
 // the rings of a memfd the agent made and passed (package shm, shm.go).
@@ -45,7 +45,8 @@
 // allocation's listeners take (its pod's, or the node's host services')
 // and where a dial's address goes, vconn.go holds a vconn and its pump,
 // delivery.go the one loop that delivers its messages to the pod, over
-// the socket or shared memory, forward.go the one loop that sends them,
+// the socket or shared memory, forward.go the one loop that sends them
+// (rate.go holds it to the allocation's limits.messageRate and byteRate),
 // op.go its operations, and reply.go answers, with codeOf the one place
 // where failures become the protocol's codes. quota_test.go and
 // pod_test.go hold the quota, isolation and pod contracts.

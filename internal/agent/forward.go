@@ -21,6 +21,8 @@ type source interface {
 	sent(err error) bool
 	// end is told next's error.
 	end(err error)
+	// rate is the limiter of the vconn's allocation (nil: no rates).
+	rate() *rateLimiter
 }
 
 // outgoing is one message of a source.
@@ -32,17 +34,21 @@ type outgoing struct {
 
 // forward is the agent's one send loop: it hands the messages of src to
 // the engine, in order, blocking while the vconn's queue is full (the
-// peer's reader holds its credits), until src ends or ctx does.
+// peer's reader holds its credits) or the allocation is past its rates
+// (limits.messageRate, limits.byteRate), until src ends or ctx does.
 func forward(ctx context.Context, vc *engine.VConn, src source) {
+	rate := src.rate()
 	for {
 		m, err := src.next()
 		if err != nil {
 			src.end(err)
 			return
 		}
-		if m.hasImm {
+		switch err = rate.take(ctx, len(m.data)); {
+		case err != nil: // ctx ended while the rate held the message
+		case m.hasImm:
 			err = vc.SendImm(ctx, m.data, m.imm)
-		} else {
+		default:
 			err = vc.Send(ctx, m.data)
 		}
 		if !src.sent(err) {

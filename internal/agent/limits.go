@@ -60,6 +60,9 @@ func (al *allocation) claimRegion(size int64) error {
 		return fmt.Errorf("export %d bytes: allocation %s has %d of its %d bytes of regions registered, withdrawn ones until the peer confirmed (limits.regionBytes): %w",
 			size, al.id, al.held.regionBytes, l.RegionBytes, errLimit)
 	}
+	if err := al.a.registered.claim(al, "export", size, l.RegisteredBytes); err != nil {
+		return err
+	}
 	al.held.regions++
 	al.held.regionBytes += size
 	return nil
@@ -72,6 +75,7 @@ func (al *allocation) releaseRegion(size int64) {
 	al.held.regions--
 	al.held.regionBytes -= size
 	al.mu.Unlock()
+	al.a.registered.release(al, size)
 }
 
 // claimStaging counts a vconn's staging memory (frame.OpStage) of size
@@ -85,6 +89,9 @@ func (al *allocation) claimStaging(size int64) error {
 		return fmt.Errorf("stage %d bytes: allocation %s has %d of its %d bytes of regions and staging memory registered (limits.regionBytes): %w",
 			size, al.id, al.held.regionBytes, l.RegionBytes, errLimit)
 	}
+	if err := al.a.registered.claim(al, "stage", size, l.RegisteredBytes); err != nil {
+		return err
+	}
 	al.held.regionBytes += size
 	return nil
 }
@@ -95,6 +102,7 @@ func (al *allocation) releaseStaging(size int64) {
 	al.mu.Lock()
 	al.held.regionBytes -= size
 	al.mu.Unlock()
+	al.a.registered.release(al, size)
 }
 
 // Queued bytes (limits.queuedBytes). Where a message waits in the agent on

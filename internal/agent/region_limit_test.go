@@ -312,8 +312,10 @@ func TestCloseReturnsRegionsAfterDeregistration(t *testing.T) {
 // TestRegisteredBytesNodeCap: limits.registeredBytes bounds the memory
 // the regions of all allocations together keep registered, counted as
 // each allocation's limits.regionBytes is (until deregistered): an
-// export past it fails with ErrLimit, whatever allocation asks, and once
-// another allocation's region is gone the export succeeds.
+// export past it fails with ErrLimit, whatever allocation asks. Shared
+// fairly: once another allocation's region is gone, an export that would
+// take p2 past its fair share (half the limit, while p1 holds a region)
+// still fails, naming it; once p1 holds none, p2's succeeds.
 func TestRegisteredBytesNodeCap(t *testing.T) {
 	const nodeLimit = 3 * regionSize // under two allocations' 2 MiB each
 	cl := startCluster(t, agenttest.Options{TuneConfig: func(c *config.AgentConfig) {
@@ -361,7 +363,17 @@ func TestRegisteredBytesNodeCap(t *testing.T) {
 	if err := p1[0].Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventuallyT(t, "p2's export once p1's region is deregistered", func() bool {
+	eventuallyT(t, "p2's export refused as past its fair share once p1's region is deregistered", func() bool {
+		_, err := c2.Export(ctx, regionSize, vconn.AccessRead)
+		if !errors.Is(err, vconn.ErrLimit) {
+			t.Fatalf("p2's export to 2 MiB of the node's 3 while p1 holds 1: %v, want ErrLimit", err)
+		}
+		return strings.Contains(err.Error(), "past its fair share of limits.registeredBytes")
+	})
+	if err := p1[1].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyT(t, "p2's export once p1's regions are deregistered", func() bool {
 		_, err := c2.Export(ctx, regionSize, vconn.AccessRead)
 		if err != nil && !errors.Is(err, vconn.ErrLimit) {
 			t.Fatal(err)

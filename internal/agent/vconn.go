@@ -92,8 +92,13 @@ func (h *vconnHandle) answered() {
 // once: no hand-off to the worker, no copy of the payload, which goes
 // from the read buffer into the engine's registered one. It reports
 // false, having done nothing, to leave the send to the worker (which
-// answers an error, or waits for room).
+// answers an error, or waits for room). An allocation with rates sends
+// through the worker only: forward's wait for tokens must not hold the
+// reader, which serves the session's other vconns.
 func (h *vconnHandle) sendNow(f frame.Frame) bool {
+	if h.s.al.rate != nil {
+		return false
+	}
 	h.qmu.Lock()
 	idle := h.running == 0 && !h.workDone && h.txRefused == nil
 	h.qmu.Unlock()

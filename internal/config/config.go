@@ -189,8 +189,22 @@ type Limits struct {
 	// together register, in bytes, counted as RegionBytes is. Registered
 	// memory is pinned (with ibverbs the kernel cannot page or reclaim
 	// it): this bounds what the agent pins for tenants whatever their
-	// number, where RegionBytes bounds each one.
+	// number, where RegionBytes bounds each one. It is shared fairly, not
+	// first come, first served: an allocation may hold at most its fair
+	// share, RegisteredBytes divided by the allocations holding registered
+	// memory, itself included (max-min fairness, each holder presumed to
+	// want its share). A lone allocation may use it all; one over its
+	// share when others arrive keeps what it holds but claims no more
+	// until it is back under.
 	RegisteredBytes int64 `json:"registeredBytes"`
+	// MessageRate: messages per second the allocation may send, over all
+	// its vconns. ByteRate: their bytes per second. Zero: unlimited. An
+	// allocation past its rate is slowed, never failed: its sends wait
+	// for the rate's tokens (a token bucket holding a tenth of a second's
+	// worth, at least one message or byte; a message larger than that
+	// goes once the bucket is full, and the bucket owes the rest).
+	MessageRate int   `json:"messageRate,omitempty"`
+	ByteRate    int64 `json:"byteRate,omitempty"`
 }
 
 // Default limits, and the largest allowed.
@@ -223,6 +237,10 @@ const (
 	MaxQueuedBytes = 16 << 30
 	// MaxRegisteredBytes: 1 TiB, more than a node pins in practice.
 	MaxRegisteredBytes = 1 << 40
+	// MaxMessageRate and MaxByteRate (1 TiB a second) are past what an
+	// agent sends: a rate above them limits nothing.
+	MaxMessageRate = 100_000_000
+	MaxByteRate    = 1 << 40
 )
 
 // TLSConfig names the agent's node certificate, its key and the cluster's

@@ -132,6 +132,18 @@ peerDiscovery:
 		{name: "no queued bytes", doc: minimal + "limits: {queuedBytes: -1}\n", errs: []string{"limits.queuedBytes: must be between 65536"}},
 		{name: "no registered bytes", doc: minimal + "limits: {registeredBytes: 0}\n", errs: []string{"limits.registeredBytes: must be between 1 and 1099511627776, got 0"}},
 		{name: "too many registered bytes", doc: minimal + "limits: {registeredBytes: 1099511627777}\n", errs: []string{"limits.registeredBytes: must be between 1 and 1099511627776, got 1099511627777"}},
+		{name: "negative message rate", doc: minimal + "limits: {messageRate: -1}\n", errs: []string{"limits.messageRate: must be between 1 and 100000000, or 0 for unlimited, got -1"}},
+		{name: "too high a message rate", doc: minimal + "limits: {messageRate: 100000001}\n", errs: []string{"limits.messageRate: must be between 1 and 100000000"}},
+		{name: "too high a byte rate", doc: minimal + "limits: {byteRate: 1099511627777}\n", errs: []string{"limits.byteRate: must be between 1 and 1099511627776, or 0 for unlimited, got 1099511627777"}},
+		{
+			name: "rates",
+			doc:  minimal + "limits: {messageRate: 1000, byteRate: 1048576}\n",
+			check: func(t *testing.T, c *AgentConfig) {
+				if c.Limits.MessageRate != 1000 || c.Limits.ByteRate != 1<<20 || c.Limits.Sessions != DefaultSessions {
+					t.Errorf("limits %+v: want messageRate 1000, byteRate 1 MiB and the other defaults", c.Limits)
+				}
+			},
+		},
 		{
 			name: "registered bytes",
 			doc:  minimal + "limits: {registeredBytes: 8589934592}\n",

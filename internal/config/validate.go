@@ -209,6 +209,17 @@ func (l *Limits) check(p *problems) {
 			p.add("limits."+f.name, "must be between %d and %d, got %d", f.least, f.most, f.v)
 		}
 	}
+	for _, f := range []struct {
+		name    string
+		v, most int64
+	}{
+		{"messageRate", int64(l.MessageRate), MaxMessageRate},
+		{"byteRate", l.ByteRate, MaxByteRate},
+	} {
+		if f.v < 0 || f.v > f.most {
+			p.add("limits."+f.name, "must be between 1 and %d, or 0 for unlimited, got %d", f.most, f.v)
+		}
+	}
 }
 
 func (t TLSConfig) check(p *problems) {

@@ -4,7 +4,8 @@
 // install, kubectl apply) and checks, step by step, what a user relies on:
 // the operator, the agent DaemonSet, RDMANode and RDMAService status, the
 // extended resource, pods on different nodes exchanging messages over
-// vconns, CNI registration, scheduling limits, recovery from a kubelet
+// vconns, CNI registration, scheduling limits, an allocation's limits and
+// send rate (spec.limits), recovery from a kubelet
 // restart and an agent crash, and cleanup. hack/e2e.sh runs it on the
 // local cluster (hack/local-cluster, three nodes by default); it needs
 // KUBECONFIG, HELM and KUBECTL, and at least two nodes.
@@ -87,6 +88,7 @@ func TestE2E(t *testing.T) {
 		{"a pod asking more vconns than any node has stays Pending", (*env).overQuota},
 		{"kubelet restart: the device plugin registers again, and releases a deleted pod's allocation", (*env).kubeletRestart},
 		{"agent pod killed: recreated, devices healthy again", (*env).agentKilled},
+		{"spec.limits patched: a second listen refused past listeners 1; a burst past messageRate all arrives, slowed", (*env).limits},
 		{"helm upgrade changes the transport to rc: the agents roll one node at a time", func(e *env) { e.rollTo("rc") }},
 		{"1,000 vconns across nodes over rc, every byte checked; QP pools stay at qpsPerPeer; the echo pods gone, no agent holds an allocation", func(e *env) {
 			e.thousandVConns("rc")
