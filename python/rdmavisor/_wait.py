@@ -1,5 +1,6 @@
-"""Waiting for state that the session's reader thread changes, from a
-blocking caller (a condition variable) or a coroutine (a future the reader
+"""Waiting for state that the session's frames change, from a blocking
+caller (a condition variable; the first one waiting reads the session's
+socket itself: Session._try_lead) or a coroutine (a future the reader
 resolves through the event loop's call_soon_threadsafe)."""
 
 import asyncio
@@ -30,7 +31,10 @@ def _resolve(fut):
 
 class Waitable:
     """State guarded by a condition: check functions run with it held and
-    return NOT_READY or a result (or raise)."""
+    return NOT_READY or a result (or raise). _leads is the session whose
+    socket a blocked waiter may read itself (None: it only sleeps)."""
+
+    _leads = None
 
     def __init__(self):
         self._cond = threading.Condition()
@@ -54,6 +58,8 @@ class Waitable:
         """A descriptor that polls readable while the next receive (or
         accept) would not wait, for select, poll and selectors; -1 once
         closed."""
+        if self._leads is not None:
+            self._leads._set_async()  # a select loop waits outside _block
         with self._cond:
             if self._poll is None:
                 if self._poll_closed:
@@ -91,6 +97,8 @@ class Waitable:
         """Wakes every waiter; the caller holds _cond."""
         self._sync_poll()
         self._cond.notify_all()
+        if self._leads is not None:
+            self._leads._kick_for(self)  # a waiter reading the socket does not see notify
         for loop, fut in self._afuts:
             try:
                 loop.call_soon_threadsafe(_resolve, fut)
@@ -99,6 +107,14 @@ class Waitable:
         self._afuts.clear()
 
     def _block(self, check, timeout, what):
+        s = self._leads
+        try:
+            return self._block_in(check, timeout, what, s)
+        finally:
+            if s is not None:
+                s._pass_on()
+
+    def _block_in(self, check, timeout, what, s):
         deadline = deadline_of(timeout)
         with self._cond:
             while True:
@@ -106,19 +122,35 @@ class Waitable:
                 if r is not NOT_READY:
                     self._sync_poll()
                     return r
-                if deadline is None:
-                    self._cond.wait()
-                    continue
-                if timeout == 0:
-                    raise BlockingIOError(errno.EAGAIN, f"vconn: {what} would block")
-                rem = deadline - time.monotonic()
-                if rem <= 0:
-                    raise DeadlineExceeded(f"{what}: no result within {timeout}s")
-                self._cond.wait(rem)
+                rem = None
+                if deadline is not None:
+                    if timeout == 0:
+                        raise BlockingIOError(errno.EAGAIN, f"vconn: {what} would block")
+                    rem = deadline - time.monotonic()
+                    if rem <= 0:
+                        raise DeadlineExceeded(f"{what}: no result within {timeout}s")
+                if s is None:
+                    self._cond.wait(rem)
+                elif s._try_lead(self):
+                    # This thread reads the next frame itself: no reader
+                    # thread's wake-up between the frame and its waiter.
+                    self._cond.release()
+                    try:
+                        s._lead(rem)
+                    finally:
+                        s._unlead()
+                        self._cond.acquire()
+                else:
+                    try:
+                        self._cond.wait(rem)
+                    finally:
+                        s._wait_end(self)
 
     async def _await(self, check, timeout, what):
         deadline = deadline_of(timeout)
         loop = asyncio.get_running_loop()
+        if self._leads is not None:
+            self._leads._set_async()  # a coroutine cannot read the socket for itself
         while True:
             with self._cond:
                 r = check()

@@ -233,7 +233,7 @@ class Client:
         data = bytearray(data)
         from ._session import Call
 
-        c = Call()
+        c = Call(s)
         with s._lock:
             s._next_req = (s._next_req + 1) & 0xFFFFFFFF or 1
             req = s._next_req
@@ -303,7 +303,7 @@ class _Dial:
 def _call_then(s, f, timeout, what, d):
     from ._session import Call
 
-    c = Call()
+    c = Call(s)
 
     def cb(rep, err):
         d.registered(rep, err)
@@ -320,7 +320,7 @@ def _call_then(s, f, timeout, what, d):
 async def _acall_then(s, f, timeout, what, d):
     from ._session import Call
 
-    c = Call()
+    c = Call(s)
 
     def cb(rep, err):
         d.registered(rep, err)
@@ -377,7 +377,7 @@ class VConn(Waitable):
 
     def __init__(self, s, handle, transport, max_message, local, remote):
         super().__init__()
-        self._s = s
+        self._s = self._leads = s
         self.handle = handle
         self.transport = transport  # "rc", "uc", "ud", "auto", or "" when the agent did not say
         self.max_message = max_message
@@ -752,6 +752,7 @@ class _OpCall(Waitable):
     def __init__(self, conn):
         super().__init__()
         self._conn = conn
+        self._leads = conn._s
         self.done, self.frame, self.err = False, None, None
         with conn._cond:
             conn._calls.add(self)
@@ -818,7 +819,7 @@ class Listener(Waitable):
 
     def __init__(self, s, handle, address):
         super().__init__()
-        self._s = s
+        self._s = self._leads = s
         self.handle = handle
         self.address = address  # "podIP:port", or "node:port" for host services
         self._timeout = None
