@@ -137,6 +137,11 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 // Dial gives the caller's vconn a peer on a listener of this node.
 func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*controlpb.DialReply, error) {
 	a := s.a
+	// Bounded here too: a caller that sets no deadline would otherwise
+	// hold the listener's quota slot, and the call's place in
+	// peerCallLimit, for as long as the work waits on it (its ConnectQP).
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
 	c := req.GetCaller()
 	if c == nil || req.Port == 0 || req.Port > 65535 || !vqpn.ID(req.Vconn).Valid() {
 		return nil, status.Error(codes.InvalidArgument, "dial: caller, port and vconn are required")
