@@ -39,6 +39,7 @@ const bridgeChunk = frame.MaxPayload
 type bridge struct {
 	al     *allocation
 	vc     *engine.VConn
+	caller string        // who dialled it, for one accepted (acceptShare); "" for one dialled
 	c      *net.UnixConn // the agent's end
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -50,7 +51,11 @@ type bridge struct {
 // copies. It returns the program's end, to be passed by SCM_RIGHTS and
 // then closed; from then on the bridge owns the vconn and its place in the
 // quota. On error the caller still owns both.
-func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
+func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) { return al.newBridgeFor(vc, "") }
+
+// newBridgeFor is newBridge for a vconn accepted from caller
+// (takeAccept), "" for one dialled.
+func (al *allocation) newBridgeFor(vc *engine.VConn, caller string) (*os.File, error) {
 	if !vc.Transport().Reliable() {
 		// A byte stream cannot lose a message: only rc and auto carry one.
 		return nil, fmt.Errorf("bridge: a %v vconn cannot carry a stream (rc or auto can): %w", vc.Transport(), errUnreliable)
@@ -68,7 +73,7 @@ func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
 	ctx, cancel := context.WithCancel(al.a.ctx)
-	b := &bridge{al: al, vc: vc, c: fc.(*net.UnixConn), ctx: ctx, cancel: cancel}
+	b := &bridge{al: al, vc: vc, caller: caller, c: fc.(*net.UnixConn), ctx: ctx, cancel: cancel}
 	al.mu.Lock()
 	if al.closed {
 		al.mu.Unlock()
@@ -233,7 +238,7 @@ func (b *bridge) reap() {
 	b.al.mu.Lock()
 	delete(b.al.bridges, b)
 	b.al.mu.Unlock()
-	b.al.give()
+	b.al.giveFor(b.caller)
 }
 
 // closeBridges ends an allocation's bridges (it is going).

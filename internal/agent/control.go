@@ -189,33 +189,35 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		// another rail. Refused here, nothing reaches the listener.
 		return nil, status.Errorf(codes.InvalidArgument, "listener on port %d is bridged, and this node's vconns are %v, which cannot carry a stream", req.Port, eng.Config().Transport)
 	}
-	if !l.sess.al.take() {
-		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: allocation %s has all its %d vconns in use", req.Port, l.sess.al.id, l.sess.al.quota)
+	// Each caller within its share of the quota (acceptShare).
+	caller := acceptCaller(c.Name, req.GetFromIp())
+	if err := l.sess.al.takeAccept(caller); err != nil {
+		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: %v", req.Port, err)
 	}
 	r, err := a.remoteFor(c.Name, c.ControlAddress, false)
 	if err != nil {
-		l.sess.al.give()
+		l.sess.al.giveFor(caller)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	r.observe(c.Incarnation)
 	ep, err := r.enginePeer(ctx, gid, rail)
 	if err != nil {
-		l.sess.al.give()
+		l.sess.al.giveFor(caller)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	vc, err := eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
 	if err != nil {
-		l.sess.al.give()
+		l.sess.al.giveFor(caller)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	if err := vc.Connect(vqpn.ID(req.Vconn)); err != nil {
 		_ = vc.Close()
-		l.sess.al.give()
+		l.sess.al.giveFor(caller)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if !l.sess.accepted(l, vc, remoteOf(req.GetFromIp(), c.Name)) {
+	if !l.sess.accepted(l, vc, remoteOf(req.GetFromIp(), c.Name), caller) {
 		vc.Abort()
-		l.sess.al.give()
+		l.sess.al.giveFor(caller)
 		return nil, status.Errorf(codes.NotFound, "listener on port %d closed", req.Port)
 	}
 	return &controlpb.DialReply{Vconn: uint32(vc.ID())}, nil

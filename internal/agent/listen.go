@@ -187,8 +187,9 @@ func (s *session) dial(req uint32, addr string, bridged bool) {
 }
 
 // accepted hands a vconn a peer dialled to listener l; false if the
-// listener is gone.
-func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
+// listener is gone. The vconn holds a place of caller's share
+// (takeAccept), which its end gives back.
+func (s *session) accepted(l *listener, vc *engine.VConn, remote, caller string) bool {
 	s.mu.Lock()
 	live := s.listeners[l.id] == l
 	s.mu.Unlock()
@@ -196,7 +197,7 @@ func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
 		return false
 	}
 	if l.bridged {
-		prog, err := s.al.newBridge(vc)
+		prog, err := s.al.newBridgeFor(vc, caller)
 		if err != nil {
 			s.log.Error(err, "Cannot bridge an accepted vconn", "port", l.key.port)
 			return false
@@ -205,7 +206,7 @@ func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
 		_ = prog.Close()
 		return true
 	}
-	h := s.add(vc)
+	h := s.addFor(vc, caller)
 	if h == nil {
 		return false
 	}
