@@ -189,12 +189,20 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		// another rail. Refused here, nothing reaches the listener.
 		return nil, status.Errorf(codes.InvalidArgument, "listener on port %d is bridged, and this node's vconns are %v, which cannot carry a stream", req.Port, eng.Config().Transport)
 	}
+	return s.accept(ctx, l, eng, req, gid, rail)
+}
+
+// accept gives listener l a vconn connected to the caller's, on eng (of
+// the caller's rail, at its gid there), within the caller's share of the
+// listener's quota.
+func (s *controlServer) accept(ctx context.Context, l *listener, eng *engine.Engine, req *controlpb.DialRequest, gid verbs.GID, rail int) (*controlpb.DialReply, error) {
+	c := req.GetCaller()
 	// Each caller within its share of the quota (acceptShare).
 	caller := acceptCaller(c.Name, req.GetFromIp())
 	if err := l.sess.al.takeAccept(caller); err != nil {
 		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: %v", req.Port, err)
 	}
-	r, err := a.remoteFor(c.Name, c.ControlAddress, false)
+	r, err := s.a.remoteFor(c.Name, c.ControlAddress, false)
 	if err != nil {
 		l.sess.al.giveFor(caller)
 		return nil, status.Error(codes.Unavailable, err.Error())
