@@ -113,10 +113,10 @@ func (s Specs) Write(name string, e Edits) error {
 	}
 	raw.Version = v
 	if err := os.MkdirAll(s.Dir, DirMode); err != nil {
-		return fmt.Errorf("cdi: %w", err)
+		return fmt.Errorf("cdi: writing the spec of %s: %w", name, err)
 	}
 	if err := s.tighten(); err != nil {
-		return err
+		return fmt.Errorf("cdi: writing the spec of %s: %w", name, err)
 	}
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(s.Dir), cdi.WithAutoRefresh(false))
 	if err != nil {
@@ -138,16 +138,16 @@ func (s Specs) Write(name string, e Edits) error {
 func (s Specs) tighten() error {
 	fi, err := os.Stat(s.Dir)
 	if err != nil {
-		return fmt.Errorf("cdi: %w", err)
+		return err // names the directory
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("cdi: %s is not a directory (%v)", s.Dir, fi.Mode().Type())
+		return fmt.Errorf("%s is not a directory (%v)", s.Dir, fi.Mode().Type())
 	}
 	if fi.Mode().Perm()&^DirMode == 0 {
 		return nil
 	}
 	if err := os.Chmod(s.Dir, fi.Mode().Perm()&DirMode); err != nil {
-		return fmt.Errorf("cdi: %s has mode %04o, open to others, and cannot be made %04o: %w", s.Dir, fi.Mode().Perm(), DirMode, err)
+		return fmt.Errorf("%s has mode %04o, open to others, and cannot be made %04o: %w", s.Dir, fi.Mode().Perm(), DirMode, err)
 	}
 	return nil
 }
@@ -195,7 +195,7 @@ func (s Specs) Names() ([]string, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("cdi: listing the specs: %w", err)
 	}
 	ents, err := os.ReadDir(s.Dir)
 	if err != nil {
