@@ -5,19 +5,22 @@ import (
 	"net/netip"
 )
 
-// acceptShare: one caller (a node and the pod IP it dials from, as that
-// node's agent says) may hold at most 1/acceptShare of a listening
-// allocation's vconn quota (at least 1) in the vconns its dials to the
-// allocation's listeners were given. Without it one tenant that dials and
-// holds its vconns takes the whole quota, and every other tenant's dials
-// are refused; with half, the others keep the other half, whatever the
-// first does. Counted over the allocation's listeners, since the quota is
-// the allocation's: two listeners would otherwise give one caller all of
-// it. (spec.limits is to make it configurable.)
-const acceptShare = 2
+// acceptKept: of a listening allocation's vconn quota, 1/acceptKept (a
+// quarter, rounded down) is kept from any one caller of a listener (a
+// node and the pod IP it dials from, as that node's agent says): one
+// caller may hold at most the rest in the vconns its dials to the listener
+// were given. Without it one tenant that dials and holds its vconns takes
+// the whole quota, and every other tenant's dials are refused; with it
+// the others always find a quarter, whatever the first does. A quarter,
+// not half: a service's one client may still use most of its quota (3 of
+// 4, as the protocol's examples do; both of a quota of 2, which keeps
+// none), as a single-tenant service expects. (spec.limits is to make it
+// configurable.)
+const acceptKept = 4
 
-// acceptCap is the most vconns one caller may hold of al's accepted ones.
-func (al *allocation) acceptCap() int { return max(1, al.quota/acceptShare) }
+// acceptCap is the most vconns one caller may hold of those a listener of
+// al accepted.
+func (al *allocation) acceptCap() int { return al.quota - al.quota/acceptKept }
 
 // acceptCaller names the caller of a Dial for its share: the calling
 // node and, when it says, the pod IP it dials from (else the node's host
@@ -29,37 +32,45 @@ func acceptCaller(node string, fromIP []byte) string {
 	return "node " + node + "'s host services"
 }
 
-// takeAccept claims a vconn of the quota for a dial of caller that one of
-// al's listeners accepts, within the caller's share. giveFor(caller)
+// acceptSlot is a vconn's place in its allocation's quota: for one a
+// listener accepted, the listener and the caller whose share it counts
+// in; the zero slot is a dialled vconn's.
+type acceptSlot struct {
+	l      *listener
+	caller string
+}
+
+// takeAccept claims a vconn of the quota for a dial of caller that
+// listener l of al accepts, within the caller's share. giveFor(slot)
 // returns it.
-func (al *allocation) takeAccept(caller string) error {
+func (al *allocation) takeAccept(l *listener, caller string) (acceptSlot, error) {
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed || al.used >= al.quota {
-		return fmt.Errorf("allocation %s has all its %d vconns in use", al.id, al.quota)
+		return acceptSlot{}, fmt.Errorf("allocation %s has all its %d vconns in use", al.id, al.quota)
 	}
-	if n := al.accepted[caller]; n >= al.acceptCap() {
-		return fmt.Errorf("caller %s holds %d vconns of allocation %s, the most one caller may (1/%d of its quota of %d)",
-			caller, n, al.id, acceptShare, al.quota)
+	if n := l.accepted[caller]; n >= al.acceptCap() {
+		return acceptSlot{}, fmt.Errorf("caller %s holds %d vconns of allocation %s, the most one caller may: 1/%d of its quota of %d is kept for others",
+			caller, n, al.id, acceptKept, al.quota)
 	}
-	if al.accepted == nil {
-		al.accepted = make(map[string]int)
+	if l.accepted == nil {
+		l.accepted = make(map[string]int)
 	}
 	al.used++
-	al.accepted[caller]++
-	return nil
+	l.accepted[caller]++
+	return acceptSlot{l: l, caller: caller}, nil
 }
 
-// giveFor returns a vconn to the quota and, for one accepted from caller
-// (not ""), to the caller's share.
-func (al *allocation) giveFor(caller string) {
+// giveFor returns a vconn to the quota and, for one a listener accepted,
+// to its caller's share.
+func (al *allocation) giveFor(slot acceptSlot) {
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	al.used--
-	if caller == "" {
+	if slot.l == nil {
 		return
 	}
-	if al.accepted[caller]--; al.accepted[caller] <= 0 {
-		delete(al.accepted, caller) // a caller gone holds no entry
+	if slot.l.accepted[slot.caller]--; slot.l.accepted[slot.caller] <= 0 {
+		delete(slot.l.accepted, slot.caller) // a caller gone holds no entry
 	}
 }

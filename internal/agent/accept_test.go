@@ -12,17 +12,18 @@ import (
 )
 
 // TestAcceptShare: tenant A's pod on node-a dials a service pod on node-b,
-// whose allocation has 8 vconns, until it is refused, and holds every
-// vconn it got. A holds at most half the quota (4), its refusal names the
-// limit, and tenant B's pod on node-a still gets in (figure: B's dials
-// refused 0 of 4). Once A closes its vconns it gets its share again.
+// whose allocation has 16 vconns, until it is refused, and holds every
+// vconn it got. A holds at most three quarters of the quota (12), its
+// refusal names the limit, and tenant B's pod on node-a still gets in
+// (figure: B's dials refused 0 of 4, the quarter kept). Once A closes its
+// vconns it gets its share again.
 func TestAcceptShare(t *testing.T) {
 	cl := startCluster(t, agenttest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	nodeA, nodeB := cl.Nodes[0], cl.Nodes[1]
-	srv := podClient(t, ctx, nodeB, "svc", "server", "10.244.1.10", 8)
-	tenantA := podClient(t, ctx, nodeA, "tenant-a", "greedy", "10.244.0.10", 16)
+	srv := podClient(t, ctx, nodeB, "svc", "server", "10.244.1.10", 16)
+	tenantA := podClient(t, ctx, nodeA, "tenant-a", "greedy", "10.244.0.10", 32)
 	tenantB := podClient(t, ctx, nodeA, "tenant-b", "client", "10.244.0.11", 16)
 	ln, err := srv.Listen(ctx, ":7000")
 	if err != nil {
@@ -38,7 +39,7 @@ func TestAcceptShare(t *testing.T) {
 		}
 	}()
 	var refusal error
-	for range 8 {
+	for range 16 {
 		c, err := tenantA.Dial(ctx, "10.244.1.10:7000")
 		if err != nil {
 			refusal = err
@@ -46,9 +47,9 @@ func TestAcceptShare(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	t.Logf("tenant A holds %d vconns of the service's 8, then: %v", len(held), refusal)
-	if len(held) > 4 {
-		t.Errorf("tenant A holds %d of the service's 8 vconns, want at most half, 4", len(held))
+	t.Logf("tenant A holds %d vconns of the service's 16, then: %v", len(held), refusal)
+	if len(held) > 12 {
+		t.Errorf("tenant A holds %d of the service's 16 vconns, want at most three quarters, 12", len(held))
 	}
 	if !errors.Is(refusal, vconn.ErrQuota) || !strings.Contains(refusal.Error(), "the most one caller may") {
 		t.Errorf("tenant A's dial past its share: %v, want ErrQuota naming the per-caller limit", refusal)

@@ -29,7 +29,6 @@ type allocation struct {
 
 	mu       sync.Mutex
 	used     int                        // vconns open; guarded by mu
-	accepted map[string]int             // vconns open of those accepted, by caller (accept.go); guarded by mu
 	held     held                       // listeners, regions; guarded by mu (limits.go)
 	sessions map[*session]struct{}      // guarded by mu
 	refusing map[*net.UnixConn]struct{} // past the limit, waiting for refuse; guarded by mu
@@ -264,7 +263,7 @@ func (al *allocation) take() bool {
 }
 
 // give returns a vconn to the quota.
-func (al *allocation) give() { al.giveFor("") }
+func (al *allocation) give() { al.giveFor(acceptSlot{}) }
 
 // maxRefusing bounds, per allocation, the connections past
 // limits.sessions that wait for their first frame to be told why they are

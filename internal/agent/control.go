@@ -197,35 +197,35 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 // listener's quota.
 func (s *controlServer) accept(ctx context.Context, l *listener, eng *engine.Engine, req *controlpb.DialRequest, gid verbs.GID, rail int) (*controlpb.DialReply, error) {
 	c := req.GetCaller()
-	// Each caller within its share of the quota (acceptShare).
-	caller := acceptCaller(c.Name, req.GetFromIp())
-	if err := l.sess.al.takeAccept(caller); err != nil {
+	// Each caller within its share of the quota (acceptKept).
+	slot, err := l.sess.al.takeAccept(l, acceptCaller(c.Name, req.GetFromIp()))
+	if err != nil {
 		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: %v", req.Port, err)
 	}
 	r, err := s.a.remoteFor(c.Name, c.ControlAddress, false)
 	if err != nil {
-		l.sess.al.giveFor(caller)
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	r.observe(c.Incarnation)
 	ep, err := r.enginePeer(ctx, gid, rail)
 	if err != nil {
-		l.sess.al.giveFor(caller)
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	vc, err := eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
 	if err != nil {
-		l.sess.al.giveFor(caller)
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	if err := vc.Connect(vqpn.ID(req.Vconn)); err != nil {
 		_ = vc.Close()
-		l.sess.al.giveFor(caller)
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if !l.sess.accepted(l, vc, remoteOf(req.GetFromIp(), c.Name), caller) {
+	if !l.sess.accepted(l, vc, remoteOf(req.GetFromIp(), c.Name), slot) {
 		vc.Abort()
-		l.sess.al.giveFor(caller)
+		l.sess.al.giveFor(slot)
 		return nil, status.Errorf(codes.NotFound, "listener on port %d closed", req.Port)
 	}
 	return &controlpb.DialReply{Vconn: uint32(vc.ID())}, nil
