@@ -34,10 +34,14 @@ func main() {
 	flag.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node's name (default $NODE_NAME)")
 	flag.StringVar(&o.DriverName, "driver-name", dra.DefaultDriverName, "the DRA driver's name, as DeviceClasses select it")
 	flag.StringVar(&o.CDISpecDir, "cdi-spec-dir", cdispec.DefaultDir, "where the claims' CDI specs are written")
+	flag.StringVar(&o.KeyFile, "key-file", "", "the key of the claims' allocation ids, made there if missing; empty: allocation-id.key in the kubelet's plugin directory of the driver")
 	flag.StringVar(&sysfs, "sysfs-root", "/sys", "sysfs, where the RDMA devices' NUMA nodes and PCI roots are read")
 	flag.DurationVar(&o.SyncInterval, "sync-interval", dra.DefaultSyncInterval, "how often the agent is probed, devices published and allocations synced")
 	flag.IntVar(&v, "v", 0, "log verbosity")
 	flag.Parse()
+	if o.KeyFile == "" {
+		o.KeyFile = dra.KeyFileFor(o.DriverName)
+	}
 	log := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(v)))
 	o.Log = log
 

@@ -285,7 +285,8 @@ func (a *Agent) serveControl() error {
 		return err
 	}
 	a.creds = creds
-	a.grpc = grpc.NewServer(grpc.Creds(creds))
+	// Bounds per peer on what it has in flight (peerlimit.go).
+	a.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(creds)}, newPeerLimiter(a).serverOptions()...)...)
 	controlpb.RegisterControlServer(a.grpc, &controlServer{a: a})
 	a.wg.Add(1)
 	go func() {

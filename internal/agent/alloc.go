@@ -267,11 +267,7 @@ func (al *allocation) take() bool {
 }
 
 // give returns a vconn to the quota.
-func (al *allocation) give() {
-	al.mu.Lock()
-	al.used--
-	al.mu.Unlock()
-}
+func (al *allocation) give() { al.giveFor(acceptSlot{}) }
 
 // maxRefusing bounds, per allocation, the connections past
 // limits.sessions that wait for their first frame to be told why they are

@@ -39,6 +39,7 @@ const bridgeChunk = frame.MaxPayload
 type bridge struct {
 	al     *allocation
 	vc     *engine.VConn
+	slot   acceptSlot    // its place in the quota (accept.go)
 	c      *net.UnixConn // the agent's end
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -51,6 +52,12 @@ type bridge struct {
 // then closed; from then on the bridge owns the vconn and its place in the
 // quota. On error the caller still owns both.
 func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
+	return al.newBridgeFor(vc, acceptSlot{})
+}
+
+// newBridgeFor is newBridge for a vconn that holds slot: a listener's
+// (takeAccept), or the zero slot of one dialled.
+func (al *allocation) newBridgeFor(vc *engine.VConn, slot acceptSlot) (*os.File, error) {
 	if !vc.Transport().Reliable() {
 		// A byte stream cannot lose a message: only rc and auto carry one.
 		return nil, fmt.Errorf("bridge: a %v vconn cannot carry a stream (rc or auto can): %w", vc.Transport(), errUnreliable)
@@ -68,7 +75,7 @@ func (al *allocation) newBridge(vc *engine.VConn) (*os.File, error) {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
 	ctx, cancel := context.WithCancel(al.a.ctx)
-	b := &bridge{al: al, vc: vc, c: fc.(*net.UnixConn), ctx: ctx, cancel: cancel}
+	b := &bridge{al: al, vc: vc, slot: slot, c: fc.(*net.UnixConn), ctx: ctx, cancel: cancel}
 	al.mu.Lock()
 	if al.closed {
 		al.mu.Unlock()
@@ -233,7 +240,7 @@ func (b *bridge) reap() {
 	b.al.mu.Lock()
 	delete(b.al.bridges, b)
 	b.al.mu.Unlock()
-	b.al.give()
+	b.al.giveFor(b.slot)
 }
 
 // closeBridges ends an allocation's bridges (it is going).

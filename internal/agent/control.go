@@ -137,6 +137,11 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 // Dial gives the caller's vconn a peer on a listener of this node.
 func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*controlpb.DialReply, error) {
 	a := s.a
+	// Bounded here too: a caller that sets no deadline would otherwise
+	// hold the listener's quota slot, and the call's place in
+	// peerCallLimit, for as long as the work waits on it (its ConnectQP).
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
 	c := req.GetCaller()
 	if c == nil || req.Port == 0 || req.Port > 65535 || !vqpn.ID(req.Vconn).Valid() {
 		return nil, status.Error(codes.InvalidArgument, "dial: caller, port and vconn are required")
@@ -184,33 +189,43 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		// another rail. Refused here, nothing reaches the listener.
 		return nil, status.Errorf(codes.InvalidArgument, "listener on port %d is bridged, and this node's vconns are %v, which cannot carry a stream", req.Port, eng.Config().Transport)
 	}
-	if !l.sess.al.take() {
-		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: allocation %s has all its %d vconns in use", req.Port, l.sess.al.id, l.sess.al.quota)
-	}
-	r, err := a.remoteFor(c.Name, c.ControlAddress, false)
+	return s.accept(ctx, l, eng, req, gid, rail)
+}
+
+// accept gives listener l a vconn connected to the caller's, on eng (of
+// the caller's rail, at its gid there), within the caller's share of the
+// listener's quota.
+func (s *controlServer) accept(ctx context.Context, l *listener, eng *engine.Engine, req *controlpb.DialRequest, gid verbs.GID, rail int) (*controlpb.DialReply, error) {
+	c := req.GetCaller()
+	// Each caller within its share of the quota (acceptKept).
+	slot, err := l.sess.al.takeAccept(l, acceptCaller(c.Name, req.GetFromIp()))
 	if err != nil {
-		l.sess.al.give()
+		return nil, status.Errorf(codes.ResourceExhausted, "listener on port %d: %v", req.Port, err)
+	}
+	r, err := s.a.remoteFor(c.Name, c.ControlAddress, false)
+	if err != nil {
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	r.observe(c.Incarnation)
 	ep, err := r.enginePeer(ctx, gid, rail)
 	if err != nil {
-		l.sess.al.give()
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	vc, err := eng.NewVConn(ctx, ep, engine.VConnOptions{UseEngineDefault: true})
 	if err != nil {
-		l.sess.al.give()
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	if err := vc.Connect(vqpn.ID(req.Vconn)); err != nil {
 		_ = vc.Close()
-		l.sess.al.give()
+		l.sess.al.giveFor(slot)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if !l.sess.accepted(l, vc, remoteOf(req.GetFromIp(), c.Name)) {
+	if !l.sess.accepted(l, vc, remoteOf(req.GetFromIp(), c.Name), slot) {
 		vc.Abort()
-		l.sess.al.give()
+		l.sess.al.giveFor(slot)
 		return nil, status.Errorf(codes.NotFound, "listener on port %d closed", req.Port)
 	}
 	return &controlpb.DialReply{Vconn: uint32(vc.ID())}, nil

@@ -28,7 +28,10 @@
 // one connection, so a socket gives no access to another connection's, let
 // alone another allocation's, vconns. An allocation of k vconns holds at
 // most k open at once, dialled or accepted; the k+1-th gets CodeQuota,
-// and closing one frees its slot. A connection past limits.sessions is
+// and closing one frees its slot. Of the quota, a quarter is kept from
+// any one caller of its listeners (a node and the pod IP it dials from;
+// acceptKept, accept.go), so that one tenant cannot refuse every other's
+// dials. A connection past limits.sessions is
 // refused at accept, before anything of a session is allocated: a few
 // (maxRefusing) wait for their first frame to be answered CodeLimit, the
 // rest are closed at once. A malformed frame is answered with

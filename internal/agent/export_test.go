@@ -49,3 +49,14 @@ func BeforeRestartFail(t testing.TB, f func()) {
 	beforeRestartFail.Store(&f)
 	t.Cleanup(func() { beforeRestartFail.Store(nil) })
 }
+
+// SetPeerLimits sets peerStreamLimit and peerCallLimit until the test
+// ends; call it before starting the agents.
+func SetPeerLimits(t testing.TB, streams, calls int) {
+	s, c := peerStreamLimit, peerCallLimit
+	peerStreamLimit, peerCallLimit = streams, calls
+	t.Cleanup(func() { peerStreamLimit, peerCallLimit = s, c })
+}
+
+// PeerStreamLimit is peerStreamLimit.
+func PeerStreamLimit() int { return peerStreamLimit }

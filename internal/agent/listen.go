@@ -22,6 +22,9 @@ type listener struct {
 	id      uint32 // its handle in the session
 	key     portKey
 	bridged bool // frame.FlagBridge: each vconn accepted is handed over as a socket
+	// accepted counts the vconns open of those the listener accepted, by
+	// caller (acceptKept, accept.go); guarded by sess.al.mu.
+	accepted map[string]int
 }
 
 // listen binds a port of the allocation's own port space: its pod's, or
@@ -187,8 +190,9 @@ func (s *session) dial(req uint32, addr string, bridged bool) {
 }
 
 // accepted hands a vconn a peer dialled to listener l; false if the
-// listener is gone.
-func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
+// listener is gone. The vconn holds slot (takeAccept), which its end
+// gives back.
+func (s *session) accepted(l *listener, vc *engine.VConn, remote string, slot acceptSlot) bool {
 	s.mu.Lock()
 	live := s.listeners[l.id] == l
 	s.mu.Unlock()
@@ -196,7 +200,7 @@ func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
 		return false
 	}
 	if l.bridged {
-		prog, err := s.al.newBridge(vc)
+		prog, err := s.al.newBridgeFor(vc, slot)
 		if err != nil {
 			s.log.Error(err, "Cannot bridge an accepted vconn", "port", l.key.port)
 			return false
@@ -205,7 +209,7 @@ func (s *session) accepted(l *listener, vc *engine.VConn, remote string) bool {
 		_ = prog.Close()
 		return true
 	}
-	h := s.add(vc)
+	h := s.addFor(vc, slot)
 	if h == nil {
 		return false
 	}

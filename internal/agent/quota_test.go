@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,9 +61,12 @@ func TestQuota(t *testing.T) {
 }
 
 // TestAcceptQuota: a listener's allocation pays for the vconns it accepts.
+// Two callers (node-a's and node-b's host services) fill it: the test
+// holds for any share one caller may have (TestAcceptShare).
 func TestAcceptQuota(t *testing.T) {
 	cl := startCluster(t, agenttest.Options{})
 	a := appClient(t, cl.Nodes[0], "a", 10)
+	local := appClient(t, cl.Nodes[1], "local", 10)
 	b := appClient(t, cl.Nodes[1], "b", 2)
 	ctx := ctxT(t)
 	ln, err := b.Listen(ctx, ":9")
@@ -70,13 +74,13 @@ func TestAcceptQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	for i := 0; i < 2; i++ {
-		if _, err := a.Dial(ctx, "node-b:9"); err != nil {
+	for _, c := range []*vconn.Client{a, local} {
+		if _, err := c.Dial(ctx, "node-b:9"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := a.Dial(ctx, "node-b:9"); !errors.Is(err, vconn.ErrQuota) {
-		t.Fatalf("3rd dial to a full listener: %v, want ErrQuota", err)
+	if _, err := local.Dial(ctx, "node-b:9"); !errors.Is(err, vconn.ErrQuota) || !strings.Contains(err.Error(), "all its 2 vconns in use") {
+		t.Fatalf("3rd dial to a full listener: %v, want ErrQuota, all its vconns in use", err)
 	}
 	if _, err := a.Dial(ctx, "node-b:10"); !errors.Is(err, vconn.ErrRefused) {
 		t.Fatalf("dial to no listener: %v, want ErrRefused", err)

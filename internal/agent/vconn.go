@@ -18,6 +18,7 @@ type vconnHandle struct {
 	id     uint32
 	vc     *engine.VConn
 	info   frame.VConnInfo // what the application was told of vc
+	slot   acceptSlot      // its place in the quota (accept.go)
 	ctx    context.Context
 	cancel context.CancelFunc
 	ops    chan op // at most SendWindow queued
@@ -160,9 +161,13 @@ func (h *vconnHandle) ended() error {
 
 // add registers a vconn and starts its worker and pump; nil if the
 // session closed.
-func (s *session) add(vc *engine.VConn) *vconnHandle {
+func (s *session) add(vc *engine.VConn) *vconnHandle { return s.addFor(vc, acceptSlot{}) }
+
+// addFor is add for a vconn that holds slot: a listener's (takeAccept),
+// or the zero slot of one dialled.
+func (s *session) addFor(vc *engine.VConn, slot acceptSlot) *vconnHandle {
 	ctx, cancel := context.WithCancel(s.ctx)
-	h := &vconnHandle{s: s, vc: vc, info: vconnInfo(vc), ctx: ctx, cancel: cancel, ops: make(chan op, SendWindow), granted: make(chan struct{}, 1)}
+	h := &vconnHandle{s: s, vc: vc, info: vconnInfo(vc), slot: slot, ctx: ctx, cancel: cancel, ops: make(chan op, SendWindow), granted: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -194,7 +199,7 @@ func (s *session) closeVConn(h *vconnHandle) {
 	if !s.al.a.stopping.Load() {
 		_ = h.vc.Close()
 	}
-	s.al.give()
+	s.al.giveFor(h.slot)
 }
 
 func (h *vconnHandle) grant(n int) {

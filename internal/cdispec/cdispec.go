@@ -6,6 +6,12 @@
 // prepared claim names it. Each allocation has a transient spec of its
 // own, written atomically (tags.cncf.io/container-device-interface) and
 // removed when the allocation goes.
+//
+// A spec's file name holds its device's name, the allocation id, which is
+// a capability on the agent's socket paths: the directory is DirMode and
+// the specs FileMode, for root only (the container runtime reads them as
+// root). Write and Names tighten a directory found open to others (the
+// kubelet makes a hostPath DirectoryOrCreate 0755).
 package cdispec
 
 import (
@@ -25,6 +31,13 @@ import (
 
 // DefaultDir is where runtimes look for transient (dynamic) specs.
 const DefaultDir = "/var/run/cdi"
+
+// DirMode and FileMode are the modes of the spec directory and of the
+// specs: no one but root lists the allocation ids or reads the specs.
+const (
+	DirMode  fs.FileMode = 0o700
+	FileMode fs.FileMode = 0o600
+)
 
 // Mount is a bind mount of a host path into the container.
 type Mount struct {
@@ -99,12 +112,42 @@ func (s Specs) Write(name string, e Edits) error {
 		return fmt.Errorf("cdi: spec of %s: %w", name, err)
 	}
 	raw.Version = v
+	if err := os.MkdirAll(s.Dir, DirMode); err != nil {
+		return fmt.Errorf("cdi: writing the spec of %s: %w", name, err)
+	}
+	if err := s.tighten(); err != nil {
+		return fmt.Errorf("cdi: writing the spec of %s: %w", name, err)
+	}
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(s.Dir), cdi.WithAutoRefresh(false))
 	if err != nil {
 		return fmt.Errorf("cdi: %s: %w", s.Dir, err)
 	}
 	if err := cache.WriteSpec(raw, s.file(name)+".json"); err != nil {
 		return fmt.Errorf("cdi: writing the spec of %s: %w", name, err)
+	}
+	// The library writes FileMode (a temporary file renamed); this holds
+	// whatever it does.
+	if err := os.Chmod(filepath.Join(s.Dir, s.file(name)+".json"), FileMode); err != nil {
+		return fmt.Errorf("cdi: the spec of %s: %w", name, err)
+	}
+	return nil
+}
+
+// tighten takes group and others' access off Dir, which must be a
+// directory; an error if it is not, or cannot be changed.
+func (s Specs) tighten() error {
+	fi, err := os.Stat(s.Dir)
+	if err != nil {
+		return err // names the directory
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (%v)", s.Dir, fi.Mode().Type())
+	}
+	if fi.Mode().Perm()&^DirMode == 0 {
+		return nil
+	}
+	if err := os.Chmod(s.Dir, fi.Mode().Perm()&DirMode); err != nil {
+		return fmt.Errorf("%s has mode %04o, open to others, and cannot be made %04o: %w", s.Dir, fi.Mode().Perm(), DirMode, err)
 	}
 	return nil
 }
@@ -143,12 +186,18 @@ func (s Specs) Remove(name string) error {
 }
 
 // Names lists the devices of the kind that have a spec in Dir, sorted. A
-// missing Dir has none.
+// missing Dir has none. Dir is tightened first: listing is what a writer
+// does as it starts (its sync), so one found open is closed then, before
+// anything is written.
 func (s Specs) Names() ([]string, error) {
-	ents, err := os.ReadDir(s.Dir)
+	err := s.tighten()
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
+	if err != nil {
+		return nil, fmt.Errorf("cdi: listing the specs: %w", err)
+	}
+	ents, err := os.ReadDir(s.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("cdi: listing %s: %w", s.Dir, err)
 	}

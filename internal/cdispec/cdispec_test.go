@@ -127,3 +127,82 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 }
+
+// mode is path's permission bits.
+func mode(t *testing.T, path string) os.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+// TestModes: the spec files' names are allocation ids, capabilities on
+// the agent's socket paths: the directory Write makes is 0700 and its
+// specs 0600 (figures asserted), a directory found 0755 (the kubelet's
+// DirectoryOrCreate) is made 0700 by Names, as a writer starts, and by
+// Write, and a spec found 0644 is 0600 once written again.
+func TestModes(t *testing.T) {
+	e := cdispec.Edits{Env: map[string]string{"RDMAVISOR_VCONNS": "1"}}
+	fresh := filepath.Join(t.TempDir(), "cdi")
+	s, err := cdispec.New(fresh, "rdmavisor.io/vconn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write("dp-1", e); err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(fresh, "rdmavisor.io-vconn_dp-1.json")
+	if m := mode(t, fresh); m != 0o700 {
+		t.Errorf("the spec directory Write made has mode %04o, want 0700", m)
+	}
+	if m := mode(t, spec); m != 0o600 {
+		t.Errorf("a spec has mode %04o, want 0600", m)
+	}
+
+	// Found open to others, as an older version or the kubelet left it.
+	if err := os.Chmod(fresh, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(spec, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if names, err := s.Names(); err != nil || !slices.Equal(names, []string{"dp-1"}) {
+		t.Fatalf("Names = %v, %v", names, err)
+	}
+	if m := mode(t, fresh); m != 0o700 {
+		t.Errorf("a spec directory of mode 0755 after Names: %04o, want 0700", m)
+	}
+	if err := os.Chmod(fresh, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write("dp-1", e); err != nil {
+		t.Fatal(err)
+	}
+	if m := mode(t, fresh); m != 0o700 {
+		t.Errorf("a spec directory of mode 0755 after Write: %04o, want 0700", m)
+	}
+	if m := mode(t, spec); m != 0o600 {
+		t.Errorf("a spec of mode 0644 written again: %04o, want 0600", m)
+	}
+
+	// A file where the directory should be: a clear error, the file kept.
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := cdispec.New(notDir, "rdmavisor.io/vconn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.Names(); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("Names with a file for the directory: %v, want 'not a directory'", err)
+	}
+	if err := bad.Write("dp-1", e); err == nil {
+		t.Error("Write with a file for the directory: no error")
+	}
+	if b, err := os.ReadFile(notDir); err != nil || string(b) != "x" || mode(t, notDir) != 0o644 {
+		t.Errorf("the file in the directory's place was changed: %q, %v, mode %04o", b, err, mode(t, notDir))
+	}
+}

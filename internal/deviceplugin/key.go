@@ -24,10 +24,25 @@ const KeyFile = "allocation-id.key"
 const KeySize = 32
 
 // Key is the node-local secret that allocation ids are derived with
-// (AllocationID). Only root on the node and the device plugin know it, so
-// no one else can tell an allocation's id, and the host path of its
-// socket, from the devices a pod was given.
+// (KeyedID: the device plugin's AllocationID, the DRA driver's). Only root
+// on the node and the process that keeps it know it, so no one else can
+// tell an allocation's id, and the host path of its socket, from what is
+// public about it (the devices a pod was given, a claim's UID).
 type Key [KeySize]byte
+
+// KeyedID is prefix and the first 16 bytes, in hex, of HMAC-SHA256 keyed
+// by key of parts, each ended by a NUL (parts hold none, so the encoding
+// of a list is unambiguous): the same for the same parts and key, and
+// unpredictable without the key. An allocation id is a capability on the
+// agent's socket paths; this is the one way they are made.
+func KeyedID(key *Key, prefix string, parts ...string) string {
+	mac := hmac.New(sha256.New, key[:])
+	for _, p := range parts {
+		mac.Write([]byte(p))
+		mac.Write([]byte{0})
+	}
+	return prefix + hex.EncodeToString(mac.Sum(nil)[:16])
+}
 
 // AllocationID is the id of the allocation of a container's devices:
 // "dp-" and the first 16 bytes of HMAC-SHA256, keyed by key, of the
@@ -38,14 +53,7 @@ type Key [KeySize]byte
 func AllocationID(key *Key, deviceIDs []string) string {
 	ids := slices.Clone(deviceIDs)
 	slices.Sort(ids)
-	mac := hmac.New(sha256.New, key[:])
-	for _, id := range ids {
-		// Device IDs hold no NUL: each ends with one, so the encoding of
-		// a set is unambiguous.
-		mac.Write([]byte(id))
-		mac.Write([]byte{0})
-	}
-	return allocPrefix + hex.EncodeToString(mac.Sum(nil)[:16])
+	return KeyedID(key, allocPrefix, ids...) // device IDs hold no NUL
 }
 
 // LoadOrCreateKey returns the key in the file path, or, when there is no

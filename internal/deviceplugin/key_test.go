@@ -34,6 +34,11 @@ func TestAllocationID(t *testing.T) {
 	if len(a) > 63 || !allocID(a) {
 		t.Errorf("bad id %q", a)
 	}
+	// What ids were before KeyedID was shared with the DRA driver: the
+	// allocations running pods hold keep their ids across the upgrade.
+	if got, want := AllocationID(&Key{1, 2, 3}, []string{"vconn-0002", "vconn-0001"}), "dp-9f98b9d2c431c14f0008c5ea2f2546a6"; got != want {
+		t.Errorf("AllocationID = %s, want %s as before", got, want)
+	}
 }
 
 // allocID: what the agent accepts (internal/agent's allocID), with our

@@ -41,7 +41,7 @@ func TestPrepareWithAgent(t *testing.T) {
 	defer cancel()
 	node := cl.Nodes[0]
 	d, err := New(Options{NodeName: node.Name, SocketDir: node.Config.SocketDir, Agent: deviceplugin.AdminAgent{Path: node.Config.AdminSocket},
-		CDISpecDir: t.TempDir(), Version: "1.2.3"})
+		CDISpecDir: t.TempDir(), KeyFile: filepath.Join(t.TempDir(), "allocation-id.key"), Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)
 	}

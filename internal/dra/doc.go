@@ -31,8 +31,12 @@
 // # Prepare and unprepare
 //
 // A prepared claim gets an agent allocation exactly as a device-plugin
-// container does (the same admin socket): id "dra-<claim uid>", quota the
-// vconns its results consume together, bound to the claim's one pod. (A
+// container does (the same admin socket): id "dra-" and 32 hex digits of
+// HMAC-SHA256 of the claim's UID keyed by a node-local secret
+// (deviceplugin.KeyedID, as the device plugin's ids are; the UID is for
+// anyone who may read the claim, and an id is a capability on the
+// allocation's socket path), quota the vconns its results consume
+// together, bound to the claim's one pod. (A
 // container has one socket directory: several requests of a claim, or an
 // extended resource's count, add up to one quota; a pod should use one
 // claim of the class.) The container gets it by CDI (package cdispec,
@@ -48,5 +52,10 @@
 // the driver re-creates the allocations a restarted agent lost, and
 // deletes the "dra-" allocations no spec records (a driver killed in the
 // middle of a prepare). A restarted kubelet prepares or unprepares again;
-// a restarted driver reads its specs.
+// a restarted driver reads its specs. The secret is made once, mode 0600,
+// in Options.KeyFile (the command's default: allocation-id.key in the
+// kubelet's plugin directory of the driver, on the host's disk) and read
+// back at every start, so that a restarted driver gives a claim the same
+// id; Unprepare also removes the "dra-<claim uid>" allocation an older
+// driver made.
 package dra

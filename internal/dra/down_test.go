@@ -85,7 +85,7 @@ func TestRailDown(t *testing.T) {
 	if err := res[late.UID].Err; err == nil || !strings.Contains(err.Error(), "device mlx5-1 (rail 1, mlx5_1) is down: device gone") {
 		t.Errorf("prepare on the rail that is down: %v; want an error naming the device, rail and reason", err)
 	}
-	if _, ok := fa.get("dra-" + uid2); ok {
+	if _, ok := fa.get(d.idOf(uid2)); ok {
 		t.Error("prepare on the rail that is down made an allocation")
 	}
 
@@ -105,7 +105,7 @@ func TestRailDown(t *testing.T) {
 	if h := health(); h["mlx5-0"] != healthy || h["mlx5-1"] != healthy {
 		t.Errorf("rail 1 up: health %q", h)
 	}
-	if al, ok := fa.get("dra-" + uid1); !ok || al.Pod != "ns/p" || fa.railOf["dra-"+uid1] != 1 {
+	if al, ok := fa.get(d.idOf(uid1)); !ok || al.Pod != "ns/p" || fa.railOf[d.idOf(uid1)] != 1 {
 		t.Errorf("rail 1 up: the held claim's allocation %+v (%v), want it re-created on rail 1", al, ok)
 	}
 	if res, _ := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{late}); res[late.UID].Err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/cdispec"
+	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
 	"github.com/rdmavisor/rdmavisor/internal/rdmadev"
 )
@@ -37,6 +38,13 @@ const (
 // allocPrefix starts the id of every allocation the driver makes; only
 // these are its to delete.
 const allocPrefix = "dra-"
+
+// KeyFileFor is the default KeyFile of the driver named driver: in its
+// plugin directory of the kubelet's (kubeletplugin's default), which is
+// the driver's own, on the host's disk, and mounted into its container.
+func KeyFileFor(driver string) string {
+	return filepath.Join(kubeletplugin.KubeletPluginsDir, driver, deviceplugin.KeyFile)
+}
 
 // Annotations of a claim's CDI device: the driver's record of an
 // allocation (see the package documentation).
@@ -75,6 +83,11 @@ type Options struct {
 	// CDISpecDir is where the claims' CDI specs are written (default
 	// cdispec.DefaultDir).
 	CDISpecDir string
+	// KeyFile holds the secret the allocation ids are keyed with
+	// (deviceplugin.LoadOrCreateKey: made once, mode 0600, and read back
+	// at every start, so that a restarted driver maps a claim to the same
+	// id); required (KeyFileFor is the command's default).
+	KeyFile string
 	// Version is the version attribute, semantic (default: the module's,
 	// or 0.0.0-devel).
 	Version string
@@ -89,6 +102,7 @@ type Options struct {
 type Driver struct {
 	opts  Options
 	specs cdispec.Specs
+	key   deviceplugin.Key // of the allocation ids (allocationID)
 	log   logr.Logger
 
 	// mu serializes Prepare, Unprepare and sync: each reads and writes
@@ -135,12 +149,32 @@ func New(o Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dra: %w", err)
 	}
-	return &Driver{opts: o, specs: specs, log: o.Log, fatal: make(chan error, 1)}, nil
+	if o.KeyFile == "" {
+		return nil, errors.New("dra: want the file of the allocation ids' key (KeyFile)")
+	}
+	key, created, err := deviceplugin.LoadOrCreateKey(o.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("dra: %w", err)
+	}
+	if created {
+		o.Log.Info("Created the key of the claims' allocation ids", "file", o.KeyFile)
+	}
+	return &Driver{opts: o, specs: specs, key: key, log: o.Log, fatal: make(chan error, 1)}, nil
 }
 
-// allocationID is the id of a claim's agent allocation: lower-case
-// letters, digits and '-' (a UID is), 40 characters.
-func allocationID(claim types.UID) string { return allocPrefix + string(claim) }
+// allocationID is the id of a claim's agent allocation: allocPrefix and
+// 32 hex digits keyed by the driver's key (deviceplugin.KeyedID). A claim's
+// UID is in the API for anyone who may read the claim; the id is a
+// capability on the allocation's socket path, so it is not derived from
+// the UID alone.
+func (d *Driver) allocationID(claim types.UID) string {
+	return deviceplugin.KeyedID(&d.key, allocPrefix, string(claim))
+}
+
+// legacyID is the id an older driver gave a claim's allocation, its UID
+// in the clear: Unprepare removes it too, so that a claim prepared before
+// the upgrade leaves nothing behind.
+func legacyID(claim types.UID) string { return allocPrefix + string(claim) }
 
 // PrepareResourceClaims prepares each claim on its own: one claim's
 // failure is its own result.
@@ -187,7 +221,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.opts.RequestTimeout)
 	defer cancel()
-	id := allocationID(c.UID)
+	id := d.allocationID(c.UID)
 	// The allocation goes on the rail of the claim's first device (one
 	// socket, one engine); the scheduler chose it, by the claim's
 	// selectors (numaNode, pciRoot).
@@ -362,10 +396,10 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	}
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		id := allocationID(c.UID)
+		ids := []string{d.allocationID(c.UID), legacyID(c.UID)}
 		var errs []error
 		for _, al := range als {
-			if al.ID != id {
+			if !slices.Contains(ids, al.ID) {
 				continue
 			}
 			if err := d.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, admin.ErrNotFound) {
@@ -375,7 +409,10 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			d.log.Info("Released a claim's vconns", "claim", c.Namespace+"/"+c.Name, "allocation", al.ID, "vconns", al.VConns)
 		}
 		if len(errs) == 0 { // keep the record while an allocation may remain
-			if slices.Contains(specs, id) {
+			for _, id := range ids {
+				if !slices.Contains(specs, id) {
+					continue
+				}
 				if err := d.specs.Remove(id); err != nil {
 					errs = append(errs, err)
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,7 +30,8 @@ func testDriver(t *testing.T, a Agent) *Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{NodeName: "node-a", SocketDir: "/run/rv", Agent: a, Rails: rails, CDISpecDir: t.TempDir(), Version: "1.2.3"})
+	d, err := New(Options{NodeName: "node-a", SocketDir: "/run/rv", Agent: a, Rails: rails, CDISpecDir: t.TempDir(),
+		KeyFile: filepath.Join(t.TempDir(), "allocation-id.key"), Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +62,9 @@ func claim(uid string, pods []string, results ...resourceapi.DeviceRequestAlloca
 
 const uid1 = "0b0e4c8e-1111-4a51-9a8c-6a0f3d2b9e01"
 
+// idOf is the id of the allocation of the claim of UID uid.
+func (d *Driver) idOf(uid string) string { return d.allocationID(types.UID(uid)) }
+
 // A prepared claim gets an agent allocation of the consumed vconns, bound
 // to its pod, and a CDI device that brings the allocation's directory and
 // environment; a retry finds the same; unprepare releases it all.
@@ -85,10 +90,10 @@ func TestPrepareUnprepare(t *testing.T) {
 			}
 		}
 		// One allocation of what both requests consume, named once.
-		if !slices.Equal(devs[0].CDIDeviceIDs, []string{CDIKind + "=dra-" + uid1}) || len(devs[1].CDIDeviceIDs) != 0 {
+		if !slices.Equal(devs[0].CDIDeviceIDs, []string{CDIKind + "=" + d.idOf(uid1)}) || len(devs[1].CDIDeviceIDs) != 0 {
 			t.Errorf("CDI devices %v and %v, want the allocation's once", devs[0].CDIDeviceIDs, devs[1].CDIDeviceIDs)
 		}
-		if al, ok := fa.get("dra-" + uid1); !ok || al.VConns != 4 || al.Pod != "ns/p" {
+		if al, ok := fa.get(d.idOf(uid1)); !ok || al.VConns != 4 || al.Pod != "ns/p" {
 			t.Errorf("allocation: %+v, %v; want 4 vconns for ns/p", al, ok)
 		}
 		if got := fa.ids(); len(got) != 1 {
@@ -101,11 +106,11 @@ func TestPrepareUnprepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := &oci.Spec{Process: &oci.Process{}}
-	if _, err := cache.InjectDevices(spec, CDIKind+"=dra-"+uid1); err != nil {
+	if _, err := cache.InjectDevices(spec, CDIKind+"="+d.idOf(uid1)); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains(spec.Process.Env, "RDMAVISOR_VCONNS=4") || !slices.Contains(spec.Process.Env, "RDMAVISOR_SOCKET=/var/run/rdmavisor/vconn.sock") ||
-		len(spec.Mounts) != 1 || spec.Mounts[0].Source != "/run/rv/alloc/dra-"+uid1 || spec.Mounts[0].Destination != "/var/run/rdmavisor" {
+		len(spec.Mounts) != 1 || spec.Mounts[0].Source != "/run/rv/alloc/"+d.idOf(uid1) || spec.Mounts[0].Destination != "/var/run/rdmavisor" {
 		t.Errorf("container: env %v, mounts %+v", spec.Process.Env, spec.Mounts)
 	}
 
@@ -141,7 +146,7 @@ func TestPrepareBadClaims(t *testing.T) {
 		"not allocated":          "is not allocated",
 		"reserved for 2 pods":    "reserved for 2 pods (ns/p, ns/q): an RDMAvisor allocation serves exactly one pod",
 		"consumes no capacity":   `consumes no "vconns" capacity`,
-		"over the agent's quota": "allocation dra-0b0e4c8e-5555-4a51-9a8c-6a0f3d2b9e01 of 4 vconns",
+		"over the agent's quota": "allocation " + d.idOf(uid5) + " of 4 vconns",
 	}
 	list := []*resourceapi.ResourceClaim{good}
 	for _, c := range claims {
@@ -159,10 +164,10 @@ func TestPrepareBadClaims(t *testing.T) {
 			t.Errorf("%s: %v, want an error with %q", name, err, want[name])
 		}
 	}
-	if got := fa.ids(); !slices.Equal(got, []string{"dra-" + uid1}) {
+	if got := fa.ids(); !slices.Equal(got, []string{d.idOf(uid1)}) {
 		t.Errorf("allocations %v, want only the good claim's", got)
 	}
-	if names, _ := d.specs.Names(); !slices.Equal(names, []string{"dra-" + uid1}) {
+	if names, _ := d.specs.Names(); !slices.Equal(names, []string{d.idOf(uid1)}) {
 		t.Errorf("specs %v, want only the good claim's", names)
 	}
 	if errors.Is(res[claims["over the agent's quota"].UID].Err, admin.ErrQuota) != true {
@@ -208,10 +213,10 @@ func TestSync(t *testing.T) {
 	if err := d.Sync(ctx, publish); err != nil {
 		t.Fatal(err)
 	}
-	if got := fa.ids(); !slices.Equal(got, []string{"dp-1", "dra-" + uid1}) {
+	if got := fa.ids(); !slices.Equal(got, []string{"dp-1", d.idOf(uid1)}) {
 		t.Errorf("allocations after sync %v", got)
 	}
-	if al, _ := fa.get("dra-" + uid1); al.VConns != 3 || al.Pod != "ns/p" {
+	if al, _ := fa.get(d.idOf(uid1)); al.VConns != 3 || al.Pod != "ns/p" {
 		t.Errorf("re-created %+v, want 3 vconns for ns/p", al)
 	}
 	if len(published) != 2 {
@@ -291,10 +296,10 @@ func TestPrepareRails(t *testing.T) {
 		t.Helper()
 		fa.mu.Lock()
 		defer fa.mu.Unlock()
-		if rail, ok := fa.railOf["dra-"+uid1]; !ok || rail != 1 {
+		if rail, ok := fa.railOf[d.idOf(uid1)]; !ok || rail != 1 {
 			t.Errorf("%s: the claim of mlx5-1: rail %d (%v), want 1", when, rail, ok)
 		}
-		if _, ok := fa.railOf["dra-"+uid2]; ok || len(fa.allocs) != 2 {
+		if _, ok := fa.railOf[d.idOf(uid2)]; ok || len(fa.allocs) != 2 {
 			t.Errorf("%s: allocations %v on rails %v; want the claim of mlx5-0 on rail 0", when, fa.allocs, fa.railOf)
 		}
 	}

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -26,6 +27,10 @@ const (
 	claimTemplate  = "vconns" // config/samples/resourceclaimtemplate.yaml
 	templateVConns = 4        // what each of its claims consumes
 )
+
+// draAllocID is the form of the DRA driver's allocation ids: "dra-" and
+// 32 hex digits keyed by the driver's secret.
+var draAllocID = regexp.MustCompile(`^dra-[0-9a-f]{32}$`)
 
 // draSlices: every node publishes one ResourceSlice of the driver, pool
 // named after the node, with one device (the soft provider's endpoint):
@@ -120,16 +125,18 @@ func (e *env) claimAllocated(claim *resourcev1.ResourceClaim, node, pod string, 
 	if q, ok := res[0].ConsumedCapacity["vconns"]; !ok || q.Value() != vconns {
 		e.t.Fatalf("claim %s consumes %v, want vconns %d", claim.Name, res[0].ConsumedCapacity, vconns)
 	}
-	id := "dra-" + string(claim.UID)
+	// The id is keyed by the driver's secret (internal/dra's
+	// allocationID): found by its pod, never the claim's UID in the clear.
 	for _, a := range e.allocations(node) {
-		if a.ID == id {
-			if int64(a.VConns) != vconns || a.Pod != "default/"+pod {
-				e.t.Fatalf("the agent on %s holds %+v for claim %s, want %d vconns bound to default/%s", node, a, claim.Name, vconns, pod)
-			}
-			return a
+		if !draAllocID.MatchString(a.ID) || a.Pod != "default/"+pod {
+			continue
 		}
+		if int64(a.VConns) != vconns || strings.Contains(a.ID, string(claim.UID)) {
+			e.t.Fatalf("the agent on %s holds %+v for claim %s, want %d vconns bound to default/%s, its id keyed", node, a, claim.Name, vconns, pod)
+		}
+		return a
 	}
-	e.t.Fatalf("the agent on %s holds no allocation %s for claim %s: %+v", node, id, claim.Name, e.allocations(node))
+	e.t.Fatalf("the agent on %s holds no DRA allocation bound to default/%s for claim %s: %+v", node, pod, claim.Name, e.allocations(node))
 	return allocation{}
 }
 
@@ -163,8 +170,7 @@ func (e *env) dra() {
 	// allocation named, and the four others deliver every message.
 	over := load{conns: templateVConns + 1, msgs: 10, size: 64}
 	e.createPod(e.draPod("dra-over", claimNode, 0, over))
-	overAlloc := "dra-" + string(e.claimOf("dra-over").UID)
-	refusal := fmt.Sprintf("allocation %s has all its %d vconns in use", overAlloc, templateVConns)
+	refusal := regexp.MustCompile(fmt.Sprintf(`allocation dra-[0-9a-f]{32} has all its %d vconns in use`, templateVConns))
 	e.eventually("dra-over refused its fifth vconn", 3*time.Minute, func() (bool, string) {
 		v, ok, why := e.verdictOf("dra-over")
 		if !ok {
@@ -175,7 +181,7 @@ func (e *env) dra() {
 		}
 		// vconn.ErrQuota's text, then the agent's reason (internal/agent's
 		// listen.go): not the server's allocation, nor any other failure.
-		if !strings.Contains(v.Error, "vconn quota exhausted: dial ") || !strings.Contains(v.Error, refusal) {
+		if !strings.Contains(v.Error, "vconn quota exhausted: dial ") || !refusal.MatchString(v.Error) {
 			e.t.Fatalf("dra-over failed with %q, want the quota's refusal: %q", v.Error, refusal)
 		}
 		if want := int64(templateVConns * over.msgs); v.Sent != want || v.Delivered != want || len(v.VConns) != 1 || v.VConns[0].Sent != 0 {
