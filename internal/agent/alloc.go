@@ -46,6 +46,8 @@ type allocation struct {
 	// rail is the device whose engine carries the allocation's vconns
 	// (Agent.engines).
 	rail int
+
+	stats tenantStats // the pod's traffic and refusals (tenant.go)
 }
 
 // socketMode is the mode of every allocation's socket: connecting needs
@@ -294,6 +296,9 @@ func (al *allocation) serve() {
 			tell = true
 		}
 		al.mu.Unlock()
+		if full {
+			al.stats.refused(refusedLimit)
+		}
 		switch {
 		case tell:
 			go al.refuse(c, lim)

@@ -21,6 +21,8 @@ type source interface {
 	sent(err error) bool
 	// end is told next's error.
 	end(err error)
+	// tenant is the allocation's counters its messages count in.
+	tenant() *tenantStats
 }
 
 // outgoing is one message of a source.
@@ -34,6 +36,7 @@ type outgoing struct {
 // the engine, in order, blocking while the vconn's queue is full (the
 // peer's reader holds its credits), until src ends or ctx does.
 func forward(ctx context.Context, vc *engine.VConn, src source) {
+	st := src.tenant()
 	for {
 		m, err := src.next()
 		if err != nil {
@@ -45,6 +48,7 @@ func forward(ctx context.Context, vc *engine.VConn, src source) {
 		} else {
 			err = vc.Send(ctx, m.data)
 		}
+		st.sent(len(m.data), err)
 		if !src.sent(err) {
 			return
 		}
