@@ -49,6 +49,8 @@ type allocation struct {
 	// rate holds the allocation's sends to limits.messageRate and
 	// limits.byteRate (rate.go); nil when both are unlimited.
 	rate *rateLimiter
+
+	stats tenantStats // the pod's traffic and refusals (tenant.go)
 }
 
 // socketMode is the mode of every allocation's socket: connecting needs
@@ -294,6 +296,9 @@ func (al *allocation) serve() {
 			tell = true
 		}
 		al.mu.Unlock()
+		if full {
+			al.stats.refused(refusedLimit)
+		}
 		switch {
 		case tell:
 			go al.refuse(c, lim)

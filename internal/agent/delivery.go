@@ -45,6 +45,7 @@ func deliver(ctx context.Context, vc *engine.VConn, al *allocation, c carrier) {
 		if ctx.Err() != nil {
 			if err == nil {
 				m.Release()
+				al.stats.dropReceived()
 			}
 			return
 		}
@@ -55,6 +56,7 @@ func deliver(ctx context.Context, vc *engine.VConn, al *allocation, c carrier) {
 		if max, name := c.limit(); len(m.Data) > max {
 			n := len(m.Data)
 			m.Release()
+			al.stats.dropReceived()
 			c.end(tooLarge{n: n, max: max, carrier: name})
 			vc.Abort()
 			return
@@ -64,10 +66,12 @@ func deliver(ctx context.Context, vc *engine.VConn, al *allocation, c carrier) {
 		n := int64(len(m.Data))
 		if err := al.claimRx(ctx, n); err != nil {
 			m.Release() // the vconn ended
+			al.stats.dropReceived()
 			return
 		}
 		ok := c.put(m)
 		m.Release()
+		al.stats.received(int(n), ok)
 		al.releaseRx(n)
 		if !ok {
 			return

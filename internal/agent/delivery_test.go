@@ -78,9 +78,10 @@ func deliveryPair(t *testing.T, cfg engine.Config) (context.Context, *vconnHandl
 	return ctx, &vconnHandle{s: &session{al: al}, vc: vb, ctx: ctx}, va
 }
 
-// TestDeliverEnds: deliver hands over the messages in order and ends with
-// the peer's EOF; a message over the carrier's limit ends it with an
-// error of the too-large class, and aborts the vconn.
+// TestDeliverEnds: deliver hands over the messages in order, counting
+// them in the allocation, and ends with the peer's EOF; a message over
+// the carrier's limit, counted as dropped, ends it with an error of the
+// too-large class, and aborts the vconn.
 func TestDeliverEnds(t *testing.T) {
 	t.Run("eof", func(t *testing.T) {
 		ctx, h, peer := deliveryPair(t, engine.Config{})
@@ -100,6 +101,9 @@ func TestDeliverEnds(t *testing.T) {
 		if n, last := c.n.Load(), c.last.Load(); n != 10 || last != 9 {
 			t.Fatalf("%d messages, the last %d; want 10, the last 9", n, last)
 		}
+		if got, want := recvCounts(&h.s.al.stats), [3]uint64{10, 10, 0}; got != want {
+			t.Fatalf("the allocation counts %v messages, bytes, drops received; want %v", got, want)
+		}
 	})
 	t.Run("too large", func(t *testing.T) {
 		ctx, h, peer := deliveryPair(t, engine.Config{})
@@ -115,6 +119,9 @@ func TestDeliverEnds(t *testing.T) {
 		}
 		if _, err := h.vc.Recv(ctx); err == nil || errors.Is(err, io.EOF) {
 			t.Fatalf("the vconn after a message too large: Recv %v, want its abort", err)
+		}
+		if got, want := recvCounts(&h.s.al.stats), [3]uint64{0, 0, 1}; got != want {
+			t.Fatalf("the allocation counts %v messages, bytes, drops received; want %v", got, want)
 		}
 	})
 }

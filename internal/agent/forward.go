@@ -23,6 +23,8 @@ type source interface {
 	end(err error)
 	// rate is the limiter of the vconn's allocation (nil: no rates).
 	rate() *rateLimiter
+	// tenant is the allocation's counters its messages count in.
+	tenant() *tenantStats
 }
 
 // outgoing is one message of a source.
@@ -38,6 +40,7 @@ type outgoing struct {
 // (limits.messageRate, limits.byteRate), until src ends or ctx does.
 func forward(ctx context.Context, vc *engine.VConn, src source) {
 	rate := src.rate()
+	st := src.tenant()
 	for {
 		m, err := src.next()
 		if err != nil {
@@ -51,6 +54,7 @@ func forward(ctx context.Context, vc *engine.VConn, src source) {
 		default:
 			err = vc.Send(ctx, m.data)
 		}
+		st.sent(len(m.data), err)
 		if !src.sent(err) {
 			return
 		}

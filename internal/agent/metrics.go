@@ -12,10 +12,10 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
-// collector exports the agent's state as Prometheus metrics. It reads the
-// engine's and the allocations' snapshots when scraped: the data plane
-// only keeps its plain counters, and nothing is done per message for
-// Prometheus.
+// collector exports the agent's state as Prometheus metrics, the node's
+// and each pod's (metrics_tenant.go). It reads the engine's and the
+// allocations' snapshots when scraped: the data plane only keeps its
+// plain counters, and nothing is done per message for Prometheus.
 type collector struct {
 	a *Agent
 }
@@ -69,9 +69,9 @@ var (
 		[]string{"rail", "device"}, nil)
 )
 
-var allDescs = []*prometheus.Desc{descVConns, descPeers, descQPs, descPeerVConns, descMsgsSent, descBytesSent,
+var allDescs = append([]*prometheus.Desc{descVConns, descPeers, descQPs, descPeerVConns, descMsgsSent, descBytesSent,
 	descMsgsRecv, descBytesRecv, descRetransmits, descCreditStalls, descDoorbells, descWRs, descDropped,
-	descBuffers, descPollerBusy, descPollerSleeps, descAllocations, descQuota, descRailUp}
+	descBuffers, descPollerBusy, descPollerSleeps, descAllocations, descQuota, descRailUp}, tenantDescs...)
 
 // Describe sends every metric's description.
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -190,6 +190,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descRailUp, up, strconv.Itoa(i), a.devs[i].Attr().Name)
 	}
+	c.collectTenants(ch)
 }
 
 // peerNames maps the GIDs of the peer agents this one talks to to their

@@ -23,7 +23,12 @@ func (s *session) ok(req, h uint32) error {
 	return s.write(&frame.Frame{Op: frame.OpOK, Req: req, Handle: h})
 }
 
+// reply answers a request with an error; every error reply goes through
+// it, so it counts the pod's refusals.
 func (s *session) reply(req, h uint32, c frame.Code, msg string) error {
+	if r, ok := refusalOf(c); ok {
+		s.al.stats.refused(r)
+	}
 	return s.write(&frame.Frame{Op: frame.OpError, Req: req, Handle: h, Arg: uint32(c), Payload: []byte(msg)})
 }
 

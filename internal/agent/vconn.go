@@ -116,6 +116,7 @@ func (h *vconnHandle) sendNow(f frame.Frame) bool {
 	if err != nil || !sent {
 		return false
 	}
+	h.s.al.stats.sent(len(f.Payload), nil) // the send loop's count, for its short cut
 	_ = h.s.ok(f.Req, h.id)
 	return true
 }
