@@ -50,7 +50,8 @@ func agentUserPrefix(namespace string) string {
 // pods it allocates vconns to (no reads); and what its pod's
 // DRA driver needs (spec.allocation DRA or Both): its node's ResourceSlice
 // (written, and watched for changes), the claims it prepares and its Node
-// (the slice's owner). RBAC cannot
+// (the slice's owner); and every Pod (list, watch), whose IPs and nodes
+// say where a vconn dial goes (agent.PodAddresses). RBAC cannot
 // restrict writes to one object by the caller's node: the agent policy does
 // that for RDMANodes, and the CertSigner for certificates (it signs only for
 // the node the requester's token is bound to).
@@ -65,6 +66,9 @@ func AgentRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+		// Which node runs a pod IP (agent.PodAddresses): the API server's
+		// word, not the peer agents'.
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 	}
 }
 

@@ -103,6 +103,15 @@ func main() {
 	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }
 	if reporter != nil {
 		opts.PodEvents = rdmanode.NewPodEvents(ctx, reporter.Kube, cfg.NodeName)
+		pods, err := rdmanode.NewPodIPs(ctx, reporter.Kube, log)
+		if err != nil {
+			log.Error(err, "Cannot watch the pods' IPs")
+			stop()
+			<-reported
+			os.Exit(1)
+		}
+		opts.PodAddresses = pods
+		waitPodIPs(ctx, pods, log)
 	}
 	a, err := agent.New(opts)
 	if err != nil {

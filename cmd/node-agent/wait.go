@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
@@ -61,3 +62,17 @@ func serveWaiting(addr string, src *rdmanode.Pending, log logr.Logger) *http.Ser
 	}()
 	return srv
 }
+
+// waitPodIPs waits a while for the first list of pods: until it came, no
+// pod IP routes (dials retry for a moment, then fail as unreachable).
+func waitPodIPs(ctx context.Context, pods *rdmanode.PodIPs, log logr.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, podIPsWait)
+	defer cancel()
+	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
+		log.Info("The pods' IPs are not listed yet; serving, and dials of pod IPs wait for them", "waited", podIPsWait)
+	}
+}
+
+// podIPsWait bounds waitPodIPs: the API server lists every pod, which on a
+// large cluster takes seconds.
+const podIPsWait = 30 * time.Second

@@ -205,10 +205,14 @@ func (a *Agent) route(ctx context.Context, host string) (target, error) {
 	}
 }
 
-// routePod finds the node that serves pod IP ip: this one, or the one peer
+// routePod finds the node that serves pod IP ip: the API server's
+// (routeByAPI) where the agent has it; else this one, or the one peer
 // that announced it. Two nodes announcing one IP route it nowhere: a node
 // cannot take another's pod IP by announcing it too.
 func (a *Agent) routePod(ip netip.Addr) (target, error) {
+	if a.opts.PodAddresses != nil {
+		return a.routeByAPI(ip)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.podOfIPLocked(ip) != "" {

@@ -50,6 +50,9 @@ type Options struct {
 	OpenRails func(*config.AgentConfig) ([]verbs.Device, error)
 	// Discovery finds peer agents (default: the config's static peers).
 	Discovery discovery.Source
+	// PodAddresses, when set (Kubernetes mode), says which node runs a
+	// pod IP, instead of the peers' announcements (podaddr.go).
+	PodAddresses PodAddresses
 	// ControlListener serves the gRPC control plane (default: a TCP
 	// listener on the bind address and Config.ControlPort).
 	ControlListener net.Listener

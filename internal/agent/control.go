@@ -173,6 +173,9 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 			return nil, err
 		}
 	}
+	if err := a.checkFromIP(ctx, req.GetFromIp(), c.Name); err != nil {
+		return nil, err
+	}
 	key, err := a.portOf(req.GetIp(), req.Port)
 	if err != nil {
 		return nil, err
