@@ -50,7 +50,8 @@ type allocation struct {
 	// limits.byteRate (rate.go); nil when both are unlimited.
 	rate *rateLimiter
 
-	stats tenantStats // the pod's traffic and refusals (tenant.go)
+	stats    tenantStats // the pod's traffic and refusals (tenant.go)
+	failures failures    // vconns the path failed, to tell the pod (failed.go)
 }
 
 // socketMode is the mode of every allocation's socket: connecting needs
@@ -144,6 +145,10 @@ func (a *Agent) tellPod(p admin.Pod) {
 // It must not block: it runs on the device plugin's requests.
 type PodEvents interface {
 	Allocated(pod admin.Pod, al admin.Allocation)
+	// VConnsFailed: n of the pod's vconns failed because their path did
+	// (a peer node or its agent lost, a QP failed: a rail down); why is
+	// the first one's error.
+	VConnsFailed(pod admin.Pod, n int, why string)
 }
 
 // podRef is the pod namespace/name as the CNI plugin registered it, if

@@ -50,6 +50,7 @@ func deliver(ctx context.Context, vc *engine.VConn, al *allocation, c carrier) {
 			return
 		}
 		if err != nil {
+			al.failed(err)
 			c.end(err) // io.EOF, or the engine's failure
 			return
 		}

@@ -50,13 +50,18 @@ func BeforeRestartFail(t testing.TB, f func()) {
 	t.Cleanup(func() { beforeRestartFail.Store(nil) })
 }
 
-// SetPeerLimits sets peerStreamLimit and peerCallLimit until the test
+// SetPeerLimits sets peerStreamLimit and peerCallLimit (and no Dials per
+// vconn besides) until the test
 // ends; call it before starting the agents.
 func SetPeerLimits(t testing.TB, streams, calls int) {
-	s, c := peerStreamLimit, peerCallLimit
-	peerStreamLimit, peerCallLimit = streams, calls
-	t.Cleanup(func() { peerStreamLimit, peerCallLimit = s, c })
+	s, c, d := peerStreamLimit, peerCallLimit, peerDialsPerVConn
+	peerStreamLimit, peerCallLimit, peerDialsPerVConn = streams, calls, 0
+	t.Cleanup(func() { peerStreamLimit, peerCallLimit, peerDialsPerVConn = s, c, d })
 }
 
 // PeerStreamLimit is peerStreamLimit.
 func PeerStreamLimit() int { return peerStreamLimit }
+
+// FailedTellDelay is how long a pod's failing vconns are gathered into one
+// Event.
+const FailedTellDelay = failedTellDelay

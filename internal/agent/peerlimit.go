@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -23,13 +24,17 @@ var (
 	// no more: each stream is a goroutine and buffers here.
 	peerStreamLimit = 8
 	// peerCallLimit bounds a peer's unary calls in flight (Identity,
-	// ConnectQP, Dial). A Dial runs while its caller's application dials
-	// (one per dial in progress on the peer's node, each within
-	// dialTimeout) and ConnectQP for each QP the peer sets up, a few per
-	// rail; 256 is far above what a node of many pods has in flight, and
-	// bounds the goroutines, QPs being set up and quota slots that one
-	// peer can hold with calls it never lets finish.
+	// ConnectQP, Dial) besides its Dials: a Dial runs while its caller's
+	// application dials, and the peer's node may dial as many vconns at
+	// once as its pods hold, at most vconnsPerNode (the services' shared
+	// configuration), so the bound is vconnsPerNode and this many more
+	// (callLimit). An e2e client dialling 500 vconns at once met a bound of
+	// 256. It bounds the goroutines, QPs being set up and quota slots
+	// that one peer can hold with calls it never lets finish.
 	peerCallLimit = 256
+	// peerDialsPerVConn: Dials allowed in flight per vconn of
+	// vconnsPerNode, besides peerCallLimit (a test sets 0).
+	peerDialsPerVConn = 1
 )
 
 // peerLimiter counts each peer's streams and unary calls in flight, keyed
@@ -100,7 +105,7 @@ func (p *peerLimiter) acquire(ctx context.Context, counts map[string]int, kind s
 }
 
 func (p *peerLimiter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	release, err := p.acquire(ctx, p.calls, "calls", peerCallLimit, info.FullMethod)
+	release, err := p.acquire(ctx, p.calls, "calls", p.callLimit(info.FullMethod), info.FullMethod)
 	if err != nil {
 		return nil, err
 	}
@@ -115,4 +120,13 @@ func (p *peerLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	}
 	defer release()
 	return handler(srv, ss)
+}
+
+// callLimit is peerCallLimit, and for Dial the vconnsPerNode the peer's
+// node may be dialling at once besides.
+func (p *peerLimiter) callLimit(method string) int {
+	if strings.HasSuffix(method, "/Dial") {
+		return peerCallLimit + peerDialsPerVConn*p.a.cfg.VConnsPerNode
+	}
+	return peerCallLimit
 }

@@ -1,8 +1,11 @@
 package agent_test
 
 import (
+	"context"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -12,9 +15,22 @@ import (
 )
 
 type podEvents struct {
-	mu  sync.Mutex
-	got []admin.Pod
-	als []admin.Allocation
+	mu     sync.Mutex
+	got    []admin.Pod
+	als    []admin.Allocation
+	failed []failedTell
+}
+
+type failedTell struct {
+	pod admin.Pod
+	n   int
+	why string
+}
+
+func (e *podEvents) VConnsFailed(p admin.Pod, n int, why string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.failed = append(e.failed, failedTell{p, n, why})
 }
 
 func (e *podEvents) Allocated(p admin.Pod, al admin.Allocation) {
@@ -77,5 +93,56 @@ func TestBindAllocationTellsPodEvents(t *testing.T) {
 	ev.mu.Lock()
 	if len(ev.got) != 2 || ev.got[1].UID != "uid-8" || ev.als[1].ID != "dp-8" {
 		t.Fatalf("PodEvents told %+v (%+v), want once more: team/late, uid-8, dp-8", ev.got, ev.als)
+	}
+}
+
+// TestLostPeerTellsPodEvents: a pod's three vconns to node-b fail when
+// node-b's agent stops answering; the pod is told once, in one Event,
+// how many failed and why (naming the node). The server's pod on node-b
+// is told nothing: its agent is the one that went.
+func TestLostPeerTellsPodEvents(t *testing.T) {
+	ev := &podEvents{}
+	cl := startCluster(t, agenttest.Options{HeartbeatTimeout: time.Second, TuneAgent: func(o *agent.Options) { o.PodEvents = ev }})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nodeA, nodeB := cl.Nodes[0], cl.Nodes[1]
+	srv := podClient(t, ctx, nodeB, "team", "srv", "10.244.1.5", 8)
+	cli := podClient(t, ctx, nodeA, "team", "cli", "10.244.0.5", 8)
+	ln, err := srv.Listen(ctx, ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go agenttest.ServeEcho(ln)
+	for range 3 {
+		c, err := cli.Dial(ctx, "10.244.1.5:7000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoes(t, c, "up")
+		defer c.Close()
+	}
+	if err := nodeB.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ev.mu.Lock()
+		got := append([]failedTell(nil), ev.failed...)
+		ev.mu.Unlock()
+		if len(got) > 0 {
+			time.Sleep(2 * agent.FailedTellDelay) // a second Event would come by now
+			ev.mu.Lock()
+			got = append([]failedTell(nil), ev.failed...)
+			ev.mu.Unlock()
+			if len(got) != 1 || got[0].pod.UID != "uid-cli" || got[0].n != 3 || !strings.Contains(got[0].why, "node-b") {
+				t.Fatalf("PodEvents told %+v; want once: uid-cli, 3 vconns, naming node-b", got)
+			}
+			t.Logf("told: %d vconns failed: %s", got[0].n, got[0].why)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client pod was not told its vconns failed")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -14,9 +14,12 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
-// ReasonVConnsAllocated is the reason of the Event a pod gets when its
-// vconns are allocated.
-const ReasonVConnsAllocated = "VConnsAllocated"
+// The reasons of the Events a pod gets: when its vconns are allocated,
+// and when some fail because their path did.
+const (
+	ReasonVConnsAllocated = "VConnsAllocated"
+	ReasonVConnsFailed    = "VConnsFailed"
+)
 
 // PodEvents records Events on pods through the events API, with its
 // broadcaster's rate limits and aggregation: what `kubectl describe pod`
@@ -47,3 +50,15 @@ func (e *PodEvents) Allocated(pod admin.Pod, al admin.Allocation) {
 func allocatedNote(node string, al admin.Allocation) string {
 	return fmt.Sprintf("%d vconns allocated by the RDMAvisor agent on %s (allocation %s); the pod's RDMAVISOR_SOCKET is its socket", al.VConns, node, al.ID)
 }
+
+// VConnsFailed says on the pod that n of its vconns failed with their
+// path, and why (a Warning: the application sees the errors too).
+func (e *PodEvents) VConnsFailed(pod admin.Pod, n int, why string) {
+	ref := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}}
+	e.rec.Eventf(ref, nil, corev1.EventTypeWarning, ReasonVConnsFailed, "Fail", "%s", failedNote(e.node, n, why))
+}
+
+func failedNote(node string, n int, why string) string {
+	return truncate(fmt.Sprintf("%d vconns failed on %s: %s", n, node, why), 1000)
+}
+

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,12 +118,17 @@ type Reporter struct {
 	// Poll is how often the agent's state is compared with the last
 	// report (default 2s).
 	Poll time.Duration
+
+	events *nodeEvents // condition changes as Events, when Kube is set (Run)
 }
 
 // Run reports until ctx ends, then marks the node not ready, so the
 // operator and peers see a stopped agent at once rather than after the
 // heartbeat timeout.
 func (r *Reporter) Run(ctx context.Context, src Source) {
+	if r.Kube != nil {
+		r.events = newNodeEvents(ctx, r.Kube)
+	}
 	heartbeat, poll := r.Heartbeat, r.Poll
 	if heartbeat <= 0 {
 		heartbeat = 30 * time.Second
@@ -296,6 +302,7 @@ func (r *Reporter) write(ctx context.Context, st v1alpha1.RDMANodeStatus, create
 		// deletes its RDMANode when that service lets the node go.
 		return fmt.Errorf("RDMANode %s belongs to RDMAService %q, not %q", r.Node, rn.Spec.ServiceName, r.Service)
 	}
+	before := slices.Clone(rn.Status.Conditions)
 	conds := rn.Status.Conditions
 	for _, c := range st.Conditions {
 		meta.SetStatusCondition(&conds, c)
@@ -305,5 +312,6 @@ func (r *Reporter) write(ctx context.Context, st v1alpha1.RDMANodeStatus, create
 	if err := r.Client.Status().Update(ctx, &rn); err != nil {
 		return fmt.Errorf("updating the status of RDMANode %s: %w", r.Node, err)
 	}
+	r.events.changed(&rn, before, conds)
 	return nil
 }
