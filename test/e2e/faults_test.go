@@ -177,6 +177,26 @@ func (e *env) nodeLost() {
 		open, qps := m.sum(peerVConns), m.sum(`rdmavisor_qps{peer="`+lost+`"}`)
 		return open == 0 && qps == 0, fmt.Sprintf("%s = %v, QPs toward it %v", peerVConns, open, qps)
 	})
+	// Events say it where users look: on the client pod (kubectl
+	// describe pod) and on its node's RDMANode.
+	e.eventually("Events: VConnsFailed on lost-client and PeerUnreachable on RDMANode "+from+", naming "+lost, time.Minute, func() (bool, string) {
+		pod, err := e.kube.EventsV1().Events("default").List(e.ctx, metav1.ListOptions{FieldSelector: "regarding.name=lost-client,reason=VConnsFailed"})
+		if err != nil {
+			return false, err.Error()
+		}
+		node, err := e.kube.EventsV1().Events("default").List(e.ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + from + ",reason=PeerUnreachable"})
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(pod.Items) == 0 || !strings.Contains(pod.Items[0].Note, lost) || pod.Items[0].Type != corev1.EventTypeWarning {
+			return false, fmt.Sprintf("pod events %v", pod.Items)
+		}
+		if len(node.Items) == 0 || !strings.Contains(node.Items[0].Note, lost) || node.Items[0].Regarding.Kind != "RDMANode" {
+			return false, fmt.Sprintf("RDMANode events %v", node.Items)
+		}
+		e.t.Logf("pod Event: %s; RDMANode Event: %s", pod.Items[0].Note, node.Items[0].Note)
+		return true, ""
+	})
 	e.deletePod("lost-client")
 	// The surviving agents say which node they lost, and the operator
 	// says it on the service.
