@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -180,21 +181,14 @@ func (e *env) nodeLost() {
 	// Events say it where users look: on the client pod (kubectl
 	// describe pod) and on its node's RDMANode.
 	e.eventually("Events: VConnsFailed on lost-client and PeerUnreachable on RDMANode "+from+", naming "+lost, time.Minute, func() (bool, string) {
-		pod, err := e.kube.EventsV1().Events("default").List(e.ctx, metav1.ListOptions{FieldSelector: "regarding.name=lost-client,reason=VConnsFailed"})
-		if err != nil {
-			return false, err.Error()
+		pod, node := e.eventOf("Pod", "lost-client", "VConnsFailed"), e.eventOf("RDMANode", from, "PeerUnreachable")
+		if pod == nil || !strings.Contains(pod.Note, lost) || pod.Type != corev1.EventTypeWarning {
+			return false, fmt.Sprintf("pod event %+v", pod)
 		}
-		node, err := e.kube.EventsV1().Events("default").List(e.ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + from + ",reason=PeerUnreachable"})
-		if err != nil {
-			return false, err.Error()
+		if node == nil || !strings.Contains(node.Note, lost) {
+			return false, fmt.Sprintf("RDMANode event %+v", node)
 		}
-		if len(pod.Items) == 0 || !strings.Contains(pod.Items[0].Note, lost) || pod.Items[0].Type != corev1.EventTypeWarning {
-			return false, fmt.Sprintf("pod events %v", pod.Items)
-		}
-		if len(node.Items) == 0 || !strings.Contains(node.Items[0].Note, lost) || node.Items[0].Regarding.Kind != "RDMANode" {
-			return false, fmt.Sprintf("RDMANode events %v", node.Items)
-		}
-		e.t.Logf("pod Event: %s; RDMANode Event: %s", pod.Items[0].Note, node.Items[0].Note)
+		e.t.Logf("pod Event: %s; RDMANode Event: %s", pod.Note, node.Note)
 		return true, ""
 	})
 	e.deletePod("lost-client")
@@ -298,3 +292,21 @@ func (e *env) agentKilled() {
 	e.exchange("echo-client-3", e.clientNode(), defaultLoad)
 	e.deletePod("echo-client-3")
 }
+
+// eventOf is the last Event (events.k8s.io) in namespace default regarding
+// the kind and name given, with reason; nil if none.
+func (e *env) eventOf(kind, name, reason string) *eventsv1.Event {
+	l, err := e.kube.EventsV1().Events("default").List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	var last *eventsv1.Event
+	for i := range l.Items {
+		ev := &l.Items[i]
+		if ev.Regarding.Kind == kind && ev.Regarding.Name == name && ev.Reason == reason {
+			last = ev
+		}
+	}
+	return last
+}
+
