@@ -70,7 +70,7 @@ type controlServer struct {
 
 func (a *Agent) self() *controlpb.Node {
 	gid := a.eng.GID()
-	return &controlpb.Node{Name: a.cfg.NodeName, ControlAddress: a.ctlAddr, Gid: gid[:], Incarnation: a.incarnation}
+	return withProtocol(&controlpb.Node{Name: a.cfg.NodeName, ControlAddress: a.ctlAddr, Gid: gid[:], Incarnation: a.incarnation})
 }
 
 func (s *controlServer) Identity(ctx context.Context, req *controlpb.IdentityRequest) (*controlpb.IdentityReply, error) {
@@ -95,6 +95,9 @@ func (s *controlServer) Identity(ctx context.Context, req *controlpb.IdentityReq
 func claimOf(n *controlpb.Node) (claim, error) {
 	if n == nil {
 		return claim{}, nil
+	}
+	if _, err := negotiate(n); err != nil {
+		return claim{}, err
 	}
 	gid, err := gidOf(n.Gid)
 	return claim{node: n.Name, address: n.ControlAddress, gid: gid, of: claimsAll}, err

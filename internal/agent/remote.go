@@ -192,6 +192,11 @@ func (r *remote) enginePeer(ctx context.Context, gid verbs.GID, rail int) (*engi
 		if err == nil {
 			gid, err = identityOf(rep, r.node, id, rail, r.a.railGIDListed)
 		}
+		if err == nil {
+			if _, perr := negotiate(rep.GetNode()); perr != nil {
+				err = errProtocol(perr)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("agent: identity of peer %s at %s: %w", r.node, r.addr, err)
 		}

@@ -123,13 +123,14 @@ func (s *session) dispatch(f frame.Frame) bool {
 	}
 	switch f.Op {
 	case frame.OpHello:
-		if f.Arg != frame.Version {
-			_ = s.reply(f.Req, 0, frame.CodeVersion, fmt.Sprintf("protocol version %d not supported: this agent speaks %d", f.Arg, frame.Version))
+		if f.Arg < frame.MinVersion || f.Arg > frame.Version {
+			_ = s.reply(f.Req, 0, frame.CodeVersion, fmt.Sprintf("protocol version %d not supported: this agent speaks %d to %d", f.Arg, frame.MinVersion, frame.Version))
 			return false
 		}
 		s.hello = true
 		info := frame.HelloInfo{Quota: uint32(s.al.quota), SendWindow: SendWindow, MaxMessage: s.maxMessage(), Node: s.al.a.cfg.NodeName}
-		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: frame.Version, Arg2: uint64(features), Payload: frame.AppendHello(nil, info)}) == nil
+		// The session speaks the client's version, which this agent does.
+		return s.write(&frame.Frame{Op: frame.OpOK, Req: f.Req, Arg: f.Arg, Arg2: uint64(features), Payload: frame.AppendHello(nil, info)}) == nil
 	case frame.OpListen:
 		// Async, as a dial: a pod's first Listen may wait for the agent
 		// to learn the pod (allocation.scope).

@@ -83,8 +83,17 @@ import (
 	"fmt"
 )
 
-// Version is the protocol version this package speaks.
-const Version = 1
+// Version is the protocol version this package speaks, and MinVersion the
+// oldest an agent still accepts in a Hello (docs/upgrades.md: a pod's
+// library a release behind its agent works). Compatible additions are not
+// versions but features (Hello's arg2) the agent offers and a client uses
+// only if it knows them; the version changes only for what an older
+// client would misread. The header's version byte is the wire format's,
+// which no release has changed.
+const (
+	Version    = 1
+	MinVersion = 1
+)
 
 // HeaderLen is the fixed header's length; MaxPayload bounds the payload,
 // so a frame is at most MaxFrame bytes.

@@ -33,7 +33,13 @@ type Node struct {
 	// gid is the device's port GID 0, 16 bytes.
 	Gid []byte `protobuf:"bytes,3,opt,name=gid,proto3" json:"gid,omitempty"`
 	// incarnation changes every time the agent starts.
-	Incarnation   uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// min_protocol..max_protocol are the control-plane protocol versions
+	// the agent speaks; 0 (an agent from before versions were carried) is
+	// version 1. Two agents use the highest both speak, and refuse each
+	// other's calls when they share none (agent/version.go).
+	MinProtocol   uint32 `protobuf:"varint,5,opt,name=min_protocol,json=minProtocol,proto3" json:"min_protocol,omitempty"`
+	MaxProtocol   uint32 `protobuf:"varint,6,opt,name=max_protocol,json=maxProtocol,proto3" json:"max_protocol,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -92,6 +98,20 @@ func (x *Node) GetGid() []byte {
 func (x *Node) GetIncarnation() uint64 {
 	if x != nil {
 		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *Node) GetMinProtocol() uint32 {
+	if x != nil {
+		return x.MinProtocol
+	}
+	return 0
+}
+
+func (x *Node) GetMaxProtocol() uint32 {
+	if x != nil {
+		return x.MaxProtocol
 	}
 	return 0
 }
@@ -789,12 +809,14 @@ var File_control_proto protoreflect.FileDescriptor
 
 const file_control_proto_rawDesc = "" +
 	"\n" +
-	"\rcontrol.proto\x12\x12rdmavisor.agent.v1\"w\n" +
+	"\rcontrol.proto\x12\x12rdmavisor.agent.v1\"\xbd\x01\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
 	"\x0fcontrol_address\x18\x02 \x01(\tR\x0econtrolAddress\x12\x10\n" +
 	"\x03gid\x18\x03 \x01(\fR\x03gid\x12 \n" +
-	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"C\n" +
+	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\x12!\n" +
+	"\fmin_protocol\x18\x05 \x01(\rR\vminProtocol\x12!\n" +
+	"\fmax_protocol\x18\x06 \x01(\rR\vmaxProtocol\"C\n" +
 	"\x0fIdentityRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\"\x99\x01\n" +
 	"\rIdentityReply\x12,\n" +
