@@ -309,4 +309,3 @@ func (e *env) eventOf(kind, name, reason string) *eventsv1.Event {
 	}
 	return last
 }
-
