@@ -61,4 +61,3 @@ func (e *PodEvents) VConnsFailed(pod admin.Pod, n int, why string) {
 func failedNote(node string, n int, why string) string {
 	return truncate(fmt.Sprintf("%d vconns failed on %s: %s", n, node, why), 1000)
 }
-
