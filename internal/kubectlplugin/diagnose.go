@@ -173,7 +173,13 @@ func requestCheck(d *Diagnosis, p *corev1.Pod) {
 
 // eventCheck: the agent recorded that it allocated the pod's vconns.
 func (c *Cluster) eventCheck(ctx context.Context, d *Diagnosis, p *corev1.Pod) error {
-	l, err := c.Kube.EventsV1().Events(p.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + p.Name})
+	events := c.Kube.EventsV1().Events(p.Namespace)
+	l, err := events.List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + p.Name})
+	if apierrors.IsBadRequest(err) {
+		// A server that does not select events by regarding.name: all
+		// of the namespace's, filtered below.
+		l, err = events.List(ctx, metav1.ListOptions{})
+	}
 	if err != nil {
 		return fmt.Errorf("listing the Events of pod %s/%s: %w", p.Namespace, p.Name, err)
 	}
