@@ -11,8 +11,9 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build every binary.
+build: ## Build every package, and the kubectl plugin into bin/kubectl-rdmavisor (put it on PATH: `kubectl rdmavisor`).
 	$(GO) build ./...
+	$(GO) build -o bin/kubectl-rdmavisor ./cmd/kubectl-rdmavisor
 
 .PHONY: demo
 demo: ## Run the main job: two node agents on the software RDMA provider, 1,000 vconns.
