@@ -51,10 +51,12 @@ func agentUserPrefix(namespace string) string {
 // DRA driver needs (spec.allocation DRA or Both): its node's ResourceSlice
 // (written, and watched for changes), the claims it prepares and its Node
 // (the slice's owner); and every Pod (list, watch), whose IPs and nodes
-// say where a vconn dial goes (agent.PodAddresses). RBAC cannot
-// restrict writes to one object by the caller's node: the agent policy does
-// that for RDMANodes, and the CertSigner for certificates (it signs only for
-// the node the requester's token is bound to).
+// say where a vconn dial goes (agent.PodAddresses); and every
+// NetworkPolicy and Namespace (list, watch), which vconn dials obey
+// (agent.Policy). RBAC cannot restrict writes to one object by the
+// caller's node: the agent policy does that for RDMANodes, and the
+// CertSigner for certificates (it signs only for the node the requester's
+// token is bound to).
 func AgentRules() []rbacv1.PolicyRule {
 	group := v1alpha1.GroupVersion.Group
 	return []rbacv1.PolicyRule{
@@ -69,6 +71,10 @@ func AgentRules() []rbacv1.PolicyRule {
 		// Which node runs a pod IP (agent.PodAddresses): the API server's
 		// word, not the peer agents'.
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		// The cluster's NetworkPolicies and namespaces' labels, which
+		// vconn dials are checked against (agent.Policy).
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"list", "watch"}},
 	}
 }
 

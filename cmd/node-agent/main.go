@@ -103,15 +103,18 @@ func main() {
 	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }
 	if reporter != nil {
 		opts.PodEvents = rdmanode.NewPodEvents(ctx, reporter.Kube, cfg.NodeName)
-		pods, err := rdmanode.NewPodIPs(ctx, reporter.Kube, log)
+		pods, pols, err := watchPods(ctx, reporter.Kube, log)
 		if err != nil {
-			log.Error(err, "Cannot watch the pods' IPs")
+			log.Error(err, "Cannot watch the pods and NetworkPolicies")
 			stop()
 			<-reported
 			os.Exit(1)
 		}
 		opts.PodAddresses = pods
-		waitPodIPs(ctx, pods, log)
+		// Dials obey the cluster's NetworkPolicies, which the CNI
+		// enforces on IP only (vconns flow agent to agent).
+		opts.Policy = pols
+		waitPodIPs(ctx, pods, pols, log)
 	}
 	a, err := agent.New(opts)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/rdmavisor/rdmavisor/internal/config"
@@ -63,13 +64,29 @@ func serveWaiting(addr string, src *rdmanode.Pending, log logr.Logger) *http.Ser
 	return srv
 }
 
+// watchPods starts the informers of the pods' IPs and of the
+// NetworkPolicies (with namespaces) that vconn dials obey.
+func watchPods(ctx context.Context, kube kubernetes.Interface, log logr.Logger) (*rdmanode.PodIPs, *rdmanode.Policies, error) {
+	pods, err := rdmanode.NewPodIPs(ctx, kube, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	pols, err := rdmanode.NewPolicies(ctx, kube, pods, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pods, pols, nil
+}
+
 // waitPodIPs waits a while for the first list of pods: until it came, no
-// pod IP routes (dials retry for a moment, then fail as unreachable).
-func waitPodIPs(ctx context.Context, pods *rdmanode.PodIPs, log logr.Logger) {
+// pod IP routes (dials retry for a moment, then fail as unreachable); and
+// of NetworkPolicies and namespaces, until which pods' dials are refused
+// (rdmanode.Policies fails closed).
+func waitPodIPs(ctx context.Context, pods *rdmanode.PodIPs, pols *rdmanode.Policies, log logr.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, podIPsWait)
 	defer cancel()
-	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
-		log.Info("The pods' IPs are not listed yet; serving, and dials of pod IPs wait for them", "waited", podIPsWait)
+	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced, pols.HasSynced) {
+		log.Info("The pods' IPs, NetworkPolicies or namespaces are not listed yet; serving, and dials of pods wait for the IPs and are refused until the policies are listed", "waited", podIPsWait)
 	}
 }
 

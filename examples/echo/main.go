@@ -353,13 +353,19 @@ func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size, wi
 // dial retries while nothing listens at addr yet, and while addr's name or
 // pod IP is not known yet (a headless Service without ready pods, a pod
 // its node has not announced): the server's pod may start after the
-// client's.
+// client's. A dial cut short by ctx says why the one before failed too:
+// a dial a NetworkPolicy refuses is refused until the client gives up.
 func dial(ctx context.Context, c *vconn.Client, addr string) (*vconn.Conn, error) {
+	var last error
 	for {
 		conn, err := c.Dial(ctx, addr)
+		if err != nil && last != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("%w; the dial before: %w", err, last)
+		}
 		if err == nil || !errors.Is(err, vconn.ErrRefused) && !errors.Is(err, vconn.ErrUnknownHost) && !errors.Is(err, vconn.ErrUnreachable) {
 			return conn, err
 		}
+		last = err
 		select {
 		case <-ctx.Done():
 			return nil, err

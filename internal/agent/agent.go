@@ -53,6 +53,9 @@ type Options struct {
 	// PodAddresses, when set (Kubernetes mode), says which node runs a
 	// pod IP, instead of the peers' announcements (podaddr.go).
 	PodAddresses PodAddresses
+	// Policy, when set (Kubernetes mode), checks each vconn dial against
+	// the cluster's NetworkPolicies (policy.go); nil allows every dial.
+	Policy Policy
 	// ControlListener serves the gRPC control plane (default: a TCP
 	// listener on the bind address and Config.ControlPort).
 	ControlListener net.Listener

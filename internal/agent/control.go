@@ -48,6 +48,11 @@ func statusError(err error) error {
 	}
 	var class error
 	switch st.Code() {
+	case codes.PermissionDenied:
+		if !policyDenied(st) {
+			return err
+		}
+		class = errPolicy
 	case codes.NotFound:
 		class = errRefused
 	case codes.ResourceExhausted:
@@ -194,6 +199,11 @@ func (s *controlServer) Dial(ctx context.Context, req *controlpb.DialRequest) (*
 		// vconns are unreliable (bridgeable); this guards an engine of
 		// another rail. Refused here, nothing reaches the listener.
 		return nil, status.Errorf(codes.InvalidArgument, "listener on port %d is bridged, and this node's vconns are %v, which cannot carry a stream", req.Port, eng.Config().Transport)
+	}
+	// The caller's IP is the API server's (checkFromIP): the listener's
+	// pod's ingress policies decide by it.
+	if err := a.checkIngress(c, req.GetFromIp(), req.GetIp(), l); err != nil {
+		return nil, err
 	}
 	return s.accept(ctx, l, eng, req, gid, rail)
 }

@@ -148,16 +148,20 @@ func (s *session) dial(req uint32, addr string, bridged bool) {
 		_ = s.replyErr(req, 0, fmt.Errorf("dial %s: %w", addr, err))
 		return
 	}
+	var fromIP netip.Addr
+	if len(from) > 0 {
+		fromIP = from[0]
+	}
+	if err := a.checkEgress(s.al, fromIP, t, port); err != nil {
+		_ = s.replyErr(req, 0, fmt.Errorf("dial %s: %w", addr, err))
+		return
+	}
 	if !s.al.take() {
 		_ = s.reply(req, 0, frame.CodeQuota, fmt.Sprintf("dial %s: allocation %s has all its %d vconns in use", addr, s.al.id, s.al.quota))
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	defer cancel()
-	var fromIP netip.Addr
-	if len(from) > 0 {
-		fromIP = from[0]
-	}
 	vc, err := a.dialPeer(ctx, t, fromIP, port, s.al.rail)
 	if err != nil {
 		s.al.give()

@@ -55,7 +55,7 @@ func codeOf(err error) frame.Code {
 		return frame.CodeRegion
 	case errors.Is(err, verbs.ErrInvalid):
 		return frame.CodeBadRequest
-	case errors.Is(err, errRefused):
+	case errors.Is(err, errRefused), errors.Is(err, errPolicy):
 		return frame.CodeRefused
 	case errors.Is(err, errPeerQuota):
 		return frame.CodeQuota

@@ -57,7 +57,7 @@ type refusal uint8
 const (
 	refusedQuota     refusal = iota // frame.CodeQuota: its allocation's vconns, or the dialed one's, all in use
 	refusedLimit                    // frame.CodeLimit: a limit of its allocation (sessions, listeners, regions)
-	refusedDial                     // frame.CodeRefused: nothing listens at the address dialed
+	refusedDial                     // frame.CodeRefused: nothing listens at the address dialed, or a NetworkPolicy refuses it
 	refusedAddrInUse                // frame.CodeAddrInUse: the port listened on has a listener
 	numRefusals
 )

@@ -196,7 +196,7 @@ const (
 	CodeVersion      Code = 2  // protocol version not supported
 	CodeQuota        Code = 3  // the allocation's vconns are all in use
 	CodeNoHandle     Code = 4  // no such handle on this connection
-	CodeRefused      Code = 5  // nothing listens at the address
+	CodeRefused      Code = 5  // nothing listens at the address, or a NetworkPolicy refuses the dial
 	CodeUnreachable  Code = 6  // the address names no known node
 	CodeClosed       Code = 7  // the vconn is closed
 	CodeReset        Code = 8  // the peer aborted the vconn

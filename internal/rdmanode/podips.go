@@ -18,8 +18,8 @@ const ipIndex = "ip"
 
 // PodIPs is which node runs each pod IP, as the API server says: an
 // informer over every namespace's Pods, kept to what it needs (name,
-// node, IPs, phase; labels for the NetworkPolicies a later agent checks),
-// indexed by IP. It implements agent.PodAddresses.
+// node, IPs, phase; labels and container ports for the NetworkPolicies
+// the agent checks, Policies), indexed by IP. It implements agent.PodAddresses.
 type PodIPs struct {
 	inf cache.SharedIndexInformer
 }
@@ -50,9 +50,24 @@ func slimPod(obj any) (any, error) {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, Labels: p.Labels,
 			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
-		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork, Containers: slimPorts(p.Spec.Containers)},
 		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIPs: p.Status.PodIPs},
 	}, nil
+}
+
+// slimPorts keeps of containers their ports (a policy's named ports
+// resolve against them), in one container; nil when there are none.
+func slimPorts(cs []corev1.Container) []corev1.Container {
+	var ports []corev1.ContainerPort
+	for _, c := range cs {
+		for _, p := range c.Ports {
+			ports = append(ports, corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
+		}
+	}
+	if len(ports) == 0 {
+		return nil
+	}
+	return []corev1.Container{{Name: "ports", Ports: ports}}
 }
 
 // podIPsOf indexes a pod by its IPs: a pod of its own network that holds
@@ -91,6 +106,25 @@ func (p *PodIPs) NodeOf(ip netip.Addr) (string, bool) {
 		}
 	}
 	return node, true
+}
+
+// podOf returns the running pod that has ip; nil when none, or two do.
+func (p *PodIPs) podOf(ip netip.Addr) *corev1.Pod {
+	objs, err := p.inf.GetIndexer().ByIndex(ipIndex, ip.Unmap().String())
+	if err != nil || len(objs) != 1 {
+		return nil
+	}
+	return objs[0].(*corev1.Pod)
+}
+
+// podNamed returns the pod "namespace/name"; nil when not known.
+func (p *PodIPs) podNamed(key string) *corev1.Pod {
+	o, ok, err := p.inf.GetStore().GetByKey(key)
+	if err != nil || !ok {
+		return nil
+	}
+	pod, _ := o.(*corev1.Pod)
+	return pod
 }
 
 // HasSynced reports whether the first list arrived.

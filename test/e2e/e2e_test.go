@@ -77,6 +77,7 @@ func TestE2E(t *testing.T) {
 		{"metrics: both agents counted the messages, the operator serves a reader only", (*env).metricsMoved},
 		{"kubectl rdmavisor: status shows every node Ready, pods and top the echo pods' bytes, diagnose of the echo client all OK", (*env).kubectlPlugin},
 		{"the CNI plugin registered each pod with its own node's agent; a deleted pod unregistered, its allocation released", (*env).cniRegistered},
+		{"NetworkPolicy on vconns: deny-all ingress refuses a client of another namespace, naming the policy; an allow rule admits it, every byte checked", (*env).netPolicy},
 		{"DRA: each node's ResourceSlice; a claim's pod and a DRA extended resource's pod echo across nodes with exactly their quota; deleted, their allocations released", (*env).dra},
 		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
