@@ -196,6 +196,11 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	}
 	r.setCondition(svc, progressing)
 
+	desired := make(map[string]*v1alpha1.RDMANode, len(p.desired))
+	for _, name := range p.desired {
+		desired[name] = byName[name]
+	}
+	conflicts := addressConflicts(desired)
 	degraded := metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected}
 	switch {
 	case noDevice > 0:
@@ -207,6 +212,9 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnhealthy, summarize(unhealthy)
 	case len(unreachable) > 0:
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnreachable, summarize(unreachable)
+	case len(conflicts) > 0:
+		degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonAddressConflict
+		degraded.Message = summarize(conflicts) + ": the agents trust neither node's listing of it"
 	case len(badDevices) > 0:
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonDeviceUnhealthy, summarize(badDevices)+" unhealthy"
 	}

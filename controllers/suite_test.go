@@ -3,8 +3,10 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -333,11 +335,28 @@ func reportNode(t *testing.T, node, service string, ready metav1.ConditionStatus
 	}
 	meta.SetStatusCondition(&rn.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionNodeReady, Status: ready, Reason: reason, Message: message})
 	rn.Status.Devices = []v1alpha1.RDMADevice{{Name: "soft0", Vendor: "rdmavisor", Provider: v1alpha1.ProviderSoft,
-		GID: "10.0.0.1", NUMANode: ptr[int32](0), Health: v1alpha1.DeviceHealthy}}
+		GID: nodeIP(node), NUMANode: ptr[int32](0), Health: v1alpha1.DeviceHealthy}}
 	rn.Status.VConnCapacity, rn.Status.VConnsAllocated, rn.Status.VConnsOpen, rn.Status.QPsInUse = 64, 8, 5, 2
-	rn.Status.Address = &v1alpha1.AgentAddress{IP: "10.0.0.1", ControlPort: 7471}
+	rn.Status.Address = &v1alpha1.AgentAddress{IP: nodeIP(node), ControlPort: 7471}
 	rn.Status.HeartbeatTime = ptr(metav1.Now())
 	if err := k8s.Status().Update(ctx, rn); err != nil {
 		t.Fatalf("updating RDMANode %s status: %v", node, err)
 	}
+}
+
+// nodeIP is a test node's own address, as a real node has one: 10.0.0.N
+// for a name ending in N (kc-1: 10.0.0.1), else one from its name's hash.
+// Two nodes of one address are an AddressConflict.
+func nodeIP(node string) string {
+	i := len(node)
+	for i > 0 && node[i-1] >= '0' && node[i-1] <= '9' {
+		i--
+	}
+	if n, err := strconv.Atoi(node[i:]); err == nil && n > 0 && n < 255 {
+		return fmt.Sprintf("10.0.0.%d", n)
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(node))
+	v := h.Sum32()
+	return fmt.Sprintf("10.%d.%d.%d", 1+v%250, (v>>8)%256, 1+(v>>16)%254)
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/discovery"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
@@ -240,15 +241,8 @@ func (a *Agent) bindGID(gid verbs.GID, node string) error {
 			owner = a.cfg.NodeName
 		}
 	}
-	for _, p := range a.disc.Peers() {
-		if h, _, err := net.SplitHostPort(p.Address); err == nil && ip.Equal(net.ParseIP(h)) {
-			owner = p.NodeName
-			break
-		}
-		if slices.ContainsFunc(p.RailGIDs, func(g string) bool { return ip.Equal(net.ParseIP(g)) }) {
-			owner = p.NodeName
-			break
-		}
+	if owner == "" {
+		owner = listedOwner(a.disc.Peers(), ip)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -260,4 +254,29 @@ func (a *Agent) bindGID(gid verbs.GID, node string) error {
 	}
 	a.gids[gid] = node
 	return nil
+}
+
+// listedOwner is the one peer whose listing (its RDMANode's address or
+// rail GIDs, which each node's agent writes for itself) names ip; "" if
+// none or several do. A listing is a node's word about itself: a node
+// that lists another's address must not become its owner here, whatever
+// the order of names (it took node-b's own GID from it, when the first
+// node by name won), so a contested address is nobody's by listing, and
+// the node that answers for it must be vouched for by its certificate
+// (vouchFor) or have been bound before.
+func listedOwner(peers []discovery.Peer, ip net.IP) string {
+	owner := ""
+	for _, p := range peers {
+		h, _, err := net.SplitHostPort(p.Address)
+		claims := err == nil && ip.Equal(net.ParseIP(h)) ||
+			slices.ContainsFunc(p.RailGIDs, func(g string) bool { return ip.Equal(net.ParseIP(g)) })
+		switch {
+		case !claims || owner == p.NodeName:
+		case owner == "":
+			owner = p.NodeName
+		default:
+			return ""
+		}
+	}
+	return owner
 }
