@@ -5,22 +5,30 @@ import (
 	"net/netip"
 )
 
-// acceptKept: of a listening allocation's vconn quota, 1/acceptKept (a
-// quarter, rounded down) is kept from any one caller of a listener (a
-// node and the pod IP it dials from, as that node's agent says): one
-// caller may hold at most the rest in the vconns its dials to the listener
-// were given. Without it one tenant that dials and holds its vconns takes
-// the whole quota, and every other tenant's dials are refused; with it
-// the others always find a quarter, whatever the first does. A quarter,
-// not half: a service's one client may still use most of its quota (3 of
-// 4, as the protocol's examples do; both of a quota of 2, which keeps
-// none), as a single-tenant service expects. (spec.limits is to make it
-// configurable.)
-const acceptKept = 4
+// acceptKept and acceptKeptMax: of a listening allocation's vconn quota,
+// 1/acceptKept (a quarter, rounded down), and at most acceptKeptMax
+// vconns, is kept from any one caller of a listener (a node and the pod
+// IP it dials from, as that node's agent says): one caller may hold at
+// most the rest in the vconns its dials to the listener were given.
+// Without it one tenant that dials and holds its vconns takes the whole
+// quota, and every other tenant's dials are refused; with it the others
+// always find some. A quarter, not half: a service's one client may still
+// use most of its quota (3 of 4, as the protocol's examples do; both of a
+// quota of 2, which keeps none). At most acceptKeptMax: a quarter of a
+// large quota kept from a service's one client refused the rxe demo's
+// 1,000 dials to a quota of 1,064 at 798, while 16 vconns are enough for
+// another tenant to get in. (spec.limits is to make it configurable.)
+const (
+	acceptKept    = 4
+	acceptKeptMax = 16
+)
 
 // acceptCap is the most vconns one caller may hold of those a listener of
 // al accepted.
-func (al *allocation) acceptCap() int { return al.quota - al.quota/acceptKept }
+func (al *allocation) acceptCap() int { return al.quota - al.kept() }
+
+// kept is what acceptCap keeps from one caller.
+func (al *allocation) kept() int { return min(al.quota/acceptKept, acceptKeptMax) }
 
 // acceptCaller names the caller of a Dial for its share: the calling
 // node and, when it says, the pod IP it dials from (else the node's host
@@ -50,8 +58,8 @@ func (al *allocation) takeAccept(l *listener, caller string) (acceptSlot, error)
 		return acceptSlot{}, fmt.Errorf("allocation %s has all its %d vconns in use", al.id, al.quota)
 	}
 	if n := l.accepted[caller]; n >= al.acceptCap() {
-		return acceptSlot{}, fmt.Errorf("caller %s holds %d vconns of allocation %s, the most one caller may: 1/%d of its quota of %d is kept for others",
-			caller, n, al.id, acceptKept, al.quota)
+		return acceptSlot{}, fmt.Errorf("caller %s holds %d vconns of allocation %s, the most one caller may: %d of its quota of %d are kept for others",
+			caller, n, al.id, al.kept(), al.quota)
 	}
 	if l.accepted == nil {
 		l.accepted = make(map[string]int)
