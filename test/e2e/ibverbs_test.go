@@ -66,6 +66,12 @@ func (e *env) ibverbsWithoutDevice() {
 			return false, fmt.Sprintf("DeviceReady %+v", c)
 		}
 		e.t.Logf("RDMANode %s: DeviceReady=False, %s: %s", rn.Name, c.Reason, c.Message)
+		// And an Event says it on the RDMANode (kubectl describe).
+		ev := e.eventOf("RDMANode", rn.Name, c.Reason)
+		if ev == nil || ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Note, "DeviceReady is False") {
+			return false, fmt.Sprintf("no Warning Event %s on RDMANode %s: %+v", c.Reason, rn.Name, ev)
+		}
+		e.t.Logf("RDMANode Event: %s %s: %s", ev.Type, ev.Reason, ev.Note)
 		return true, ""
 	})
 	e.eventually("the RDMAService is Degraded: DeviceUnavailable", 2*time.Minute, func() (bool, string) {
