@@ -294,8 +294,9 @@ func (e *env) agentKilled() {
 }
 
 // eventOf is the last Event (events.k8s.io) in namespace default regarding
-// the kind and name given, with reason; nil if none.
-func (e *env) eventOf(kind, name, reason string) *eventsv1.Event {
+// the kind and name given, with reason (and action, if not ""); nil if
+// none.
+func (e *env) eventOf(kind, name, reason string, action ...string) *eventsv1.Event {
 	l, err := e.kube.EventsV1().Events("default").List(e.ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil
@@ -303,7 +304,7 @@ func (e *env) eventOf(kind, name, reason string) *eventsv1.Event {
 	var last *eventsv1.Event
 	for i := range l.Items {
 		ev := &l.Items[i]
-		if ev.Regarding.Kind == kind && ev.Regarding.Name == name && ev.Reason == reason {
+		if ev.Regarding.Kind == kind && ev.Regarding.Name == name && ev.Reason == reason && (len(action) == 0 || ev.Action == action[0]) {
 			last = ev
 		}
 	}

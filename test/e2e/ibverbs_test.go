@@ -67,7 +67,7 @@ func (e *env) ibverbsWithoutDevice() {
 		}
 		e.t.Logf("RDMANode %s: DeviceReady=False, %s: %s", rn.Name, c.Reason, c.Message)
 		// And an Event says it on the RDMANode (kubectl describe).
-		ev := e.eventOf("RDMANode", rn.Name, c.Reason)
+		ev := e.eventOf("RDMANode", rn.Name, c.Reason, "DeviceReady")
 		if ev == nil || ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Note, "DeviceReady is False") {
 			return false, fmt.Sprintf("no Warning Event %s on RDMANode %s: %+v", c.Reason, rn.Name, ev)
 		}
