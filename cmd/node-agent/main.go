@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -23,21 +24,7 @@ import (
 )
 
 func main() {
-	var (
-		path string
-		o    agent.Overrides
-		v    int
-	)
-	flag.StringVar(&path, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults with the soft provider")
-	flag.StringVar(&o.NodeName, "node-name", "", "node name (default $NODE_NAME)")
-	flag.StringVar(&o.NodeIP, "node-ip", "", "node IP, which the soft provider binds (default $NODE_IP)")
-	flag.StringVar(&o.SocketDir, "socket-dir", "", "directory of the admin and allocation sockets")
-	flag.IntVar(&o.ControlPort, "control-port", 0, "TCP port of the agent-to-agent control plane")
-	flag.StringVar(&o.Peers, "peers", "", "static peers, name=host:port,... (standalone mode)")
-	flag.IntVar(&v, "v", 0, "log verbosity")
-	flag.Parse()
-	log := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(v)))
-
+	path, o, log := parseFlags()
 	cfg, err := agent.LoadConfig(path, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "node-agent:", err)
@@ -53,23 +40,8 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// The control plane's certificate comes before the agent, which
-	// refuses to start without its files; renewals run beside it.
-	var certs client.Client
-	if nodecert.Needed(cfg) {
-		if certs, err = nodecert.NewClient(); err != nil {
-			log.Error(err, "Cannot request the node certificate")
-			os.Exit(1)
-		}
-	}
-	keeper, err := nodecert.Bootstrap(ctx, cfg, certs, nodecert.DefaultBootstrapTimeout, log)
-	if err != nil {
-		log.Error(err, "Cannot get the node certificate")
+	if err := certificate(ctx, cfg, &opts, log); err != nil {
 		os.Exit(1)
-	}
-	if keeper != nil {
-		go keeper.Run(ctx)
-		opts.RenewCertificate = keeper.Renew
 	}
 	// The reporter reports the agent, or, until it starts, why its device
 	// does not open.
@@ -81,47 +53,23 @@ func main() {
 			reporter.Run(ctx, &node) // marks the node not ready when ctx ends
 		}
 	}()
-	// A device that does not open (none, a wrong name, a port down, a GID
-	// index out of range) is waited for, not exited on: exiting would
-	// crash-loop the pod with nothing said where the operator looks.
-	// Every rail's device (one unless device.rails says more) opens
-	// together.
-	var rails []verbs.Device
-	openRails := func(c *config.AgentConfig) (verbs.Device, error) {
-		devs, err := device.OpenRails(c)
-		if err != nil {
-			return nil, err
-		}
-		rails = devs
-		return devs[0], nil
+	exit := func(code int) {
+		stop()
+		<-reported
+		os.Exit(code)
 	}
-	if _, err := waitForDevice(ctx, cfg, openRails, device.DefaultBackoff, log, &node); err != nil {
+	if !openDevices(ctx, cfg, &opts, &node, log) {
 		log.Info("Stopped waiting for the RDMA device")
 		<-reported
 		return
 	}
-	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }
-	if reporter != nil {
-		opts.PodEvents = rdmanode.NewPodEvents(ctx, reporter.Kube, cfg.NodeName)
-		pods, pols, err := watchPods(ctx, reporter.Kube, log)
-		if err != nil {
-			log.Error(err, "Cannot watch the pods and NetworkPolicies")
-			stop()
-			<-reported
-			os.Exit(1)
-		}
-		opts.PodAddresses = pods
-		// Dials obey the cluster's NetworkPolicies, which the CNI
-		// enforces on IP only (vconns flow agent to agent).
-		opts.Policy = pols
-		waitPodIPs(ctx, pods, pols, log)
+	if reporter != nil && !clusterOptions(ctx, reporter, cfg, &opts, log) {
+		exit(1)
 	}
 	a, err := agent.New(opts)
 	if err != nil {
 		log.Error(err, "Cannot start the agent")
-		stop()
-		<-reported
-		os.Exit(1)
+		exit(1)
 	}
 	node.Start(a)
 	<-ctx.Done()
@@ -131,4 +79,80 @@ func main() {
 		log.Error(err, "Stopping the agent")
 		os.Exit(1)
 	}
+}
+
+func parseFlags() (path string, o agent.Overrides, log logr.Logger) {
+	var v int
+	flag.StringVar(&path, "config", "", "agent configuration file (AgentConfig YAML); empty: defaults with the soft provider")
+	flag.StringVar(&o.NodeName, "node-name", "", "node name (default $NODE_NAME)")
+	flag.StringVar(&o.NodeIP, "node-ip", "", "node IP, which the soft provider binds (default $NODE_IP)")
+	flag.StringVar(&o.SocketDir, "socket-dir", "", "directory of the admin and allocation sockets")
+	flag.IntVar(&o.ControlPort, "control-port", 0, "TCP port of the agent-to-agent control plane")
+	flag.StringVar(&o.Peers, "peers", "", "static peers, name=host:port,... (standalone mode)")
+	flag.IntVar(&v, "v", 0, "log verbosity")
+	flag.Parse()
+	return path, o, textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(v)))
+}
+
+// certificate gets the control plane's certificate before the agent
+// starts (it refuses to start without its files) and keeps renewing it
+// beside it; an error is logged.
+func certificate(ctx context.Context, cfg *config.AgentConfig, opts *agent.Options, log logr.Logger) error {
+	var certs client.Client
+	if nodecert.Needed(cfg) {
+		var err error
+		if certs, err = nodecert.NewClient(); err != nil {
+			log.Error(err, "Cannot request the node certificate")
+			return err
+		}
+	}
+	keeper, err := nodecert.Bootstrap(ctx, cfg, certs, nodecert.DefaultBootstrapTimeout, log)
+	if err != nil {
+		log.Error(err, "Cannot get the node certificate")
+		return err
+	}
+	if keeper != nil {
+		go keeper.Run(ctx)
+		opts.RenewCertificate = keeper.Renew
+	}
+	return nil
+}
+
+// openDevices waits for every rail's device (one unless device.rails says
+// more) and gives them to the agent; false if ctx ended first. A device
+// that does not open (none, a wrong name, a port down, a GID index out of
+// range) is waited for, not exited on: exiting would crash-loop the pod
+// with nothing said where the operator looks.
+func openDevices(ctx context.Context, cfg *config.AgentConfig, opts *agent.Options, node *rdmanode.Pending, log logr.Logger) bool {
+	var rails []verbs.Device
+	openRails := func(c *config.AgentConfig) (verbs.Device, error) {
+		devs, err := device.OpenRails(c)
+		if err != nil {
+			return nil, err
+		}
+		rails = devs
+		return devs[0], nil
+	}
+	if _, err := waitForDevice(ctx, cfg, openRails, device.DefaultBackoff, log, node); err != nil {
+		return false
+	}
+	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }
+	return true
+}
+
+// clusterOptions wires what Kubernetes mode adds: Events on pods, pod
+// addresses from the API server, and the cluster's NetworkPolicies on
+// dials (the CNI enforces them on IP only; vconns flow agent to agent).
+// False, logged, if the watches cannot start.
+func clusterOptions(ctx context.Context, reporter *rdmanode.Reporter, cfg *config.AgentConfig, opts *agent.Options, log logr.Logger) bool {
+	opts.PodEvents = rdmanode.NewPodEvents(ctx, reporter.Kube, cfg.NodeName)
+	pods, pols, err := watchPods(ctx, reporter.Kube, log)
+	if err != nil {
+		log.Error(err, "Cannot watch the pods and NetworkPolicies")
+		return false
+	}
+	opts.PodAddresses = pods
+	opts.Policy = pols
+	waitPodIPs(ctx, pods, pols, log)
+	return true
 }
