@@ -170,7 +170,11 @@ func (p *Plugin) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 // agent lets the allocation listen or dial only once collection named its
 // pod (it waits for that a few seconds).
 func (p *Plugin) bindSoon() {
-	for _, d := range []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second} {
+	// Until the kubelet lists the pod's devices, which on a loaded node
+	// came past 2 s (an e2e pod's dials, waiting podWait, failed before the
+	// minute's pass bound it): every few seconds for about 20 s.
+	for _, d := range []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second,
+		3 * time.Second, 5 * time.Second, 8 * time.Second, 13 * time.Second, 21 * time.Second} {
 		time.AfterFunc(d, func() {
 			select {
 			case p.kick <- struct{}{}:
