@@ -22,28 +22,35 @@ CGO_ENABLED=1 "$GO" test -count=1 -tags ibverbs -run 'TestConfig|TestOpenWithout
 CGO_ENABLED=1 "$GO" build -tags ibverbs -o "$OUT/node-agent" ./cmd/node-agent
 CGO_ENABLED=1 "$GO" build -tags ibverbs -o "$OUT/rdmavisor" ./cmd/rdmavisor
 CGO_ENABLED=1 "$GO" test -c -tags ibverbs -o "$OUT/ibv.test" ./internal/verbs/ibv
-rc=0
-hack/rxe-vm/run.sh -t 600 -f "$OUT/ibv.test" -- \
-	env RDMAVISOR_RXE_VM=1 ./ibv.test -test.v -test.timeout 540s -test.skip TestOpenWithoutDevices || rc=$?
-log "ibv tests: exit $rc"
+# Each step's output also goes to a file: a CI log keeps only its head and
+# tail, so a failed step's failing lines are repeated at the end.
+failed=() n=0
+step() {
+	local name=$1 r=0
+	shift
+	n=$((n + 1))
+	"$@" 2>&1 | tee "$OUT/step-$n.log" || r=$?
+	log "$name: exit $r"
+	[ "$r" -eq 0 ] || failed+=("$n")
+}
+step "ibv tests" hack/rxe-vm/run.sh -t 600 -f "$OUT/ibv.test" -- \
+	env RDMAVISOR_RXE_VM=1 ./ibv.test -test.v -test.timeout 540s -test.skip TestOpenWithoutDevices
 # The engine's device tests, the device errors and an agent waiting for a
 # bad device, on rxe0.
-erc=0
-hack/rxe-vm/engine.sh || erc=$?
-log "engine tests, device errors, a waiting agent on rxe0: exit $erc"
+step "engine tests, device errors, a waiting agent on rxe0" hack/rxe-vm/engine.sh
 # The soft provider on the host against rxe in a guest, on the wire.
-irc=0
-hack/rxe-vm/interop.sh || irc=$?
-log "soft <-> rxe interop: exit $irc"
-prc=0
-hack/rxe-vm/run.sh -g 2 -t 300 -f hack/rxe-vm/pingpong.sh -- sh pingpong.sh || prc=$?
-log "two guests, ibv_rc_pingpong: exit $prc"
-arc=0
+step "soft <-> rxe interop" hack/rxe-vm/interop.sh
+step "two guests, ibv_rc_pingpong" hack/rxe-vm/run.sh -g 2 -t 300 -f hack/rxe-vm/pingpong.sh -- sh pingpong.sh
 for tr in auto rc; do
-	r=0
-	hack/rxe-vm/run.sh -g 2 -t 420 -f "$OUT/rdmavisor" -f hack/rxe-vm/agents.sh -- env TRANSPORT=$tr sh agents.sh || r=$?
-	log "two guests, two ibverbs node agents, 1,000 vconns echoing over $tr: exit $r"
-	[ "$r" -eq 0 ] || arc=$r
+	step "two guests, two ibverbs node agents, 1,000 vconns echoing over $tr" \
+		hack/rxe-vm/run.sh -g 2 -t 420 -f "$OUT/rdmavisor" -f hack/rxe-vm/agents.sh -- env TRANSPORT=$tr sh agents.sh
 done
 log "test-rxe took $((SECONDS - start)) s"
-[ "$rc" -eq 0 ] && [ "$erc" -eq 0 ] && [ "$irc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$arc" -eq 0 ]
+[ ${#failed[@]} -eq 0 ] && exit 0
+for i in "${failed[@]}"; do
+	log "FAILED: step $i; its failing lines, then its last 40:"
+	grep -E -e '--- FAIL|^FAIL|panic:|exit [1-9]|timed out|[Ee]rror:' "$OUT/step-$i.log" | head -40 >&2 || true
+	tail -40 "$OUT/step-$i.log" >&2
+done
+log "test-rxe FAILED: steps ${failed[*]} (1 ibv, 2 engine, 3 interop, 4 pingpong, 5 agents auto, 6 agents rc)"
+exit 1
