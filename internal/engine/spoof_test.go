@@ -36,6 +36,7 @@ type spoofWire struct {
 	spoofer, as verbs.GID
 	hole        atomic.Uint32 // a QPN whose packets are dropped; 0: none
 	holed       atomic.Int64  // packets dropped there
+	readBytes   atomic.Int64  // bytes of RDMA READ responses received
 }
 
 func (w *spoofWire) Recv(pkts []softwire.Packet) (int, error) {
@@ -47,6 +48,9 @@ func (w *spoofWire) Recv(pkts []softwire.Packet) (int, error) {
 		k := 0
 		for i := range pkts[:n] {
 			p := pkts[i]
+			if p.N > 0 && roce.Opcode(p.Buf[0]).IsReadResponse() {
+				w.readBytes.Add(int64(p.N))
+			}
 			if p.Addr == w.spoofer {
 				p.Addr = w.as
 			}
@@ -367,4 +371,72 @@ func TestSpoofedWriteOnUC(t *testing.T) {
 	if written := len(payload) - bytes.Count(r.Bytes()[:len(payload)], []byte{0}); written != 0 {
 		t.Fatalf("bytes written by the spoofer: %d, want 0", written)
 	}
+}
+
+// TestSpoofedRead: a spoofer sends, as from the peer, RDMA READ requests
+// for the whole of a region the peer may read, with its window's valid
+// key, on the RC QP the window is bound to, at eight PSNs spread over the
+// PSN space (so half of them fall behind the one the responder expects,
+// where a READ is a duplicate that may be answered again). The node sends
+// the peer no response to any (bytes sent: 0; before, 1 MiB for each
+// 32-byte request behind the expected PSN): a duplicate READ is answered
+// only within a READ the responder executed, as rxe does. The peer's own
+// reads and messages go on.
+func TestSpoofedRead(t *testing.T) {
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: RC}, VConnOptions{Transport: RC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 1 << 20
+	r, err := va.Export(ctx, size, AccessRead, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.mw == nil {
+		t.Fatal("no window on the soft provider")
+	}
+	exchange(ctx, t, vb, va, 1, func(int) []byte { return []byte("hello") })
+	exported(t, vb, r.ID())
+	got := make([]byte, 4096)
+	start := n.wb.readBytes.Load()
+	if err := vb.Read(ctx, r.ID(), 0, got); err != nil {
+		t.Fatal(err)
+	}
+	one := n.wb.readBytes.Load() - start // a read's responses, headers included
+	n.a.peersMu.Lock()
+	qp := n.a.peers[n.b.GID()].ingressQP(verbs.QPTypeRC, vb.ID())
+	n.a.peersMu.Unlock()
+	if qp == nil {
+		t.Fatal("no RC QP from the peer")
+	}
+	before := n.wb.readBytes.Load()
+	for k := range uint32(8) {
+		h := roce.Header{Opcode: roce.RCReadRequest, PKey: 0xffff, DestQPN: qp.QPN(), PSN: k << 21, AckReq: true,
+			VA: 0, RKey: r.mw.RKey(), DMALen: size}
+		buf := make([]byte, roce.MaxPacketLen(0))
+		k, err := roce.Encode(buf, &h, nil, roce.Endpoint{GID: n.b.GID(), Port: roce.DefaultPort}, roce.Endpoint{GID: n.a.GID(), Port: roce.DefaultPort})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.spoofer.Send([]softwire.Packet{{Buf: buf[:k], N: k, Addr: n.a.GID()}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The peer's own read and message after them, on the same QP: the
+	// forged requests were handled before.
+	if err := vb.Read(ctx, r.ID(), 0, got); err != nil {
+		t.Fatal(err)
+	}
+	exchange(ctx, t, vb, va, 1, func(int) []byte { return []byte("marker") })
+	// The peer's second read, and at most one replay of it: a forged
+	// request ahead of the expected PSN draws a sequence NAK, which may
+	// have the peer ask for its read again.
+	sent := n.wb.readBytes.Load() - before
+	if sent > 2*one {
+		t.Fatalf("READ response bytes sent to the peer: %d, want at most %d (its own read, twice)", sent, 2*one)
+	}
+	t.Logf("READ response bytes for 8 forged reads of 1 MiB and a real one of 4096 bytes (%d with headers): %d", one, sent)
 }

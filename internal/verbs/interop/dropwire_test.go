@@ -14,7 +14,8 @@ import (
 type dropWire struct {
 	wire.Wire
 	mu     sync.Mutex
-	tx, rx *dropRule // guarded by mu
+	tx, rx *dropRule      // guarded by mu
+	watch  func(b []byte) // guarded by mu: sees each packet received
 }
 
 // dropRule drops the skip+1-th packet with this opcode and destination QPN.
@@ -87,6 +88,9 @@ func (w *dropWire) Recv(pkts []wire.Packet) (int, error) {
 		w.mu.Lock()
 		j := 0
 		for i := range n {
+			if w.watch != nil {
+				w.watch(pkts[i].Buf[:pkts[i].N])
+			}
 			if w.rx != nil && w.rx.match(pkts[i].Buf[:pkts[i].N]) {
 				continue
 			}

@@ -241,6 +241,7 @@ type conn struct {
 	mr       verbs.MR
 	ah       verbs.AH // UD
 	peer     info
+	sqPSN    uint32 // the PSN of its first request
 	mtu      int
 }
 
@@ -253,6 +254,7 @@ func (s *side) connect(t *testing.T, typ verbs.QPType, mtu verbs.MTU) *conn {
 		Cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	c.mr = verbstest.RegMR(t, s.pd, mrSize, access)
 	psn := rand.Uint32() & 0xffffff
+	c.sqPSN = psn
 	mine := info{QPN: c.qp.QPN(), PSN: psn, GID: verbstest.GID(t, s.dev), Addr: c.mr.Addr(), RKey: c.mr.RKey()}
 	s.swap(t, mine, &c.peer)
 	t.Logf("%s: %v QP %#x PSN %#x GID %v; peer QP %#x PSN %#x GID %v", s.name(), typ, mine.QPN, psn, mine.GID, c.peer.QPN, c.peer.PSN, c.peer.GID)

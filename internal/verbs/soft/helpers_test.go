@@ -73,15 +73,22 @@ func newRCPairNIC(t testing.TB, fb *wire.Fabric, mtu verbs.MTU, m *NICModel) *rc
 
 func connectRC(t testing.TB, q verbs.QP, dqpn uint32, dgid verbs.GID, mtu verbs.MTU) {
 	t.Helper()
+	connectRCRdAtomic(t, q, dqpn, dgid, mtu, 16)
+}
+
+// connectRCRdAtomic is connectRC with rdAtomic reads at a time each way
+// (max_rd_atomic and max_dest_rd_atomic).
+func connectRCRdAtomic(t testing.TB, q verbs.QP, dqpn uint32, dgid verbs.GID, mtu verbs.MTU, rdAtomic uint8) {
+	t.Helper()
 	if err := q.Modify(&verbs.QPAttr{State: verbs.QPStateInit, Port: 1, AccessFlags: verbs.AccessRemoteWrite | verbs.AccessRemoteRead},
 		verbs.QPAttrState|verbs.QPAttrPKeyIndex|verbs.QPAttrPort|verbs.QPAttrAccessFlags); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Modify(&verbs.QPAttr{State: verbs.QPStateRTR, PathMTU: mtu, DestQPN: dqpn, RQPSN: 0, AH: verbs.AHAttr{DGID: dgid}, MaxDestRdAtomic: 16, MinRNRTimer: 1},
+	if err := q.Modify(&verbs.QPAttr{State: verbs.QPStateRTR, PathMTU: mtu, DestQPN: dqpn, RQPSN: 0, AH: verbs.AHAttr{DGID: dgid}, MaxDestRdAtomic: rdAtomic, MinRNRTimer: 1},
 		verbs.QPAttrState|verbs.QPAttrAV|verbs.QPAttrPathMTU|verbs.QPAttrDestQPN|verbs.QPAttrRQPSN|verbs.QPAttrMaxDestRdAtomic|verbs.QPAttrMinRNRTimer); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Modify(&verbs.QPAttr{State: verbs.QPStateRTS, SQPSN: 0, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+	if err := q.Modify(&verbs.QPAttr{State: verbs.QPStateRTS, SQPSN: 0, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: rdAtomic},
 		verbs.QPAttrState|verbs.QPAttrSQPSN|verbs.QPAttrTimeout|verbs.QPAttrRetryCnt|verbs.QPAttrRNRRetry|verbs.QPAttrMaxQPRdAtomic); err != nil {
 		t.Fatal(err)
 	}

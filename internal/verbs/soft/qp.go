@@ -267,6 +267,7 @@ func (q *qp) Modify(attr *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	case verbs.QPStateRTR:
 		if from == verbs.QPStateInit {
 			q.resp = responder{epsn: q.attr.RQPSN}
+			q.resp.reads.reset(q.attr.MaxDestRdAtomic)
 		}
 	case verbs.QPStateRTS:
 		if from == verbs.QPStateRTR {

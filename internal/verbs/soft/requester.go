@@ -80,6 +80,12 @@ func (q *qp) pump(tx *txq) {
 			q.completeLocalOps()
 			continue
 		}
+		if w.wr.Opcode == verbs.WRRDMARead && q.readsInFlight() >= int(q.attr.MaxRdAtomic) {
+			// max_rd_atomic reads await their responses: the next waits,
+			// as rxe's requester waits (rd_atomic), so the responder
+			// still holds each read it may be asked for again.
+			break
+		}
 		if r.off == 0 && w.readDone == 0 {
 			w.firstPSN = r.psn
 			w.npsn = q.npackets(w.length)
@@ -115,6 +121,17 @@ func (q *qp) pump(tx *txq) {
 	if q.typ == verbs.QPTypeRC && r.psn != r.unacked && !r.rnrWait {
 		q.armRetransmit(false)
 	}
+}
+
+// readsInFlight counts the READs sent and not yet answered.
+func (q *qp) readsInFlight() int {
+	n := 0
+	for i := q.req.head; i < q.req.cur; i++ {
+		if q.wqe(i).wr.Opcode == verbs.WRRDMARead {
+			n++
+		}
+	}
+	return n
 }
 
 // sendSegment transmits the packet of a send or write at r.off.

@@ -24,6 +24,8 @@ type responder struct {
 	wleft   uint32
 	wlen    uint32
 	ucDrop  bool // UC: drop packets until the next FIRST or ONLY
+
+	reads readResources // RC: the READs it may answer again
 }
 
 // respondRC executes an RC request packet. Called from the receive loop with
@@ -41,20 +43,7 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 		return
 	}
 	if d < 0 {
-		q.dev.stats.rxDuplicate.Add(1)
-		if op.IsReadRequest() {
-			// A read may be asked again when its response was lost: it is
-			// executed again (IBA 9.9.2.1), with the PSNs it had.
-			// If its region is gone, it is dropped, as rxe drops it.
-			if m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead); ok {
-				q.sendReadResponses(rx.tx, m, va, h.DMALen, h.PSN)
-			}
-			return
-		}
-		// A duplicate SEND or WRITE is acknowledged again whether it asks
-		// or not (IBA C9-105; rxe ACKs every one): the requester may have
-		// lost our ACK and retransmitted packets that do not ask.
-		rx.owe(q)
+		q.respondDuplicate(rx, h)
 		return
 	}
 
@@ -64,76 +53,24 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 		q.responderError(rx, roce.NakInvalidRequest, h.PSN, verbs.WCWRFlushErr)
 		return
 	}
-	mtu := q.mtu
 	last := op.EndsMessage()
-	if !last && uint32(len(payload)) != mtu {
+	if !last && uint32(len(payload)) != q.mtu {
 		// Only the last packet of a message may be short.
 		q.responderError(rx, roce.NakInvalidRequest, h.PSN, verbs.WCWRFlushErr)
 		return
 	}
 
+	var ok bool
 	switch {
 	case op.IsSend():
-		if !r.hasRecv {
-			if !q.takeRecv(&r.recv) {
-				q.rnrNak(rx, h.PSN)
-				return
-			}
-			r.hasRecv = true
-			r.recvOff = 0
-		}
-		if !scatter(q, r.recv.SG[:min(int(r.recv.NumSGE), verbs.MaxSGE)], r.recvOff, payload) {
-			status := verbs.WCLocLenErr
-			if uint64(r.recvOff)+uint64(len(payload)) <= r.recv.Len() {
-				status = verbs.WCLocProtErr
-			}
-			q.responderError(rx, roce.NakInvalidRequest, h.PSN, status)
-			return
-		}
-		r.recvOff += uint32(len(payload))
-		r.inSend = !last
-		if last {
-			q.completeRecv(op.HasImm(), h, verbs.WCRecv, r.recvOff)
-		}
+		ok = q.receiveSend(rx, h, payload, last)
 	case op.IsWrite():
-		// The first packet's RETH is checked before a receive is taken for
-		// the immediate, and takes effect only once one is held.
-		var m *mr
-		var va uint64
-		if op.HasRETH() {
-			var ok bool
-			if m, va, ok = q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite); !ok {
-				q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
-				return
-			}
-		}
-		if op.HasImm() && !r.hasRecv && !q.peekRecv(rx, h.PSN) {
-			return
-		}
-		if op.HasRETH() {
-			r.wmr, r.wva, r.wleft, r.wlen = m, va, h.DMALen, h.DMALen
-		}
-		if !q.writePayload(rx, h, payload, last) {
-			return
-		}
-		r.inWrite = !last
-		if op.HasImm() {
-			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
-		}
+		ok = q.receiveWrite(rx, h, payload, last)
 	case op.IsReadRequest():
-		m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead)
-		if !ok {
-			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
-			return
-		}
-		// The read is a message: its responses carry the MSN that counts
-		// it, as rxe's do.
-		r.msn = psnAdd(r.msn, 1)
-		if !q.sendReadResponses(rx.tx, m, va, h.DMALen, h.PSN) {
-			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
-			return
-		}
-		r.epsn = psnAdd(r.epsn, q.npackets(h.DMALen)-1)
+		ok = q.executeRead(rx, h)
+	}
+	if !ok {
+		return
 	}
 	if last && !op.IsReadRequest() {
 		r.msn = psnAdd(r.msn, 1)
@@ -143,6 +80,117 @@ func (q *qp) respondRC(rx *rxState, h *roce.Header, payload []byte) {
 	if h.AckReq && !op.IsReadRequest() {
 		rx.owe(q)
 	}
+}
+
+// respondDuplicate answers a request behind the expected PSN.
+func (q *qp) respondDuplicate(rx *rxState, h *roce.Header) {
+	q.dev.stats.rxDuplicate.Add(1)
+	if h.Opcode.IsReadRequest() {
+		// A read may be asked again when its response was lost: one the
+		// responder executed is executed again (IBA 9.9.2.1), from the
+		// PSN asked; anything else is dropped, as is one whose region
+		// is gone, as rxe drops them.
+		if !q.resp.reads.replay(h.PSN, h.RKey, h.VA, h.DMALen) {
+			q.dev.stats.rxDupReadDropped.Add(1)
+			return
+		}
+		if m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead); ok {
+			q.sendReadResponses(rx.tx, m, va, h.DMALen, h.PSN)
+		}
+		return
+	}
+	// A duplicate SEND or WRITE is acknowledged again whether it asks or
+	// not (IBA C9-105; rxe ACKs every one): the requester may have lost
+	// our ACK and retransmitted packets that do not ask.
+	rx.owe(q)
+}
+
+// receiveSend places a SEND packet in the receive WR it takes or holds;
+// false if the request ended there (an RNR NAK or an error).
+func (q *qp) receiveSend(rx *rxState, h *roce.Header, payload []byte, last bool) bool {
+	r := &q.resp
+	if !r.hasRecv {
+		if !q.takeRecv(&r.recv) {
+			q.rnrNak(rx, h.PSN)
+			return false
+		}
+		r.hasRecv = true
+		r.recvOff = 0
+	}
+	if !scatter(q, r.recv.SG[:min(int(r.recv.NumSGE), verbs.MaxSGE)], r.recvOff, payload) {
+		status := verbs.WCLocLenErr
+		if uint64(r.recvOff)+uint64(len(payload)) <= r.recv.Len() {
+			status = verbs.WCLocProtErr
+		}
+		q.responderError(rx, roce.NakInvalidRequest, h.PSN, status)
+		return false
+	}
+	r.recvOff += uint32(len(payload))
+	r.inSend = !last
+	if last {
+		q.completeRecv(h.Opcode.HasImm(), h, verbs.WCRecv, r.recvOff)
+	}
+	return true
+}
+
+// receiveWrite writes an RDMA WRITE packet; false if the request ended
+// there.
+func (q *qp) receiveWrite(rx *rxState, h *roce.Header, payload []byte, last bool) bool {
+	r := &q.resp
+	op := h.Opcode
+	// The first packet's RETH is checked before a receive is taken for
+	// the immediate, and takes effect only once one is held.
+	var m *mr
+	var va uint64
+	if op.HasRETH() {
+		var ok bool
+		if m, va, ok = q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite); !ok {
+			q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+			return false
+		}
+	}
+	if op.HasImm() && !r.hasRecv && !q.peekRecv(rx, h.PSN) {
+		return false
+	}
+	if op.HasRETH() {
+		r.wmr, r.wva, r.wleft, r.wlen = m, va, h.DMALen, h.DMALen
+	}
+	if !q.writePayload(rx, h, payload, last) {
+		return false
+	}
+	r.inWrite = !last
+	if op.HasImm() {
+		q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
+	}
+	return true
+}
+
+// executeRead answers a new READ request and keeps it to answer again;
+// false if it failed.
+func (q *qp) executeRead(rx *rxState, h *roce.Header) bool {
+	r := &q.resp
+	if len(r.reads.res) == 0 {
+		// max_dest_rd_atomic 0: the QP takes no reads (rxe:
+		// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ, an invalid request).
+		q.responderError(rx, roce.NakInvalidRequest, h.PSN, verbs.WCWRFlushErr)
+		return false
+	}
+	m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteRead)
+	if !ok {
+		q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+		return false
+	}
+	// The read is a message: its responses carry the MSN that counts it,
+	// as rxe's do.
+	r.msn = psnAdd(r.msn, 1)
+	if !q.sendReadResponses(rx.tx, m, va, h.DMALen, h.PSN) {
+		q.responderError(rx, roce.NakRemoteAccess, h.PSN, verbs.WCWRFlushErr)
+		return false
+	}
+	n := q.npackets(h.DMALen)
+	r.reads.record(h.PSN, n, h.RKey, h.VA, h.DMALen)
+	r.epsn = psnAdd(r.epsn, n-1)
+	return true
 }
 
 // continues reports whether op may come next at the responder: the next
