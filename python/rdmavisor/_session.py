@@ -15,7 +15,10 @@ from .errors import AgentGoneError, from_code
 
 class Call(Waitable):
     """A request's reply, awaited; a blocked waiter reads session's socket
-    for it."""
+    for it. complete is the reply's callback (Session.request); subclasses
+    that do more when the reply comes (a vconn's operation gives its
+    window slot back, a dial registers its vconn) override it and end in
+    settle."""
 
     def __init__(self, session=None):
         super().__init__()
@@ -24,10 +27,19 @@ class Call(Waitable):
         self.frame = None
         self.err = None
 
-    def complete(self, f, err):
+    def settle(self, f, err):
+        """Completes the call with the reply f, or the failure err, and
+        wakes its waiters: the one place a call completes."""
         with self._cond:
             self.done, self.frame, self.err = True, f, err
             self._wake()
+
+    complete = settle
+
+    def abandon(self, s, req):
+        """The caller stopped waiting (Session.call): the reply, if it
+        comes, is ignored."""
+        s.forget(req)
 
     def check(self):
         if not self.done:
@@ -35,6 +47,37 @@ class Call(Waitable):
         if self.err is not None:
             raise self.err
         return self.frame
+
+
+class Handle(Waitable):
+    """A vconn or a listener: handle of a session, which fails it (_fail)
+    when it breaks, and resets it in a forked child. Its timeout is the
+    default of its calls that wait."""
+
+    def __init__(self, s, handle):
+        super().__init__()
+        self._s = self._leads = s
+        self.handle = handle
+        self._timeout = None
+        self._err = None  # why it failed; guarded by _cond
+
+    def settimeout(self, timeout):
+        """None: block; 0: non-blocking; else seconds each call may wait."""
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout {timeout}: want None or at least 0")
+        self._timeout = timeout
+
+    def gettimeout(self):
+        return self._timeout
+
+    def _t(self, timeout):
+        return self._timeout if timeout is None else timeout
+
+    def _fail(self, err):
+        with self._cond:
+            if self._err is None:
+                self._err = err
+            self._wake()
 
 
 # The background reader's standby after a thread of the program waited:
@@ -277,12 +320,7 @@ class Session:
     def request(self, f, cb):
         """Sends a request; cb(frame, err) gets its reply (or the
         session's failure) on the reader thread. Returns its req."""
-        with self._lock:
-            if self.err is not None:
-                raise self.err
-            self._next_req = (self._next_req + 1) & 0xFFFFFFFF or 1
-            req = self._next_req
-            self._pending[req] = cb
+        req = self.register(cb, check=True)
         try:
             self.write(f._replace(req=req))
         except Exception:
@@ -293,28 +331,43 @@ class Session:
             # The failure was delivered to cb already.
         return req
 
+    def register(self, cb, check=False):
+        """A new req whose reply (or the session's failure) goes to
+        cb(frame, err); with check, the session's failure is raised
+        instead once it broke."""
+        with self._lock:
+            if check and self.err is not None:
+                raise self.err
+            self._next_req = (self._next_req + 1) & 0xFFFFFFFF or 1
+            req = self._next_req
+            self._pending[req] = cb
+        return req
+
     def forget(self, req):
         """Drops a request whose caller stopped waiting (its reply, if it
         comes, is ignored)."""
         with self._lock:
             return self._pending.pop(req, None)
 
-    def call(self, f, timeout, what):
-        c = Call(self)
+    def call(self, f, timeout, what, c=None):
+        """Sends f and waits for its reply; c, a Call of this session, is
+        what the reply completes (default: a plain Call)."""
+        c = Call(self) if c is None else c
         req = self.request(f, c.complete)
         try:
             return c._block(c.check, timeout, what)
         except BaseException:
-            self.forget(req)
+            c.abandon(self, req)
             raise
 
-    async def acall(self, f, timeout, what):
-        c = Call(self)
+    async def acall(self, f, timeout, what, c=None):
+        """call, for asyncio."""
+        c = Call(self) if c is None else c
         req = self.request(f, c.complete)
         try:
             return await c._await(c.check, timeout, what)
         except BaseException:
-            self.forget(req)
+            c.abandon(self, req)
             raise
 
     def _read(self):

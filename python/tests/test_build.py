@@ -19,7 +19,10 @@ def test_wheel_lists_every_file_with_its_hash(tmp_path):
     assert name == "rdmavisor-0.1.0-py3-none-any.whl"
     with zipfile.ZipFile(tmp_path / name) as z:
         names = set(z.namelist())
-        assert {"rdmavisor/__init__.py", "rdmavisor/vconn.py", "rdmavisor-0.1.0.dist-info/METADATA"} <= names
+        modules = {f"rdmavisor/{n}" for n in os.listdir(os.path.join(os.path.dirname(_BUILD), "rdmavisor"))
+                   if n.endswith(".py")}
+        assert {"rdmavisor/__init__.py", "rdmavisor/vconn.py", "rdmavisor/_conn.py"} <= modules  # every module
+        assert modules | {"rdmavisor-0.1.0.dist-info/METADATA"} <= names
         record = z.read("rdmavisor-0.1.0.dist-info/RECORD").decode().splitlines()
         listed = set()
         for line in record:

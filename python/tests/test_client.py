@@ -139,7 +139,7 @@ def test_hello_reply_of_another_version(tmp_path):
 def test_operations_the_agent_drops_at_close_fail(tmp_path, monkeypatch):
     """The agent never answers operations still queued when Close comes:
     their callers get ClosedError instead of waiting forever."""
-    monkeypatch.setattr(rdmavisor.vconn, "CLOSE_TIMEOUT", 0.05)  # the drain before Close
+    monkeypatch.setattr(rdmavisor._conn, "CLOSE_TIMEOUT", 0.05)  # the drain before Close
     exports = threading.Event()
 
     def script(f):
