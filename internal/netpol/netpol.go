@@ -102,49 +102,51 @@ func Decide(c Cluster, conn Conn) Decision {
 
 // Ingress decides whether the destination pod's ingress allows conn.
 func Ingress(c Cluster, conn Conn) Verdict {
-	dst := conn.To.Pod
-	if dst == nil {
-		return Verdict{Dir: networkingv1.PolicyTypeIngress, Allowed: true}
-	}
-	v := Verdict{Dir: networkingv1.PolicyTypeIngress, Pod: dst.Namespace + "/" + dst.Name}
-	if samePod(conn.From.Pod, dst) || ownNode(conn.From, dst) {
-		v.Allowed = true
-		return v
-	}
-	for _, p := range c.Policies(dst.Namespace) {
-		if p == nil || !affects(p, networkingv1.PolicyTypeIngress) || !selects(p, dst) {
-			continue
-		}
-		for i := range p.Spec.Ingress {
-			r := &p.Spec.Ingress[i]
-			if peersMatch(c, p.Namespace, r.From, conn.From) && portsMatch(r.Ports, dst, conn.Port) {
-				return Verdict{Dir: v.Dir, Pod: v.Pod, Allowed: true}
+	return decide(c, conn, networkingv1.PolicyTypeIngress, conn.To, conn.From,
+		func(p *networkingv1.NetworkPolicy, i int) ([]networkingv1.NetworkPolicyPeer, []networkingv1.NetworkPolicyPort, bool) {
+			if i >= len(p.Spec.Ingress) {
+				return nil, nil, false
 			}
-		}
-		v.Isolating = append(v.Isolating, p.Name)
-	}
-	v.Allowed = len(v.Isolating) == 0
-	return v
+			return p.Spec.Ingress[i].From, p.Spec.Ingress[i].Ports, true
+		})
 }
 
 // Egress decides whether the source pod's egress allows conn.
 func Egress(c Cluster, conn Conn) Verdict {
-	src := conn.From.Pod
-	if src == nil {
-		return Verdict{Dir: networkingv1.PolicyTypeEgress, Allowed: true}
+	return decide(c, conn, networkingv1.PolicyTypeEgress, conn.From, conn.To,
+		func(p *networkingv1.NetworkPolicy, i int) ([]networkingv1.NetworkPolicyPeer, []networkingv1.NetworkPolicyPort, bool) {
+			if i >= len(p.Spec.Egress) {
+				return nil, nil, false
+			}
+			return p.Spec.Egress[i].To, p.Spec.Egress[i].Ports, true
+		})
+}
+
+// decide is one direction's verdict for the end self of conn, whose
+// other end is other: the policies of self's namespace that select it for
+// dir isolate it, and it passes if any of their rules (rule i of a policy:
+// its peers and ports, false past the last) admits other at conn's port.
+func decide(c Cluster, conn Conn, dir Direction, self, other Peer,
+	rule func(p *networkingv1.NetworkPolicy, i int) ([]networkingv1.NetworkPolicyPeer, []networkingv1.NetworkPolicyPort, bool)) Verdict {
+	pod := self.Pod
+	if pod == nil {
+		return Verdict{Dir: dir, Allowed: true}
 	}
-	v := Verdict{Dir: networkingv1.PolicyTypeEgress, Pod: src.Namespace + "/" + src.Name}
-	if samePod(conn.To.Pod, src) || ownNode(conn.To, src) {
+	v := Verdict{Dir: dir, Pod: pod.Namespace + "/" + pod.Name}
+	if samePod(other.Pod, pod) || ownNode(other, pod) {
 		v.Allowed = true
 		return v
 	}
-	for _, p := range c.Policies(src.Namespace) {
-		if p == nil || !affects(p, networkingv1.PolicyTypeEgress) || !selects(p, src) {
+	for _, p := range c.Policies(pod.Namespace) {
+		if p == nil || !affects(p, dir) || !selects(p, pod) {
 			continue
 		}
-		for i := range p.Spec.Egress {
-			r := &p.Spec.Egress[i]
-			if peersMatch(c, p.Namespace, r.To, conn.To) && portsMatch(r.Ports, conn.To.Pod, conn.Port) {
+		for i := 0; ; i++ {
+			peers, ports, ok := rule(p, i)
+			if !ok {
+				break
+			}
+			if peersMatch(c, p.Namespace, peers, other) && portsMatch(ports, conn.To.Pod, conn.Port) {
 				return Verdict{Dir: v.Dir, Pod: v.Pod, Allowed: true}
 			}
 		}
