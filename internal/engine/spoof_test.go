@@ -130,12 +130,19 @@ func (n *spoofNet) forge(t *testing.T, to *Engine, qpn uint32, ud bool, id vqpn.
 	if ud {
 		h.Opcode, h.QKey, h.SrcQPN = roce.UDSendOnlyImm, to.cfg.QKey, 0x77
 	}
+	n.inject(t, to, &h, msg)
+}
+
+// inject sends, from the spoofing host as from the other engine, the
+// packet h with payload to engine to.
+func (n *spoofNet) inject(t *testing.T, to *Engine, h *roce.Header, payload []byte) {
+	t.Helper()
 	from := n.a
 	if to == n.a {
 		from = n.b
 	}
-	buf := make([]byte, roce.MaxPacketLen(len(msg)))
-	k, err := roce.Encode(buf, &h, msg, roce.Endpoint{GID: from.GID(), Port: roce.DefaultPort}, roce.Endpoint{GID: to.GID(), Port: roce.DefaultPort})
+	buf := make([]byte, roce.MaxPacketLen(len(payload)))
+	k, err := roce.Encode(buf, h, payload, roce.Endpoint{GID: from.GID(), Port: roce.DefaultPort}, roce.Endpoint{GID: to.GID(), Port: roce.DefaultPort})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,14 +365,7 @@ func TestSpoofedWriteOnUC(t *testing.T) {
 	payload := bytes.Repeat([]byte{0xee}, 64)
 	h := roce.Header{Opcode: roce.UCWriteOnly, PKey: 0xffff, DestQPN: qpn, PSN: rand.Uint32() & roce.Mask24,
 		VA: r.mr.Addr(), RKey: r.mr.RKey(), DMALen: uint32(len(payload))}
-	buf := make([]byte, roce.MaxPacketLen(len(payload)))
-	k, err := roce.Encode(buf, &h, payload, roce.Endpoint{GID: n.b.GID(), Port: roce.DefaultPort}, roce.Endpoint{GID: n.a.GID(), Port: roce.DefaultPort})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.spoofer.Send([]softwire.Packet{{Buf: buf[:k], N: k, Addr: n.a.GID()}}); err != nil {
-		t.Fatal(err)
-	}
+	n.inject(t, n.a, &h, payload)
 	// b's own datagram after it, on the same QP: the write was handled.
 	exchange(ctx, t, vb, va, 1, func(int) []byte { return []byte("marker") })
 	if written := len(payload) - bytes.Count(r.Bytes()[:len(payload)], []byte{0}); written != 0 {
@@ -416,14 +416,7 @@ func TestSpoofedRead(t *testing.T) {
 	for k := range uint32(8) {
 		h := roce.Header{Opcode: roce.RCReadRequest, PKey: 0xffff, DestQPN: qp.QPN(), PSN: k << 21, AckReq: true,
 			VA: 0, RKey: r.mw.RKey(), DMALen: size}
-		buf := make([]byte, roce.MaxPacketLen(0))
-		k, err := roce.Encode(buf, &h, nil, roce.Endpoint{GID: n.b.GID(), Port: roce.DefaultPort}, roce.Endpoint{GID: n.a.GID(), Port: roce.DefaultPort})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := n.spoofer.Send([]softwire.Packet{{Buf: buf[:k], N: k, Addr: n.a.GID()}}); err != nil {
-			t.Fatal(err)
-		}
+		n.inject(t, n.a, &h, nil)
 	}
 	// The peer's own read and message after them, on the same QP: the
 	// forged requests were handled before.
