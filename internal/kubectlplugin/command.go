@@ -141,18 +141,43 @@ func (o *options) statusCommand() *cobra.Command {
 		Short: "RDMAServices (ready, nodes, vconns) and RDMANodes (ready, rails, peers, vconns)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := o.cluster()
-			if err != nil {
-				return err
-			}
-			r, err := c.Status(cmd.Context())
-			if err != nil {
-				return err
-			}
-			o.warn(r.Errors)
-			return write(o.out, o.format, r, r.table)
+			return report(o, func(c *Cluster) (*StatusReport, error) { return c.Status(cmd.Context()) })
 		},
 	}
+}
+
+// reporter is what status, pods and top print: a table, or itself as
+// JSON or YAML, with the errors met while gathering it.
+type reporter interface {
+	table(w io.Writer) error
+	errs() []string
+}
+
+func (r *StatusReport) errs() []string { return r.Errors }
+func (r *PodsReport) errs() []string   { return r.Errors }
+func (r *TopReport) errs() []string    { return r.Errors }
+
+// report gathers a report from the cluster, warns of what it could not
+// read and writes it in the chosen format.
+func report[R reporter](o *options, gather func(c *Cluster) (R, error)) error {
+	c, err := o.cluster()
+	if err != nil {
+		return err
+	}
+	r, err := gather(c)
+	if err != nil {
+		return err
+	}
+	o.warn(r.errs())
+	return write(o.out, o.format, r, r.table)
+}
+
+// namespaceOrAll is -n's namespace, or every namespace ("") without -n.
+func (o *options) namespaceOrAll(cmd *cobra.Command) string {
+	if ns, explicit := o.namespace(cmd); explicit {
+		return ns
+	}
+	return ""
 }
 
 func (o *options) podsCommand() *cobra.Command {
@@ -161,20 +186,7 @@ func (o *options) podsCommand() *cobra.Command {
 		Short: "Pods holding vconns, by node: vconns open and quota, messages and bytes each way (every namespace unless -n)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := o.cluster()
-			if err != nil {
-				return err
-			}
-			ns, explicit := o.namespace(cmd)
-			if !explicit {
-				ns = ""
-			}
-			r, err := c.Pods(cmd.Context(), ns)
-			if err != nil {
-				return err
-			}
-			o.warn(r.Errors)
-			return write(o.out, o.format, r, r.table)
+			return report(o, func(c *Cluster) (*PodsReport, error) { return c.Pods(cmd.Context(), o.namespaceOrAll(cmd)) })
 		},
 	}
 }
@@ -186,20 +198,7 @@ func (o *options) topCommand() *cobra.Command {
 		Short: "The busiest pods (since their allocation; every namespace unless -n) and the peers with the most vconns",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := o.cluster()
-			if err != nil {
-				return err
-			}
-			ns, explicit := o.namespace(cmd)
-			if !explicit {
-				ns = ""
-			}
-			r, err := c.Top(cmd.Context(), ns, by, limit)
-			if err != nil {
-				return err
-			}
-			o.warn(r.Errors)
-			return write(o.out, o.format, r, r.table)
+			return report(o, func(c *Cluster) (*TopReport, error) { return c.Top(cmd.Context(), o.namespaceOrAll(cmd), by, limit) })
 		},
 	}
 	cmd.Flags().StringVar(&by, "by", by, "Order pods by bytes, messages (sent and received) or refusals.")
