@@ -95,6 +95,38 @@ static int listen_as(vconn_client *c, const char *addr, vconn_listener **out, in
 int vconn_listen(vconn_client *c, const char *addr, vconn_listener **out) { return listen_as(c, addr, out, 0); }
 int vconn_listen_socket(vconn_client *c, const char *addr, vconn_listener **out) { return listen_as(c, addr, out, 1); }
 
+/* accept_enter takes mu and counts a call of vconn_accept or
+ * vconn_accept_socket in, unless l is closed: -EBADF, mu released. */
+static int accept_enter(vconn_listener *l)
+{
+	pthread_mutex_lock(&l->c->mu);
+	if (l->closed) {
+		pthread_mutex_unlock(&l->c->mu);
+		return -EBADF;
+	}
+	l->users++;
+	return 0;
+}
+
+/* accept_wait waits for l's next Accept (mu held): 0 once something
+ * came, or why nothing will (-EAGAIN when non-blocking, -ETIMEDOUT). */
+static int accept_wait(vconn_listener *l, const struct timespec *dl)
+{
+	int err = l->closed ? -EBADF : l->err;
+	if (!err && l->nonblock)
+		err = -EAGAIN;
+	if (!err)
+		err = vc_cv_wait(l->c, dl);
+	return err;
+}
+
+/* accept_leave counts the call out (mu held): close waits for none. */
+static void accept_leave(vconn_listener *l)
+{
+	if (--l->users == 0)
+		vc_notify(l->c);
+}
+
 int vconn_accept_socket(vconn_listener *l, int *fd)
 {
 	vconn_client *c = l->c;
@@ -105,13 +137,9 @@ int vconn_accept_socket(vconn_listener *l, int *fd)
 		vc_seterr("accept: the listener was not made with vconn_listen_socket");
 		return -EINVAL;
 	}
-	pthread_mutex_lock(&c->mu);
-	if (l->closed) {
-		pthread_mutex_unlock(&c->mu);
-		return -EBADF;
-	}
-	l->users++;
-	int err = 0;
+	int err = accept_enter(l);
+	if (err)
+		return err;
 	for (;;) {
 		struct sockq *q = l->shead;
 		if (q) {
@@ -123,16 +151,10 @@ int vconn_accept_socket(vconn_listener *l, int *fd)
 			vc_l_ready(l);
 			break;
 		}
-		err = l->closed ? -EBADF : l->err;
-		if (!err && l->nonblock)
-			err = -EAGAIN;
-		if (!err)
-			err = vc_cv_wait(c, dl);
-		if (err)
+		if ((err = accept_wait(l, dl)) != 0)
 			break;
 	}
-	if (--l->users == 0)
-		vc_notify(c);
+	accept_leave(l);
 	pthread_mutex_unlock(&c->mu);
 	return err;
 }
@@ -171,12 +193,9 @@ int vconn_accept(vconn_listener *l, vconn **out)
 		vc_seterr("accept: a listener made with vconn_listen_socket accepts with vconn_accept_socket");
 		return -EINVAL;
 	}
-	pthread_mutex_lock(&c->mu);
-	if (l->closed) {
-		pthread_mutex_unlock(&c->mu);
-		return -EBADF;
-	}
-	l->users++;
+	int err = accept_enter(l);
+	if (err)
+		return err;
 	for (;;) {
 		vconn *v = l->qhead;
 		if (v) {
@@ -185,10 +204,9 @@ int vconn_accept(vconn_listener *l, vconn **out)
 				l->qtail = NULL;
 			v->qnext = NULL;
 			vc_l_ready(l);
-			if (--l->users == 0)
-				vc_notify(c);
+			accept_leave(l);
 			pthread_mutex_unlock(&c->mu);
-			int err = vc_start(v);
+			err = vc_start(v);
 			if (err) {
 				vc_drop_vconn(v);
 				return err;
@@ -196,16 +214,10 @@ int vconn_accept(vconn_listener *l, vconn **out)
 			*out = v;
 			return 0;
 		}
-		int err = l->closed ? -EBADF : l->err;
-		if (!err && l->nonblock)
-			err = -EAGAIN;
-		if (!err)
-			err = vc_cv_wait(c, dl);
-		if (err) {
+		if ((err = accept_wait(l, dl)) != 0) {
 			if (err == l->err)
 				vc_seterr("accept: %s", c->errmsg);
-			if (--l->users == 0)
-				vc_notify(c);
+			accept_leave(l);
 			pthread_mutex_unlock(&c->mu);
 			return err;
 		}
