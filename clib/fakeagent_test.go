@@ -164,6 +164,21 @@ func TestCHostileSharedMemory(t *testing.T) {
 		}
 		return mine, theirs
 	}
+	// rxLies gives the client a sound segment, then, once it has it,
+	// writes into ring RX what lie does and rings RX's doorbell.
+	rxLies := func(t *testing.T, lie func(rx []byte)) ([]byte, []int, func()) {
+		mine, b := bells(t)
+		fd := memfd(t, layout.Size(), true)
+		mem, err := unix.Mmap(fd, 0, layout.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			t.Error(err) // on the fake agent's goroutine: no Fatal
+		}
+		t.Cleanup(func() { _ = unix.Munmap(mem) })
+		return shm.AppendLayout(nil, layout), []int{fd, b[0], b[1]}, func() {
+			lie(mem[layout.Size()/2:])
+			_, _ = unix.Write(mine[1], []byte{1})
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		// segment returns the Shm reply's payload and descriptors, and
@@ -198,35 +213,17 @@ func TestCHostileSharedMemory(t *testing.T) {
 			return shm.AppendLayout(nil, layout), []int{memfd(t, layout.Size(), true), b[0], p[0]}, nil
 		}, "dial=-71 "},
 		{"ring tail lies", func(t *testing.T) ([]byte, []int, func()) {
-			mine, b := bells(t)
-			fd := memfd(t, layout.Size(), true)
-			mem, err := unix.Mmap(fd, 0, layout.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-			if err != nil {
-				t.Error(err) // on the fake agent's goroutine: no Fatal
-			}
-			t.Cleanup(func() { _ = unix.Munmap(mem) })
-			return shm.AppendLayout(nil, layout), []int{fd, b[0], b[1]}, func() {
-				rx := mem[layout.Size()/2:]
+			return rxLies(t, func(rx []byte) {
 				binary.LittleEndian.PutUint32(rx, 1000) // tail: 1000 descriptors in a ring of 256
-				_, _ = unix.Write(mine[1], []byte{1})
-			}
+			})
 		}, "recv=-71 "},
 		{"descriptor outside the slab", func(t *testing.T) ([]byte, []int, func()) {
-			mine, b := bells(t)
-			fd := memfd(t, layout.Size(), true)
-			mem, err := unix.Mmap(fd, 0, layout.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-			if err != nil {
-				t.Error(err) // on the fake agent's goroutine: no Fatal
-			}
-			t.Cleanup(func() { _ = unix.Munmap(mem) })
-			return shm.AppendLayout(nil, layout), []int{fd, b[0], b[1]}, func() {
-				rx := mem[layout.Size()/2:]
+			return rxLies(t, func(rx []byte) {
 				d := rx[256:]
 				binary.LittleEndian.PutUint32(d, layout.Slab-8) // off
 				binary.LittleEndian.PutUint32(d[4:], 4096)      // len: past the slab's end
 				binary.LittleEndian.PutUint32(rx, 1)            // tail
-				_, _ = unix.Write(mine[1], []byte{1})
-			}
+			})
 		}, "recv=-71 "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
