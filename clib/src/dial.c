@@ -43,12 +43,7 @@ static int dial_once(vconn_client *c, const char *addr, vconn **out, int *sock)
 	vc_reply_free(&r);
 	if (err)
 		return err;
-	if ((err = vc_start(v)) != 0) {
-		vc_drop_vconn(v);
-		return err;
-	}
-	*out = v;
-	return 0;
+	return vc_hand_over(v, out);
 }
 
 /* vc_split_addr parses "host:port" (IPv6 in brackets) into host and port. */

@@ -298,9 +298,11 @@ int vc_fail_with(vconn *v, int err);
 int vc_v_dead(vconn *v);
 /* vc_acquire takes a slot of the send window (mu held). */
 int vc_acquire(vconn *v, int ms, int nonblock);
-/* vc_start opens a new vconn's receive path; vc_drop_vconn closes a
- * vconn the program never had. */
-int vc_start(vconn *v);
+/* vc_hand_over opens a new vconn's receive path (shared memory if the
+ * client asked and the agent agrees, else the socket's window) and hands
+ * v to the program in *out; one that does not open is closed. */
+int vc_hand_over(vconn *v, vconn **out);
+/* vc_drop_vconn closes a vconn the program never had. */
 void vc_drop_vconn(vconn *v);
 
 /* shm_io.c */

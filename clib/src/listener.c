@@ -95,68 +95,68 @@ static int listen_as(vconn_client *c, const char *addr, vconn_listener **out, in
 int vconn_listen(vconn_client *c, const char *addr, vconn_listener **out) { return listen_as(c, addr, out, 0); }
 int vconn_listen_socket(vconn_client *c, const char *addr, vconn_listener **out) { return listen_as(c, addr, out, 1); }
 
-/* accept_enter takes mu and counts a call of vconn_accept or
- * vconn_accept_socket in, unless l is closed: -EBADF, mu released. */
-static int accept_enter(vconn_listener *l)
-{
-	pthread_mutex_lock(&l->c->mu);
-	if (l->closed) {
-		pthread_mutex_unlock(&l->c->mu);
-		return -EBADF;
-	}
-	l->users++;
-	return 0;
-}
-
-/* accept_wait waits for l's next Accept (mu held): 0 once something
- * came, or why nothing will (-EAGAIN when non-blocking, -ETIMEDOUT). */
-static int accept_wait(vconn_listener *l, const struct timespec *dl)
-{
-	int err = l->closed ? -EBADF : l->err;
-	if (!err && l->nonblock)
-		err = -EAGAIN;
-	if (!err)
-		err = vc_cv_wait(l->c, dl);
-	return err;
-}
-
-/* accept_leave counts the call out (mu held): close waits for none. */
-static void accept_leave(vconn_listener *l)
-{
-	if (--l->users == 0)
-		vc_notify(l->c);
-}
-
-int vconn_accept_socket(vconn_listener *l, int *fd)
+/* accept_next waits, until l's timeout, for l's next Accept and takes it
+ * from its queue: a bridged listener's socket into *fd, another's vconn
+ * into *v. 0, or why none came. */
+static int accept_next(vconn_listener *l, int *fd, vconn **v)
 {
 	vconn_client *c = l->c;
 	struct timespec ts;
 	const struct timespec *dl = vc_deadline(l->timeout, &ts) ? &ts : NULL;
-	*fd = -1;
-	if (!l->bridged) {
-		vc_seterr("accept: the listener was not made with vconn_listen_socket");
-		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	if (l->closed) {
+		pthread_mutex_unlock(&c->mu);
+		return -EBADF;
 	}
-	int err = accept_enter(l);
-	if (err)
-		return err;
+	l->users++;
+	int err;
 	for (;;) {
-		struct sockq *q = l->shead;
-		if (q) {
+		if (l->bridged && l->shead) {
+			struct sockq *q = l->shead;
 			l->shead = q->next;
 			if (!l->shead)
 				l->stail = NULL;
 			*fd = q->fd;
 			free(q);
 			vc_l_ready(l);
+			err = 0;
 			break;
 		}
-		if ((err = accept_wait(l, dl)) != 0)
+		if (!l->bridged && l->qhead) {
+			*v = l->qhead;
+			l->qhead = (*v)->qnext;
+			if (!l->qhead)
+				l->qtail = NULL;
+			(*v)->qnext = NULL;
+			vc_l_ready(l);
+			err = 0;
 			break;
+		}
+		err = l->closed ? -EBADF : l->err;
+		if (!err && l->nonblock)
+			err = -EAGAIN;
+		if (!err)
+			err = vc_cv_wait(c, dl);
+		if (err) {
+			if (!l->bridged && err == l->err)
+				vc_seterr("accept: %s", c->errmsg);
+			break;
+		}
 	}
-	accept_leave(l);
+	if (--l->users == 0) /* close waits for the calls inside */
+		vc_notify(c);
 	pthread_mutex_unlock(&c->mu);
 	return err;
+}
+
+int vconn_accept_socket(vconn_listener *l, int *fd)
+{
+	*fd = -1;
+	if (!l->bridged) {
+		vc_seterr("accept: the listener was not made with vconn_listen_socket");
+		return -EINVAL;
+	}
+	return accept_next(l, fd, NULL);
 }
 
 int vconn_listener_fd(vconn_listener *l)
@@ -185,43 +185,16 @@ int vconn_listener_set_timeout(vconn_listener *l, int ms)
 
 int vconn_accept(vconn_listener *l, vconn **out)
 {
-	vconn_client *c = l->c;
-	struct timespec ts;
-	const struct timespec *dl = vc_deadline(l->timeout, &ts) ? &ts : NULL;
 	*out = NULL;
 	if (l->bridged) {
 		vc_seterr("accept: a listener made with vconn_listen_socket accepts with vconn_accept_socket");
 		return -EINVAL;
 	}
-	int err = accept_enter(l);
+	vconn *v;
+	int err = accept_next(l, NULL, &v);
 	if (err)
 		return err;
-	for (;;) {
-		vconn *v = l->qhead;
-		if (v) {
-			l->qhead = v->qnext;
-			if (!l->qhead)
-				l->qtail = NULL;
-			v->qnext = NULL;
-			vc_l_ready(l);
-			accept_leave(l);
-			pthread_mutex_unlock(&c->mu);
-			err = vc_start(v);
-			if (err) {
-				vc_drop_vconn(v);
-				return err;
-			}
-			*out = v;
-			return 0;
-		}
-		if ((err = accept_wait(l, dl)) != 0) {
-			if (err == l->err)
-				vc_seterr("accept: %s", c->errmsg);
-			accept_leave(l);
-			pthread_mutex_unlock(&c->mu);
-			return err;
-		}
-	}
+	return vc_hand_over(v, out);
 }
 
 int vconn_listener_shutdown(vconn_listener *l)

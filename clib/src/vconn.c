@@ -184,9 +184,9 @@ int vc_acquire(vconn *v, int ms, int nonblock)
 	return 0;
 }
 
-/* vc_start opens a new vconn's receive path: shared memory if the client
+/* start opens a new vconn's receive path: shared memory if the client
  * asked and the agent agrees, else the socket's window. */
-int vc_start(vconn *v)
+static int start(vconn *v)
 {
 	vconn_client *c = v->c;
 	if (c->want_shm) {
@@ -234,6 +234,17 @@ void vc_drop_vconn(vconn *v)
 	struct vconn_frame f = {.op = VC_OP_CLOSE, .handle = v->h};
 	vc_send_discard(c, &f);
 	vc_destroy_vconn(v);
+}
+
+int vc_hand_over(vconn *v, vconn **out)
+{
+	int err = start(v);
+	if (err) {
+		vc_drop_vconn(v);
+		return err;
+	}
+	*out = v;
+	return 0;
 }
 
 int vconn_set_timeouts(vconn *v, int read_ms, int write_ms)
