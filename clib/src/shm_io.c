@@ -74,6 +74,48 @@ int vc_shm_send(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm)
 	return err;
 }
 
+/* take_desc takes the descriptor d at ring RX's head, p its payload
+ * (rxmu held): its message into *out, or the end of the vconn it marks
+ * (-ENODATA at EOF, or the vconn's error); -EMSGSIZE, keeping it, when
+ * the message is longer than cap. */
+static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, size_t cap, struct msg **out)
+{
+	struct vc_consumer *rx = &v->shm->rx;
+	if (d->flags & VC_DESC_EOF) {
+		vc_shm_release(rx);
+		pthread_mutex_lock(&v->c->mu);
+		v->eof = 1;
+		pthread_mutex_unlock(&v->c->mu);
+		return -ENODATA;
+	}
+	if (d->flags & VC_DESC_ERROR) {
+		pthread_mutex_lock(&v->c->mu);
+		if (!v->err) {
+			v->err = vconn_code_errno(d->imm);
+			snprintf(v->errmsg, sizeof v->errmsg, "%.*s", (int)d->len, (const char *)p);
+		}
+		int err = vc_fail_with(v, v->err);
+		pthread_mutex_unlock(&v->c->mu);
+		vc_shm_release(rx);
+		return err;
+	}
+	if (d->len > cap) {
+		vc_seterr("a message of %u bytes does not fit %zu", d->len, cap);
+		return -EMSGSIZE;
+	}
+	struct msg *m = malloc(sizeof *m + d->len);
+	if (!m)
+		return -ENOMEM;
+	m->next = NULL;
+	m->len = d->len;
+	m->imm = d->imm;
+	m->has_imm = d->flags & VC_DESC_IMM;
+	memcpy(m->data, p, d->len); /* copied before use: the agent could rewrite it */
+	vc_shm_release(rx);
+	*out = m;
+	return 0;
+}
+
 int vc_shm_next(vconn *v, size_t cap, struct msg **out, int ms)
 {
 	struct timespec ts;
@@ -94,43 +136,7 @@ int vc_shm_next(vconn *v, size_t cap, struct msg **out, int ms)
 			break;
 		}
 		if (err == 1) {
-			if (d.flags & VC_DESC_EOF) {
-				vc_shm_release(rx);
-				pthread_mutex_lock(&v->c->mu);
-				v->eof = 1;
-				pthread_mutex_unlock(&v->c->mu);
-				err = -ENODATA;
-				break;
-			}
-			if (d.flags & VC_DESC_ERROR) {
-				pthread_mutex_lock(&v->c->mu);
-				if (!v->err) {
-					v->err = vconn_code_errno(d.imm);
-					snprintf(v->errmsg, sizeof v->errmsg, "%.*s", (int)d.len, (const char *)p);
-				}
-				err = vc_fail_with(v, v->err);
-				pthread_mutex_unlock(&v->c->mu);
-				vc_shm_release(rx);
-				break;
-			}
-			if (d.len > cap) {
-				vc_seterr("a message of %u bytes does not fit %zu", d.len, cap);
-				err = -EMSGSIZE;
-				break;
-			}
-			struct msg *m = malloc(sizeof *m + d.len);
-			if (!m) {
-				err = -ENOMEM;
-				break;
-			}
-			m->next = NULL;
-			m->len = d.len;
-			m->imm = d.imm;
-			m->has_imm = d.flags & VC_DESC_IMM;
-			memcpy(m->data, p, d.len); /* copied before use: the agent could rewrite it */
-			vc_shm_release(rx);
-			*out = m;
-			err = 0;
+			err = take_desc(v, &d, p, cap, out);
 			break;
 		}
 		pthread_mutex_lock(&v->c->mu);
