@@ -1,6 +1,7 @@
 /* The pod protocol's codec: frames, Hello info, shared-memory layouts
  * (docs/protocol.md §2, §3, §5), and the error codes. Nothing here trusts
  * its input: every length is checked before it is used. */
+#define _GNU_SOURCE
 #include "internal.h"
 
 #include <errno.h>

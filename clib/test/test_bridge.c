@@ -35,6 +35,76 @@ static size_t read_all(int fd, char *b, size_t cap)
 	}
 }
 
+static char big[1 << 20], got[(1 << 20) + 16];
+
+/* half_close: a request, a half-close, the answer after it, between the
+ * dialled socket ds and the accepted as. */
+static void half_close(int ds, int as)
+{
+	for (size_t i = 0; i < sizeof big; i++)
+		big[i] = (char)(i * 7 + (i >> 10));
+	write_all(ds, big, sizeof big);
+	CHECK(shutdown(ds, SHUT_WR) == 0, "shutdown");
+	size_t n = read_all(as, got, sizeof got);
+	CHECK(n == sizeof big && memcmp(got, big, n) == 0, "1 MiB through the bridge: %zu bytes", n);
+	write_all(as, "answer", 6);
+	close(as);
+	n = read_all(ds, got, sizeof got);
+	CHECK(n == 6 && memcmp(got, "answer", 6) == 0, "the answer after the half-close: %zu bytes", n);
+	close(ds);
+	printf("bridge: 1 MiB, half-close, answer: ok\n");
+}
+
+/* fork_shares: the child writes, the parent reads; both hold the socket. */
+static void fork_shares(vconn_client *a, vconn_listener *l, const char *addr)
+{
+	int ds, as;
+	OK(vconn_dial_socket(a, addr, &ds));
+	OK(vconn_accept_socket(l, &as));
+	pid_t pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		const char msg[] = "from the child";
+		ssize_t w = write(ds, msg, sizeof msg - 1);
+		_exit(w == (ssize_t)sizeof msg - 1 ? 0 : 1);
+	}
+	int st;
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child");
+	write_all(ds, " and the parent", 15);
+	close(ds);
+	size_t n = read_all(as, got, sizeof got);
+	CHECK(n == 29 && memcmp(got, "from the child and the parent", 29) == 0, "after fork: %.*s", (int)n, got);
+	close(as);
+	printf("bridge: fork: ok\n");
+}
+
+/* outlives_client: the socket outlives its client; a bridged dialler
+ * reaches a library listener. */
+static void outlives_client(vconn_client *b, const struct vconn_options *oa, const char *node, const char *port)
+{
+	vconn_listener *l2;
+	char addr2[128], laddr2[32];
+	snprintf(addr2, sizeof addr2, "%s:%d", node, atoi(port) + 1);
+	snprintf(laddr2, sizeof laddr2, ":%d", atoi(port) + 1);
+	OK(vconn_listen(b, laddr2, &l2));
+	vconn_client *a2;
+	int ds;
+	OK(vconn_client_open(&a2, oa));
+	OK(vconn_dial_socket(a2, addr2, &ds));
+	vconn_client_close(a2);
+	vconn *v;
+	OK(vconn_accept(l2, &v));
+	write_all(ds, "outlived", 8);
+	char buf[16];
+	CHECK(vconn_read(v, buf, sizeof buf) == 8 && memcmp(buf, "outlived", 8) == 0, "a socket whose client closed");
+	OK(vconn_write(v, "back", 4));
+	CHECK(read(ds, buf, sizeof buf) == 4 && memcmp(buf, "back", 4) == 0, "and back");
+	close(ds);
+	CHECK(vconn_read(v, buf, sizeof buf) == 0, "EOF once the socket closed");
+	OK(vconn_close(v));
+	OK(vconn_listener_close(l2));
+}
+
 int main(void)
 {
 	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
@@ -55,63 +125,9 @@ int main(void)
 	struct pollfd p = {.fd = vconn_listener_fd(l), .events = POLLIN};
 	CHECK(poll(&p, 1, 10000) == 1, "the listener's descriptor");
 	OK(vconn_accept_socket(l, &as));
-
-	/* A request, a half-close, the answer after it. */
-	static char big[1 << 20], got[(1 << 20) + 16];
-	for (size_t i = 0; i < sizeof big; i++)
-		big[i] = (char)(i * 7 + (i >> 10));
-	write_all(ds, big, sizeof big);
-	CHECK(shutdown(ds, SHUT_WR) == 0, "shutdown");
-	size_t n = read_all(as, got, sizeof got);
-	CHECK(n == sizeof big && memcmp(got, big, n) == 0, "1 MiB through the bridge: %zu bytes", n);
-	write_all(as, "answer", 6);
-	close(as);
-	n = read_all(ds, got, sizeof got);
-	CHECK(n == 6 && memcmp(got, "answer", 6) == 0, "the answer after the half-close: %zu bytes", n);
-	close(ds);
-	printf("bridge: 1 MiB, half-close, answer: ok\n");
-
-	/* fork: the child writes, the parent reads; both hold the socket. */
-	OK(vconn_dial_socket(a, addr, &ds));
-	OK(vconn_accept_socket(l, &as));
-	pid_t pid = fork();
-	CHECK(pid >= 0, "fork");
-	if (pid == 0) {
-		const char msg[] = "from the child";
-		ssize_t w = write(ds, msg, sizeof msg - 1);
-		_exit(w == (ssize_t)sizeof msg - 1 ? 0 : 1);
-	}
-	int st;
-	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child");
-	write_all(ds, " and the parent", 15);
-	close(ds);
-	n = read_all(as, got, sizeof got);
-	CHECK(n == 29 && memcmp(got, "from the child and the parent", 29) == 0, "after fork: %.*s", (int)n, got);
-	close(as);
-	printf("bridge: fork: ok\n");
-
-	/* The socket outlives its client; a bridged dialler reaches a
-	 * library listener. */
-	vconn_listener *l2;
-	char addr2[128], laddr2[32];
-	snprintf(addr2, sizeof addr2, "%s:%d", node, atoi(port) + 1);
-	snprintf(laddr2, sizeof laddr2, ":%d", atoi(port) + 1);
-	OK(vconn_listen(b, laddr2, &l2));
-	vconn_client *a2;
-	OK(vconn_client_open(&a2, &oa));
-	OK(vconn_dial_socket(a2, addr2, &ds));
-	vconn_client_close(a2);
-	vconn *v;
-	OK(vconn_accept(l2, &v));
-	write_all(ds, "outlived", 8);
-	char buf[16];
-	CHECK(vconn_read(v, buf, sizeof buf) == 8 && memcmp(buf, "outlived", 8) == 0, "a socket whose client closed");
-	OK(vconn_write(v, "back", 4));
-	CHECK(read(ds, buf, sizeof buf) == 4 && memcmp(buf, "back", 4) == 0, "and back");
-	close(ds);
-	CHECK(vconn_read(v, buf, sizeof buf) == 0, "EOF once the socket closed");
-	OK(vconn_close(v));
-	OK(vconn_listener_close(l2));
+	half_close(ds, as);
+	fork_shares(a, l, addr);
+	outlives_client(b, &oa, node, port);
 	OK(vconn_listener_close(l));
 	vconn_client_close(a);
 	vconn_client_close(b);

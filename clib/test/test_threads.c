@@ -106,22 +106,11 @@ static void *acceptor(void *arg)
 	}
 }
 
-int main(void)
+/* pairs runs PAIRS vconns at once, each with a writer and a reader
+ * thread; the readers' vconns (r) stay open. */
+static void pairs(vconn_client *a, vconn_listener *l, const char *addr, struct side r[PAIRS])
 {
-	int shm = getenv("VCONN_SHM") && atoi(getenv("VCONN_SHM"));
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	struct vconn_options oa = {.socket = env("VCONN_SOCK_A"), .shared_memory = shm};
-	struct vconn_options ob = {.socket = env("VCONN_SOCK_B"), .shared_memory = shm};
-	vconn_client *a, *b;
-	OK(vconn_client_open(&a, &oa));
-	OK(vconn_client_open(&b, &ob));
-	char addr[128], laddr[32];
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
-	snprintf(laddr, sizeof laddr, ":%s", port);
-	vconn_listener *l;
-	OK(vconn_listen(b, laddr, &l));
-
-	struct side w[PAIRS], r[PAIRS];
+	struct side w[PAIRS];
 	pthread_t tw[PAIRS], tr[PAIRS];
 	for (int i = 0; i < PAIRS; i++) {
 		memset(&w[i], 0, sizeof w[i]);
@@ -143,9 +132,13 @@ int main(void)
 	printf("%d vconns, %d bytes each way, checked\n", PAIRS, BYTES);
 	for (int i = 0; i < PAIRS; i++)
 		OK(vconn_close(w[i].v));
+}
 
-	/* Dials and closes racing accepts and closes on the other side, on a
-	 * listener of their own, shut down under its acceptor when done. */
+/* churn_dials: dials and closes racing accepts and closes on the other
+ * side, on a listener of their own, shut down under its acceptor when
+ * done. */
+static void churn_dials(vconn_client *a, vconn_client *b, const char *node, const char *port)
+{
 	char caddr[128], claddr[32];
 	snprintf(caddr, sizeof caddr, "%s:%d", node, atoi(port) + 1);
 	snprintf(claddr, sizeof claddr, ":%d", atoi(port) + 1);
@@ -165,24 +158,30 @@ int main(void)
 	pthread_join(ta, NULL);
 	OK(vconn_listener_close(cl));
 	printf("churn: %d vconns accepted\n", ac.n);
+}
 
-	/* A close wakes a read blocked on the vconn in another thread. */
-	{
-		vconn *v2, *b2;
-		OK(vconn_dial(a, addr, &v2));
-		OK(vconn_accept(l, &b2));
-		struct side rs = {.v = v2};
-		pthread_t t;
-		CHECK(pthread_create(&t, NULL, reader, &rs) == 0, "thread");
-		struct timespec nap = {0, 50 * 1000 * 1000}; /* lets it block; either order passes */
-		nanosleep(&nap, NULL);
-		OK(vconn_close(v2));
-		pthread_join(t, NULL);
-		CHECK(rs.err == -EBADF, "a read the vconn's close interrupted: %s", vconn_strerror(rs.err));
-		OK(vconn_close(b2));
-	}
+/* close_wakes_read: a close wakes a read blocked on the vconn in another
+ * thread. */
+static void close_wakes_read(vconn_client *a, vconn_listener *l, const char *addr)
+{
+	vconn *v2, *b2;
+	OK(vconn_dial(a, addr, &v2));
+	OK(vconn_accept(l, &b2));
+	struct side rs = {.v = v2};
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, reader, &rs) == 0, "thread");
+	struct timespec nap = {0, 50 * 1000 * 1000}; /* lets it block; either order passes */
+	nanosleep(&nap, NULL);
+	OK(vconn_close(v2));
+	pthread_join(t, NULL);
+	CHECK(rs.err == -EBADF, "a read the vconn's close interrupted: %s", vconn_strerror(rs.err));
+	OK(vconn_close(b2));
+}
 
-	/* The agent goes: a blocked read returns, and so does the rest. */
+/* agent_gone: the agent goes (the Go test stops it at "stop"): a blocked
+ * read returns, and so does the rest. */
+static void agent_gone(vconn_client *a, const char *addr)
+{
 	vconn *v;
 	OK(vconn_dial(a, addr, &v));
 	printf("stop\n");
@@ -201,6 +200,28 @@ int main(void)
 	CHECK(derr < 0, "a dial after: %s", vconn_strerror(derr));
 	printf("agent gone: a dial: %s\n", vconn_strerror(derr));
 	vconn_close(v);
+}
+
+int main(void)
+{
+	int shm = getenv("VCONN_SHM") && atoi(getenv("VCONN_SHM"));
+	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
+	struct vconn_options oa = {.socket = env("VCONN_SOCK_A"), .shared_memory = shm};
+	struct vconn_options ob = {.socket = env("VCONN_SOCK_B"), .shared_memory = shm};
+	vconn_client *a, *b;
+	OK(vconn_client_open(&a, &oa));
+	OK(vconn_client_open(&b, &ob));
+	char addr[128], laddr[32];
+	snprintf(addr, sizeof addr, "%s:%s", node, port);
+	snprintf(laddr, sizeof laddr, ":%s", port);
+	vconn_listener *l;
+	OK(vconn_listen(b, laddr, &l));
+
+	struct side r[PAIRS];
+	pairs(a, l, addr, r);
+	churn_dials(a, b, node, port);
+	close_wakes_read(a, l, addr);
+	agent_gone(a, addr);
 	vconn_listener_close(l);
 	for (int i = 0; i < PAIRS; i++)
 		vconn_close(r[i].v);

@@ -333,6 +333,94 @@ static void verdict(const char *path, struct run *r)
 		fprintf(stderr, "echo: writing the verdict to %s: %s\n", path, strerror(-err));
 }
 
+/* Command line. */
+
+struct options {
+	int server, hold;
+	long port;
+	const char *ready, *verdict_path;
+	double timeout;
+};
+
+/* parse_flags reads the flags after the command into o, and into r for
+ * a client. */
+static void parse_flags(int argc, char **argv, struct options *o, struct run *r)
+{
+	int server = o->server;
+	const char *v;
+	for (int i = 2; i < argc; i++) {
+		if (server && (v = flag(argc, argv, &i, "port")))
+			o->port = number("port", v, 65535);
+		else if (server && (v = flag(argc, argv, &i, "ready")))
+			o->ready = v;
+		else if (!server && (v = flag(argc, argv, &i, "addr")))
+			r->addr = v;
+		else if (!server && (v = flag(argc, argv, &i, "conns")))
+			r->conns = number("conns", v, 100000);
+		else if (!server && (v = flag(argc, argv, &i, "messages")))
+			r->messages = number("messages", v, 1L << 40);
+		else if (!server && (v = flag(argc, argv, &i, "size")))
+			r->size = number("size", v, VCONN_MAX_PAYLOAD);
+		else if (!server && (v = flag(argc, argv, &i, "timeout")))
+			o->timeout = duration(v);
+		else if (!server && (v = flag(argc, argv, &i, "verdict")))
+			o->verdict_path = v;
+		else if (!server && (strcmp(argv[i], "--hold") == 0 || strcmp(argv[i], "-hold") == 0))
+			o->hold = 1;
+		else
+			die("%s: unknown flag or missing value %s", argv[1], argv[i]);
+	}
+}
+
+/* exchange_all runs r's vconns, a thread each, to their end. */
+static void exchange_all(struct run *r)
+{
+	struct worker *ws = calloc((size_t)r->conns, sizeof *ws);
+	if (!ws)
+		die("out of memory");
+	for (long i = 0; i < r->conns; i++) {
+		ws[i] = (struct worker){.r = r, .id = (int)i};
+		if (pthread_create(&ws[i].t, NULL, exchange, &ws[i]) != 0)
+			die("starting a thread: %s", strerror(errno));
+	}
+	for (long i = 0; i < r->conns; i++)
+		pthread_join(ws[i].t, NULL);
+	free(ws);
+}
+
+/* client runs the client's vconns until done or o->timeout, writes the
+ * verdict and reports; it closes r->c. */
+static int client(struct run *r, const struct options *o)
+{
+	pthread_mutex_init(&r->mu, NULL);
+	struct timespec start;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	r->deadline = start;
+	r->deadline.tv_sec += (time_t)o->timeout;
+	r->deadline.tv_nsec += (long)((o->timeout - (double)(time_t)o->timeout) * 1e9);
+	if (r->deadline.tv_nsec >= 1000000000L)
+		r->deadline.tv_sec++, r->deadline.tv_nsec -= 1000000000L;
+	if (!r->addr)
+		snprintf(r->error, sizeof r->error, "--addr is required");
+	else
+		exchange_all(r);
+	if (o->verdict_path)
+		verdict(o->verdict_path, r);
+	if (r->error[0]) {
+		vconn_client_close(r->c);
+		die("%s", r->error);
+	}
+	double d = -until(&start);
+	long total = r->conns * r->messages;
+	printf("echo: OK %ld vconns, %ld messages of %ld bytes checked in %.0fms (%.0f round trips/s)\n",
+	       r->conns, total, r->size, d * 1000, (double)total / d);
+	fflush(stdout);
+	while (o->hold && !stopping)
+		pause();
+	vconn_client_close(r->c);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2)
@@ -342,36 +430,11 @@ int main(int argc, char **argv)
 			die("usage: echo show FILE");
 		return show(argv[2]);
 	}
-	int server = strcmp(argv[1], "server") == 0;
-	if (!server && strcmp(argv[1], "client") != 0)
+	struct options o = {.server = strcmp(argv[1], "server") == 0, .port = 7000, .timeout = 120};
+	if (!o.server && strcmp(argv[1], "client") != 0)
 		die("unknown command \"%s\": want server or client", argv[1]);
-	long port = 7000;
-	const char *ready = NULL, *verdict_path = NULL, *v;
 	struct run r = {.conns = 2, .messages = 1000, .size = 4096};
-	double timeout = 120;
-	int hold = 0;
-	for (int i = 2; i < argc; i++) {
-		if (server && (v = flag(argc, argv, &i, "port")))
-			port = number("port", v, 65535);
-		else if (server && (v = flag(argc, argv, &i, "ready")))
-			ready = v;
-		else if (!server && (v = flag(argc, argv, &i, "addr")))
-			r.addr = v;
-		else if (!server && (v = flag(argc, argv, &i, "conns")))
-			r.conns = number("conns", v, 100000);
-		else if (!server && (v = flag(argc, argv, &i, "messages")))
-			r.messages = number("messages", v, 1L << 40);
-		else if (!server && (v = flag(argc, argv, &i, "size")))
-			r.size = number("size", v, VCONN_MAX_PAYLOAD);
-		else if (!server && (v = flag(argc, argv, &i, "timeout")))
-			timeout = duration(v);
-		else if (!server && (v = flag(argc, argv, &i, "verdict")))
-			verdict_path = v;
-		else if (!server && (strcmp(argv[i], "--hold") == 0 || strcmp(argv[i], "-hold") == 0))
-			hold = 1;
-		else
-			die("%s: unknown flag or missing value %s", argv[1], argv[i]);
-	}
+	parse_flags(argc, argv, &o, &r);
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
@@ -383,47 +446,10 @@ int main(int argc, char **argv)
 		vconn_fail(msg, sizeof msg, "connecting to the agent", err);
 		die("%s", msg);
 	}
-	if (server) {
-		serve(r.c, port, ready);
+	if (o.server) {
+		serve(r.c, o.port, o.ready);
 		vconn_client_close(r.c);
 		return 0;
 	}
-	pthread_mutex_init(&r.mu, NULL);
-	struct timespec start;
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	r.deadline = start;
-	r.deadline.tv_sec += (time_t)timeout;
-	r.deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
-	if (r.deadline.tv_nsec >= 1000000000L)
-		r.deadline.tv_sec++, r.deadline.tv_nsec -= 1000000000L;
-	if (!r.addr) {
-		snprintf(r.error, sizeof r.error, "--addr is required");
-	} else {
-		struct worker *ws = calloc((size_t)r.conns, sizeof *ws);
-		if (!ws)
-			die("out of memory");
-		for (long i = 0; i < r.conns; i++) {
-			ws[i] = (struct worker){.r = &r, .id = (int)i};
-			if (pthread_create(&ws[i].t, NULL, exchange, &ws[i]) != 0)
-				die("starting a thread: %s", strerror(errno));
-		}
-		for (long i = 0; i < r.conns; i++)
-			pthread_join(ws[i].t, NULL);
-		free(ws);
-	}
-	if (verdict_path)
-		verdict(verdict_path, &r);
-	if (r.error[0]) {
-		vconn_client_close(r.c);
-		die("%s", r.error);
-	}
-	double d = -until(&start);
-	long total = r.conns * r.messages;
-	printf("echo: OK %ld vconns, %ld messages of %ld bytes checked in %.0fms (%.0f round trips/s)\n",
-	       r.conns, total, r.size, d * 1000, (double)total / d);
-	fflush(stdout);
-	while (hold && !stopping)
-		pause();
-	vconn_client_close(r.c);
-	return 0;
+	return client(&r, &o);
 }

@@ -1,0 +1,157 @@
+/* A vconn's messages on shared memory (docs/protocol.md §5): the client
+ * produces ring TX and consumes ring RX (shm.c). A sleeper also watches
+ * the vconn's socket-side descriptor, so that a failure the socket
+ * reports ends its wait. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int bell_sleep(vconn *v, int bell, const struct timespec *dl)
+{
+	struct pollfd p[2] = {{.fd = bell, .events = POLLIN}, {.fd = v->efd, .events = POLLIN}};
+	int ms = dl ? vc_remaining_ms(dl) : -1;
+	if (dl && ms == 0)
+		return -ETIMEDOUT;
+	int n = poll(p, 2, ms);
+	if (n < 0 && errno != EINTR)
+		return -errno;
+	if (n > 0 && (p[0].revents & POLLIN) && vc_bell_drain(bell) == -ENOTCONN) {
+		/* The agent dropped the segment: the vconn is over. Its reason
+		 * may yet come on the socket; until then, this is it. */
+		int err = vc_v_dead(v);
+		if (!err) {
+			pthread_mutex_lock(&v->c->mu);
+			if (!v->err) {
+				v->err = -ECONNRESET;
+				snprintf(v->errmsg, sizeof v->errmsg, "the agent dropped the vconn's shared memory");
+			}
+			err = vc_fail_with(v, v->err);
+			vc_v_ready(v);
+			pthread_mutex_unlock(&v->c->mu);
+		}
+		return err;
+	}
+	return 0;
+}
+
+int vc_shm_send(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm)
+{
+	struct timespec ts;
+	const struct timespec *dl = vc_deadline(v->wto, &ts) ? &ts : NULL;
+	pthread_mutex_lock(&v->txmu);
+	int err;
+	for (;;) {
+		if ((err = vc_v_dead(v)) != 0)
+			break;
+		err = vc_shm_push(&v->shm->tx, b, (uint32_t)n, imm, has_imm ? VC_DESC_IMM : 0);
+		if (err == 1) {
+			err = 0;
+			break;
+		}
+		if (err < 0)
+			break;
+		if (v->nonblock) {
+			vc_shm_prod_arm(&v->shm->tx);
+			err = -EAGAIN;
+			break;
+		}
+		vc_shm_prod_arm(&v->shm->tx);
+		if ((err = vc_shm_push(&v->shm->tx, b, (uint32_t)n, imm, has_imm ? VC_DESC_IMM : 0)) != 0) {
+			if (err == 1)
+				err = 0;
+			break;
+		}
+		if ((err = bell_sleep(v, v->shm->txbell, dl)) != 0)
+			break;
+	}
+	pthread_mutex_unlock(&v->txmu);
+	return err;
+}
+
+/* take_desc takes the descriptor d at ring RX's head, p its payload
+ * (rxmu held): its message into *out, or the end of the vconn it marks
+ * (-ENODATA at EOF, or the vconn's error); -EMSGSIZE, keeping it, when
+ * the message is longer than cap. */
+static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, size_t cap, struct msg **out)
+{
+	struct vc_consumer *rx = &v->shm->rx;
+	if (d->flags & VC_DESC_EOF) {
+		vc_shm_release(rx);
+		pthread_mutex_lock(&v->c->mu);
+		v->eof = 1;
+		pthread_mutex_unlock(&v->c->mu);
+		return -ENODATA;
+	}
+	if (d->flags & VC_DESC_ERROR) {
+		pthread_mutex_lock(&v->c->mu);
+		if (!v->err) {
+			v->err = vconn_code_errno(d->imm);
+			snprintf(v->errmsg, sizeof v->errmsg, "%.*s", (int)d->len, (const char *)p);
+		}
+		int err = vc_fail_with(v, v->err);
+		pthread_mutex_unlock(&v->c->mu);
+		vc_shm_release(rx);
+		return err;
+	}
+	if (d->len > cap) {
+		vc_seterr("a message of %u bytes does not fit %zu", d->len, cap);
+		return -EMSGSIZE;
+	}
+	struct msg *m = malloc(sizeof *m + d->len);
+	if (!m)
+		return -ENOMEM;
+	m->next = NULL;
+	m->len = d->len;
+	m->imm = d->imm;
+	m->has_imm = d->flags & VC_DESC_IMM;
+	memcpy(m->data, p, d->len); /* copied before use: the agent could rewrite it */
+	vc_shm_release(rx);
+	*out = m;
+	return 0;
+}
+
+int vc_shm_next(vconn *v, size_t cap, struct msg **out, int ms)
+{
+	struct timespec ts;
+	const struct timespec *dl = vc_deadline(ms, &ts) ? &ts : NULL;
+	struct vc_consumer *rx = &v->shm->rx;
+	int err;
+	for (;;) { /* rxmu held: the ring has one consumer */
+		struct vc_desc d;
+		const uint8_t *p;
+		err = vc_shm_peek(rx, &d, &p);
+		if (err < 0) {
+			pthread_mutex_lock(&v->c->mu);
+			if (!v->err) {
+				v->err = -EPROTO;
+				snprintf(v->errmsg, sizeof v->errmsg, "%.200s", vconn_errmsg());
+			}
+			pthread_mutex_unlock(&v->c->mu);
+			break;
+		}
+		if (err == 1) {
+			err = take_desc(v, &d, p, cap, out);
+			break;
+		}
+		pthread_mutex_lock(&v->c->mu);
+		err = v->eof ? -ENODATA : 0;
+		pthread_mutex_unlock(&v->c->mu);
+		if (err || (err = vc_v_dead(v)) != 0)
+			break;
+		if (vc_shm_cons_arm(rx))
+			continue;
+		if (v->nonblock) {
+			err = -EAGAIN;
+			break;
+		}
+		if ((err = bell_sleep(v, v->shm->rxbell, dl)) != 0)
+			break;
+	}
+	return err;
+}
