@@ -27,10 +27,14 @@ done
 # report (the line under "#bytes #iterations ...", which ib_write_bw's
 # server takes from its client) are checked here; the soft side checks the
 # rest.
+# -F: perftest measures the CPU's clock before it reports, and in an
+# emulated guest on a loaded host that measurement can fail ("Correlation
+# coefficient r^2 < 0.9", "Can't produce a report", exit 1: a make test-rxe
+# failed so); with -F it reports anyway. Its rates are not what is checked.
 N=1000
 perftest() { # TOOL SIZE [SERVER]
 	out=/tmp/perftest.out
-	timeout 120 "$1" -d rxe0 -x "$GIDX" -n $N -s "$2" ${3:+"$3"} >$out 2>&1
+	timeout 120 "$1" -d rxe0 -x "$GIDX" -F -n $N -s "$2" ${3:+"$3"} >$out 2>&1
 	r=$?
 	rep=$(awk '/#bytes/ { getline; print $1, $2; exit }' $out)
 	if [ $r -ne 0 ] || [ "$rep" != "$2 $N" ]; then
