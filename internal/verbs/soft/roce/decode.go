@@ -10,58 +10,84 @@ import "encoding/binary"
 // transport version, the opcode, the length against the opcode's headers,
 // the pad count and pad bytes. On error h is not modified.
 func Decode(b []byte, h *Header, src, dst Endpoint) ([]byte, error) {
+	if err := checkICRC(b, &src, &dst); err != nil {
+		return nil, err
+	}
+	info, end, pad, err := checkLayout(b)
+	if err != nil {
+		return nil, err
+	}
+	decodeHeaders(b, h, info.flags, pad)
+	hl := int(info.hdrLen)
+	return b[hl:end:end], nil
+}
+
+// checkICRC checks that b is no shorter than a BTH and ICRC and no longer
+// than a UDP datagram holds, then its ICRC.
+func checkICRC(b []byte, src, dst *Endpoint) error {
 	n := len(b)
 	if n < BTHLen+ICRCLen {
-		return nil, ErrTruncated
+		return ErrTruncated
 	}
 	if n > maxPacketLen {
-		return nil, ErrLength
+		return ErrLength
 	}
-	crc, ok := icrc(b, &src, &dst, ipv4ID, ipv4Flags)
+	crc, ok := icrc(b, src, dst, ipv4ID, ipv4Flags)
 	if !ok {
-		return nil, ErrAddrFamily
+		return ErrAddrFamily
 	}
 	if want := binary.LittleEndian.Uint32(b[n-ICRCLen:]); crc != want {
 		// rxe numbers its datagrams and sends from a port of its own; the
 		// id is not ours to see (ipid.go). A packet from the port we share
 		// with our peers was sent the way Seal assumes, with id 0.
 		if src.Port == dst.Port || !isIPv4(&src.GID) {
-			return nil, ErrICRC
+			return ErrICRC
 		}
 		if _, ok := solveIPID(crc, want, n); !ok {
-			return nil, ErrICRC
+			return ErrICRC
 		}
 	}
+	return nil
+}
+
+// checkLayout checks b's transport version, opcode, length against the
+// opcode's headers, pad count and pad bytes. It returns the opcode's
+// description, where the payload ends and the pad count.
+func checkLayout(b []byte) (info *opInfo, end, pad int, err error) {
+	n := len(b)
 	if b[1]&0x0f != 0 {
-		return nil, ErrVersion
+		return nil, 0, 0, ErrVersion
 	}
-	op := Opcode(b[0])
-	info := &ops[op]
+	info = &ops[Opcode(b[0])]
 	if info.flags == 0 {
-		return nil, ErrOpcode
+		return nil, 0, 0, ErrOpcode
 	}
 	hl := int(info.hdrLen)
 	if n < hl+ICRCLen {
-		return nil, ErrTruncated
+		return nil, 0, 0, ErrTruncated
 	}
 	body := n - hl - ICRCLen // payload and pad
 	if body&3 != 0 || body > 0 && info.flags&fPayload == 0 {
-		return nil, ErrLength
+		return nil, 0, 0, ErrLength
 	}
-	pad := int(b[1] >> 4 & 3)
+	pad = int(b[1] >> 4 & 3)
 	if pad > body {
-		return nil, ErrPad
+		return nil, 0, 0, ErrPad
 	}
-	end := hl + body - pad
+	end = hl + body - pad
 	for _, v := range b[end : hl+body] {
 		if v != 0 {
-			return nil, ErrPad
+			return nil, 0, 0, ErrPad
 		}
 	}
+	return info, end, pad, nil
+}
 
-	f := info.flags
+// decodeHeaders fills h from the BTH of b and the extended headers that the
+// opcode's flags f say follow it, in their wire order.
+func decodeHeaders(b []byte, h *Header, f uint16, pad int) {
 	*h = Header{
-		Opcode:   op,
+		Opcode:   Opcode(b[0]),
 		SE:       b[1]&0x80 != 0,
 		MigReq:   b[1]&0x40 != 0,
 		PadCount: uint8(pad),
@@ -93,5 +119,4 @@ func Decode(b []byte, h *Header, src, dst Endpoint) ([]byte, error) {
 	if f&fImm != 0 {
 		h.Imm = binary.BigEndian.Uint32(b[off:])
 	}
-	return b[hl:end:end], nil
 }
