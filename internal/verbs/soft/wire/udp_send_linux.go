@@ -154,7 +154,16 @@ func (u *UDP) pack(pkts []Packet, i int, gso bool, st *Stats) (next, m int) {
 		}
 		iv.SetLen(len(data))
 		if gso && m > 0 && t.joins(m-1, p.Addr, p.N) {
-			t.join(m-1, p.N)
+			// One more segment of the previous message, in the iovec
+			// after its last: inline, as this runs for every packet.
+			j := m - 1
+			t.segs[j]++
+			t.bytes[j] += p.N
+			t.open[j] = p.N == t.size[j]
+			t.msgs[j].Hdr.SetIovlen(t.segs[j])
+			if t.segs[j] == 2 {
+				t.segment(j)
+			}
 			v++
 			continue
 		}
@@ -169,20 +178,14 @@ func (u *UDP) pack(pkts []Packet, i int, gso bool, st *Stats) (next, m int) {
 	return i, m
 }
 
-// join adds a packet of n bytes, in the iovec after message j's last, to
-// message j as one more segment.
-func (t *udpTx) join(j, n int) {
-	t.segs[j]++
-	t.bytes[j] += n
-	t.open[j] = n == t.size[j]
+// segment makes message j, which has just become two segments, a UDP_SEGMENT
+// super-datagram of segments of its first packet's size.
+func (t *udpTx) segment(j int) {
 	h := &t.msgs[j].Hdr
-	h.SetIovlen(t.segs[j])
-	if t.segs[j] == 2 {
-		c := t.ctrl[j*gsoCtrlSpace:]
-		*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(t.size[j])
-		h.Control = &c[0]
-		h.SetControllen(unix.CmsgLen(2))
-	}
+	c := t.ctrl[j*gsoCtrlSpace:]
+	*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(t.size[j])
+	h.Control = &c[0]
+	h.SetControllen(unix.CmsgLen(2))
 }
 
 // start makes message m carry packet i, of n bytes in iv, to dst; setDst
