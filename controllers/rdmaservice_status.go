@@ -117,82 +117,20 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 		byName[list.Items[i].Name] = &list.Items[i]
 	}
 
-	now := r.now()
 	st := &svc.Status
 	st.DesiredNodes, st.ReadyNodes = int32(len(p.desired)), 0
 	st.VConnCapacity, st.VConnsAllocated, st.VConnsInUse, st.QPsInUse = 0, 0, 0, 0
-	var unhealthy, pending, badDevices []string
-	var noDevice int // of the unhealthy nodes, those whose device does not open
-	var requeue time.Duration
-	// unreachableFrom: the nodes whose agents stopped answering, and the
-	// ready nodes whose agents say so.
-	unreachableFrom := map[string][]string{}
-	for _, name := range p.desired {
-		rn := byName[name]
-		rep := assess(name, rn, now, r.heartbeatTimeout())
-		switch {
-		case rep.ready:
-			st.ReadyNodes++
-			if d := rep.expires.Sub(now) + time.Second; requeue == 0 || d < requeue {
-				requeue = d
-			}
-		case rep.pending:
-			pending = append(pending, name)
-		default:
-			unhealthy = append(unhealthy, "node "+name+": "+rep.problem)
-			if rep.noDevice {
-				noDevice++
-			}
-		}
-		for _, d := range rep.badDevices {
-			badDevices = append(badDevices, "node "+name+" device "+d)
-		}
-		if rn != nil && rep.ready {
-			for _, peer := range rn.Status.UnreachablePeers {
-				unreachableFrom[peer] = append(unreachableFrom[peer], name)
-			}
-		}
-		if rn != nil {
-			st.VConnCapacity += int64(rn.Status.VConnCapacity)
-			st.VConnsAllocated += int64(rn.Status.VConnsAllocated)
-			st.VConnsInUse += int64(rn.Status.VConnsOpen)
-			st.QPsInUse += int64(rn.Status.QPsInUse)
-		}
-	}
+	t := r.tallyNodes(st, p.desired, byName)
 	st.Nodes = fmt.Sprintf("%d/%d", st.ReadyNodes, st.DesiredNodes)
-	var unreachable []string
-	for _, peer := range slices.Sorted(maps.Keys(unreachableFrom)) {
-		unreachable = append(unreachable, fmt.Sprintf("node %s unreachable from %s", peer, strings.Join(unreachableFrom[peer], ", ")))
-	}
-
-	ready := metav1.Condition{Type: v1alpha1.ConditionReady}
-	switch {
-	case p.refused:
-		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonConflict, p.message()
-	case len(p.desired) == 0:
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNoNodes
-		ready.Message = "no node is selected, tolerated and free of other RDMAServices"
-	case len(unhealthy) > 0:
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodeUnhealthy
-		ready.Message = summarize(unhealthy)
-	case len(unreachable) > 0:
-		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonNodeUnreachable, summarize(unreachable)
-	case len(pending) > 0:
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodesNotReady
-		ready.Message = fmt.Sprintf("%s nodes ready; waiting for %s", st.Nodes, summarize(pending))
-	default:
-		ready.Status, ready.Reason = metav1.ConditionTrue, ReasonAllNodesReady
-		ready.Message = st.Nodes + " nodes ready"
-	}
-	r.setCondition(svc, ready)
+	r.setCondition(svc, readyCondition(p, st.Nodes, &t))
 
 	progressing, err := r.rollout(ctx, svc, p)
 	if err != nil {
 		return 0, err
 	}
-	if progressing.Status == metav1.ConditionFalse && len(pending) > 0 {
+	if progressing.Status == metav1.ConditionFalse && len(t.pending) > 0 {
 		progressing.Status, progressing.Reason = metav1.ConditionTrue, ReasonWaitingForNodes
-		progressing.Message = "waiting for the agents of " + summarize(pending)
+		progressing.Message = "waiting for the agents of " + summarize(t.pending)
 	}
 	r.setCondition(svc, progressing)
 
@@ -200,26 +138,112 @@ func (r *RDMAServiceReconciler) updateStatus(ctx context.Context, svc *v1alpha1.
 	for _, name := range p.desired {
 		desired[name] = byName[name]
 	}
-	conflicts := addressConflicts(desired)
+	r.setCondition(svc, degradedCondition(len(p.desired), &t, addressConflicts(desired)))
+	return t.requeue, nil
+}
+
+// nodeTally is what updateStatus gathers from the desired nodes' RDMANodes
+// for the service's conditions.
+type nodeTally struct {
+	unhealthy, pending, badDevices []string
+	// unreachable: the nodes whose agents stopped answering, and the
+	// ready nodes whose agents say so.
+	unreachable []string
+	noDevice    int // of the unhealthy nodes, those whose device does not open
+	requeue     time.Duration
+}
+
+// tallyNodes assesses the RDMANodes of the desired nodes, counting their
+// ready nodes and vconns into st.
+func (r *RDMAServiceReconciler) tallyNodes(st *v1alpha1.RDMAServiceStatus, desired []string, byName map[string]*v1alpha1.RDMANode) nodeTally {
+	now := r.now()
+	var t nodeTally
+	unreachableFrom := map[string][]string{}
+	for _, name := range desired {
+		rn := byName[name]
+		rep := assess(name, rn, now, r.heartbeatTimeout())
+		switch {
+		case rep.ready:
+			st.ReadyNodes++
+			if d := rep.expires.Sub(now) + time.Second; t.requeue == 0 || d < t.requeue {
+				t.requeue = d
+			}
+		case rep.pending:
+			t.pending = append(t.pending, name)
+		default:
+			t.unhealthy = append(t.unhealthy, "node "+name+": "+rep.problem)
+			if rep.noDevice {
+				t.noDevice++
+			}
+		}
+		for _, d := range rep.badDevices {
+			t.badDevices = append(t.badDevices, "node "+name+" device "+d)
+		}
+		if rn == nil {
+			continue
+		}
+		if rep.ready {
+			for _, peer := range rn.Status.UnreachablePeers {
+				unreachableFrom[peer] = append(unreachableFrom[peer], name)
+			}
+		}
+		st.VConnCapacity += int64(rn.Status.VConnCapacity)
+		st.VConnsAllocated += int64(rn.Status.VConnsAllocated)
+		st.VConnsInUse += int64(rn.Status.VConnsOpen)
+		st.QPsInUse += int64(rn.Status.QPsInUse)
+	}
+	for _, peer := range slices.Sorted(maps.Keys(unreachableFrom)) {
+		t.unreachable = append(t.unreachable, fmt.Sprintf("node %s unreachable from %s", peer, strings.Join(unreachableFrom[peer], ", ")))
+	}
+	return t
+}
+
+// readyCondition is the service's Ready condition; nodes is its
+// ready/desired count.
+func readyCondition(p *placement, nodes string, t *nodeTally) metav1.Condition {
+	ready := metav1.Condition{Type: v1alpha1.ConditionReady}
+	switch {
+	case p.refused:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonConflict, p.message()
+	case len(p.desired) == 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNoNodes
+		ready.Message = "no node is selected, tolerated and free of other RDMAServices"
+	case len(t.unhealthy) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodeUnhealthy
+		ready.Message = summarize(t.unhealthy)
+	case len(t.unreachable) > 0:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonNodeUnreachable, summarize(t.unreachable)
+	case len(t.pending) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNodesNotReady
+		ready.Message = fmt.Sprintf("%s nodes ready; waiting for %s", nodes, summarize(t.pending))
+	default:
+		ready.Status, ready.Reason = metav1.ConditionTrue, ReasonAllNodesReady
+		ready.Message = nodes + " nodes ready"
+	}
+	return ready
+}
+
+// degradedCondition is the service's Degraded condition over its desired
+// nodes; conflicts are the addresses two of them list.
+func degradedCondition(desired int, t *nodeTally, conflicts []string) metav1.Condition {
 	degraded := metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected}
 	switch {
-	case noDevice > 0:
+	case t.noDevice > 0:
 		// The message lists every unhealthy node with its agent's reason
 		// (DeviceNotFound, PortDown, ...) and error.
 		degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonDeviceUnavailable
-		degraded.Message = fmt.Sprintf("the RDMA device does not open on %d of %d nodes: %s", noDevice, len(p.desired), summarize(unhealthy))
-	case len(unhealthy) > 0:
-		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnhealthy, summarize(unhealthy)
-	case len(unreachable) > 0:
-		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnreachable, summarize(unreachable)
+		degraded.Message = fmt.Sprintf("the RDMA device does not open on %d of %d nodes: %s", t.noDevice, desired, summarize(t.unhealthy))
+	case len(t.unhealthy) > 0:
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnhealthy, summarize(t.unhealthy)
+	case len(t.unreachable) > 0:
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonNodeUnreachable, summarize(t.unreachable)
 	case len(conflicts) > 0:
 		degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonAddressConflict
 		degraded.Message = summarize(conflicts) + ": the agents trust neither node's listing of it"
-	case len(badDevices) > 0:
-		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonDeviceUnhealthy, summarize(badDevices)+" unhealthy"
+	case len(t.badDevices) > 0:
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonDeviceUnhealthy, summarize(t.badDevices)+" unhealthy"
 	}
-	r.setCondition(svc, degraded)
-	return requeue, nil
+	return degraded
 }
 
 // rollout is Progressing as the agents' DaemonSet tells it, the way a

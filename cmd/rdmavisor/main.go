@@ -2,7 +2,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,9 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -172,12 +169,7 @@ func runBench(ctx context.Context, args []string) error {
 	verbose := fs.Int("v", 0, "log verbosity on stderr")
 	_ = fs.Parse(args)
 	if *summarize != "" {
-		f, err := os.Open(*summarize)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return bench.Summarize(f, os.Stdout)
+		return bench.SummarizeFile(*summarize, os.Stdout)
 	}
 	b, err := bench.ParseBytes(*budget)
 	if err != nil {
@@ -195,46 +187,31 @@ func runBench(ctx context.Context, args []string) error {
 		o.Suites = strings.Split(*suite, ",")
 	}
 	if *vconns != "" {
-		var ns []int
-		for _, f := range strings.Split(*vconns, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 {
-				return fmt.Errorf("--vconns: bad count %q", f)
-			}
-			ns = append(ns, n)
+		ns, err := bench.ParseCounts(*vconns)
+		if err != nil {
+			return fmt.Errorf("--vconns: %w", err)
 		}
 		o.Plan.E1VConns, o.Plan.E2EngineVConns, o.Plan.E2NaiveVConns = ns, ns, ns
 	}
 	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+		stop, err := startCPUProfile(*cpuProfile)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
-	var jsonl bytes.Buffer
-	if *out != "" {
-		if err := os.MkdirAll(*out, 0o755); err != nil {
-			return err
-		}
-		o.JSONCopy = &jsonl
+	return bench.RunToDir(ctx, o, *out)
+}
+
+// startCPUProfile profiles the process's CPU into the file path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
 	}
-	start := time.Now()
-	err = bench.Run(ctx, o)
-	o.Log.Info("Benchmarks done", "seconds", time.Since(start).Seconds())
-	if *out != "" {
-		var sum bytes.Buffer
-		errs := []error{err, os.WriteFile(filepath.Join(*out, "engine.jsonl"), jsonl.Bytes(), 0o644)}
-		if serr := bench.Summarize(bytes.NewReader(jsonl.Bytes()), &sum); serr != nil {
-			errs = append(errs, serr)
-		} else {
-			errs = append(errs, os.WriteFile(filepath.Join(*out, "engine-summary.md"), sum.Bytes(), 0o644))
-		}
-		err = errors.Join(errs...)
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
 	}
-	return err
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

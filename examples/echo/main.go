@@ -223,131 +223,172 @@ func exchange(ctx context.Context, c *vconn.Client, addr string, id, n, size, wi
 	// with it; the receiver, done, stops the sender.
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
-	var tried, sent atomic.Int64 // messages SendMsg was called with, and took
-	slots := make(chan struct{}, window)
+	s := &sender{conn: conn, id: id, n: n, size: size, count: count, slots: make(chan struct{}, window), stop: stop}
 	sendErr := make(chan error, 1)
-	go func() {
-		msg := make([]byte, size)
-		for seq := range n {
-			select {
-			case slots <- struct{}{}:
-			case <-rctx.Done():
-				sendErr <- nil
-				return
-			}
-			fill(msg, id, seq)
-			tried.Add(1)
-			if err := conn.SendMsg(rctx, msg); err != nil {
-				stop()
-				sendErr <- fmt.Errorf("vconn %d: send %d: %w", id, seq, err)
-				return
-			}
-			sent.Add(1)
-			count.sent.Add(1)
-		}
-		sendErr <- nil
-	}()
+	go func() { sendErr <- s.run(rctx) }()
 
-	var (
-		next  int64                // the first number not answered yet
-		late  = map[int64]bool{}   // numbers skipped, until they come back
-		wrong error                // the first message that came back wrong
-		want  = make([]byte, size) // the message an echo's number says it is
-		ended error                // why the receiver stopped before the last echo
-	)
-	bad := func(err error) {
-		if wrong == nil {
-			wrong = fmt.Errorf("vconn %d: %w", id, err)
-		}
-	}
-	// answered frees the slots of the numbers below to.
-	answered := func(to int64) {
-		for ; next < to; next++ {
-			<-slots
-		}
-	}
-	for next < int64(n) {
-		m, err := conn.RecvMsg(rctx)
-		if err != nil {
-			ended = err
-			break
-		}
-		seq, known := int64(-1), tried.Load()
-		if len(m.Data) == size {
-			seq = int64(binary.LittleEndian.Uint64(m.Data))
-			if seq >= 0 && seq < known {
-				fill(want, id, int(seq))
-			}
-		}
-		switch {
-		case seq < 0 || seq >= known || !bytes.Equal(m.Data, want):
-			// Damaged: counted as the message expected next.
-			r.Corrupt.add(next)
-			bad(fmt.Errorf("message %d: %s", next, diff(m.Data, want, size, seq, known)))
-			if next < known {
-				answered(next + 1)
-			}
-		case seq == next:
-			r.Delivered++
-			count.delivered.Add(1)
-			answered(next + 1)
-		case seq > next:
-			// In order or not at all: the messages skipped vanished,
-			// unless they come back later.
-			for s := next; s < seq; s++ {
-				r.Vanished.add(s)
-				if len(late) < 1<<16 {
-					late[s] = true
-				}
-			}
-			bad(fmt.Errorf("message %d came back before message %d", seq, next))
-			r.Delivered++
-			count.delivered.Add(1)
-			answered(seq + 1)
-		case late[seq]:
-			delete(late, seq)
-			r.Vanished.remove(seq)
-			r.Reordered.add(seq)
-			bad(fmt.Errorf("message %d came back after message %d", seq, next-1))
-		default:
-			r.Duplicated.add(seq)
-			bad(fmt.Errorf("message %d came back twice", seq))
-		}
-	}
+	rv := &receiver{r: &r, s: s, late: map[int64]bool{}, want: make([]byte, size)}
+	ended := rv.receive(rctx)
 	stop()
 	failed := <-sendErr
 	if failed != nil && ctx.Err() != nil && errors.Is(failed, ctx.Err()) {
 		failed = nil // the client's time ran out, not the vconn
 	}
-	r.Sent = sent.Load()
+	r.Sent = s.sent.Load()
 	if ended != nil {
-		// The messages sent and not answered failed if the application
-		// was told why (a send's error, the vconn's, the peer's close),
-		// and vanished if the client stopped waiting with no word.
-		if failed == nil && ctx.Err() != nil && errors.Is(ended, ctx.Err()) && conn.Err() == nil {
-			for s := next; s < r.Sent; s++ {
-				r.Vanished.add(s)
-			}
-			failed = fmt.Errorf("vconn %d: %d messages from %d unanswered when the client stopped waiting (%w), with no error from the vconn",
-				id, r.Sent-next, next, ctx.Err())
-		} else {
-			for s := next; s < r.Sent; s++ {
-				r.Failed.add(s)
-			}
-			if failed == nil {
-				why := ended
-				if ctx.Err() != nil && errors.Is(ended, ctx.Err()) {
-					why = conn.Err() // failed before the client stopped waiting
-				}
-				failed = fmt.Errorf("vconn %d: receive %d: %w", id, next, why)
-			}
-		}
+		failed = unanswered(ctx, conn, &r, rv.next, ended, failed)
 	}
-	err = cmp.Or(wrong, failed)
+	err = cmp.Or(rv.wrong, failed)
 	if err != nil {
 		r.Error = err.Error()
 	}
 	return r, err
+}
+
+// sender sends a vconn's n numbered messages of size bytes, each taking
+// one of the window's slots, which the receiver frees as they are answered.
+type sender struct {
+	conn        *vconn.Conn
+	id, n, size int
+	count       *counts
+	slots       chan struct{}
+	tried, sent atomic.Int64 // messages SendMsg was called with, and took
+	stop        context.CancelFunc
+}
+
+// run sends the messages until the last, ctx's end or the first error,
+// which stops the receiver too.
+func (s *sender) run(ctx context.Context) error {
+	msg := make([]byte, s.size)
+	for seq := range s.n {
+		select {
+		case s.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		fill(msg, s.id, seq)
+		s.tried.Add(1)
+		if err := s.conn.SendMsg(ctx, msg); err != nil {
+			s.stop()
+			return fmt.Errorf("vconn %d: send %d: %w", s.id, seq, err)
+		}
+		s.sent.Add(1)
+		s.count.sent.Add(1)
+	}
+	return nil
+}
+
+// receiver checks the echoes of a sender's messages into r.
+type receiver struct {
+	r     *VConn
+	s     *sender
+	next  int64          // the first number not answered yet
+	late  map[int64]bool // numbers skipped, until they come back
+	wrong error          // the first message that came back wrong
+	want  []byte         // the message an echo's number says it is
+}
+
+// receive checks echoes until every message is answered; it returns why it
+// stopped before the last.
+func (rv *receiver) receive(ctx context.Context) error {
+	for rv.next < int64(rv.s.n) {
+		m, err := rv.s.conn.RecvMsg(ctx)
+		if err != nil {
+			return err
+		}
+		rv.check(m.Data)
+	}
+	return nil
+}
+
+// check counts one echo: delivered in order, damaged, ahead of messages
+// that vanished, one of those come back late, or a duplicate.
+func (rv *receiver) check(data []byte) {
+	r, size := rv.r, rv.s.size
+	seq, known := int64(-1), rv.s.tried.Load()
+	if len(data) == size {
+		seq = int64(binary.LittleEndian.Uint64(data))
+		if seq >= 0 && seq < known {
+			fill(rv.want, rv.s.id, int(seq))
+		}
+	}
+	switch next := rv.next; {
+	case seq < 0 || seq >= known || !bytes.Equal(data, rv.want):
+		// Damaged: counted as the message expected next.
+		r.Corrupt.add(next)
+		rv.bad(fmt.Errorf("message %d: %s", next, diff(data, rv.want, size, seq, known)))
+		if next < known {
+			rv.answered(next + 1)
+		}
+	case seq == next:
+		rv.delivered()
+		rv.answered(next + 1)
+	case seq > next:
+		// In order or not at all: the messages skipped vanished,
+		// unless they come back later.
+		for s := next; s < seq; s++ {
+			r.Vanished.add(s)
+			if len(rv.late) < 1<<16 {
+				rv.late[s] = true
+			}
+		}
+		rv.bad(fmt.Errorf("message %d came back before message %d", seq, next))
+		rv.delivered()
+		rv.answered(seq + 1)
+	case rv.late[seq]:
+		delete(rv.late, seq)
+		r.Vanished.remove(seq)
+		r.Reordered.add(seq)
+		rv.bad(fmt.Errorf("message %d came back after message %d", seq, next-1))
+	default:
+		r.Duplicated.add(seq)
+		rv.bad(fmt.Errorf("message %d came back twice", seq))
+	}
+}
+
+// bad keeps the first message that came back wrong.
+func (rv *receiver) bad(err error) {
+	if rv.wrong == nil {
+		rv.wrong = fmt.Errorf("vconn %d: %w", rv.s.id, err)
+	}
+}
+
+func (rv *receiver) delivered() {
+	rv.r.Delivered++
+	rv.s.count.delivered.Add(1)
+}
+
+// answered frees the slots of the numbers below to.
+func (rv *receiver) answered(to int64) {
+	for ; rv.next < to; rv.next++ {
+		<-rv.s.slots
+	}
+}
+
+// unanswered accounts for the messages from next on that r's receiver
+// stopped waiting for, ended saying why, and returns the vconn's error:
+// failed, the sender's, if any. They failed if the application was told
+// why (a send's error, the vconn's, the peer's close), and vanished if
+// the client stopped waiting with no word.
+func unanswered(ctx context.Context, conn *vconn.Conn, r *VConn, next int64, ended, failed error) error {
+	if failed == nil && ctx.Err() != nil && errors.Is(ended, ctx.Err()) && conn.Err() == nil {
+		for s := next; s < r.Sent; s++ {
+			r.Vanished.add(s)
+		}
+		return fmt.Errorf("vconn %d: %d messages from %d unanswered when the client stopped waiting (%w), with no error from the vconn",
+			r.ID, r.Sent-next, next, ctx.Err())
+	}
+	for s := next; s < r.Sent; s++ {
+		r.Failed.add(s)
+	}
+	if failed == nil {
+		why := ended
+		if ctx.Err() != nil && errors.Is(ended, ctx.Err()) {
+			why = conn.Err() // failed before the client stopped waiting
+		}
+		failed = fmt.Errorf("vconn %d: receive %d: %w", r.ID, next, why)
+	}
+	return failed
 }
 
 // dial retries while nothing listens at addr yet, and while addr's name or

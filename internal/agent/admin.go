@@ -135,19 +135,11 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 	if req.Version != admin.Version {
 		return adminErr(admin.CodeVersion, fmt.Errorf("admin protocol version %d not supported: this agent speaks %d", req.Version, admin.Version))
 	}
-	classify := func(err error) admin.Reply {
-		switch {
-		case errors.Is(err, admin.ErrExists):
-			return adminErr(admin.CodeExists, err)
-		case errors.Is(err, admin.ErrNotFound):
-			return adminErr(admin.CodeNotFound, err)
-		case errors.Is(err, admin.ErrQuota):
-			return adminErr(admin.CodeQuota, err)
-		case errors.Is(err, admin.ErrUnavailable):
-			return adminErr(admin.CodeUnavailable, err)
-		}
-		return adminErr(admin.CodeInvalid, err)
-	}
+	return a.serveAdminOp(&req)
+}
+
+// serveAdminOp performs a well-formed request of this agent's version.
+func (a *Agent) serveAdminOp(req *admin.Request) admin.Reply {
 	switch req.Op {
 	case admin.OpStatus:
 		st := a.Status()
@@ -158,50 +150,69 @@ func (a *Agent) serveAdminRequest(b []byte) admin.Reply {
 		}
 		al, err := a.createAllocation(req.Allocation.ID, req.Allocation.VConns, req.Allocation.PodScoped, req.Allocation.Rail)
 		if err != nil {
-			return classify(err)
+			return classifyAdminErr(err)
 		}
 		return admin.Reply{Allocation: &al}
 	case admin.OpDeleteAllocation:
-		if err := a.DeleteAllocation(req.ID); err != nil {
-			return classify(err)
-		}
-		return admin.Reply{}
+		return adminDone(a.DeleteAllocation(req.ID))
 	case admin.OpListAllocations:
 		return admin.Reply{Allocations: a.Allocations()}
 	case admin.OpBindAllocation:
 		if req.Pod == nil {
 			return adminErr(admin.CodeInvalid, errors.New("bindAllocation: pod is required"))
 		}
-		if err := a.BindAllocation(req.ID, req.Pod.Namespace, req.Pod.Name); err != nil {
-			return classify(err)
-		}
-		return admin.Reply{}
+		return adminDone(a.BindAllocation(req.ID, req.Pod.Namespace, req.Pod.Name))
 	case admin.OpRegisterPod:
 		if req.Pod == nil {
 			return adminErr(admin.CodeInvalid, errors.New("registerPod: pod is required"))
 		}
-		if err := a.RegisterPod(*req.Pod); err != nil {
-			return classify(err)
-		}
-		return admin.Reply{}
+		return adminDone(a.RegisterPod(*req.Pod))
 	case admin.OpUnregisterPod:
 		a.UnregisterPod(req.ID)
 		return admin.Reply{}
 	case admin.OpListPods:
 		return admin.Reply{Pods: a.Pods()}
 	case admin.OpRenewCertificate:
-		if a.opts.RenewCertificate == nil {
-			return adminErr(admin.CodeInvalid, errors.New("renewCertificate: this agent does not request its certificate (no TLS, or static discovery with provisioned files)"))
-		}
-		ctx, cancel := context.WithTimeout(a.ctx, 30*time.Second)
-		defer cancel()
-		cert, err := a.opts.RenewCertificate(ctx)
-		if err != nil {
-			return adminErr(admin.CodeFailed, fmt.Errorf("renewCertificate: %w", err))
-		}
-		a.log.Info("Renewed the node certificate on request", "serial", cert.SerialNumber.String(), "notAfter", cert.NotAfter)
-		return admin.Reply{Certificate: &admin.Certificate{Serial: cert.SerialNumber.String(), Subject: cert.Subject.String(),
-			NotBefore: cert.NotBefore, NotAfter: cert.NotAfter}}
+		return a.renewCertificate()
 	}
 	return adminErr(admin.CodeInvalid, fmt.Errorf("unknown op %q", req.Op))
+}
+
+// adminDone is the reply to an operation that returns nothing but err.
+func adminDone(err error) admin.Reply {
+	if err != nil {
+		return classifyAdminErr(err)
+	}
+	return admin.Reply{}
+}
+
+// classifyAdminErr is the reply to an operation that failed with err.
+func classifyAdminErr(err error) admin.Reply {
+	switch {
+	case errors.Is(err, admin.ErrExists):
+		return adminErr(admin.CodeExists, err)
+	case errors.Is(err, admin.ErrNotFound):
+		return adminErr(admin.CodeNotFound, err)
+	case errors.Is(err, admin.ErrQuota):
+		return adminErr(admin.CodeQuota, err)
+	case errors.Is(err, admin.ErrUnavailable):
+		return adminErr(admin.CodeUnavailable, err)
+	}
+	return adminErr(admin.CodeInvalid, err)
+}
+
+// renewCertificate requests a new node certificate now.
+func (a *Agent) renewCertificate() admin.Reply {
+	if a.opts.RenewCertificate == nil {
+		return adminErr(admin.CodeInvalid, errors.New("renewCertificate: this agent does not request its certificate (no TLS, or static discovery with provisioned files)"))
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, 30*time.Second)
+	defer cancel()
+	cert, err := a.opts.RenewCertificate(ctx)
+	if err != nil {
+		return adminErr(admin.CodeFailed, fmt.Errorf("renewCertificate: %w", err))
+	}
+	a.log.Info("Renewed the node certificate on request", "serial", cert.SerialNumber.String(), "notAfter", cert.NotAfter)
+	return admin.Reply{Certificate: &admin.Certificate{Serial: cert.SerialNumber.String(), Subject: cert.Subject.String(),
+		NotBefore: cert.NotBefore, NotAfter: cert.NotAfter}}
 }

@@ -82,115 +82,143 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the snapshots.
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	a := c.a
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
+	m := metricSink(ch)
 	// Every rail's engine: the node's figures are their sums, and a peer's
 	// QPs and vconns are labelled with the rail they are on.
-	var states engine.StateCounts
-	var sent, recv [engine.NumTransports]engine.Traffic
-	var rejects [engine.NumRejectReasons]uint64
-	var st engine.Stats
-	var buffers []int
-	peers, poller := 0, 0
-	names := a.peerNames()
-	for rail, e := range a.engines {
-		es := e.Stats()
-		ps, sc := e.PeerStats()
-		states.Connecting += sc.Connecting
-		states.Open += sc.Open
-		states.Closing += sc.Closing
-		states.Failed += sc.Failed
-		peers += len(ps)
-		r := strconv.Itoa(rail)
-		for _, p := range ps {
-			name := names[p.GID]
-			if name == "" {
-				name = p.GID.String()
-			}
-			gauge(descQPs, float64(p.RCQPs), name, "rc", r)
-			gauge(descQPs, float64(p.UCQPs), name, "uc", r)
-			gauge(descQPs, float64(p.IngressQPs), name, "ingress", r)
-			gauge(descPeerVConns, float64(p.VConns.Open), name, r)
-		}
-		s, rv := e.TrafficStats()
-		for t := range sent {
-			sent[t].Msgs, sent[t].Bytes = sent[t].Msgs+s[t].Msgs, sent[t].Bytes+s[t].Bytes
-			recv[t].Msgs, recv[t].Bytes = recv[t].Msgs+rv[t].Msgs, recv[t].Bytes+rv[t].Bytes
-		}
-		for i, n := range e.RejectStats() {
-			rejects[i] += n
-		}
-		st.Retransmits += es.Retransmits
-		st.GapResends += es.GapResends
-		st.CreditStalls += es.CreditStalls
-		st.Posts += es.Posts
-		st.WRsPosted += es.WRsPosted
-		st.StaleDropped += es.StaleDropped
-		st.Malformed += es.Malformed
-		st.Sleeps += es.Sleeps
-		for i, n := range es.BuffersInUse {
-			if i == len(buffers) {
-				buffers = append(buffers, 0)
-			}
-			buffers[i] += n
-		}
-		// Pollers are numbered across the rails, rail 0's first.
-		for _, ps := range e.PollerStats() {
-			ch <- prometheus.MustNewConstMetric(descPollerBusy, prometheus.CounterValue, ps.Busy.Seconds(), strconv.Itoa(poller))
-			poller++
-		}
+	var sums railSums
+	names := c.a.peerNames()
+	for rail, e := range c.a.engines {
+		sums.add(m, rail, e, names)
 	}
-	for _, s := range []struct {
+	sums.collect(m)
+	c.collectQuota(m)
+	c.collectTenants(ch)
+}
+
+// metricSink sends constant metrics to a Collect's channel.
+type metricSink chan<- prometheus.Metric
+
+func (m metricSink) gauge(d *prometheus.Desc, v float64, labels ...string) {
+	m <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func (m metricSink) counter(d *prometheus.Desc, v uint64, labels ...string) {
+	m <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+}
+
+// railSums are the node's engine figures, summed over its rails.
+type railSums struct {
+	states     engine.StateCounts
+	sent, recv [engine.NumTransports]engine.Traffic
+	rejects    [engine.NumRejectReasons]uint64
+	st         engine.Stats
+	buffers    []int
+	peers      int
+	pollers    int // pollers are numbered across the rails, rail 0's first
+}
+
+// add adds rail's engine e to the sums, and sends its peers' and pollers'
+// metrics, which are not summed; names are the peers' node names.
+func (s *railSums) add(m metricSink, rail int, e *engine.Engine, names map[verbs.GID]string) {
+	es := e.Stats()
+	ps, sc := e.PeerStats()
+	s.states.Connecting += sc.Connecting
+	s.states.Open += sc.Open
+	s.states.Closing += sc.Closing
+	s.states.Failed += sc.Failed
+	s.peers += len(ps)
+	r := strconv.Itoa(rail)
+	for _, p := range ps {
+		name := names[p.GID]
+		if name == "" {
+			name = p.GID.String()
+		}
+		m.gauge(descQPs, float64(p.RCQPs), name, "rc", r)
+		m.gauge(descQPs, float64(p.UCQPs), name, "uc", r)
+		m.gauge(descQPs, float64(p.IngressQPs), name, "ingress", r)
+		m.gauge(descPeerVConns, float64(p.VConns.Open), name, r)
+	}
+	sent, rv := e.TrafficStats()
+	for t := range s.sent {
+		s.sent[t].Msgs, s.sent[t].Bytes = s.sent[t].Msgs+sent[t].Msgs, s.sent[t].Bytes+sent[t].Bytes
+		s.recv[t].Msgs, s.recv[t].Bytes = s.recv[t].Msgs+rv[t].Msgs, s.recv[t].Bytes+rv[t].Bytes
+	}
+	for i, n := range e.RejectStats() {
+		s.rejects[i] += n
+	}
+	s.st.Retransmits += es.Retransmits
+	s.st.GapResends += es.GapResends
+	s.st.CreditStalls += es.CreditStalls
+	s.st.Posts += es.Posts
+	s.st.WRsPosted += es.WRsPosted
+	s.st.StaleDropped += es.StaleDropped
+	s.st.Malformed += es.Malformed
+	s.st.Sleeps += es.Sleeps
+	for i, n := range es.BuffersInUse {
+		if i == len(s.buffers) {
+			s.buffers = append(s.buffers, 0)
+		}
+		s.buffers[i] += n
+	}
+	for _, ps := range e.PollerStats() {
+		m <- prometheus.MustNewConstMetric(descPollerBusy, prometheus.CounterValue, ps.Busy.Seconds(), strconv.Itoa(s.pollers))
+		s.pollers++
+	}
+}
+
+// collect sends the node's summed metrics.
+func (s *railSums) collect(m metricSink) {
+	for _, v := range []struct {
 		name string
 		n    int
-	}{{"connecting", states.Connecting}, {"open", states.Open}, {"closing", states.Closing}, {"failed", states.Failed}} {
-		gauge(descVConns, float64(s.n), s.name)
+	}{{"connecting", s.states.Connecting}, {"open", s.states.Open}, {"closing", s.states.Closing}, {"failed", s.states.Failed}} {
+		m.gauge(descVConns, float64(v.n), v.name)
 	}
-	gauge(descPeers, float64(peers))
+	m.gauge(descPeers, float64(s.peers))
 	for t := engine.RC; t <= engine.Auto; t++ { // no vconn's is Unknown
 		tr := t.String()
-		counter(descMsgsSent, sent[t].Msgs, tr)
-		counter(descBytesSent, sent[t].Bytes, tr)
-		counter(descMsgsRecv, recv[t].Msgs, tr)
-		counter(descBytesRecv, recv[t].Bytes, tr)
+		m.counter(descMsgsSent, s.sent[t].Msgs, tr)
+		m.counter(descBytesSent, s.sent[t].Bytes, tr)
+		m.counter(descMsgsRecv, s.recv[t].Msgs, tr)
+		m.counter(descBytesRecv, s.recv[t].Bytes, tr)
 	}
-	counter(descRetransmits, st.Retransmits-st.GapResends, "timeout")
-	counter(descRetransmits, st.GapResends, "gap")
-	counter(descCreditStalls, st.CreditStalls)
-	counter(descDoorbells, st.Posts)
-	counter(descWRs, st.WRsPosted)
-	counter(descDropped, st.StaleDropped, "stale")
-	counter(descDropped, st.Malformed, "malformed")
-	for r, n := range rejects {
-		counter(descDropped, n, engine.RejectReason(r).String())
+	m.counter(descRetransmits, s.st.Retransmits-s.st.GapResends, "timeout")
+	m.counter(descRetransmits, s.st.GapResends, "gap")
+	m.counter(descCreditStalls, s.st.CreditStalls)
+	m.counter(descDoorbells, s.st.Posts)
+	m.counter(descWRs, s.st.WRsPosted)
+	m.counter(descDropped, s.st.StaleDropped, "stale")
+	m.counter(descDropped, s.st.Malformed, "malformed")
+	for r, n := range s.rejects {
+		m.counter(descDropped, n, engine.RejectReason(r).String())
 	}
-	for i, n := range buffers {
-		gauge(descBuffers, float64(n), strconv.Itoa(i))
+	for i, n := range s.buffers {
+		m.gauge(descBuffers, float64(n), strconv.Itoa(i))
 	}
-	counter(descPollerSleeps, st.Sleeps)
+	m.counter(descPollerSleeps, s.st.Sleeps)
+}
+
+// collectQuota sends the allocations' share of the node's vconns and
+// whether each rail is up.
+func (c collector) collectQuota(m metricSink) {
+	a := c.a
 	allocs := a.Allocations()
 	allocated, used := 0, 0
 	for _, al := range allocs {
 		allocated += al.VConns
 		used += al.InUse
 	}
-	gauge(descAllocations, float64(len(allocs)))
-	gauge(descQuota, float64(a.cfg.VConnsPerNode), "capacity")
-	gauge(descQuota, float64(allocated), "allocated")
-	gauge(descQuota, float64(used), "used")
+	m.gauge(descAllocations, float64(len(allocs)))
+	m.gauge(descQuota, float64(a.cfg.VConnsPerNode), "capacity")
+	m.gauge(descQuota, float64(allocated), "allocated")
+	m.gauge(descQuota, float64(used), "used")
 	for i, why := range a.railsDown() {
 		up := 0.0
 		if why == "" {
 			up = 1
 		}
-		gauge(descRailUp, up, strconv.Itoa(i), a.devs[i].Attr().Name)
+		m.gauge(descRailUp, up, strconv.Itoa(i), a.devs[i].Attr().Name)
 	}
-	c.collectTenants(ch)
 }
 
 // peerNames maps the GIDs of the peer agents this one talks to to their

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/pki"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -370,32 +371,8 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 	if err != nil {
 		return false, fmt.Errorf("heartbeat: %w", err)
 	}
-	var gid []byte
-	if e := r.a.eng; e != nil {
-		g := e.GID()
-		gid = g[:]
-	}
-	var railGIDs [][]byte
-	for _, e := range r.a.engines[min(1, len(r.a.engines)):] {
-		g := e.GID()
-		railGIDs = append(railGIDs, g[:])
-	}
 	var sent atomic.Uint64 // the last beat's seq
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for seq := uint64(1); ; seq++ {
-			sent.Store(seq)
-			if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid, RailGids: railGIDs}) != nil {
-				return
-			}
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
+	go r.sendBeats(sctx, stream, interval, &sent)
 	var timedOut bool
 	var tmu sync.Mutex
 	for {
@@ -415,25 +392,60 @@ func (r *remote) beatOnce(ctx context.Context, interval, timeout time.Duration) 
 		}
 		beating = true
 		restarted := r.newIncarnation(b.Incarnation)
-		r.mu.Lock()
-		r.lost = false
-		peers := r.peersLocked()
-		r.mu.Unlock()
-		for rail, p := range peers {
-			epoch := b.PeerEpoch
-			if rail > 0 {
-				epoch = 0
-				if rail <= len(b.RailEpochs) {
-					epoch = b.RailEpochs[rail-1]
-				}
-			}
-			if p != nil && vouchFor(id, r.node, p.GID(), rail, r.a.railGIDListed) == nil {
-				// The peer's side of our connection is new: ours goes too.
-				r.a.engines[rail].ObservePeerEpoch(p.GID(), epoch)
-			}
-		}
+		r.observeBeat(id, b)
 		if restarted {
 			return true, errRestarted
+		}
+	}
+}
+
+// sendBeats sends a beat every interval, numbered from 1, each number
+// stored in sent first, until ctx ends or a send fails.
+func (r *remote) sendBeats(ctx context.Context, stream controlpb.Control_HeartbeatClient, interval time.Duration, sent *atomic.Uint64) {
+	var gid []byte
+	if e := r.a.eng; e != nil {
+		g := e.GID()
+		gid = g[:]
+	}
+	var railGIDs [][]byte
+	for _, e := range r.a.engines[min(1, len(r.a.engines)):] {
+		g := e.GID()
+		railGIDs = append(railGIDs, g[:])
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for seq := uint64(1); ; seq++ {
+		sent.Store(seq)
+		if stream.Send(&controlpb.Beat{Seq: seq, Incarnation: r.a.incarnation, Gid: gid, RailGids: railGIDs}) != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// observeBeat marks the peer found again and tells each rail's engine the
+// epoch of the peer's side of their connection, which the peer's identity
+// id vouches for, from beat b.
+func (r *remote) observeBeat(id *pki.Identity, b *controlpb.Beat) {
+	r.mu.Lock()
+	r.lost = false
+	peers := r.peersLocked()
+	r.mu.Unlock()
+	for rail, p := range peers {
+		epoch := b.PeerEpoch
+		if rail > 0 {
+			epoch = 0
+			if rail <= len(b.RailEpochs) {
+				epoch = b.RailEpochs[rail-1]
+			}
+		}
+		if p != nil && vouchFor(id, r.node, p.GID(), rail, r.a.railGIDListed) == nil {
+			// The peer's side of our connection is new: ours goes too.
+			r.a.engines[rail].ObservePeerEpoch(p.GID(), epoch)
 		}
 	}
 }

@@ -163,10 +163,24 @@ func Median(xs []float64) float64 {
 func Evaluate(recs []Record) []Target {
 	rs := results{recs}
 	var ts []Target
+	ts = append(ts, e1Targets(rs)...)
+	ts = append(ts, e2Targets(rs)...)
+	e3 := func(mode string, k int) *Record {
+		return rs.find("e3", func(r *Record) bool { return r.Mode == mode && r.Producers == k })
+	}
+	ts = append(ts, ratio("e3", "engine / mutex at 16 producers", 2, e3(modeEngine, 16), e3(modeMutex, 16), "msgs/s", msgsPerSec, "engine at 16", "mutex at 16"))
+	ts = append(ts, e5Targets(rs)...)
+	return ts
+}
+
+// e1Targets: the engine's rate holds from 100 to 100,000 vconns, and beats
+// naive's at 10,000, with each NIC model setting measured.
+func e1Targets(rs results) []Target {
+	var ts []Target
 	e1 := func(design string, nic bool, n int) *Record {
 		return rs.find("e1", func(r *Record) bool { return r.Design == design && r.NICModel == nic && r.VConns == n })
 	}
-	for _, nic := range e1Models(recs) {
+	for _, nic := range e1Models(rs.recs) {
 		sfx := ""
 		if nic {
 			sfx = " (NIC model)"
@@ -175,32 +189,51 @@ func Evaluate(recs []Record) []Target {
 			ratio("e1", "engine at 100,000 vconns / engine at 100"+sfx, 0.8, e1(designEngine, nic, 100000), e1(designEngine, nic, 100), "msgs/s", msgsPerSec, "engine at 100,000", "engine at 100"),
 			ratio("e1", "engine / naive at 10,000 vconns"+sfx, 3, e1(designEngine, nic, 10000), e1(designNaive, nic, 10000), "msgs/s", msgsPerSec, "engine at 10,000", "naive at 10,000"))
 	}
+	return ts
+}
 
-	// E2 at the largest count the engine measured, and the ratio at the
-	// largest count both designs measured.
-	largest := func(design string) *Record {
-		var best *Record
-		for i := range rs.recs {
-			r := &rs.recs[i]
-			if r.Suite == "e2" && r.Design == design && r.Error == "" && r.BytesPerVConn != nil && (best == nil || r.VConns > best.VConns) {
-				best = r
-			}
-		}
-		return best
-	}
-	eng := largest(designEngine)
+// e2Targets: E2 at the largest count the engine measured, and the ratio at
+// the largest count both designs measured.
+func e2Targets(rs results) []Target {
 	t := Target{Suite: "e2", Name: "engine bytes per vconn", Goal: 512, AtMost: true}
-	if eng == nil {
+	if eng := largestE2(rs, designEngine); eng == nil {
 		t.Missing = "no engine E2 record without error"
 	} else {
 		t.Name = fmt.Sprintf("engine bytes per vconn at %s vconns", thousands(eng.VConns))
 		t.Value = *eng.BytesPerVConn
 	}
-	ts = append(ts, t)
-	var pairN, pairE *Record // the largest count both designs measured
+	ts := []Target{t}
+	if pairN, pairE := largestE2Pair(rs); pairN == nil {
+		t = Target{Suite: "e2", Name: "naive / engine bytes per vconn", Goal: 100, Missing: "no count measured for both designs"}
+	} else {
+		t = ratio("e2", fmt.Sprintf("naive / engine bytes per vconn at %s vconns", thousands(pairN.VConns)), 100, pairN, pairE, "bytes", bytesPerVConn, "naive", "engine")
+	}
+	return append(ts, t)
+}
+
+// measuredE2 reports whether r is an E2 record of design with a size.
+func measuredE2(r *Record, design string) bool {
+	return r.Suite == "e2" && r.Design == design && r.Error == "" && r.BytesPerVConn != nil
+}
+
+// largestE2 is design's E2 record at the largest count it measured.
+func largestE2(rs results, design string) *Record {
+	var best *Record
+	for i := range rs.recs {
+		r := &rs.recs[i]
+		if measuredE2(r, design) && (best == nil || r.VConns > best.VConns) {
+			best = r
+		}
+	}
+	return best
+}
+
+// largestE2Pair are naive's and the engine's E2 records at the largest
+// count both designs measured.
+func largestE2Pair(rs results) (pairN, pairE *Record) {
 	for i := range rs.recs {
 		n := &rs.recs[i]
-		if n.Suite != "e2" || n.Design != designNaive || n.Error != "" || n.BytesPerVConn == nil || pairN != nil && n.VConns <= pairN.VConns {
+		if !measuredE2(n, designNaive) || pairN != nil && n.VConns <= pairN.VConns {
 			continue
 		}
 		if en := rs.find("e2", func(r *Record) bool {
@@ -209,31 +242,24 @@ func Evaluate(recs []Record) []Target {
 			pairN, pairE = n, en
 		}
 	}
-	if pairN == nil {
-		t = Target{Suite: "e2", Name: "naive / engine bytes per vconn", Goal: 100, Missing: "no count measured for both designs"}
-	} else {
-		t = ratio("e2", fmt.Sprintf("naive / engine bytes per vconn at %s vconns", thousands(pairN.VConns)), 100, pairN, pairE, "bytes", bytesPerVConn, "naive", "engine")
-	}
-	ts = append(ts, t)
+	return pairN, pairE
+}
 
-	e3 := func(mode string, k int) *Record {
-		return rs.find("e3", func(r *Record) bool { return r.Mode == mode && r.Producers == k })
-	}
-	ts = append(ts, ratio("e3", "engine / mutex at 16 producers", 2, e3(modeEngine, 16), e3(modeMutex, 16), "msgs/s", msgsPerSec, "engine at 16", "mutex at 16"))
-
-	// E5 as restated for a 2-core machine: Auto against RC, the one
-	// fixed transport that is reliable as Auto is, at every size, and
-	// against unreliable UC at 4 KiB, where UC is cheapest.
+// e5Targets: E5 as restated for a 2-core machine: Auto against RC, the one
+// fixed transport that is reliable as Auto is, at every size and loss, and
+// against unreliable UC at 4 KiB, where UC is cheapest.
+func e5Targets(rs results) []Target {
+	var ts []Target
 	e5 := func(tr string, size int) *Record {
 		return rs.find("e5", func(r *Record) bool { return r.Transport == tr && r.MsgBytes == size })
 	}
-	for _, size := range e5Sizes(recs) {
+	for _, size := range e5Sizes(rs.recs) {
 		ts = append(ts, ratio("e5", fmt.Sprintf("auto / rc at %s", sizeName(size)), 0.95, e5("auto", size), e5("rc", size), "msgs/s", msgsPerSec, "auto", "rc"))
 		if size == 4<<10 {
 			ts = append(ts, ratio("e5", "auto / uc at 4 KiB", 0.85, e5("auto", size), e5("uc", size), "msgs/s", msgsPerSec, "auto", "uc"))
 		}
 	}
-	for _, r := range recs {
+	for _, r := range rs.recs {
 		if r.Suite != "e5loss" || r.Transport != "rc" || r.Loss == nil {
 			continue
 		}
@@ -302,182 +328,6 @@ func e5Sizes(recs []Record) []int {
 	}
 	slices.Sort(sizes)
 	return sizes
-}
-
-// Summarize writes the Markdown summary of a run's records: a table per
-// suite and its targets, each marked met or missed.
-func Summarize(r io.Reader, w io.Writer) error {
-	recs, err := ReadRecords(r)
-	if err != nil {
-		return err
-	}
-	runs := countRuns(recs)
-	recs = MergeRuns(recs)
-	var b strings.Builder
-	ts := Evaluate(recs)
-	wires := map[string]string{}
-	for _, r := range recs {
-		if r.Wire != "" && wires[r.Suite] == "" {
-			wires[r.Suite] = r.Wire
-		}
-	}
-	var on []string
-	for _, s := range Suites {
-		if w := wires[s]; w != "" {
-			on = append(on, s+" on "+w)
-		}
-	}
-	fmt.Fprintf(&b, "## Engine vs naive (`rdmavisor bench`: %s)\n\n", or(strings.Join(on, ", "), "unknown wire"))
-	if runs > 1 {
-		fmt.Fprintf(&b, "Every figure comes from the JSON lines of %d consecutive runs (bench/results/engine.jsonl, the runs one after another): a rate is the median of every run's repeats, a ratio the median of the repeats' ratios, paired run by run and repeat by repeat.\n", runs)
-	} else {
-		b.WriteString("Every figure comes from the JSON lines of the same run (bench/results/engine.jsonl).\n")
-	}
-	section := func(suite, title string, table func(*strings.Builder)) {
-		fmt.Fprintf(&b, "\n### %s\n\n", title)
-		table(&b)
-		b.WriteString("\n")
-		for _, t := range ts {
-			if t.Suite != suite {
-				continue
-			}
-			goal := "≥"
-			if t.AtMost {
-				goal = "≤"
-			}
-			if t.Missing != "" {
-				fmt.Fprintf(&b, "- %s (target %s %s): **not measured**: %s\n", t.Name, goal, num(t.Goal), t.Missing)
-				continue
-			}
-			per := ""
-			if len(t.PerRepeat) > 0 {
-				xs := make([]string, len(t.PerRepeat))
-				for i, x := range t.PerRepeat {
-					xs[i] = num(x)
-				}
-				per = " (median of the repeats' ratios: " + strings.Join(xs, ", ") + ")"
-			}
-			fmt.Fprintf(&b, "- %s: %s%s (target %s %s): **%s**\n", t.Name, num(t.Value), per, goal, num(t.Goal), t.Status())
-		}
-	}
-	section("e1", "E1: messages/s vs vconns (64-byte messages)", func(b *strings.Builder) {
-		for _, nic := range e1Models(recs) {
-			if nic {
-				b.WriteString("With the soft provider's NIC model (a QP-context cache of 400 entries, a 500 ns miss, a 1,024-packet receive ring drained at 40 Gb/s: docs/architecture.md, \"NIC model\"):\n\n")
-			} else {
-				b.WriteString("Without the NIC model (the soft provider at CPU speed, unbounded QP state):\n\n")
-			}
-			b.WriteString("| vconns | engine msgs/s | engine ÷ engine at 100 | engine QPs | engine CPU ns/msg | naive msgs/s | naive QPs | naive CPU ns/msg | engine ÷ naive |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-			find := func(d string, n int) *Record {
-				return (results{recs}).find("e1", func(r *Record) bool { return r.Design == d && r.NICModel == nic && r.VConns == n })
-			}
-			ratioCell := func(a, c *Record) string {
-				t := ratio("", "", 0, a, c, "msgs/s", msgsPerSec, "a", "b")
-				if t.Missing != "" {
-					return "—"
-				}
-				return num(t.Value)
-			}
-			for _, n := range counts(recs, "e1") {
-				en, nv := find(designEngine, n), find(designNaive, n)
-				if en == nil && nv == nil {
-					continue
-				}
-				row := []string{thousands(n), cell(en, msgsPerSec), ratioCell(en, find(designEngine, 100)), qpsCell(en), cell(en, cpuPerMsg),
-					cell(nv, msgsPerSec), qpsCell(nv), cell(nv, cpuPerMsg), ratioCell(en, nv)}
-				fmt.Fprintf(b, "| %s |\n", strings.Join(row, " | "))
-			}
-			before, at, fall := Knee(recs, designNaive, nic)
-			model := "off"
-			if nic {
-				model = "on"
-			}
-			if at == 0 {
-				fmt.Fprintf(b, "\nNaive's knee with the model %s: none measured (its rate never stayed below %.0f%% of its best at fewer connections).\n\n", model, kneeFall*100)
-			} else {
-				fmt.Fprintf(b, "\nNaive's knee with the model %s: between %s and %s connections (at %s its rate is %s of its best at fewer connections; the knee is the first count from which every rate is below %.0f%% of that best).\n\n",
-					model, thousands(before), thousands(at), thousands(at), num(fall), kneeFall*100)
-			}
-		}
-		b.WriteString("CPU ns/msg is the process's CPU time (getrusage: both ends, all threads) per message delivered in the median run: it stays flat as vconns grow where the cost per message does not grow with them. The model's time is slept, not spun, so it lowers msgs/s without raising CPU ns/msg.\n")
-	})
-	section("e2", "E2: memory per vconn end (heap + registered)", func(b *strings.Builder) {
-		b.WriteString("| vconns | engine bytes | naive bytes |\n|---:|---:|---:|\n")
-		for _, n := range counts(recs, "e2") {
-			row := []string{thousands(n)}
-			for _, d := range []string{designEngine, designNaive} {
-				r := (results{recs}).find("e2", func(r *Record) bool { return r.Design == d && r.VConns == n })
-				row = append(row, cell(r, bytesPerVConn))
-			}
-			fmt.Fprintf(b, "| %s |\n", strings.Join(row, " | "))
-		}
-	})
-	section("e3", "E3: producers sharing one QP (64-byte messages)", func(b *strings.Builder) {
-		b.WriteString("| producers | mutex msgs/s | engine msgs/s | engine / mutex |\n|---:|---:|---:|---:|\n")
-		var ks []int
-		for _, r := range recs {
-			if r.Suite == "e3" && !slices.Contains(ks, r.Producers) {
-				ks = append(ks, r.Producers)
-			}
-		}
-		slices.Sort(ks)
-		for _, k := range ks {
-			m := (results{recs}).find("e3", func(r *Record) bool { return r.Mode == modeMutex && r.Producers == k })
-			e := (results{recs}).find("e3", func(r *Record) bool { return r.Mode == modeEngine && r.Producers == k })
-			t := ratio("", "", 0, e, m, "msgs/s", msgsPerSec, "engine", "mutex")
-			rt := "—"
-			if t.Missing == "" {
-				rt = num(t.Value)
-			}
-			fmt.Fprintf(b, "| %d | %s | %s | %s |\n", k, cell(m, msgsPerSec), cell(e, msgsPerSec), rt)
-		}
-	})
-	section("e5", "E5: msgs/s by transport and message size", func(b *strings.Builder) {
-		b.WriteString("Targets as restated for a 2-core machine (issue 26): Auto at least 0.95× RC, the fixed transport that is reliable as Auto is, at every size, and at least 0.85× unreliable UC at 4 KiB. Reported, never asserted in tests.\n\n")
-		b.WriteString("| size | rc | uc | ud | auto |\n|---:|---:|---:|---:|---:|\n")
-		for _, size := range e5Sizes(recs) {
-			row := []string{sizeName(size)}
-			for _, tr := range []string{"rc", "uc", "ud", "auto"} {
-				r := (results{recs}).find("e5", func(r *Record) bool { return r.Transport == tr && r.MsgBytes == size })
-				row = append(row, cell(r, msgsPerSec))
-			}
-			fmt.Fprintf(b, "| %s |\n", strings.Join(row, " | "))
-		}
-	})
-	section("e5loss", "E5: msgs/s by packet loss (in-memory fabric), Auto against RC, the best reliable fixed transport", func(b *strings.Builder) {
-		b.WriteString("UC is not reliable: its column is what it delivered.\n\n")
-		b.WriteString("| loss | size | rc | auto | auto / rc | uc (delivered) |\n|---:|---:|---:|---:|---:|---:|\n")
-		for _, r := range recs {
-			if r.Suite != "e5loss" || r.Transport != "rc" || r.Loss == nil {
-				continue
-			}
-			at := func(tr string) *Record {
-				return (results{recs}).find("e5loss", func(x *Record) bool {
-					return x.Transport == tr && x.MsgBytes == r.MsgBytes && x.Loss != nil && *x.Loss == *r.Loss
-				})
-			}
-			rc, auto := &r, at("auto")
-			t := ratio("", "", 0, auto, rc, "msgs/s", msgsPerSec, "auto", "rc")
-			rt := "—"
-			if t.Missing == "" {
-				rt = num(t.Value)
-			}
-			fmt.Fprintf(b, "| %g%% | %s | %s | %s | %s | %s |\n", *r.Loss*100, sizeName(r.MsgBytes), cell(rc, msgsPerSec), cell(auto, msgsPerSec), rt, cell(at("uc"), msgsPerSec))
-		}
-	})
-	var errs []string
-	for _, r := range recs {
-		if r.Error != "" {
-			errs = append(errs, fmt.Sprintf("- %s %s: %s", r.Suite, describe(r), r.Error))
-		}
-	}
-	if len(errs) > 0 {
-		b.WriteString("\n### Not measured\n\n")
-		b.WriteString(strings.Join(errs, "\n"))
-		b.WriteString("\n")
-	}
-	_, err = io.WriteString(w, b.String())
-	return err
 }
 
 // countRuns is how many runs concatenated records hold: the most records

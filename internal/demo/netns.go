@@ -152,25 +152,7 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfg := config.Default()
-	cfg.NodeName = o.Name
-	if o.Transport != "" {
-		cfg.Transport = o.Transport
-	}
-	cfg.Device.Provider = o.Provider
-	if cfg.Device.Provider == "" {
-		cfg.Device.Provider = config.ProviderSoft
-	}
-	cfg.Soft.UDPPort = demoUDPPort
-	cfg.Soft.BindAddress = o.IP
-	cfg.BufferPoolBytes = 32 << 20
-	cfg.MaxMessageBytes = 1 << 20
-	cfg.VConnsPerNode = max(o.VConns+64, 1024)
-	cfg.SocketDir = filepath.Join(dir, "sockets")
-	cfg.AdminSocket = filepath.Join(dir, "sockets", "admin.sock")
-	cfg.ControlPort = demoControlPort
-	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryStatic,
-		Static: []config.Peer{{NodeName: o.PeerName, Address: net.JoinHostPort(o.PeerIP, strconv.Itoa(demoControlPort))}}}
+	cfg := nodeConfig(&o, dir)
 	ml, err := net.Listen("tcp", net.JoinHostPort(o.IP, "0"))
 	if err != nil {
 		return err
@@ -211,31 +193,69 @@ func RunNode(ctx context.Context, w io.Writer, o NodeOptions) (err error) {
 			o.Name, s.MsgsSent, s.MsgsReceived, s.Retransmits, s.GapResends, s.StaleDropped, s.Malformed)
 	}()
 	if o.Server {
-		ln, err := c.Listen(ctx, ":"+strconv.Itoa(demoServicePort))
-		if err != nil {
-			return err
-		}
-		defer ln.Close()
-		go echo(ctx, ln)
-		fmt.Fprintln(w, readyLine)
-		<-ctx.Done()
-		fmt.Fprintln(w, stats())
-		return nil
+		return serveNode(ctx, w, c, stats)
 	}
-	// The server's agent is up; give the control plane a moment to see it.
+	addr := net.JoinHostPort(o.PeerName, strconv.Itoa(demoServicePort))
+	if err := awaitPeer(ctx, c, addr, o.PeerName); err != nil {
+		return err
+	}
+	return roundTrips(ctx, w, c, addr, o.AgentsOptions, stats)
+}
+
+// nodeConfig is the configuration of node o's agent, its sockets in dir.
+func nodeConfig(o *NodeOptions, dir string) *config.AgentConfig {
+	cfg := config.Default()
+	cfg.NodeName = o.Name
+	if o.Transport != "" {
+		cfg.Transport = o.Transport
+	}
+	cfg.Device.Provider = o.Provider
+	if cfg.Device.Provider == "" {
+		cfg.Device.Provider = config.ProviderSoft
+	}
+	cfg.Soft.UDPPort = demoUDPPort
+	cfg.Soft.BindAddress = o.IP
+	cfg.BufferPoolBytes = 32 << 20
+	cfg.MaxMessageBytes = 1 << 20
+	cfg.VConnsPerNode = max(o.VConns+64, 1024)
+	cfg.SocketDir = filepath.Join(dir, "sockets")
+	cfg.AdminSocket = filepath.Join(dir, "sockets", "admin.sock")
+	cfg.ControlPort = demoControlPort
+	cfg.PeerDiscovery = config.PeerDiscovery{Mode: config.DiscoveryStatic,
+		Static: []config.Peer{{NodeName: o.PeerName, Address: net.JoinHostPort(o.PeerIP, strconv.Itoa(demoControlPort))}}}
+	return cfg
+}
+
+// serveNode echoes on the demo's service port until ctx ends, then prints
+// the engine's stats.
+func serveNode(ctx context.Context, w io.Writer, c *vconn.Client, stats func() string) error {
+	ln, err := c.Listen(ctx, ":"+strconv.Itoa(demoServicePort))
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	go echo(ctx, ln)
+	fmt.Fprintln(w, readyLine)
+	<-ctx.Done()
+	fmt.Fprintln(w, stats())
+	return nil
+}
+
+// awaitPeer dials the server at addr until it answers: its agent is up;
+// this gives the control plane a moment to see it.
+func awaitPeer(ctx context.Context, c *vconn.Client, addr, peer string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		conn, err := c.Dial(ctx, net.JoinHostPort(o.PeerName, strconv.Itoa(demoServicePort)))
+		conn, err := c.Dial(ctx, addr)
 		if err == nil {
 			_ = conn.Close()
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: reach %s: %w", o.PeerName, err)
+			return fmt.Errorf("demo: reach %s: %w", peer, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return roundTrips(ctx, w, c, net.JoinHostPort(o.PeerName, strconv.Itoa(demoServicePort)), o.AgentsOptions, stats)
 }
 
 // createAllocation makes the node's allocation, waiting while the agent

@@ -18,84 +18,28 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 	defer cancel()
 	// Pods first: an allocation created after this listing is protected
 	// by GCGrace, not missed.
-	held, err := p.opts.PodResources.Devices(ctx, p.opts.Config.ResourceName)
+	held, err := p.heldAllocations(ctx)
 	if err != nil {
 		return nil, err
-	}
-	live := make(map[string]int, len(held)) // id -> vconns
-	owner := make(map[string]string, len(held))
-	rail := make(map[string]int, len(held)) // id -> the rail Allocate bound it to
-	_, down, _ := p.health.get()
-	for _, h := range held {
-		if checkDevices(h.IDs, p.n) == nil {
-			id := AllocationID(&p.key, h.IDs)
-			live[id] = len(h.IDs)
-			owner[id] = h.Pod
-			rail[id] = p.topo.railOf(h.IDs, down)
-		}
 	}
 	als, err := p.opts.Agent.ListAllocations(ctx)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
-	keep := make(map[string]int, len(als)) // the allocations kept, with their vconns
-	var deleted []string
-	var errs []error
-	allocated := 0
+	g := gcRound{keep: make(map[string]int, len(als))}
 	for _, al := range als {
-		if !strings.HasPrefix(al.ID, allocPrefix) {
-			continue
+		if strings.HasPrefix(al.ID, allocPrefix) {
+			p.sweep(ctx, &al, held, &g)
 		}
-		if _, ok := live[al.ID]; ok || p.recent(al.ID) {
-			allocated += al.VConns
-			keep[al.ID] = al.VConns
-			// The agent lets a pod's allocation listen and dial only as
-			// its pod, which it learns here.
-			if pod := owner[al.ID]; pod != "" && pod != al.Pod {
-				if err := p.opts.Agent.BindAllocation(ctx, al.ID, pod); err != nil {
-					errs = append(errs, err)
-				} else {
-					p.log.Info("Bound an allocation to its pod", "allocation", al.ID, "pod", pod)
-				}
-			}
-			continue
-		}
-		if err := p.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, admin.ErrNotFound) {
-			errs = append(errs, err)
-			allocated += al.VConns
-			keep[al.ID] = al.VConns
-			continue
-		}
-		p.mu.Lock()
-		delete(p.created, al.ID)
-		p.mu.Unlock()
-		deleted = append(deleted, al.ID)
-		p.metrics.collected.Inc()
-		p.log.Info("Deleted an allocation no pod holds", "allocation", al.ID, "vconns", al.VConns, "inUse", al.InUse)
 	}
 	present := make(map[string]bool, len(als))
 	for _, al := range als {
 		present[al.ID] = true
 	}
-	for id, k := range live {
-		if present[id] {
-			continue
-		}
-		err := p.create(ctx, id, k, rail[id])
-		if err == nil {
-			err = p.opts.Agent.BindAllocation(ctx, id, owner[id])
-		}
-		switch {
-		case err == nil:
-			p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k, "rail", rail[id])
-			p.metrics.recreated.Inc()
-			allocated += k
-			keep[id] = k
-		case errors.Is(err, admin.ErrExists): // Allocate made it since the listing
-			keep[id] = k
-		default:
-			errs = append(errs, err)
+	for id, h := range held {
+		if !present[id] {
+			p.recreate(ctx, id, h, &g)
 		}
 	}
 	// Forget creation times of allocations that are gone.
@@ -106,11 +50,96 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 		}
 	}
 	p.mu.Unlock()
-	p.metrics.allocated.Set(float64(allocated))
-	if err := p.syncSpecs(keep); err != nil {
-		errs = append(errs, err)
+	p.metrics.allocated.Set(float64(g.allocated))
+	if err := p.syncSpecs(g.keep); err != nil {
+		g.errs = append(g.errs, err)
 	}
-	return deleted, errors.Join(errs...)
+	return g.deleted, errors.Join(g.errs...)
+}
+
+// heldAllocation is an allocation of a running pod, as the kubelet lists
+// its devices.
+type heldAllocation struct {
+	vconns int
+	pod    string
+	rail   int // the rail Allocate bound it to
+}
+
+// gcRound is what one collection found and did.
+type gcRound struct {
+	keep      map[string]int // the allocations kept, with their vconns
+	deleted   []string
+	errs      []error
+	allocated int // the vconns of the allocations kept
+}
+
+// heldAllocations are the allocations of the running pods, by id.
+func (p *Plugin) heldAllocations(ctx context.Context) (map[string]heldAllocation, error) {
+	held, err := p.opts.PodResources.Devices(ctx, p.opts.Config.ResourceName)
+	if err != nil {
+		return nil, err
+	}
+	live := make(map[string]heldAllocation, len(held))
+	_, down, _ := p.health.get()
+	for _, h := range held {
+		if checkDevices(h.IDs, p.n) == nil {
+			id := AllocationID(&p.key, h.IDs)
+			live[id] = heldAllocation{vconns: len(h.IDs), pod: h.Pod, rail: p.topo.railOf(h.IDs, down)}
+		}
+	}
+	return live, nil
+}
+
+// sweep keeps the agent's allocation al if a running pod holds it or it is
+// recent, binding it to its pod, and deletes it otherwise.
+func (p *Plugin) sweep(ctx context.Context, al *admin.Allocation, held map[string]heldAllocation, g *gcRound) {
+	if h, ok := held[al.ID]; ok || p.recent(al.ID) {
+		g.allocated += al.VConns
+		g.keep[al.ID] = al.VConns
+		// The agent lets a pod's allocation listen and dial only as
+		// its pod, which it learns here.
+		if pod := h.pod; pod != "" && pod != al.Pod {
+			if err := p.opts.Agent.BindAllocation(ctx, al.ID, pod); err != nil {
+				g.errs = append(g.errs, err)
+			} else {
+				p.log.Info("Bound an allocation to its pod", "allocation", al.ID, "pod", pod)
+			}
+		}
+		return
+	}
+	if err := p.opts.Agent.DeleteAllocation(ctx, al.ID); err != nil && !errors.Is(err, admin.ErrNotFound) {
+		g.errs = append(g.errs, err)
+		g.allocated += al.VConns
+		g.keep[al.ID] = al.VConns
+		return
+	}
+	p.mu.Lock()
+	delete(p.created, al.ID)
+	p.mu.Unlock()
+	g.deleted = append(g.deleted, al.ID)
+	p.metrics.collected.Inc()
+	p.log.Info("Deleted an allocation no pod holds", "allocation", al.ID, "vconns", al.VConns, "inUse", al.InUse)
+}
+
+// recreate makes again, for its pod, the allocation id of a running pod
+// that the agent has lost.
+func (p *Plugin) recreate(ctx context.Context, id string, h heldAllocation, g *gcRound) {
+	k := h.vconns
+	err := p.create(ctx, id, k, h.rail)
+	if err == nil {
+		err = p.opts.Agent.BindAllocation(ctx, id, h.pod)
+	}
+	switch {
+	case err == nil:
+		p.log.Info("Re-created the allocation of a running pod: the agent had lost it", "allocation", id, "vconns", k, "rail", h.rail)
+		p.metrics.recreated.Inc()
+		g.allocated += k
+		g.keep[id] = k
+	case errors.Is(err, admin.ErrExists): // Allocate made it since the listing
+		g.keep[id] = k
+	default:
+		g.errs = append(g.errs, err)
+	}
 }
 
 // recent reports whether this process made allocation id within GCGrace:

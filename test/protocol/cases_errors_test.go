@@ -460,3 +460,59 @@ var errorCases = []conformanceCase{
 		p.goesOn(t)
 	}},
 }
+
+// window is what stallSends saw: operations unanswered once the engine
+// stopped taking a vconn's sends, and those refused past the window.
+type window struct {
+	p                *pair
+	pending, refused int
+	refusedReqs      []uint32
+	answered         map[uint32]msg
+}
+
+// stallSends pipelines 16 KiB sends on a vconn whose peer never grants
+// (the rc cluster's engines have 8 credits), in rounds of twice the
+// window, until some stay unanswered; then one more round.
+func stallSends(t *testing.T, e *env) *window {
+	t.Helper()
+	w := &window{p: newPair(t, e), answered: map[uint32]msg{}}
+	a := w.p.A
+	sent := 0
+	drain := func() {
+		for {
+			m, err := a.read(time.Second)
+			if err != nil {
+				return
+			}
+			if _, dup := w.answered[m.Req]; dup || m.Req == 0 {
+				t.Fatalf("got %v: answered twice, or a push", m)
+			}
+			w.answered[m.Req] = m
+		}
+	}
+	round := func() {
+		for range 32 {
+			a.send(frame.Frame{Op: frame.OpSend, Req: a.next(), Handle: w.p.ha, Payload: make([]byte, 16<<10)})
+			sent++
+		}
+		drain()
+	}
+	for i := 0; i < 100 && sent == len(w.answered); i++ {
+		round()
+	}
+	if sent == len(w.answered) {
+		t.Fatal("sends to a peer that grants nothing were all answered")
+	}
+	round()
+	for req, m := range w.answered {
+		if m.Op == frame.OpError {
+			if frame.Code(m.Arg) != frame.CodeWindow || m.Handle != w.p.ha {
+				t.Fatalf("send %d: %v, want CodeWindow", req, m)
+			}
+			w.refused++
+			w.refusedReqs = append(w.refusedReqs, req)
+		}
+	}
+	w.pending = sent - len(w.answered)
+	return w
+}

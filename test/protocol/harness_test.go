@@ -477,3 +477,38 @@ func inUse(n *agenttest.Node, sock string) int {
 }
 
 func length(n uint32) []byte { return frame.AppendLength(nil, n) }
+
+// staged is a vconn's staging memory as the OK of Stage gave it.
+type staged struct {
+	fd   int
+	size int
+}
+
+// stage asks for size bytes of staging memory on vconn h and checks the
+// OK: one descriptor, a memfd of at least the size given.
+func stage(t *testing.T, s *sess, h uint32, size uint64) staged {
+	t.Helper()
+	req := s.next()
+	s.send(frame.Frame{Op: frame.OpStage, Req: req, Handle: h, Arg2: size})
+	m := s.recvFDs(1)
+	if m.Op != frame.OpOK || m.Req != req || m.Handle != h || m.Arg2 == 0 || m.Arg2 > size {
+		t.Fatalf("Stage of %d bytes: %v", size, m)
+	}
+	st := staged{fd: int(m.fds[0].Fd()), size: int(m.Arg2)}
+	var fs unix.Stat_t
+	if err := unix.Fstat(st.fd, &fs); err != nil || fs.Size < int64(st.size) {
+		t.Fatalf("the staging memfd: %d bytes, %v; want at least %d", fs.Size, err, st.size)
+	}
+	return st
+}
+
+// mmap maps the staging memory, unmapped at the end of the test.
+func (st staged) mmap(t *testing.T) []byte {
+	t.Helper()
+	mem, err := unix.Mmap(st.fd, 0, st.size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(mem) })
+	return mem
+}

@@ -76,34 +76,49 @@ type delayed struct {
 	ids []uint32
 }
 
-func run() error {
-	var (
-		loss, reorder fraction
-		qnum          = flag.Uint("queue", 0, "the NFQUEUE queue number to bind (required)")
-		delay         = flag.Duration("delay", 0, "a fixed delay for every packet accepted")
-		holdMax       = flag.Duration("hold-max", 5*time.Millisecond, "how long a held packet waits for a later one to pass it")
-		seed          = flag.Uint64("seed", 1, "the random generator's seed")
-		statsFile     = flag.String("stats", "", "write the counters as JSON to this file")
-		interval      = flag.Duration("interval", 5*time.Second, "how often to print and write the counters")
-		maxLen        = flag.Uint("queue-maxlen", 4096, "packets the kernel queues before it accepts the rest unimpaired")
-	)
-	flag.Var(&loss, "loss", "the probability of dropping a packet (5% or 0.05)")
-	flag.Var(&reorder, "reorder", "the probability of holding a packet back so later ones pass it")
+// options are the command line's.
+type options struct {
+	loss, reorder  fraction
+	queue, maxLen  uint
+	delay, holdMax time.Duration
+	interval       time.Duration
+	seed           uint64
+	statsFile      string
+}
+
+func parseFlags() (*options, error) {
+	o := &options{}
+	flag.UintVar(&o.queue, "queue", 0, "the NFQUEUE queue number to bind (required)")
+	flag.DurationVar(&o.delay, "delay", 0, "a fixed delay for every packet accepted")
+	flag.DurationVar(&o.holdMax, "hold-max", 5*time.Millisecond, "how long a held packet waits for a later one to pass it")
+	flag.Uint64Var(&o.seed, "seed", 1, "the random generator's seed")
+	flag.StringVar(&o.statsFile, "stats", "", "write the counters as JSON to this file")
+	flag.DurationVar(&o.interval, "interval", 5*time.Second, "how often to print and write the counters")
+	flag.UintVar(&o.maxLen, "queue-maxlen", 4096, "packets the kernel queues before it accepts the rest unimpaired")
+	flag.Var(&o.loss, "loss", "the probability of dropping a packet (5% or 0.05)")
+	flag.Var(&o.reorder, "reorder", "the probability of holding a packet back so later ones pass it")
 	flag.Parse()
 	switch {
 	case flag.NArg() > 0:
-		return fmt.Errorf("unexpected arguments %q", flag.Args())
+		return nil, fmt.Errorf("unexpected arguments %q", flag.Args())
 	case !isSet("queue"):
-		return errors.New("--queue is required")
-	case *qnum > 65535:
-		return fmt.Errorf("--queue %d: queue numbers go up to 65535", *qnum)
-	case float64(loss)+float64(reorder) > 1:
-		return errors.New("--loss and --reorder add up to more than 100%")
-	case *delay < 0 || *holdMax <= 0 || *interval <= 0:
-		return errors.New("--delay must be >= 0, --hold-max and --interval > 0")
+		return nil, errors.New("--queue is required")
+	case o.queue > 65535:
+		return nil, fmt.Errorf("--queue %d: queue numbers go up to 65535", o.queue)
+	case float64(o.loss)+float64(o.reorder) > 1:
+		return nil, errors.New("--loss and --reorder add up to more than 100%")
+	case o.delay < 0 || o.holdMax <= 0 || o.interval <= 0:
+		return nil, errors.New("--delay must be >= 0, --hold-max and --interval > 0")
 	}
+	return o, nil
+}
 
-	q, err := openQueue(uint16(*qnum), uint32(*maxLen))
+func run() error {
+	o, err := parseFlags()
+	if err != nil {
+		return err
+	}
+	q, err := openQueue(uint16(o.queue), uint32(o.maxLen))
 	if err != nil {
 		return err
 	}
@@ -114,74 +129,31 @@ func run() error {
 		return fmt.Errorf("setting a read timeout: %w", err)
 	}
 
-	var (
-		mu    sync.Mutex
-		sched = &scheduler{pol: newPolicy(*seed, float64(loss), float64(reorder)), holdMax: *holdMax}
-		// Delayed verdicts go through one FIFO so they keep their order.
-		later = make(chan delayed, 1<<16)
-		// closing is set, under mu, once later is closed.
-		closing bool
-	)
-	send := func(ids []uint32, v uint32) {
-		for _, id := range ids {
-			if err := q.verdict(id, v); err != nil {
-				fmt.Fprintf(os.Stderr, "impair: %v\n", err)
-			}
-		}
+	im := &impairer{
+		o:          o,
+		q:          q,
+		sched:      &scheduler{pol: newPolicy(o.seed, float64(o.loss), float64(o.reorder)), holdMax: o.holdMax},
+		later:      make(chan delayed, 1<<16),
+		senderDone: make(chan struct{}),
 	}
-	// release accepts ids now or after --delay; mu is held.
-	release := func(ids []uint32) {
-		if len(ids) == 0 {
-			return
-		}
-		if *delay == 0 {
-			send(ids, nfAccept)
-			return
-		}
-		later <- delayed{time.Now().Add(*delay), ids}
-	}
-	senderDone := make(chan struct{})
-	go func() {
-		defer close(senderDone)
-		for d := range later {
-			time.Sleep(time.Until(d.due))
-			send(d.ids, nfAccept)
-		}
-	}()
-	report := func() {
-		mu.Lock()
-		fs := fileStats{Queue: q.num, stats: sched.stats, Held: len(sched.held)}
-		mu.Unlock()
-		fmt.Fprintf(os.Stderr, "impair: queue %d: packets %d dropped %d reordered %d\n", fs.Queue, fs.Packets, fs.Dropped, fs.Reordered)
-		if *statsFile != "" {
-			if err := writeStats(*statsFile, fs); err != nil {
-				fmt.Fprintf(os.Stderr, "impair: %v\n", err)
-			}
-		}
-	}
+	go im.sendLater()
 	fmt.Fprintf(os.Stderr, "impair: queue %d bound: loss %v reorder %v delay %v hold-max %v seed %d\n",
-		*qnum, &loss, &reorder, *delay, *holdMax, *seed)
-	report()
+		o.queue, &o.loss, &o.reorder, o.delay, o.holdMax, o.seed)
+	im.report()
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	tick := time.NewTicker(*interval)
+	tick := time.NewTicker(o.interval)
 	defer tick.Stop()
 	for {
 		select {
 		case s := <-sigs:
-			mu.Lock()
-			// Every packet the tool holds gets its verdict before it goes.
-			release(sched.flush())
-			closing = true
-			close(later)
-			mu.Unlock()
-			<-senderDone
+			im.shutdown()
 			fmt.Fprintf(os.Stderr, "impair: %v: exiting\n", s)
-			report()
+			im.report()
 			return nil
 		case <-tick.C:
-			report()
+			im.report()
 		default:
 		}
 		ids, err := q.read()
@@ -189,28 +161,98 @@ func run() error {
 			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.ENOBUFS) {
 				continue
 			}
-			return fmt.Errorf("reading queue %d: %w", *qnum, err)
+			return fmt.Errorf("reading queue %d: %w", o.queue, err)
 		}
-		mu.Lock()
-		for _, id := range ids {
-			now := time.Now()
-			rel, dropIt := sched.packet(id, now)
-			if dropIt {
-				send([]uint32{id}, nfDrop)
-				continue
-			}
-			if len(rel) == 0 {
-				time.AfterFunc(*holdMax, func() {
-					mu.Lock()
-					defer mu.Unlock()
-					if !closing {
-						release(sched.expire(time.Now()))
-					}
-				})
-			}
-			release(rel)
+		im.handle(ids)
+	}
+}
+
+// impairer gives the queue's packets their verdicts as its scheduler says.
+type impairer struct {
+	o     *options
+	q     *queue
+	mu    sync.Mutex
+	sched *scheduler
+	// Delayed verdicts go through one FIFO so they keep their order.
+	later chan delayed
+	// closing is set, under mu, once later is closed.
+	closing    bool
+	senderDone chan struct{} // closed when sendLater has sent the last
+}
+
+// handle gives the packets ids their verdicts, now or once released.
+func (im *impairer) handle(ids []uint32) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	for _, id := range ids {
+		now := time.Now()
+		rel, dropIt := im.sched.packet(id, now)
+		if dropIt {
+			im.send([]uint32{id}, nfDrop)
+			continue
 		}
-		mu.Unlock()
+		if len(rel) == 0 {
+			time.AfterFunc(im.o.holdMax, func() {
+				im.mu.Lock()
+				defer im.mu.Unlock()
+				if !im.closing {
+					im.release(im.sched.expire(time.Now()))
+				}
+			})
+		}
+		im.release(rel)
+	}
+}
+
+func (im *impairer) send(ids []uint32, v uint32) {
+	for _, id := range ids {
+		if err := im.q.verdict(id, v); err != nil {
+			fmt.Fprintf(os.Stderr, "impair: %v\n", err)
+		}
+	}
+}
+
+// release accepts ids now or after --delay; mu is held.
+func (im *impairer) release(ids []uint32) {
+	if len(ids) == 0 {
+		return
+	}
+	if im.o.delay == 0 {
+		im.send(ids, nfAccept)
+		return
+	}
+	im.later <- delayed{time.Now().Add(im.o.delay), ids}
+}
+
+// sendLater accepts the delayed verdicts when due, until later is closed.
+func (im *impairer) sendLater() {
+	defer close(im.senderDone)
+	for d := range im.later {
+		time.Sleep(time.Until(d.due))
+		im.send(d.ids, nfAccept)
+	}
+}
+
+// shutdown gives every packet the tool holds its verdict before it goes.
+func (im *impairer) shutdown() {
+	im.mu.Lock()
+	im.release(im.sched.flush())
+	im.closing = true
+	close(im.later)
+	im.mu.Unlock()
+	<-im.senderDone
+}
+
+// report prints the counters and writes them to --stats.
+func (im *impairer) report() {
+	im.mu.Lock()
+	fs := fileStats{Queue: im.q.num, stats: im.sched.stats, Held: len(im.sched.held)}
+	im.mu.Unlock()
+	fmt.Fprintf(os.Stderr, "impair: queue %d: packets %d dropped %d reordered %d\n", fs.Queue, fs.Packets, fs.Dropped, fs.Reordered)
+	if im.o.statsFile != "" {
+		if err := writeStats(im.o.statsFile, fs); err != nil {
+			fmt.Fprintf(os.Stderr, "impair: %v\n", err)
+		}
 	}
 }
 

@@ -53,6 +53,19 @@ func run(ctx context.Context, addr, domain string) error {
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
 	}
+	zone, err := watchZone(ctx, cs, domain)
+	if err != nil {
+		return err
+	}
+	// Listening only once the caches are in: a DNS that answered NXDOMAIN
+	// for Services it has not read yet would be wrong, not just slow.
+	return serve(ctx, addr, domain, zone.Load)
+}
+
+// watchZone builds domain's zone from the cluster's Services and
+// EndpointSlices, once its caches are in, and rebuilds it as they change
+// until ctx ends.
+func watchZone(ctx context.Context, cs kubernetes.Interface, domain string) (*atomic.Pointer[Zone], error) {
 	var zone atomic.Pointer[Zone]
 	zone.Store(BuildZone(domain, nil, nil))
 	f := informers.NewSharedInformerFactory(cs, 0)
@@ -69,13 +82,13 @@ func run(ctx context.Context, addr, domain string) error {
 	h := cache.ResourceEventHandlerFuncs{AddFunc: mark, DeleteFunc: mark, UpdateFunc: func(_, n any) { mark(n) }}
 	for _, inf := range []cache.SharedIndexInformer{svcs.Informer(), slices.Informer()} {
 		if _, err := inf.AddEventHandler(h); err != nil {
-			return fmt.Errorf("watching: %w", err)
+			return nil, fmt.Errorf("watching: %w", err)
 		}
 	}
 	f.Start(ctx.Done())
 	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 		if !ok {
-			return fmt.Errorf("syncing %v: %w", typ, context.Cause(ctx))
+			return nil, fmt.Errorf("syncing %v: %w", typ, context.Cause(ctx))
 		}
 	}
 	rebuild := func() error {
@@ -91,7 +104,7 @@ func run(ctx context.Context, addr, domain string) error {
 		return nil
 	}
 	if err := rebuild(); err != nil {
-		return err
+		return nil, err
 	}
 	go func() {
 		for {
@@ -105,8 +118,12 @@ func run(ctx context.Context, addr, domain string) error {
 			}
 		}
 	}()
-	// Listening only once the caches are in: a DNS that answered NXDOMAIN
-	// for Services it has not read yet would be wrong, not just slow.
+	return &zone, nil
+}
+
+// serve answers for domain from zone on addr, over UDP and TCP, until ctx
+// ends or either fails.
+func serve(ctx context.Context, addr, domain string, zone func() *Zone) error {
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
@@ -119,8 +136,8 @@ func run(ctx context.Context, addr, domain string) error {
 	go func() { <-ctx.Done(); pc.Close(); ln.Close() }()
 	log.Printf("answering for %s on %s (udp, tcp)", domain, addr)
 	errs := make(chan error, 2)
-	go func() { errs <- serveUDP(pc, zone.Load) }()
-	go func() { errs <- serveTCP(ln, zone.Load) }()
+	go func() { errs <- serveUDP(pc, zone) }()
+	go func() { errs <- serveTCP(ln, zone) }()
 	err = <-errs
 	if ctx.Err() != nil {
 		return nil

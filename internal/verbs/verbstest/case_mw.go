@@ -162,96 +162,101 @@ func testMWReadWrite(t *testing.T, f Factory) {
 func testMWRefused(t *testing.T, f Factory) {
 	devs := openDevices(t, f, 2, Options{})
 	needMW(t, devs[1])
-	type env struct {
-		x   *mwFixture
-		key uint32
-	}
-	cases := []struct {
-		name   string
-		access verbs.Access
-		run    func(t *testing.T, e env)
-	}{
-		{"MRKeyWithoutRemoteAccess", mwRW, func(t *testing.T, e env) {
-			p := e.x.p
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMAWrite, e.x.mr.Addr()+mwOff, e.x.mr.RKey(), SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-		{"MRKeyReadWithoutRemoteAccess", mwRW, func(t *testing.T, e env) {
-			p := e.x.p
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMARead, e.x.mr.Addr()+mwOff, e.x.mr.RKey(), SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-		{"OtherQP", mwRW, func(t *testing.T, e env) {
-			p := e.x.p
-			a2 := CreateQP(t, p.PDA, verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: p.CQA, RecvCQ: p.CQA, Cap: DefaultCap})
-			b2 := CreateQP(t, p.PDB, verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: p.CQB, RecvCQ: p.CQB, Cap: DefaultCap})
-			Connect(t, a2, b2, p.DevA, p.DevB, ConnectOptions{})
-			expectRemoteAccessErr(t, a2, p.CQA, verbs.WRRDMAWrite, mwAddr(e.x, mwRW, 0), e.key, SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-		{"OtherQPRead", mwRW | verbs.AccessZeroBased, func(t *testing.T, e env) {
-			p := e.x.p
-			a2 := CreateQP(t, p.PDA, verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: p.CQA, RecvCQ: p.CQA, Cap: DefaultCap})
-			b2 := CreateQP(t, p.PDB, verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: p.CQB, RecvCQ: p.CQB, Cap: DefaultCap})
-			Connect(t, a2, b2, p.DevA, p.DevB, ConnectOptions{})
-			expectRemoteAccessErr(t, a2, p.CQA, verbs.WRRDMARead, 0, e.key, SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-		// The kernel's rxe checks a request against the window's region,
-		// not the window (rxe_resp.c check_rkey), so these windows end
-		// where the region does; the soft provider's own tests check
-		// ranges inside the region but outside the window.
-		{"PastWindowEnd", mwRW, func(t *testing.T, e env) {
-			p, x := e.x.p, e.x
-			key := rebindAt(t, x, e.key, mwMRSize-mwLen, mwRW)
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMAWrite, x.mr.Addr()+mwMRSize-10, key, SGE(x.src, 0, 100), x.mr)
-		}},
-		{"ZeroBasedPastWindowEnd", mwRW, func(t *testing.T, e env) {
-			p, x := e.x.p, e.x
-			key := rebindAt(t, x, e.key, mwMRSize-mwLen, mwRW|verbs.AccessZeroBased)
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMARead, mwLen-10, key, SGE(x.src, 0, 100), x.mr)
-		}},
-		{"BeforeWindowStart", mwRW, func(t *testing.T, e env) {
-			p, x := e.x.p, e.x
-			key := rebindAt(t, x, e.key, 0, mwRW)
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMAWrite, x.mr.Addr()-50, key, SGE(x.src, 0, 100), x.mr)
-		}},
-		{"WriteToReadOnlyWindow", verbs.AccessRemoteRead, func(t *testing.T, e env) {
-			p := e.x.p
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMAWrite, mwAddr(e.x, 0, 0), e.key, SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-		{"ReadFromWriteOnlyWindow", verbs.AccessRemoteWrite, func(t *testing.T, e env) {
-			p := e.x.p
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMARead, mwAddr(e.x, 0, 0), e.key, SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-		{"AfterLocalInv", mwRW, func(t *testing.T, e env) {
-			p := e.x.p
-			InvalidateMW(t, p.B, p.CQB, e.key)
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMAWrite, mwAddr(e.x, mwRW, 0), e.key, SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-		{"OldKeyAfterRebind", mwRW, func(t *testing.T, e env) {
-			p, x := e.x.p, e.x
-			InvalidateMW(t, p.B, p.CQB, e.key)
-			key2 := BindMW(t, p.B, p.CQB, x.mw, x.mr, 0, mwLen, mwRW|verbs.AccessZeroBased)
-			if key2 == e.key || key2>>8 != e.key>>8 {
-				t.Fatalf("rebind gave key %#x after %#x: want new low 8 bits only", key2, e.key)
-			}
-			MustPostSend(t, p.A, RDMAWR(2, verbs.WRRDMAWrite, 8, key2, SGE(x.src, 0, 64)))
-			CheckWCs(t, WaitCQ(t, p.CQA, 1, waitDone), verbs.WC{WRID: 2, Opcode: verbs.WCRDMAWrite, QPN: p.A.QPN()})
-			expectBytes(t, "written through the new key", x.mr.Bytes()[8:72], x.src.Bytes()[:64])
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMAWrite, mwAddr(x, mwRW, 0), e.key, SGE(x.src, 0, 100), x.mr)
-		}},
-		{"AfterMWClose", mwRW, func(t *testing.T, e env) {
-			p := e.x.p
-			if err := e.x.mw.Close(); err != nil {
-				t.Fatalf("MW.Close of a bound window: %v", err)
-			}
-			expectRemoteAccessErr(t, p.A, p.CQA, verbs.WRRDMAWrite, mwAddr(e.x, mwRW, 0), e.key, SGE(e.x.src, 0, 100), e.x.mr)
-		}},
-	}
-	for _, c := range cases {
+	for _, c := range mwRefusedCases {
 		t.Run(c.name, func(t *testing.T) {
 			x := newMWFixture(t, devs)
 			key := BindMW(t, x.p.B, x.p.CQB, x.mw, x.mr, mwOff, mwLen, c.access)
-			c.run(t, env{x, key})
+			c.run(t, mwEnv{x, key})
 		})
 	}
+}
+
+// mwEnv is a testMWRefused case's: a fixture of its own, its window bound
+// on B's QP with key.
+type mwEnv struct {
+	x   *mwFixture
+	key uint32
+}
+
+// refused expects op from qp at raddr with key, 100 bytes, to fail with
+// WCRemAccessErr and leave the region alone.
+func (e mwEnv) refused(t *testing.T, qp verbs.QP, op verbs.WROpcode, raddr uint64, key uint32) {
+	t.Helper()
+	expectRemoteAccessErr(t, qp, e.x.p.CQA, op, raddr, key, SGE(e.x.src, 0, 100), e.x.mr)
+}
+
+// otherQP connects another RC QP pair between p's PDs, on p's CQs, and
+// returns A's.
+func otherQP(t *testing.T, p *Pair) verbs.QP {
+	a2 := CreateQP(t, p.PDA, verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: p.CQA, RecvCQ: p.CQA, Cap: DefaultCap})
+	b2 := CreateQP(t, p.PDB, verbs.QPInitAttr{Type: verbs.QPTypeRC, SendCQ: p.CQB, RecvCQ: p.CQB, Cap: DefaultCap})
+	Connect(t, a2, b2, p.DevA, p.DevB, ConnectOptions{})
+	return a2
+}
+
+// mwRefusedCases are testMWRefused's: each binds the window with access
+// and runs.
+var mwRefusedCases = []struct {
+	name   string
+	access verbs.Access
+	run    func(t *testing.T, e mwEnv)
+}{
+	{"MRKeyWithoutRemoteAccess", mwRW, func(t *testing.T, e mwEnv) {
+		e.refused(t, e.x.p.A, verbs.WRRDMAWrite, e.x.mr.Addr()+mwOff, e.x.mr.RKey())
+	}},
+	{"MRKeyReadWithoutRemoteAccess", mwRW, func(t *testing.T, e mwEnv) {
+		e.refused(t, e.x.p.A, verbs.WRRDMARead, e.x.mr.Addr()+mwOff, e.x.mr.RKey())
+	}},
+	{"OtherQP", mwRW, func(t *testing.T, e mwEnv) {
+		e.refused(t, otherQP(t, e.x.p), verbs.WRRDMAWrite, mwAddr(e.x, mwRW, 0), e.key)
+	}},
+	{"OtherQPRead", mwRW | verbs.AccessZeroBased, func(t *testing.T, e mwEnv) {
+		e.refused(t, otherQP(t, e.x.p), verbs.WRRDMARead, 0, e.key)
+	}},
+	// The kernel's rxe checks a request against the window's region,
+	// not the window (rxe_resp.c check_rkey), so these windows end
+	// where the region does; the soft provider's own tests check
+	// ranges inside the region but outside the window.
+	{"PastWindowEnd", mwRW, func(t *testing.T, e mwEnv) {
+		key := rebindAt(t, e.x, e.key, mwMRSize-mwLen, mwRW)
+		e.refused(t, e.x.p.A, verbs.WRRDMAWrite, e.x.mr.Addr()+mwMRSize-10, key)
+	}},
+	{"ZeroBasedPastWindowEnd", mwRW, func(t *testing.T, e mwEnv) {
+		key := rebindAt(t, e.x, e.key, mwMRSize-mwLen, mwRW|verbs.AccessZeroBased)
+		e.refused(t, e.x.p.A, verbs.WRRDMARead, mwLen-10, key)
+	}},
+	{"BeforeWindowStart", mwRW, func(t *testing.T, e mwEnv) {
+		key := rebindAt(t, e.x, e.key, 0, mwRW)
+		e.refused(t, e.x.p.A, verbs.WRRDMAWrite, e.x.mr.Addr()-50, key)
+	}},
+	{"WriteToReadOnlyWindow", verbs.AccessRemoteRead, func(t *testing.T, e mwEnv) {
+		e.refused(t, e.x.p.A, verbs.WRRDMAWrite, mwAddr(e.x, 0, 0), e.key)
+	}},
+	{"ReadFromWriteOnlyWindow", verbs.AccessRemoteWrite, func(t *testing.T, e mwEnv) {
+		e.refused(t, e.x.p.A, verbs.WRRDMARead, mwAddr(e.x, 0, 0), e.key)
+	}},
+	{"AfterLocalInv", mwRW, func(t *testing.T, e mwEnv) {
+		InvalidateMW(t, e.x.p.B, e.x.p.CQB, e.key)
+		e.refused(t, e.x.p.A, verbs.WRRDMAWrite, mwAddr(e.x, mwRW, 0), e.key)
+	}},
+	{"OldKeyAfterRebind", mwRW, func(t *testing.T, e mwEnv) {
+		p, x := e.x.p, e.x
+		InvalidateMW(t, p.B, p.CQB, e.key)
+		key2 := BindMW(t, p.B, p.CQB, x.mw, x.mr, 0, mwLen, mwRW|verbs.AccessZeroBased)
+		if key2 == e.key || key2>>8 != e.key>>8 {
+			t.Fatalf("rebind gave key %#x after %#x: want new low 8 bits only", key2, e.key)
+		}
+		MustPostSend(t, p.A, RDMAWR(2, verbs.WRRDMAWrite, 8, key2, SGE(x.src, 0, 64)))
+		CheckWCs(t, WaitCQ(t, p.CQA, 1, waitDone), verbs.WC{WRID: 2, Opcode: verbs.WCRDMAWrite, QPN: p.A.QPN()})
+		expectBytes(t, "written through the new key", x.mr.Bytes()[8:72], x.src.Bytes()[:64])
+		e.refused(t, p.A, verbs.WRRDMAWrite, mwAddr(x, mwRW, 0), e.key)
+	}},
+	{"AfterMWClose", mwRW, func(t *testing.T, e mwEnv) {
+		if err := e.x.mw.Close(); err != nil {
+			t.Fatalf("MW.Close of a bound window: %v", err)
+		}
+		e.refused(t, e.x.p.A, verbs.WRRDMAWrite, mwAddr(e.x, mwRW, 0), e.key)
+	}},
 }
 
 // rebindAt invalidates the window bound with key and binds it again to

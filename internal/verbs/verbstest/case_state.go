@@ -25,34 +25,71 @@ func testStateMachine(t *testing.T, f Factory) {
 // posted receives in order; RESET discards posted WRs without consuming
 // them, and a QP taken back through RESET connects and works again.
 func testStateMachineRC(t *testing.T, devs []verbs.Device) {
-	p := NewPair(t, devs[0], devs[1], PairConfig{NoConnect: true})
-	a, b := p.A, p.B
-	abuf := RegMR(t, p.PDA, 4096, local)
-	bbuf := RegMR(t, p.PDB, 4096, local)
-	recv := func(id uint64) verbs.RecvWR { return RecvWR(id, SGE(abuf, 0, 256)) }
-	send := func(id uint64) verbs.SendWR { return SendWR(id, verbs.WRSend, SGE(abuf, 1024, 16)) }
-	bsend := func(id uint64) verbs.SendWR { return SendWR(id, verbs.WRSend, SGE(bbuf, 1024, 16)) }
-	refusedPosts := func(state string, recvToo bool) {
-		t.Helper()
-		n, err := a.PostSend([]verbs.SendWR{send(1)})
-		expectRefused(t, "PostSend in "+state, n, err, 0, verbs.ErrInvalidState)
-		if recvToo {
-			n, err := a.PostRecv([]verbs.RecvWR{recv(1)})
-			expectRefused(t, "PostRecv in "+state, n, err, 0, verbs.ErrInvalidState)
-		}
-	}
-	prm := ConnectOptions{}.resolve(t, a, b, devs[0], devs[1])
-	gidA, gidB := GID(t, devs[0]), GID(t, devs[1])
-	ia, im := initAttr(verbs.QPTypeRC, prm.access, 0)
-	ra, rm := rtrAttr(verbs.QPTypeRC, prm, gidB, b.QPN(), prm.psnB)
-	sa, sm := rtsAttr(verbs.QPTypeRC, prm, prm.psnA)
-	state := func(s verbs.QPState) verbs.QPAttr { return verbs.QPAttr{State: s} }
+	w := newRCStateWalk(t, devs)
+	w.fromReset()
+	w.fromInit()
+	w.fromRTR()
+	w.traffic()
+	w.errorAndReset()
+	w.rtsToReset()
+}
 
-	// RESET
-	refusedPosts("RESET", true)
-	expectModifyRefused(t, "RESET→RTR", a, ra, rm)
-	expectModifyRefused(t, "RESET→RTS", a, sa, sm)
-	expectModifyRefused(t, "RESET→ERR", a, state(verbs.QPStateErr), verbs.QPAttrState)
+// rcStateWalk is testStateMachineRC's fixture: a pair not connected, whose
+// QP a the test walks through the states by hand, with each transition's
+// attributes.
+type rcStateWalk struct {
+	t          *testing.T
+	devs       []verbs.Device
+	p          *Pair
+	a, b       verbs.QP
+	abuf, bbuf verbs.MR
+	prm        connParams
+	gidA, gidB verbs.GID
+	ia, ra, sa verbs.QPAttr // RESET→INIT, INIT→RTR, RTR→RTS
+	im, rm, sm verbs.QPAttrMask
+}
+
+func newRCStateWalk(t *testing.T, devs []verbs.Device) *rcStateWalk {
+	p := NewPair(t, devs[0], devs[1], PairConfig{NoConnect: true})
+	w := &rcStateWalk{t: t, devs: devs, p: p, a: p.A, b: p.B,
+		abuf: RegMR(t, p.PDA, 4096, local), bbuf: RegMR(t, p.PDB, 4096, local)}
+	w.prm = ConnectOptions{}.resolve(t, w.a, w.b, devs[0], devs[1])
+	w.gidA, w.gidB = GID(t, devs[0]), GID(t, devs[1])
+	w.ia, w.im = initAttr(verbs.QPTypeRC, w.prm.access, 0)
+	w.ra, w.rm = rtrAttr(verbs.QPTypeRC, w.prm, w.gidB, w.b.QPN(), w.prm.psnB)
+	w.sa, w.sm = rtsAttr(verbs.QPTypeRC, w.prm, w.prm.psnA)
+	return w
+}
+
+func (w *rcStateWalk) recv(id uint64) verbs.RecvWR { return RecvWR(id, SGE(w.abuf, 0, 256)) }
+func (w *rcStateWalk) send(id uint64) verbs.SendWR {
+	return SendWR(id, verbs.WRSend, SGE(w.abuf, 1024, 16))
+}
+func (w *rcStateWalk) bsend(id uint64) verbs.SendWR {
+	return SendWR(id, verbs.WRSend, SGE(w.bbuf, 1024, 16))
+}
+
+func stateAttr(s verbs.QPState) verbs.QPAttr { return verbs.QPAttr{State: s} }
+
+// refusedPosts: a refuses a send, and a receive if recvToo, in state.
+func (w *rcStateWalk) refusedPosts(state string, recvToo bool) {
+	w.t.Helper()
+	n, err := w.a.PostSend([]verbs.SendWR{w.send(1)})
+	expectRefused(w.t, "PostSend in "+state, n, err, 0, verbs.ErrInvalidState)
+	if recvToo {
+		n, err := w.a.PostRecv([]verbs.RecvWR{w.recv(1)})
+		expectRefused(w.t, "PostRecv in "+state, n, err, 0, verbs.ErrInvalidState)
+	}
+}
+
+// fromReset: in RESET, a refuses posts and every transition but a
+// complete RESET→INIT, which it then takes.
+func (w *rcStateWalk) fromReset() {
+	t, a, ia, im := w.t, w.a, w.ia, w.im
+	w.refusedPosts("RESET", true)
+	expectModifyRefused(t, "RESET→RTR", a, w.ra, w.rm)
+	expectModifyRefused(t, "RESET→RTS", a, w.sa, w.sm)
+	expectModifyRefused(t, "RESET→ERR", a, stateAttr(verbs.QPStateErr), verbs.QPAttrState)
 	expectModifyRefused(t, "RESET→INIT without PORT", a, ia, im&^verbs.QPAttrPort)
 	expectModifyRefused(t, "RESET→INIT without PKEY_INDEX", a, ia, im&^verbs.QPAttrPKeyIndex)
 	expectModifyRefused(t, "RESET→INIT without ACCESS_FLAGS", a, ia, im&^verbs.QPAttrAccessFlags)
@@ -62,11 +99,15 @@ func testStateMachineRC(t *testing.T, devs []verbs.Device) {
 	bad.Port = 2
 	expectModifyRefused(t, "RESET→INIT to port 2 of a one-port device", a, bad, im)
 	mustModify(t, a, ia, im)
+}
 
-	// INIT
-	refusedPosts("INIT", false)
-	MustPostRecv(t, a, recv(100))
-	expectModifyRefused(t, "INIT→RTS", a, sa, sm)
+// fromInit: in INIT, a refuses sends, takes a receive, and refuses
+// INIT→RTS and an incomplete or wrong INIT→RTR; then it takes INIT→RTR.
+func (w *rcStateWalk) fromInit() {
+	t, a, ra, rm := w.t, w.a, w.ra, w.rm
+	w.refusedPosts("INIT", false)
+	MustPostRecv(t, a, w.recv(100))
+	expectModifyRefused(t, "INIT→RTS", a, w.sa, w.sm)
 	for _, c := range []struct {
 		name string
 		bit  verbs.QPAttrMask
@@ -78,15 +119,19 @@ func testStateMachineRC(t *testing.T, devs []verbs.Device) {
 		expectModifyRefused(t, "INIT→RTR without "+c.name, a, ra, rm&^c.bit)
 	}
 	expectModifyRefused(t, "INIT→RTR with SQ_PSN", a, ra, rm|verbs.QPAttrSQPSN)
-	bad = ra
+	bad := ra
 	bad.PathMTU = verbs.MTU(6)
 	expectModifyRefused(t, "INIT→RTR with path MTU enum 6", a, bad, rm)
 	mustModify(t, a, ra, rm)
+}
 
-	// RTR
-	refusedPosts("RTR", false)
-	MustPostRecv(t, a, recv(101))
-	expectModifyRefused(t, "RTR→INIT", a, state(verbs.QPStateInit), verbs.QPAttrState)
+// fromRTR: in RTR, a refuses sends, takes a receive, and refuses RTR→INIT
+// and an incomplete or out-of-range RTR→RTS; then it takes RTR→RTS.
+func (w *rcStateWalk) fromRTR() {
+	t, a, b, sa, sm := w.t, w.a, w.b, w.sa, w.sm
+	w.refusedPosts("RTR", false)
+	MustPostRecv(t, a, w.recv(101))
+	expectModifyRefused(t, "RTR→INIT", a, stateAttr(verbs.QPStateInit), verbs.QPAttrState)
 	for _, c := range []struct {
 		name string
 		bit  verbs.QPAttrMask
@@ -96,7 +141,7 @@ func testStateMachineRC(t *testing.T, devs []verbs.Device) {
 	} {
 		expectModifyRefused(t, "RTR→RTS without "+c.name, a, sa, sm&^c.bit)
 	}
-	bad = sa
+	bad := sa
 	bad.RetryCnt = 8
 	expectModifyRefused(t, "RTR→RTS with RetryCnt 8", a, bad, sm)
 	bad = sa
@@ -106,53 +151,63 @@ func testStateMachineRC(t *testing.T, devs []verbs.Device) {
 	bad.Timeout = 32
 	expectModifyRefused(t, "RTR→RTS with Timeout 32", a, bad, sm)
 	mustModify(t, a, sa, sm)
-	if q := a.Query(); q.State != verbs.QPStateRTS || q.PathMTU != prm.mtu || q.DestQPN != b.QPN() {
-		t.Errorf("Query() after RTS: %v; want state=RTS mtu=%v dest_qpn=%#x", &q, prm.mtu, b.QPN())
+	if q := a.Query(); q.State != verbs.QPStateRTS || q.PathMTU != w.prm.mtu || q.DestQPN != b.QPN() {
+		t.Errorf("Query() after RTS: %v; want state=RTS mtu=%v dest_qpn=%#x", &q, w.prm.mtu, b.QPN())
 	}
+}
 
-	// Bring b up by hand and exchange traffic both ways; a's receives posted
-	// in INIT and RTR serve it.
-	mustModify(t, b, ia, im)
-	rb, rbm := rtrAttr(verbs.QPTypeRC, prm, gidA, a.QPN(), prm.psnA)
+// traffic brings b up by hand and exchanges traffic both ways; a's
+// receives posted in INIT and RTR serve it.
+func (w *rcStateWalk) traffic() {
+	t, a, b, p, prm := w.t, w.a, w.b, w.p, w.prm
+	mustModify(t, b, w.ia, w.im)
+	rb, rbm := rtrAttr(verbs.QPTypeRC, prm, w.gidA, a.QPN(), prm.psnA)
 	mustModify(t, b, rb, rbm)
 	sb, sbm := rtsAttr(verbs.QPTypeRC, prm, prm.psnB)
 	mustModify(t, b, sb, sbm)
-	MustPostRecv(t, b, RecvWR(200, SGE(bbuf, 0, 256)))
-	MustPostSend(t, b, bsend(11), bsend(12))
+	MustPostRecv(t, b, RecvWR(200, SGE(w.bbuf, 0, 256)))
+	MustPostSend(t, b, w.bsend(11), w.bsend(12))
 	CheckWCs(t, WaitCQ(t, p.CQA, 2, waitDone),
 		verbs.WC{WRID: 100, Opcode: verbs.WCRecv, ByteLen: 16, QPN: a.QPN()},
 		verbs.WC{WRID: 101, Opcode: verbs.WCRecv, ByteLen: 16, QPN: a.QPN()})
 	WaitCQ(t, p.CQB, 2, waitDone)
-	MustPostSend(t, a, send(13))
+	MustPostSend(t, a, w.send(13))
 	CheckWCs(t, WaitCQ(t, p.CQA, 1, waitDone), verbs.WC{WRID: 13, Opcode: verbs.WCSend, QPN: a.QPN()})
 	CheckWCs(t, WaitCQ(t, p.CQB, 1, waitDone), verbs.WC{WRID: 200, Opcode: verbs.WCRecv, ByteLen: 16, QPN: b.QPN()})
+}
 
-	// RTS→ERR flushes posted receives, in order.
-	MustPostRecv(t, a, recv(102), recv(103))
+// errorAndReset: RTS→ERR flushes posted receives, in order; in ERR posts
+// complete flushed; through RESET the QP connects anew.
+func (w *rcStateWalk) errorAndReset() {
+	t, a, b, p := w.t, w.a, w.b, w.p
+	MustPostRecv(t, a, w.recv(102), w.recv(103))
 	moveTo(t, a, verbs.QPStateErr)
 	CheckWCs(t, WaitCQ(t, p.CQA, 2, waitDone),
 		verbs.WC{WRID: 102, Status: verbs.WCWRFlushErr, QPN: a.QPN()},
 		verbs.WC{WRID: 103, Status: verbs.WCWRFlushErr, QPN: a.QPN()})
 
 	// ERR: posts are accepted and complete flushed.
-	MustPostSend(t, a, send(14))
+	MustPostSend(t, a, w.send(14))
 	CheckWCs(t, WaitCQ(t, p.CQA, 1, waitDone), verbs.WC{WRID: 14, Status: verbs.WCWRFlushErr, QPN: a.QPN()})
-	MustPostRecv(t, a, recv(104))
+	MustPostRecv(t, a, w.recv(104))
 	CheckWCs(t, WaitCQ(t, p.CQA, 1, waitDone), verbs.WC{WRID: 104, Status: verbs.WCWRFlushErr, QPN: a.QPN()})
-	expectModifyRefused(t, "ERR→RTS", a, sa, sm)
-	expectModifyRefused(t, "ERR→INIT", a, ia, im)
+	expectModifyRefused(t, "ERR→RTS", a, w.sa, w.sm)
+	expectModifyRefused(t, "ERR→INIT", a, w.ia, w.im)
 
 	// RESET: posts are refused again, and the QP connects anew.
 	moveTo(t, a, verbs.QPStateReset)
-	refusedPosts("RESET after ERR", true)
+	w.refusedPosts("RESET after ERR", true)
 	moveTo(t, b, verbs.QPStateReset)
 	ExpectIdle(t, p.CQA, waitIdle)
 	ExpectIdle(t, p.CQB, 0)
-	Connect(t, a, b, devs[0], devs[1], ConnectOptions{})
+	Connect(t, a, b, w.devs[0], w.devs[1], ConnectOptions{})
+}
 
-	// RTS→RESET discards a posted receive: it is never consumed (at most
-	// it is flushed).
-	MustPostRecv(t, a, recv(300))
+// rtsToReset: RTS→RESET discards a posted receive: it is never consumed
+// (at most it is flushed); connected again, the QP works.
+func (w *rcStateWalk) rtsToReset() {
+	t, a, b, p := w.t, w.a, w.b, w.p
+	MustPostRecv(t, a, w.recv(300))
 	moveTo(t, a, verbs.QPStateReset)
 	for _, wc := range drainCQ(p.CQA, waitIdle) {
 		if wc.WRID != 300 || wc.Status != verbs.WCWRFlushErr {
@@ -160,9 +215,9 @@ func testStateMachineRC(t *testing.T, devs []verbs.Device) {
 		}
 	}
 	moveTo(t, b, verbs.QPStateReset)
-	Connect(t, a, b, devs[0], devs[1], ConnectOptions{})
-	MustPostRecv(t, a, recv(301))
-	MustPostSend(t, b, bsend(15))
+	Connect(t, a, b, w.devs[0], w.devs[1], ConnectOptions{})
+	MustPostRecv(t, a, w.recv(301))
+	MustPostSend(t, b, w.bsend(15))
 	CheckWCs(t, WaitCQ(t, p.CQA, 1, waitDone), verbs.WC{WRID: 301, Opcode: verbs.WCRecv, ByteLen: 16, QPN: a.QPN()})
 	CheckWCs(t, WaitCQ(t, p.CQB, 1, waitDone), verbs.WC{WRID: 15, Opcode: verbs.WCSend, QPN: b.QPN()})
 }

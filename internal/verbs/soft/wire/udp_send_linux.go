@@ -119,91 +119,137 @@ func (u *UDP) Send(pkts []Packet) (int, error) {
 	defer clear(t.iov) // the buffers are the caller's again
 	gso := t.gso
 	for i := 0; i < len(pkts); {
-		// Pack up to BatchSize packets into messages.
-		m, v := 0, 0
-		for ; i < len(pkts) && v < u.batch; i++ {
-			p := &pkts[i]
-			data := p.Buf[:p.N]
-			if p.N > MaxPacketLen {
-				st.DropOversize++
-				continue
-			}
-			iv := &t.iov[v]
-			iv.Base = nil
-			if len(data) > 0 {
-				iv.Base = &data[0]
-			}
-			iv.SetLen(len(data))
-			if gso && m > 0 && t.joins(m-1, p.Addr, p.N) {
-				j := m - 1
-				t.segs[j]++
-				t.bytes[j] += p.N
-				t.open[j] = p.N == t.size[j]
-				h := &t.msgs[j].Hdr
-				h.SetIovlen(t.segs[j])
-				if t.segs[j] == 2 {
-					c := t.ctrl[j*gsoCtrlSpace:]
-					*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(t.size[j])
-					h.Control = &c[0]
-					h.SetControllen(unix.CmsgLen(2))
-				}
-				v++
-				continue
-			}
-			if !t.setDst(m, p.Addr, u.v4) {
-				st.DropUnknown++
-				continue
-			}
-			h := &t.msgs[m].Hdr
-			h.Iov = iv
-			h.SetIovlen(1)
-			h.Control = nil
-			h.SetControllen(0)
-			t.first[m], t.segs[m], t.size[m], t.bytes[m] = i, 1, p.N, p.N
-			t.open[m], t.dst[m] = true, p.Addr
-			m++
-			v++
+		var m int
+		i, m = u.pack(pkts, i, gso, &st)
+		from, resend, err := u.flush(m, &st)
+		if err != nil {
+			return from, err
 		}
-		// Send them; a refused message is dropped and the rest go on.
-		for off := 0; off < m; {
-			t.off, t.end = off, m
-			if err := u.rc.Write(t.fn); err != nil {
-				return t.first[off], u.wrapErr("sendmmsg", err)
-			}
-			if t.errno == 0 {
-				for j := off; j < off+t.n; j++ {
-					st.TxPackets += uint64(t.segs[j])
-					st.TxBytes += uint64(t.bytes[j])
-				}
-				off += t.n
-				continue
-			}
-			if t.segs[off] > 1 {
-				// A super-datagram was refused: a segment too big for the
-				// path (EINVAL, EMSGSIZE) or no offload on this route
-				// (EIO, then never again). Send its packets and the rest
-				// of this call one by one.
-				if t.errno == unix.EIO {
-					t.gso = false
-				}
-				gso = false
-				i = t.first[off]
-				break
-			}
-			switch t.errno {
-			case unix.EMSGSIZE:
-				st.DropOversize++
-			case unix.ENETUNREACH, unix.EHOSTUNREACH, unix.EADDRNOTAVAIL, unix.EAFNOSUPPORT, unix.EINVAL:
-				st.DropUnknown++
-			case unix.ENOBUFS, unix.ENOMEM, unix.EPERM, unix.EACCES, unix.ECONNREFUSED, unix.EHOSTDOWN, unix.ENETDOWN:
-				st.SendErrors++
-			default:
-				return t.first[off], u.wrapErr("sendmmsg", t.errno)
-			}
-			off++ // the kernel refused msgs[off]: skip it
+		if resend {
+			// Send the refused super-datagram's packets and the rest of
+			// this call one by one.
+			gso = false
+			i = from
 		}
 	}
 	return len(pkts), nil
+}
+
+// pack packs pkts[i:] into messages, up to BatchSize packets, a packet
+// joining the previous message as a segment where gso allows. It returns
+// the index of the first packet it did not take and the number of messages.
+func (u *UDP) pack(pkts []Packet, i int, gso bool, st *Stats) (next, m int) {
+	t := &u.tx
+	for v := 0; i < len(pkts) && v < u.batch; i++ {
+		p := &pkts[i]
+		data := p.Buf[:p.N]
+		if p.N > MaxPacketLen {
+			st.DropOversize++
+			continue
+		}
+		iv := &t.iov[v]
+		iv.Base = nil
+		if len(data) > 0 {
+			iv.Base = &data[0]
+		}
+		iv.SetLen(len(data))
+		if gso && m > 0 && t.joins(m-1, p.Addr, p.N) {
+			// One more segment of the previous message, in the iovec
+			// after its last: inline, as this runs for every packet.
+			j := m - 1
+			t.segs[j]++
+			t.bytes[j] += p.N
+			t.open[j] = p.N == t.size[j]
+			t.msgs[j].Hdr.SetIovlen(t.segs[j])
+			if t.segs[j] == 2 {
+				t.segment(j)
+			}
+			v++
+			continue
+		}
+		if !t.setDst(m, p.Addr, u.v4) {
+			st.DropUnknown++
+			continue
+		}
+		t.start(m, iv, i, p.N, p.Addr)
+		m++
+		v++
+	}
+	return i, m
+}
+
+// segment makes message j, which has just become two segments, a UDP_SEGMENT
+// super-datagram of segments of its first packet's size.
+func (t *udpTx) segment(j int) {
+	h := &t.msgs[j].Hdr
+	c := t.ctrl[j*gsoCtrlSpace:]
+	*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(t.size[j])
+	h.Control = &c[0]
+	h.SetControllen(unix.CmsgLen(2))
+}
+
+// start makes message m carry packet i, of n bytes in iv, to dst; setDst
+// has pointed it at dst.
+func (t *udpTx) start(m int, iv *unix.Iovec, i, n int, dst verbs.GID) {
+	h := &t.msgs[m].Hdr
+	h.Iov = iv
+	h.SetIovlen(1)
+	h.Control = nil
+	h.SetControllen(0)
+	t.first[m], t.segs[m], t.size[m], t.bytes[m] = i, 1, n, n
+	t.open[m], t.dst[m] = true, dst
+}
+
+// flush sends messages msgs[:m]; a refused message is dropped and the rest
+// go on. When the kernel refuses a super-datagram, flush stops and returns
+// resend and the index of its first packet. On a closed or broken socket
+// it returns the error and the number of packets consumed before it.
+func (u *UDP) flush(m int, st *Stats) (from int, resend bool, err error) {
+	t := &u.tx
+	for off := 0; off < m; {
+		t.off, t.end = off, m
+		if err := u.rc.Write(t.fn); err != nil {
+			return t.first[off], false, u.wrapErr("sendmmsg", err)
+		}
+		if t.errno == 0 {
+			for j := off; j < off+t.n; j++ {
+				st.TxPackets += uint64(t.segs[j])
+				st.TxBytes += uint64(t.bytes[j])
+			}
+			off += t.n
+			continue
+		}
+		if t.segs[off] > 1 {
+			// A super-datagram was refused: a segment too big for the
+			// path (EINVAL, EMSGSIZE) or no offload on this route
+			// (EIO, then never again).
+			if t.errno == unix.EIO {
+				t.gso = false
+			}
+			return t.first[off], true, nil
+		}
+		if !countRefused(t.errno, st) {
+			return t.first[off], false, u.wrapErr("sendmmsg", t.errno)
+		}
+		off++ // the kernel refused msgs[off]: skip it
+	}
+	return 0, false, nil
+}
+
+// countRefused counts a single datagram the kernel refused with errno as
+// dropped or failed; false if errno means the socket is closed or broken.
+func countRefused(errno unix.Errno, st *Stats) bool {
+	switch errno {
+	case unix.EMSGSIZE:
+		st.DropOversize++
+	case unix.ENETUNREACH, unix.EHOSTUNREACH, unix.EADDRNOTAVAIL, unix.EAFNOSUPPORT, unix.EINVAL:
+		st.DropUnknown++
+	case unix.ENOBUFS, unix.ENOMEM, unix.EPERM, unix.EACCES, unix.ECONNREFUSED, unix.EHOSTDOWN, unix.ENETDOWN:
+		st.SendErrors++
+	default:
+		return false
+	}
+	return true
 }
 
 // sendmmsg is the RawConn.Write callback; false means EAGAIN (wait until
