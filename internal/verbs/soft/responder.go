@@ -405,68 +405,81 @@ func (q *qp) respondUC(h *roce.Header, payload []byte) {
 		r.ucDrop, r.inSend, r.inWrite = true, false, false
 		return
 	}
-	switch {
-	case op.IsSend():
-		if starts {
-			if !r.hasRecv && !q.takeRecv(&r.recv) {
-				q.dev.stats.rxNoRecvDrop.Add(1)
-				r.ucDrop = true
-				return
-			}
-			r.hasRecv = true
-			r.recvOff = 0
-		}
-		if !scatter(q, r.recv.SG[:min(int(r.recv.NumSGE), verbs.MaxSGE)], r.recvOff, payload) {
-			// Local length or protection error: the receive completes in
-			// error and the QP goes to ERR.
-			wc := verbs.WC{WRID: r.recv.WRID, Status: verbs.WCLocLenErr, Opcode: verbs.WCRecv, QPN: q.qpn}
-			r.hasRecv = false
-			q.recvCQ.push(&wc, false)
-			q.toErr(verbs.WCWRFlushErr)
+	if op.IsSend() {
+		q.receiveUCSend(h, payload, starts, last)
+	} else {
+		q.receiveUCWrite(h, payload, starts, last)
+	}
+}
+
+// receiveUCSend places a UC SEND packet in the receive WR it takes or
+// holds.
+func (q *qp) receiveUCSend(h *roce.Header, payload []byte, starts, last bool) {
+	r := &q.resp
+	if starts {
+		if !r.hasRecv && !q.takeRecv(&r.recv) {
+			q.dev.stats.rxNoRecvDrop.Add(1)
+			r.ucDrop = true
 			return
 		}
-		r.recvOff += uint32(len(payload))
-		r.inSend = !last
-		if last {
-			q.completeRecv(op.HasImm(), h, verbs.WCRecv, r.recvOff)
+		r.hasRecv = true
+		r.recvOff = 0
+	}
+	if !scatter(q, r.recv.SG[:min(int(r.recv.NumSGE), verbs.MaxSGE)], r.recvOff, payload) {
+		// Local length or protection error: the receive completes in
+		// error and the QP goes to ERR.
+		wc := verbs.WC{WRID: r.recv.WRID, Status: verbs.WCLocLenErr, Opcode: verbs.WCRecv, QPN: q.qpn}
+		r.hasRecv = false
+		q.recvCQ.push(&wc, false)
+		q.toErr(verbs.WCWRFlushErr)
+		return
+	}
+	r.recvOff += uint32(len(payload))
+	r.inSend = !last
+	if last {
+		q.completeRecv(h.Opcode.HasImm(), h, verbs.WCRecv, r.recvOff)
+	}
+}
+
+// receiveUCWrite writes a UC RDMA WRITE packet; a bad key, a missing
+// receive for the immediate or a wrong length drops the message.
+func (q *qp) receiveUCWrite(h *roce.Header, payload []byte, starts, last bool) {
+	r := &q.resp
+	if starts {
+		m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite)
+		if !ok {
+			// UC has no NAK: the message is dropped.
+			q.dev.stats.rxWrongSource.Add(1)
+			r.ucDrop = true
+			return
 		}
-	default:
-		if starts {
-			m, va, ok := q.checkRemote(h.RKey, h.VA, h.DMALen, verbs.AccessRemoteWrite)
-			if !ok {
-				// UC has no NAK: the message is dropped.
-				q.dev.stats.rxWrongSource.Add(1)
-				r.ucDrop = true
-				return
-			}
-			r.wmr, r.wva, r.wleft, r.wlen = m, va, h.DMALen, h.DMALen
-		}
-		imm := op.HasImm()
-		if imm && !r.hasRecv {
-			if !q.takeRecv(&r.recv) {
-				q.dev.stats.rxNoRecvDrop.Add(1)
-				r.ucDrop, r.inWrite = true, false
-				return
-			}
-			r.hasRecv = true
-		}
-		n := uint32(len(payload))
-		if n > r.wleft || last && n != r.wleft {
+		r.wmr, r.wva, r.wleft, r.wlen = m, va, h.DMALen, h.DMALen
+	}
+	imm := h.Opcode.HasImm()
+	if imm && !r.hasRecv {
+		if !q.takeRecv(&r.recv) {
+			q.dev.stats.rxNoRecvDrop.Add(1)
 			r.ucDrop, r.inWrite = true, false
 			return
 		}
-		if n > 0 {
-			if q.dev.lookupKey(r.wmr.key) != r.wmr || !r.wmr.copyIn(r.wva, payload) {
-				r.ucDrop, r.inWrite = true, false
-				return
-			}
+		r.hasRecv = true
+	}
+	n := uint32(len(payload))
+	if n > r.wleft || last && n != r.wleft {
+		r.ucDrop, r.inWrite = true, false
+		return
+	}
+	if n > 0 {
+		if q.dev.lookupKey(r.wmr.key) != r.wmr || !r.wmr.copyIn(r.wva, payload) {
+			r.ucDrop, r.inWrite = true, false
+			return
 		}
-		r.wva += uint64(n)
-		r.wleft -= n
-		r.inWrite = !last
-		if imm {
-			q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
-		}
+	}
+	r.wva += uint64(n)
+	r.wleft -= n
+	r.inWrite = !last
+	if imm {
+		q.completeRecv(true, h, verbs.WCRecvRDMAWithImm, r.wlen)
 	}
 }
 
