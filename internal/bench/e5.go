@@ -7,7 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -16,11 +16,11 @@ import (
 // e5Transports are the policies E5 compares, in output order.
 var e5Transports = []engine.Transport{engine.RC, engine.UC, engine.UD, engine.Auto}
 
-// engineHeaderLen is the engine's per-message header (engine/wire):
+// engineHeaderLen is the engine's per-message header (engine/format):
 // a UD datagram carries at most one MTU less this. softMTU is the soft
 // devices' active MTU, which the engines take.
 const (
-	engineHeaderLen = wire.HeaderLen
+	engineHeaderLen = format.HeaderLen
 	softMTU         = 4096
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -167,15 +167,15 @@ func (c Config) withDefaults() (Config, error) {
 		c.AutoThreshold = DefaultAutoThreshold
 	}
 	var errs []error
-	check := func(ok bool, format string, args ...any) {
+	check := func(ok bool, msg string, args ...any) {
 		if !ok {
-			errs = append(errs, fmt.Errorf("engine: config: "+format, args...))
+			errs = append(errs, fmt.Errorf("engine: config: "+msg, args...))
 		}
 	}
 	check(c.QPsPerPeer >= 1 && c.QPsPerPeer <= transport.MaxQPsPerPeer, "QPsPerPeer %d: want 1..%d", c.QPsPerPeer, transport.MaxQPsPerPeer)
 	check(c.Pollers >= 1 && c.Pollers <= 64, "Pollers %d: want 1..64", c.Pollers)
 	check(c.MaxVConns >= 1 && c.MaxVConns <= vqpn.MaxCapacity, "MaxVConns %d: want 1..%d", c.MaxVConns, vqpn.MaxCapacity)
-	check(c.ChunkSize >= 256+wire.HeaderLen && c.ChunkSize <= 1<<20, "ChunkSize %d: want %d..%d", c.ChunkSize, 256+wire.HeaderLen, 1<<20)
+	check(c.ChunkSize >= 256+format.HeaderLen && c.ChunkSize <= 1<<20, "ChunkSize %d: want %d..%d", c.ChunkSize, 256+format.HeaderLen, 1<<20)
 	check(c.MaxMessage >= 1 && c.MaxMessage <= 1<<30, "MaxMessage %d: want 1..1 GiB", c.MaxMessage)
 	check(c.RecvBuffers >= 16 && c.RecvBuffers <= 1<<20, "RecvBuffers %d: want 16..%d", c.RecvBuffers, 1<<20)
 	check(c.SendBuffers >= 16 && c.SendBuffers <= 1<<22, "SendBuffers %d: want 16..%d", c.SendBuffers, 1<<22)

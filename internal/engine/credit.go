@@ -2,7 +2,7 @@ package engine
 
 import (
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 )
 
 // The credit window itself is package credit's; here the engine wires it
@@ -76,9 +76,9 @@ func (vc *VConn) stampCredit(b []byte) {
 	if vc.creditDue.Load() {
 		vc.creditDue.Store(false)
 	}
-	h := wire.Raw(b)
+	h := format.Raw(b)
 	h.SetCredit(vc.window.Stamp())
-	if t := h.Type(); vc.tr == Auto && (t == wire.Data || t == wire.Credit || t == wire.Bundle) {
+	if t := h.Type(); vc.tr == Auto && (t == format.Data || t == format.Credit || t == format.Bundle) {
 		if vc.ackDue.Load() {
 			vc.ackDue.Store(false)
 		}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -106,7 +106,7 @@ func TestSendRecv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizes := []int{0, 1, 100, 16<<10 - wire.HeaderLen, 16 << 10, 100 << 10, 1 << 20}
+	sizes := []int{0, 1, 100, 16<<10 - format.HeaderLen, 16 << 10, 100 << 10, 1 << 20}
 	go func() {
 		for i, n := range sizes {
 			msg := bytes.Repeat([]byte{byte(i + 1)}, n)
@@ -377,7 +377,7 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 // travel on RC whole, interleaved in order with datagram-sized ones.
 func TestAutoLongMessages(t *testing.T) {
 	ctx, _, _, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
-	sizes := []int{16 << 10, 16<<10 - wire.HeaderLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
+	sizes := []int{16 << 10, 16<<10 - format.HeaderLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
 	size := func(i int) int { return sizes[i] }
 	go sendNumbered(ctx, t, va, len(sizes), size)
 	recvNumbered(ctx, t, vb, len(sizes), size)

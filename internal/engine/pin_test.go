@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -373,8 +373,8 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 	const n = 30 // within the credit window; nearly the whole SRQ
 	msg := func(seq uint32) []byte { return []byte(fmt.Sprintf("datagram %02d", seq)) }
 	send := func(seq uint32) {
-		d := wire.DataHeader(uint32(len(msg(seq))), seq, 0, false)
-		d.Flags |= wire.FlagFirst | wire.FlagLast
+		d := format.DataHeader(uint32(len(msg(seq))), seq, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast
 		h.send(uc, a, vc.ID(), d, msg(seq))
 	}
 	for seq := uint32(1); seq < n; seq++ { // seq 0, the gap, comes last

@@ -96,7 +96,7 @@ const (
 	// on (of the peer's datagrams, on UD), which the peer's engine was
 	// given over the control plane: a host that spoofs the peer's
 	// address, or a peer engine that lost its QPs' secrets (restarted).
-	// Dropped unread (wire.Authentic).
+	// Dropped unread (format.Authentic).
 	RejectForged
 	// NumRejectReasons is the number of reasons, for arrays indexed by
 	// reason.

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -204,9 +204,9 @@ func (vc *VConn) stateErr() error {
 func (vc *VConn) MaxMessage() int {
 	switch vc.tr {
 	case UD:
-		return vc.e.cfg.MTU.Bytes() - wire.HeaderLen
+		return vc.e.cfg.MTU.Bytes() - format.HeaderLen
 	case UC:
-		return vc.e.cfg.ChunkSize - wire.HeaderLen
+		return vc.e.cfg.ChunkSize - format.HeaderLen
 	}
 	return vc.e.cfg.MaxMessage
 }
