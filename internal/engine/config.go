@@ -13,8 +13,9 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// Transport is a vconn's transport policy: transport.Kind, whose zero
-// value, transport.Unknown, the engine takes as RC.
+// Transport is a vconn's transport policy: transport.Kind. A vconn's zero
+// value, transport.Unknown, is RC (VConnOptions); the Config's is
+// transport.Default.
 type Transport = transport.Kind
 
 // The transports, as the engine's code names them.
@@ -40,7 +41,8 @@ type Config struct {
 	MTU verbs.MTU
 	// MaxVConns bounds the vconns open at once (default 1<<20).
 	MaxVConns int
-	// MaxMessage is the largest message a vconn carries (default 4 MiB).
+	// MaxMessage is the largest message a vconn carries (default
+	// transport.DefaultMaxMessage, 1 MiB, the agent's).
 	MaxMessage int
 	// RecvBuffers is the SRQ depth shared by all RC QPs (default 4096).
 	RecvBuffers int
@@ -67,7 +69,9 @@ type Config struct {
 	MaxCredits int
 	// SQDepth is the send queue of each QP (default 512).
 	SQDepth int
-	// Transport is the policy of vconns that do not choose (default RC).
+	// Transport is the policy of vconns that take the engine's
+	// (VConnOptions.UseEngineDefault; default transport.Default, auto, the
+	// agent's).
 	Transport Transport
 	// AutoThreshold is the largest message Auto sends as a datagram
 	// (default: measured; see DefaultAutoThreshold).
@@ -105,7 +109,9 @@ type Config struct {
 }
 
 // Defaults that other layers share: the agent's configuration and the
-// RDMAService take theirs from here.
+// RDMAService take these from here; the QPs per peer, the transport and
+// the largest message all of them take from internal/transport, so an
+// engine configured with zeros runs as a default agent's does.
 const (
 	DefaultQPsPerPeer = transport.DefaultQPsPerPeer
 	// DefaultChunkSize is the size of a receive buffer, 16 KiB: UC's
@@ -115,7 +121,6 @@ const (
 
 const (
 	defaultMaxVConns    = 1 << 20
-	defaultMaxMessage   = 4 << 20
 	defaultRecvBuffers  = 4096
 	defaultSendBuffers  = 4096
 	defaultCredits      = 32
@@ -139,7 +144,7 @@ func (c Config) withDefaults() (Config, error) {
 	set(&c.QPsPerPeer, DefaultQPsPerPeer)
 	set(&c.Pollers, 1)
 	set(&c.MaxVConns, defaultMaxVConns)
-	set(&c.MaxMessage, defaultMaxMessage)
+	set(&c.MaxMessage, transport.DefaultMaxMessage)
 	set(&c.RecvBuffers, defaultRecvBuffers)
 	set(&c.ChunkSize, DefaultChunkSize)
 	set(&c.SendBuffers, defaultSendBuffers)
@@ -161,7 +166,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.MTU = c.Device.Attr().ActiveMTU
 	}
 	if c.Transport == transport.Unknown {
-		c.Transport = RC
+		c.Transport = transport.Default
 	}
 	if c.AutoThreshold == 0 {
 		c.AutoThreshold = DefaultAutoThreshold

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -67,5 +68,28 @@ func TestConfigFitsDevice(t *testing.T) {
 				t.Fatalf("withDefaults: %v, want an error with %q", err, c.want)
 			}
 		})
+	}
+}
+
+// An engine configured with zeros runs as a default agent does: the same
+// transport policy and largest message (internal/transport's defaults).
+func TestConfigDefaultsAreTheAgents(t *testing.T) {
+	w, err := wire.NewFabric(wire.Faults{}).Attach(verbs.GIDFromAddr(netip.MustParseAddr("10.0.0.1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := soft.Open(soft.Config{Name: "defaults", Wire: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dev.Close() })
+	cfg, err := Config{Device: dev}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := config.Default()
+	if cfg.Transport.String() != string(agent.Transport) || int64(cfg.MaxMessage) != agent.MaxMessageBytes || cfg.QPsPerPeer != agent.QPsPerPeer {
+		t.Errorf("engine defaults: transport %v, max message %d, QPs per peer %d; the agent's: %s, %d, %d",
+			cfg.Transport, cfg.MaxMessage, cfg.QPsPerPeer, agent.Transport, agent.MaxMessageBytes, agent.QPsPerPeer)
 	}
 }
