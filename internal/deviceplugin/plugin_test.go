@@ -25,6 +25,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -135,17 +136,6 @@ func allocReq(reqs ...[]string) *pluginapi.AllocateRequest {
 	return r
 }
 
-// eventually polls cond until it holds.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(15 * time.Second); !cond(); {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // metric reads a gauge or counter of the plugin.
 func (e *env) metric(t *testing.T, name string) float64 {
 	t.Helper()
@@ -204,7 +194,7 @@ func TestRegistrationAndHealth(t *testing.T) {
 	if got := e.metric(t, "rdmavisor_device_plugin_devices_advertised"); got != devices {
 		t.Errorf("devices advertised %v, want %d", got, devices)
 	}
-	eventually(t, "the healthy metric counts every device", func() bool {
+	poll.Until(t, 15*time.Second, "the healthy metric counts every device", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == devices
 	})
 
@@ -213,14 +203,14 @@ func TestRegistrationAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitAll(t, devices, pluginapi.Unhealthy)
-	eventually(t, "the healthy metric is 0", func() bool {
+	poll.Until(t, 15*time.Second, "the healthy metric is 0", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == 0
 	})
 	if err := e.cl.Nodes[0].Restart(); err != nil {
 		t.Fatal(err)
 	}
 	w.waitAll(t, devices, pluginapi.Healthy)
-	eventually(t, "the healthy metric recovers", func() bool {
+	poll.Until(t, 15*time.Second, "the healthy metric recovers", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == devices
 	})
 }
@@ -276,7 +266,7 @@ func TestAllocateWorks(t *testing.T) {
 				IPs: []string{fmt.Sprintf("10.244.0.%d", k)}}); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "the allocation bound to its pod", func() bool { return e.allocations(t)[id].Pod == "default/"+pod })
+			poll.Until(t, 15*time.Second, "the allocation bound to its pod", func() bool { return e.allocations(t)[id].Pod == "default/"+pod })
 
 			// The pod's view: the socket the env names, inside the mount.
 			sock := filepath.Join(m.HostPath, filepath.Base(cr.Envs[vconn.EnvSocket]))
@@ -318,7 +308,7 @@ func TestAllocateWorks(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, "the allocated metric counts 4 devices", func() bool {
+	poll.Until(t, 15*time.Second, "the allocated metric counts 4 devices", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_allocated") == 4
 	})
 }
@@ -478,7 +468,7 @@ func TestReregister(t *testing.T) {
 	}
 	w := watch(t, pluginClient(t, e.dir, r3.Endpoint))
 	w.waitAll(t, devices, pluginapi.Healthy)
-	eventually(t, "the registrations metric counts 3", func() bool {
+	poll.Until(t, 15*time.Second, "the registrations metric counts 3", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_registrations_total") >= 3
 	})
 }
@@ -496,7 +486,7 @@ func TestGarbageCollection(t *testing.T) {
 			}
 		}
 	})
-	eventually(t, "the stale allocation is collected at start", func() bool {
+	poll.Until(t, 15*time.Second, "the stale allocation is collected at start", func() bool {
 		_, ok := e.allocations(t)[stale]
 		return !ok
 	})
@@ -525,7 +515,7 @@ func TestGarbageCollection(t *testing.T) {
 	}
 
 	e.pods.set("a", nil)
-	eventually(t, "pod a's allocation is collected", func() bool {
+	poll.Until(t, 15*time.Second, "pod a's allocation is collected", func() bool {
 		_, ok := e.allocations(t)[idA]
 		return !ok
 	})
@@ -540,7 +530,7 @@ func TestGarbageCollection(t *testing.T) {
 		t.Errorf("allocations %v, want %v", keys, want)
 	}
 	// The counters move just after the agent lets the allocation go.
-	eventually(t, "2 allocations collected, 2 devices allocated", func() bool {
+	poll.Until(t, 15*time.Second, "2 allocations collected, 2 devices allocated", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_allocations_collected_total") == 2 &&
 			e.metric(t, "rdmavisor_device_plugin_devices_allocated") == 2
 	})
@@ -565,7 +555,7 @@ func TestAgentRestartRecreatesAllocations(t *testing.T) {
 	}
 	// The counter moves after the agent holds the allocation again (and
 	// the plugin bound it): wait for both.
-	eventually(t, "the allocation is re-created", func() bool {
+	poll.Until(t, 15*time.Second, "the allocation is re-created", func() bool {
 		return e.allocations(t)[id].VConns == len(devs) &&
 			e.metric(t, "rdmavisor_device_plugin_allocations_recreated_total") > 0
 	})
@@ -623,7 +613,7 @@ func TestLateKubeletAndCleanStop(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 	e := &env{reg: reg}
-	eventually(t, "a registration fails", func() bool {
+	poll.Until(t, 15*time.Second, "a registration fails", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_registrations_total") >= 1
 	})
 	// RetryInterval is an hour: only kubelet.sock appearing retries.

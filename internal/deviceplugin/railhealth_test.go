@@ -18,6 +18,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // railsAgent is a ready agent of two rails, rail 1 down while down is
@@ -118,13 +119,13 @@ func TestRailDownListAndWatch(t *testing.T) {
 	agent.setDown("port DOWN (phys state Disabled)")
 	w.waitHealth(t, append(slices.Repeat([]string{H}, half), slices.Repeat([]string{U}, half)...))
 	e := &env{reg: reg}
-	eventually(t, "the healthy metric counts rail 0's devices", func() bool {
+	poll.Until(t, 15*time.Second, "the healthy metric counts rail 0's devices", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == float64(half)
 	})
 
 	agent.setDown("")
 	w.waitHealth(t, slices.Repeat([]string{H}, devices))
-	eventually(t, "the healthy metric counts every device", func() bool {
+	poll.Until(t, 15*time.Second, "the healthy metric counts every device", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == devices
 	})
 }
