@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -152,7 +153,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descVConns, float64(s.n), s.name)
 	}
 	gauge(descPeers, float64(peers))
-	for t := engine.RC; t <= engine.Auto; t++ { // no vconn's is Unknown
+	for t := transport.RC; t <= transport.Auto; t++ { // no vconn's is Unknown
 		tr := t.String()
 		counter(descMsgsSent, sent[t].Msgs, tr)
 		counter(descBytesSent, sent[t].Bytes, tr)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -254,12 +255,12 @@ func waitRejected(t *testing.T, e *Engine, r RejectReason, n uint64) {
 // and sends past them. Each is refused and counted, and the tenants'
 // vconns, one of them sharing its QP with the target, keep echoing.
 func TestAttacks(t *testing.T) {
-	for _, tr := range []Transport{RC, UC, UD, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) { testAttacks(t, tr) })
 	}
 }
 
-func testAttacks(t *testing.T, tr Transport) {
+func testAttacks(t *testing.T, tr transport.Kind) {
 	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, b := testEnginesOn(t, fb, Config{QPsPerPeer: 1})

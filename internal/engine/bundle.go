@@ -5,6 +5,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -118,7 +119,7 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	h.Put(b)
 	vc.stampCredit(b)
 	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
-	p.countSent(Auto, k, total-k*format.HeaderLen)
+	p.countSent(transport.Auto, k, total-k*format.HeaderLen)
 	e.stats.bundled.Add(uint64(k))
 	if gather {
 		e.stats.gathered.Add(uint64(k))
@@ -168,7 +169,7 @@ func gathered(b []byte, i int) (bufSlot, uint32) {
 // onBundle delivers the messages of a bundle. The bundle is checked whole
 // first: a malformed one fails the vconn and delivers nothing.
 func (p *poller) onBundle(vc *VConn, h *format.Header, slot bufSlot, payload []byte) {
-	if vc.tr != Auto || slot.class() != p.e.dgramClass || format.CheckBundle(h, payload) != nil {
+	if vc.tr != transport.Auto || slot.class() != p.e.dgramClass || format.CheckBundle(h, payload) != nil {
 		p.malformed(vc, slot)
 		return
 	}

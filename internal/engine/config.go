@@ -13,19 +13,6 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// Transport is a vconn's transport policy: transport.Kind. A vconn's zero
-// value, transport.Unknown, is RC (VConnOptions); the Config's is
-// transport.Default.
-type Transport = transport.Kind
-
-// The transports, as the engine's code names them.
-const (
-	RC   = transport.RC
-	UC   = transport.UC
-	UD   = transport.UD
-	Auto = transport.Auto
-)
-
 // Config configures an Engine. Zero fields take the defaults noted.
 type Config struct {
 	Device verbs.Device
@@ -71,8 +58,8 @@ type Config struct {
 	SQDepth int
 	// Transport is the policy of vconns that take the engine's
 	// (VConnOptions.UseEngineDefault; default transport.Default, auto, the
-	// agent's).
-	Transport Transport
+	// agent's). A vconn's own zero value, transport.Unknown, is RC.
+	Transport transport.Kind
 	// AutoThreshold is the largest message Auto sends as a datagram
 	// (default: measured; see DefaultAutoThreshold).
 	AutoThreshold int
@@ -189,7 +176,7 @@ func (c Config) withDefaults() (Config, error) {
 	check(c.DgramBuffers >= 16 && c.DgramBuffers <= 1<<20, "DgramBuffers %d: want 16..%d", c.DgramBuffers, 1<<20)
 	check(c.SQDepth >= 16 && c.SQDepth <= 1<<15, "SQDepth %d: want 16..32768", c.SQDepth)
 	check(c.MTU.Bytes() != 0, "MTU %v is not an IB MTU", c.MTU)
-	check(c.Transport <= Auto, "transport %v", c.Transport)
+	check(c.Transport <= transport.Auto, "transport %v", c.Transport)
 	check(c.AutoThreshold >= 0, "AutoThreshold %d", c.AutoThreshold)
 	check(c.MaxRegisteredBytes >= 0, "MaxRegisteredBytes %d: want 0 (no bound) or more", c.MaxRegisteredBytes)
 	// What the device holds: a NIC refuses larger queues at creation, so

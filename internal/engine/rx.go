@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -61,7 +62,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	if !vc.grant(h.Credit) {
 		p.reject(RejectGrant)
 	}
-	if vc.tr == Auto && (h.Type == format.Data || h.Type == format.Credit || h.Type == format.Bundle) {
+	if vc.tr == transport.Auto && (h.Type == format.Data || h.Type == format.Credit || h.Type == format.Bundle) {
 		p.onAck(vc, h.Ack())
 		if end, ok := h.Gap(); ok {
 			vc.onGap(end)
@@ -146,15 +147,15 @@ func (p *poller) dispatch(vc *VConn, h *format.Header, slot bufSlot, payload []b
 // (FIN, RESET, grants, exports) always travel over RC, whose source is
 // the connected QP; an RC vconn's data too, and it takes receive credits,
 // which a datagram would bypass.
-func dgramAllowed(t format.Type, tr Transport, ud bool) bool {
+func dgramAllowed(t format.Type, tr transport.Kind, ud bool) bool {
 	switch t {
 	case format.Data:
 		if ud {
-			return tr == UD
+			return tr == transport.UD
 		}
-		return tr == UC || tr == Auto
+		return tr == transport.UC || tr == transport.Auto
 	case format.Bundle:
-		return !ud && tr == Auto
+		return !ud && tr == transport.Auto
 	}
 	return false
 }
@@ -212,7 +213,7 @@ func (p *poller) onData(vc *VConn, h *format.Header, slot bufSlot, payload []byt
 			return
 		}
 		m.Data, m.slot, m.credits = payload, slot, 0
-		if vc.tr == Auto {
+		if vc.tr == transport.Auto {
 			m.credits = 1
 			vc.deliverSeq(p, h.Seq, m, true)
 			return
@@ -266,7 +267,7 @@ func (p *poller) onData(vc *VConn, h *format.Header, slot bufSlot, payload []byt
 }
 
 func (p *poller) deliver(vc *VConn, h *format.Header, m Message) {
-	if vc.tr == Auto {
+	if vc.tr == transport.Auto {
 		vc.deliverSeq(p, h.Seq, m, false)
 		return
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -23,7 +24,7 @@ func (p *poller) serve(vc *VConn) {
 		return // not connected yet; Connect's sends reschedule
 	}
 	// (Auto's own fields are off the hot lines: other vconns never read them.)
-	if vc.tr == Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
+	if vc.tr == transport.Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
 		p.freeAcked(vc, vc.reliability()) // another poller received them
 	}
 	// A stall's flag that its grant raced is cleared here, at the serve
@@ -44,7 +45,7 @@ func (p *poller) serve(vc *VConn) {
 // serveDead returns what a closed or failed vconn still has queued to the
 // pool: nothing more is sent, but a RST Abort asked for.
 func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
-	if vc.tr == Auto {
+	if vc.tr == transport.Auto {
 		p.dropUnacked(vc)
 	}
 	for {
@@ -110,9 +111,9 @@ func (p *poller) route(vc *VConn, b format.Raw, n uint32) (dq *sendQP, auto, cre
 	data := b.Type() == format.Data
 	if data {
 		switch vc.tr {
-		case UD:
+		case transport.UD:
 			dq = p.udq.qp
-		case UC:
+		case transport.UC:
 			dq = vc.dq
 		}
 	}
@@ -124,7 +125,7 @@ func (p *poller) route(vc *VConn, b format.Raw, n uint32) (dq *sendQP, auto, cre
 	// the one sequence of the vconn either way, which the receiver
 	// delivers in order whichever QP each came on (deliverSeq), so the
 	// switch needs no draining.
-	auto = data && vc.tr == Auto && b.Whole() && vc.autoDgram(n) && vc.dq.path.Datagram()
+	auto = data && vc.tr == transport.Auto && b.Whole() && vc.autoDgram(n) && vc.dq.path.Datagram()
 	if auto {
 		dq = vc.dq
 	}
@@ -211,8 +212,8 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	q := vc.sq
 	// A closing Auto vconn still acknowledges: the peer's FIN waits for
 	// its datagrams' acknowledgements.
-	live := st == stateOpen || vc.tr == Auto && st == stateClosing
-	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && live
+	live := st == stateOpen || vc.tr == transport.Auto && st == stateClosing
+	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == transport.Auto && vc.nackDue.Load()) && live
 	if !vc.ring.empty() {
 		// A grant owed rides on the next data, unless that data waits
 		// for the peer's grant: then it goes alone, or, with both ends

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
@@ -154,7 +155,7 @@ func guesses() []uint64 { return []uint64{0, rand.Uint64(), rand.Uint64() | 1} }
 // (before, the forged message took the place of the real one, which was
 // then dropped as a duplicate).
 func TestSpoofedData(t *testing.T) {
-	for _, tr := range []Transport{Auto, UD} {
+	for _, tr := range []transport.Kind{transport.Auto, transport.UD} {
 		t.Run(tr.String(), func(t *testing.T) {
 			n := newSpoofNet(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -165,7 +166,7 @@ func TestSpoofedData(t *testing.T) {
 			}
 			exchange(ctx, t, vb, va, 1, func(int) []byte { return []byte("hello") })
 			var qpn uint32
-			ud := tr == UD
+			ud := tr == transport.UD
 			if ud {
 				qpns := n.a.UDQPNs()
 				qpn = qpns[int(vb.ID().VQPN())%len(qpns)] // where vb's datagrams go
@@ -242,7 +243,7 @@ func TestSpoofedAck(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +295,7 @@ func TestSpoofedCredit(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +342,7 @@ func TestSpoofedWriteOnUC(t *testing.T) {
 	if n.a.windows {
 		t.Fatal("the engine uses memory windows on a device without them")
 	}
-	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}

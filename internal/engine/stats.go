@@ -148,7 +148,7 @@ func (c *trafficCounters) load() Traffic {
 
 // countSent counts msgs application messages of bytes payload bytes that
 // the poller handed to the device on a vconn of transport tr.
-func (p *poller) countSent(tr Transport, msgs, bytes int) {
+func (p *poller) countSent(tr transport.Kind, msgs, bytes int) {
 	p.st.sent[tr].add(msgs, bytes)
 }
 
