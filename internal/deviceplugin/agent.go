@@ -8,9 +8,9 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
-// AdminAgent is the admin.Agent behind the admin socket at Path, a
-// RailAgent too. It connects for every request, so an agent restart needs
-// no reconnection logic.
+// AdminAgent is the admin.Agent behind the admin socket at Path, an
+// admin.RailAgent too. It connects for every request, so an agent restart
+// needs no reconnection logic.
 type AdminAgent struct{ Path string }
 
 var _ interface {
