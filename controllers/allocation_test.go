@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/internal/dra"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // TestRuntimeCDI: the runtimes that apply CDI devices, as node status names
@@ -112,15 +114,15 @@ func TestAllocation(t *testing.T) {
 		t.Fatalf("the DRA driver's directory is %s, the driver's is %s", hostDRAPluginDir, want)
 	}
 	draPaths := []string{hostPluginsRegistryDir, hostDRAPluginDir, hostCDIDir}
-	eventually(t, "device plugin only, no CDI (alloc-2 runs containerd 1.6)",
+	poll.UntilNil(t, 30*time.Second, "device plugin only, no CDI (alloc-2 runs containerd 1.6)",
 		shape([]string{"agent", "device-plugin"}, false, []string{hostDevicePluginDir}, draPaths))
 
 	setRuntime(t, "alloc-2", "containerd://1.7.35")
-	eventually(t, "the device plugin delivers by CDI", shape([]string{"agent", "device-plugin"}, true,
+	poll.UntilNil(t, 30*time.Second, "the device plugin delivers by CDI", shape([]string{"agent", "device-plugin"}, true,
 		[]string{hostDevicePluginDir, hostCDIDir}, []string{hostPluginsRegistryDir, hostDRAPluginDir}))
 
 	updateService(t, "alloc", func(s *v1alpha1.RDMAService) { s.Spec.Allocation = v1alpha1.AllocationDRA })
-	eventually(t, "the DRA driver instead", shape([]string{"agent", "dra-driver"}, false, draPaths, nil))
+	poll.UntilNil(t, 30*time.Second, "the DRA driver instead", shape([]string{"agent", "dra-driver"}, false, draPaths, nil))
 	ds := getDaemonSet(t, "alloc")
 	for _, c := range ds.Spec.Template.Spec.Containers {
 		if c.Name != "dra-driver" {
@@ -141,7 +143,7 @@ func TestAllocation(t *testing.T) {
 	}
 
 	updateService(t, "alloc", func(s *v1alpha1.RDMAService) { s.Spec.Allocation = v1alpha1.AllocationBoth })
-	eventually(t, "both", shape([]string{"agent", "device-plugin", "dra-driver"}, true, append(draPaths, hostDevicePluginDir), nil))
+	poll.UntilNil(t, 30*time.Second, "both", shape([]string{"agent", "device-plugin", "dra-driver"}, true, append(draPaths, hostDevicePluginDir), nil))
 
 	// The schema refuses another value. The controller writes the status meanwhile, so an
 	// update may first meet a conflict; only the schema's answer counts.
@@ -164,7 +166,7 @@ func TestAllocation(t *testing.T) {
 		{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "get", Namespace: "tenant"},
 		{Group: "", Resource: "nodes", Verb: "get", Name: "alloc-1"},
 	} {
-		eventually(t, fmt.Sprintf("the agents may %s %s", a.Verb, a.Resource), func() error {
+		poll.UntilNil(t, 30*time.Second, fmt.Sprintf("the agents may %s %s", a.Verb, a.Resource), func() error {
 			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 				User: user, Groups: []string{"system:serviceaccounts"}, ResourceAttributes: &a}}
 			if err := k8s.Create(testCtx(t), sar); err != nil {
@@ -210,7 +212,7 @@ func TestAgentMayWriteOnlyItsOwnResourceSlices(t *testing.T) {
 	// Its own: create, update, delete (the binding and the policy take
 	// effect a moment after they are made).
 	own := resourceSlice("slice-1-rdmavisor", "slice-1")
-	eventually(t, "the agent creates its node's slice", func() error { return agent.Create(ctx, own.DeepCopy()) })
+	poll.UntilNil(t, 30*time.Second, "the agent creates its node's slice", func() error { return agent.Create(ctx, own.DeepCopy()) })
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), own) })
 	got := &resourcev1.ResourceSlice{}
 	if err := agent.Get(ctx, client.ObjectKeyFromObject(own), got); err != nil {

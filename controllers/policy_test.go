@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // agentClient impersonates the agent of service on node, as its pod-bound
@@ -64,7 +66,7 @@ func TestAgentMayWriteOnlyItsOwnRDMANode(t *testing.T) {
 
 	// The policy takes effect a moment after it is created: until then RBAC
 	// alone would let the agent write any RDMANode.
-	eventually(t, "the policy denies the agent another node's RDMANode", func() error {
+	poll.UntilNil(t, 30*time.Second, "the policy denies the agent another node's RDMANode", func() error {
 		err := agent.Create(testCtx(t), rdmaNode("pol-2", "pol"))
 		if err == nil {
 			cleanup("pol-2")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -11,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // operatorClient acts as the operator's service account, with the RBAC
@@ -43,7 +45,7 @@ func TestOperatorCannotEscalate(t *testing.T) {
 
 	// The normal reconcile, as the operator: the agents' binding.
 	b := &rbacv1.ClusterRoleBinding{}
-	eventually(t, "the agents' ClusterRoleBinding", func() error {
+	poll.UntilNil(t, 30*time.Second, "the agents' ClusterRoleBinding", func() error {
 		return k8s.Get(ctx, client.ObjectKey{Name: "rdmavisor-agent-rbac"}, b)
 	})
 	wantSubject := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "rdmavisor-agent-rbac", Namespace: testNamespace}
@@ -102,7 +104,7 @@ func TestOperatorCannotEscalate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// The suite's policies take effect a moment after they are
 			// created: until then RBAC alone decides.
-			eventually(t, "refused", func() error {
+			poll.UntilNil(t, 30*time.Second, "refused", func() error {
 				err := tt.do(testCtx(t), op)
 				if err == nil {
 					_ = k8s.Delete(context.Background(), &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "rdmavisor-agent-evil"}})
@@ -132,7 +134,7 @@ func TestOperatorReplacesOldBinding(t *testing.T) {
 	}
 	createNodes(t, map[string]string{"upgrade": "true"}, "upgrade-1")
 	createService(t, newService("upgrade", "upgrade"))
-	eventually(t, "the binding is AgentClusterRole's", func() error {
+	poll.UntilNil(t, 30*time.Second, "the binding is AgentClusterRole's", func() error {
 		b := &rbacv1.ClusterRoleBinding{}
 		if err := k8s.Get(ctx, client.ObjectKeyFromObject(old), b); err != nil {
 			return err

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // rendered returns empty objects named as the operator names the objects of
@@ -80,7 +81,7 @@ func TestLifecycle(t *testing.T) {
 	createService(t, svc)
 
 	objs := rendered("life")
-	eventually(t, "rendered objects exist", func() error {
+	poll.UntilNil(t, 30*time.Second, "rendered objects exist", func() error {
 		for _, o := range objs {
 			if err := k8s.Get(testCtx(t), client.ObjectKeyFromObject(o), o); err != nil {
 				return fmt.Errorf("%T: %w", o, err)
@@ -168,7 +169,7 @@ func TestLifecycle(t *testing.T) {
 		s.Spec.QPsPerPeer = ptr[int32](8)
 		s.Spec.Agent.Image = "example.test/rdmavisor:v2"
 	})
-	eventually(t, "DaemonSet follows the new spec", func() error {
+	poll.UntilNil(t, 30*time.Second, "DaemonSet follows the new spec", func() error {
 		ds := getDaemonSet(t, "life")
 		if img := ds.Spec.Template.Spec.Containers[0].Image; img != "example.test/rdmavisor:v2" {
 			return fmt.Errorf("image %s", img)
@@ -204,7 +205,7 @@ func TestConflict(t *testing.T) {
 	if !strings.Contains(c.Message, "RDMAService conflict-first") || !strings.Contains(c.Message, "node conf-2") {
 		t.Errorf("conflict message %q should name the other service and the node", c.Message)
 	}
-	eventually(t, "conflict-second excludes conf-2", func() error {
+	poll.UntilNil(t, 30*time.Second, "conflict-second excludes conf-2", func() error {
 		if got, err := excludedNodes(t, "conflict-second"); err != nil || !slices.Equal(got, []string{"conf-2"}) {
 			return fmt.Errorf("excludes %v (err %v), want [conf-2]", got, err)
 		}
@@ -230,7 +231,7 @@ func TestConflict(t *testing.T) {
 	// selects; the third now yields conf-2 to the second.
 	deleteService(t, "conflict-first")
 	waitCondition(t, "conflict-second", v1alpha1.ConditionConflict, metav1.ConditionFalse, ReasonNoConflict)
-	eventually(t, "conflict-second deploys to conf-2", func() error {
+	poll.UntilNil(t, 30*time.Second, "conflict-second deploys to conf-2", func() error {
 		if got, err := excludedNodes(t, "conflict-second"); err != nil || len(got) > 0 {
 			return fmt.Errorf("still excludes %v (err %v)", got, err)
 		}
@@ -240,7 +241,7 @@ func TestConflict(t *testing.T) {
 	if !strings.Contains(c.Message, "conflict-second") || !strings.Contains(c.Message, "node conf-2") {
 		t.Errorf("conflict message %q", c.Message)
 	}
-	eventually(t, "conflict-third deploys to conf-1 only", func() error {
+	poll.UntilNil(t, 30*time.Second, "conflict-third deploys to conf-1 only", func() error {
 		// The DaemonSet is created after the status that reports the
 		// conflict, so it may not exist yet.
 		if got, err := excludedNodes(t, "conflict-third"); err != nil || !slices.Equal(got, []string{"conf-2"}) {
@@ -359,7 +360,7 @@ func TestStatus(t *testing.T) {
 // whose note contains note.
 func waitEvent(t *testing.T, name, typ, reason, note string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("a %s Event %s on RDMAService %s", typ, reason, name), func() error {
+	poll.UntilNil(t, 30*time.Second, fmt.Sprintf("a %s Event %s on RDMAService %s", typ, reason, name), func() error {
 		var list eventsv1.EventList
 		if err := k8s.List(testCtx(t), &list); err != nil {
 			return err
@@ -381,7 +382,7 @@ func waitEvent(t *testing.T, name, typ, reason, note string) {
 // waitProgressing waits for Progressing True, RollingOut, with message.
 func waitProgressing(t *testing.T, name, message string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("RDMAService %s Progressing: %s", name, message), func() error {
+	poll.UntilNil(t, 30*time.Second, fmt.Sprintf("RDMAService %s Progressing: %s", name, message), func() error {
 		c := meta.FindStatusCondition(getService(t, name).Status.Conditions, v1alpha1.ConditionProgressing)
 		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonRollingOut || c.Message != message {
 			return fmt.Errorf("Progressing is %+v", c)
@@ -396,7 +397,7 @@ func waitProgressing(t *testing.T, name, message string) {
 func rollDaemonSet(t *testing.T, service string, desired, updated, available int32) {
 	t.Helper()
 	ctx := testCtx(t)
-	eventually(t, "the agents' DaemonSet status written", func() error {
+	poll.UntilNil(t, 30*time.Second, "the agents' DaemonSet status written", func() error {
 		ds := &appsv1.DaemonSet{}
 		if err := k8s.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: "rdmavisor-agent-" + service}, ds); err != nil {
 			return err
@@ -447,7 +448,7 @@ func TestReconcileIsIdempotent(t *testing.T) {
 	// direct calls below see what the API server has and race no one.
 	var last string
 	var since time.Time
-	eventually(t, "the manager is done and its cache current", func() error {
+	poll.UntilNil(t, 30*time.Second, "the manager is done and its cache current", func() error {
 		want := getService(t, "idem").ResourceVersion
 		if want != last {
 			last, since = want, time.Now()
@@ -494,7 +495,7 @@ func TestReconcileErrorIsReported(t *testing.T) {
 
 	updateService(t, "badsel", func(s *v1alpha1.RDMAService) { s.Spec.NodeSelector.MatchLabels = map[string]string{"badsel": "true"} })
 	waitCondition(t, "badsel", v1alpha1.ConditionDegraded, metav1.ConditionFalse, ReasonAsExpected)
-	eventually(t, "observedGeneration follows a successful reconcile", func() error {
+	poll.UntilNil(t, 30*time.Second, "observedGeneration follows a successful reconcile", func() error {
 		svc := getService(t, "badsel")
 		if svc.Status.ObservedGeneration != svc.Generation {
 			return fmt.Errorf("observedGeneration %d, generation %d", svc.Status.ObservedGeneration, svc.Generation)

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // userClient impersonates user in groups.
@@ -72,7 +74,7 @@ func TestServiceFieldsPolicy(t *testing.T) {
 	}
 	const imageMsg = "spec.agent.image runs as root"
 	// The policy takes effect a moment after it is created.
-	eventually(t, "the policy refuses alice an image", func() error {
+	poll.UntilNil(t, 30*time.Second, "the policy refuses alice an image", func() error {
 		return wantForbidden(create(alice, svc("sp-image", func(s *v1alpha1.RDMAService) { s.Spec.Agent.Image = "evil.test/root:1" })), imageMsg)
 	})
 	toleration := []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists}}

@@ -23,6 +23,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
 	"github.com/rdmavisor/rdmavisor/internal/nodecert"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // TestCertSigner: an agent's request for its own node's certificate is
@@ -140,7 +141,7 @@ func requestCert(t *testing.T, c client.Client, node string, ips ...string) *cer
 // the denial's message.
 func certVerdict(t *testing.T, csr *certificatesv1.CertificateSigningRequest) (cert []byte, denied string) {
 	t.Helper()
-	eventually(t, "a verdict on "+csr.Name, func() error {
+	poll.UntilNil(t, 30*time.Second, "a verdict on "+csr.Name, func() error {
 		if err := k8s.Get(testCtx(t), client.ObjectKeyFromObject(csr), csr); err != nil {
 			return err
 		}
@@ -312,7 +313,7 @@ func TestSignerRefusesSharedAddress(t *testing.T) {
 	// B gives the address up: once the operator's cache has seen it, A's
 	// request is signed again.
 	setAddress(b, "10.1.2.6")
-	eventually(t, "the operator's cache sees node B's address", func() error {
+	poll.UntilNil(t, 30*time.Second, "the operator's cache sees node B's address", func() error {
 		n := &corev1.Node{}
 		if err := mgrCache.Get(ctx, client.ObjectKeyFromObject(b), n); err != nil {
 			return err

@@ -26,6 +26,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // The suite runs one API server and one manager; tests are sequential and
@@ -202,24 +203,6 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// eventually polls check until it returns nil, failing the test with the last
-// error after timeout.
-func eventually(t *testing.T, what string, check func() error) {
-	t.Helper()
-	const timeout = 30 * time.Second
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func ptr[T any](v T) *T { return &v }
 
 // createNodes creates Node objects (envtest runs no kubelet: they are only
@@ -277,7 +260,7 @@ func deleteService(t *testing.T, name string) {
 	if err := client.IgnoreNotFound(k8s.Delete(testCtx(t), svc)); err != nil {
 		t.Fatalf("deleting RDMAService %s: %v", name, err)
 	}
-	eventually(t, "RDMAService "+name+" is gone", func() error {
+	poll.UntilNil(t, 30*time.Second, "RDMAService "+name+" is gone", func() error {
 		err := k8s.Get(testCtx(t), client.ObjectKey{Name: name}, svc)
 		if err == nil {
 			return fmt.Errorf("still there, finalizers %v", svc.Finalizers)
@@ -300,7 +283,7 @@ func getService(t *testing.T, name string) *v1alpha1.RDMAService {
 func waitCondition(t *testing.T, name, typ string, status metav1.ConditionStatus, reason string) metav1.Condition {
 	t.Helper()
 	var got metav1.Condition
-	eventually(t, fmt.Sprintf("RDMAService %s %s=%s %s", name, typ, status, reason), func() error {
+	poll.UntilNil(t, 30*time.Second, fmt.Sprintf("RDMAService %s %s=%s %s", name, typ, status, reason), func() error {
 		svc := getService(t, name)
 		c := meta.FindStatusCondition(svc.Status.Conditions, typ)
 		switch {

@@ -164,11 +164,10 @@ func TestSharedSettingsAgree(t *testing.T) {
 		enum = append(enum, s)
 	}
 	spelled := map[string][]string{
-		"the CRD's enum":    enum,
-		"the API":           {string(v1alpha1.TransportRC), string(v1alpha1.TransportUC), string(v1alpha1.TransportUD), string(v1alpha1.TransportAuto)},
-		"the agent config":  {string(config.TransportRC), string(config.TransportUC), string(config.TransportUD), string(config.TransportAuto)},
-		"the SDK (vconn)":   {string(vconn.TransportRC), string(vconn.TransportUC), string(vconn.TransportUD), string(vconn.TransportAuto)},
-		"the engine's kind": {engine.RC.String(), engine.UC.String(), engine.UD.String(), engine.Auto.String()},
+		"the CRD's enum":   enum,
+		"the API":          {string(v1alpha1.TransportRC), string(v1alpha1.TransportUC), string(v1alpha1.TransportUD), string(v1alpha1.TransportAuto)},
+		"the agent config": {string(config.TransportRC), string(config.TransportUC), string(config.TransportUD), string(config.TransportAuto)},
+		"the SDK (vconn)":  {string(vconn.TransportRC), string(vconn.TransportUC), string(vconn.TransportUD), string(vconn.TransportAuto)},
 	}
 	for where, names := range spelled {
 		if !slices.Equal(names, transport.Names()) {

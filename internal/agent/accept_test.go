@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -72,7 +73,7 @@ func TestAcceptShare(t *testing.T) {
 		_ = c.Close()
 	}
 	held = nil
-	eventuallyT(t, "tenant A let in again once it closed its vconns", func() bool {
+	poll.Until(t, 10*time.Second, "tenant A let in again once it closed its vconns", func() bool {
 		c, err := tenantA.Dial(ctx, "10.244.1.10:7000")
 		if err != nil {
 			return false

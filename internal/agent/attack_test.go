@@ -27,6 +27,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/pki"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -512,7 +513,7 @@ func TestRefusedSessionsCostLittle(t *testing.T) {
 		_ = syscall.Close(fd)
 	}
 	fds = nil
-	eventuallyT(t, "a session past the limit told so", func() bool {
+	poll.Until(t, 10*time.Second, "a session past the limit told so", func() bool {
 		c, err := vconn.NewClient(ctx, vconn.Options{Socket: sock})
 		if err == nil {
 			_ = c.Close()

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -57,7 +59,7 @@ func TestPeerResetReachesTheOtherSide(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Fail(errors.New("test: heartbeat lost"))
-	eventuallyT(t, "a's side of the connection to fail", func() bool { return ea.PeerEpoch(eb.GID()) != old })
+	poll.Until(t, 10*time.Second, "a's side of the connection to fail", func() bool { return ea.PeerEpoch(eb.GID()) != old })
 	for i := range 3 {
 		c, err := cli.Dial(ctx, "node-b:7")
 		if err != nil {

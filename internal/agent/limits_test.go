@@ -12,6 +12,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -41,7 +42,7 @@ func TestAllocationLimits(t *testing.T) {
 		t.Fatalf("third session: %v, want ErrLimit", err)
 	}
 	_ = c2.Close()
-	eventuallyT(t, "a session's place freed", func() bool {
+	poll.Until(t, 10*time.Second, "a session's place freed", func() bool {
 		c, err := vconn.NewClient(ctx, vconn.Options{Socket: sock})
 		if err == nil {
 			_ = c.Close()
@@ -100,7 +101,7 @@ func TestAllocationLimits(t *testing.T) {
 	}
 	// The withdrawn region counts until the peer confirmed, a round
 	// trip after the unexport.
-	eventuallyT(t, "a region that fits the bytes left", func() bool {
+	poll.Until(t, 10*time.Second, "a region that fits the bytes left", func() bool {
 		_, err := c.Export(ctx, 48<<10, vconn.AccessRead)
 		if err != nil && !errors.Is(err, vconn.ErrLimit) {
 			t.Fatalf("a region that fits the bytes left: %v", err)
@@ -118,7 +119,7 @@ func TestAllocationLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	eventuallyT(t, "the closed vconn's regions freed", func() bool {
+	poll.Until(t, 10*time.Second, "the closed vconn's regions freed", func() bool {
 		r, err := c.Export(ctx, 64<<10, vconn.AccessRead)
 		if err == nil {
 			_ = r.Close(ctx)
@@ -258,7 +259,7 @@ func TestQueuedBytesReceive(t *testing.T) {
 		r.send(frame.Frame{Op: frame.OpGrant, Handle: h, Arg: 1 << 20})
 	}
 
-	eventuallyT(t, "the received bytes at the limit", func() bool { return rx() > queuedLimit-size })
+	poll.Until(t, 10*time.Second, "the received bytes at the limit", func() bool { return rx() > queuedLimit-size })
 	time.Sleep(200 * time.Millisecond)
 	if n := sent.Load(); n >= vconns*msgs {
 		t.Fatalf("the senders sent all %d messages to a pod that reads none", n)
@@ -313,7 +314,7 @@ func TestQueuedBytesReceive(t *testing.T) {
 	t.Logf("%d of %d messages sent while the pod read nothing", held, vconns*msgs)
 
 	_ = r.c.Close()
-	eventuallyT(t, "the pod's queued bytes back to zero", func() bool {
+	poll.Until(t, 10*time.Second, "the pod's queued bytes back to zero", func() bool {
 		rx, tx, _ := a.Agent.QueuedBytes("pod")
 		return rx == 0 && tx == 0
 	})
@@ -389,7 +390,7 @@ func TestQueuedBytesSend(t *testing.T) {
 		t.Fatalf("a send after the refusal: %v %v, want the limit code", f.Op, err)
 	}
 	r.send(frame.Frame{Op: frame.OpClose, Req: 200, Handle: h})
-	eventuallyT(t, "the closed vconn's sends given back", func() bool {
+	poll.Until(t, 10*time.Second, "the closed vconn's sends given back", func() bool {
 		rx, tx, _ := a.Agent.QueuedBytes("pod")
 		return rx == 0 && tx == 0
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -78,7 +79,7 @@ func TestLostPeerReleased(t *testing.T) {
 		t.Fatal("the peer was released while a vconn to it was still open")
 	}
 	_ = conns[0].Close()
-	eventuallyT(t, "every QP toward the lost peer released", func() bool {
+	poll.Until(t, 10*time.Second, "every QP toward the lost peer released", func() bool {
 		_, ok := towardB()
 		return !ok
 	})
@@ -86,7 +87,7 @@ func TestLostPeerReleased(t *testing.T) {
 	if err := b.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	eventuallyT(t, "the node reachable again", func() bool { return len(a.Agent.Status().Unreachable) == 0 })
+	poll.Until(t, 10*time.Second, "the node reachable again", func() bool { return len(a.Agent.Status().Unreachable) == 0 })
 	ln, err = appClient(t, b, "srv2", 4).Listen(ctx, ":9")
 	if err != nil {
 		t.Fatal(err)

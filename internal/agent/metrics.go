@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -175,7 +176,7 @@ func (s *railSums) collect(m metricSink) {
 		m.gauge(descVConns, float64(v.n), v.name)
 	}
 	m.gauge(descPeers, float64(s.peers))
-	for t := engine.RC; t <= engine.Auto; t++ { // no vconn's is Unknown
+	for t := transport.RC; t <= transport.Auto; t++ { // no vconn's is Unknown
 		tr := t.String()
 		m.counter(descMsgsSent, s.sent[t].Msgs, tr)
 		m.counter(descBytesSent, s.sent[t].Bytes, tr)

@@ -17,6 +17,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // openBeats opens n heartbeat streams on x, one after the other, each
@@ -98,7 +99,7 @@ func TestPeerStreamFlood(t *testing.T) {
 	_ = c.Close()
 
 	stop()
-	eventuallyT(t, "node-x's full stream limit accepted after the flood", func() bool {
+	poll.Until(t, 10*time.Second, "node-x's full stream limit accepted after the flood", func() bool {
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		got, _ := openBeats(t, sctx, x, limit)
@@ -155,7 +156,7 @@ func TestPeerCallFlood(t *testing.T) {
 		t.Errorf("%d of %d Dials refused for the per-peer limit, want at least %d", refused, dials, dials-limit)
 	}
 	// Once they ended, node-x has its whole limit again: none leaked.
-	eventuallyT(t, "node-x's full call limit let in after the flood", func() bool {
+	poll.Until(t, 10*time.Second, "node-x's full call limit let in after the flood", func() bool {
 		return stalledDials(t, ctx, x, caller, dials) == dials-limit
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // TestPeersThatLeaveAreForgotten: a peer agent that discovery no longer
@@ -40,7 +41,7 @@ func TestPeersThatLeaveAreForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The vconn's close completes asynchronously in the engine: retry.
-	eventuallyT(t, "node-b forgotten", func() bool {
+	poll.Until(t, 10*time.Second, "node-b forgotten", func() bool {
 		a.Agent.PeersChanged(nil)
 		return a.Agent.Remotes() == 0
 	})
@@ -52,16 +53,4 @@ func TestPeersThatLeaveAreForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c.Close()
-}
-
-// eventuallyT polls cond for up to 10 s.
-func eventuallyT(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 10s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/verbstest"
 )
@@ -67,7 +68,7 @@ func TestRailDown(t *testing.T) {
 	}
 	waitDown := func(what string, want0, want1 func(string) bool) {
 		t.Helper()
-		eventuallyT(t, what, func() bool { d := downs(); return want0(d[0]) && want1(d[1]) })
+		poll.Until(t, 10*time.Second, what, func() bool { d := downs(); return want0(d[0]) && want1(d[1]) })
 	}
 	up := func(s string) bool { return s == "" }
 	is := func(want string) func(string) bool { return func(s string) bool { return s == want } }

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -253,6 +255,6 @@ func TestRailEpochs(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Fail(errors.New("test: node-b drops its side of rail 1"))
-	eventuallyT(t, "node-a's rail 1 to drop its side", func() bool { return a.Agent.Rails()[1].PeerEpoch(bGID) == 2 })
+	poll.Until(t, 10*time.Second, "node-a's rail 1 to drop its side", func() bool { return a.Agent.Rails()[1].PeerEpoch(bGID) == 2 })
 	echo(ctx, t, c1, "9", "after")
 }

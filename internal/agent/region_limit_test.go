@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
 
@@ -27,7 +28,7 @@ const (
 // the tests' figure, "memory registered past the limit", which must be 0.
 func watchRegistered(t *testing.T, n *agenttest.Node) (peak func() int64) {
 	t.Helper()
-	eventuallyT(t, "no registered memory left from before", func() bool { return n.Agent.Engine().Stats().RegisteredBytes == 0 })
+	poll.Until(t, 10*time.Second, "no registered memory left from before", func() bool { return n.Agent.Engine().Stats().RegisteredBytes == 0 })
 	var worst atomic.Int64
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -363,7 +364,7 @@ func TestRegisteredBytesNodeCap(t *testing.T) {
 	if err := p1[0].Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventuallyT(t, "p2's export refused as past its fair share once p1's region is deregistered", func() bool {
+	poll.Until(t, 10*time.Second, "p2's export refused as past its fair share once p1's region is deregistered", func() bool {
 		_, err := c2.Export(ctx, regionSize, vconn.AccessRead)
 		if !errors.Is(err, vconn.ErrLimit) {
 			t.Fatalf("p2's export to 2 MiB of the node's 3 while p1 holds 1: %v, want ErrLimit", err)
@@ -373,7 +374,7 @@ func TestRegisteredBytesNodeCap(t *testing.T) {
 	if err := p1[1].Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventuallyT(t, "p2's export once p1's regions are deregistered", func() bool {
+	poll.Until(t, 10*time.Second, "p2's export once p1's regions are deregistered", func() bool {
 		_, err := c2.Export(ctx, regionSize, vconn.AccessRead)
 		if err != nil && !errors.Is(err, vconn.ErrLimit) {
 			t.Fatal(err)

@@ -8,16 +8,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
-func (s *session) write(f *frame.Frame) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	var err error
-	if s.wbuf, err = frame.Append(s.wbuf[:0], f); err != nil {
-		return err
-	}
-	_, err = s.conn.Write(s.wbuf)
-	return err
-}
+func (s *session) write(f *frame.Frame) error { return s.w.Write(f) }
 
 func (s *session) ok(req, h uint32) error {
 	return s.write(&frame.Frame{Op: frame.OpOK, Req: req, Handle: h})

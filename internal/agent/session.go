@@ -28,8 +28,7 @@ type session struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // dials, workers and pumps
 
-	wmu  sync.Mutex // serialises writes; guards wbuf
-	wbuf []byte
+	w frame.Writer // of conn
 
 	mu        sync.Mutex
 	next      uint32                  // last handle; guarded by mu
@@ -43,7 +42,7 @@ type session struct {
 
 func newSession(al *allocation, c *net.UnixConn) *session {
 	ctx, cancel := context.WithCancel(al.a.ctx)
-	s := &session{al: al, conn: c, ctx: ctx, cancel: cancel, vconns: make(map[uint32]*vconnHandle), listeners: make(map[uint32]*listener)}
+	s := &session{al: al, conn: c, w: frame.Writer{Conn: c}, ctx: ctx, cancel: cancel, vconns: make(map[uint32]*vconnHandle), listeners: make(map[uint32]*listener)}
 	s.log = al.a.log.WithValues("allocation", al.id)
 	if cred, err := peerCred(c); err == nil {
 		s.log = s.log.WithValues("pid", cred.Pid, "uid", cred.Uid, "gid", cred.Gid)

@@ -90,14 +90,7 @@ func (s *session) shmOf(id uint32) *shmVConn {
 
 // writeRights writes a frame with descriptors attached (SCM_RIGHTS).
 func (s *session) writeRights(f *frame.Frame, fds []int) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	var err error
-	if s.wbuf, err = frame.Append(s.wbuf[:0], f); err != nil {
-		return err
-	}
-	_, _, err = s.conn.WriteMsgUnix(s.wbuf, shm.Rights(fds), nil)
-	return err
+	return s.w.WriteMsg(f, shm.Rights(fds))
 }
 
 // reap unmaps the segment once the vconn is gone and both servers

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/naive"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"golang.org/x/sys/unix"
 )
@@ -49,7 +50,7 @@ type design interface {
 
 type engineDesign struct {
 	a, b *engine.Engine
-	t    engine.Transport
+	t    transport.Kind
 	rx   *counter
 }
 
@@ -61,7 +62,7 @@ type engineDesign struct {
 // so the suites keep 4 and say so rather than move every figure.
 const benchQPsPerPeer = 4
 
-func openEngines(tb *testbed, cfg engine.Config, t engine.Transport, rx *counter) (*engineDesign, error) {
+func openEngines(tb *testbed, cfg engine.Config, t transport.Kind, rx *counter) (*engineDesign, error) {
 	if cfg.QPsPerPeer == 0 {
 		cfg.QPsPerPeer = benchQPsPerPeer
 	}
@@ -159,7 +160,7 @@ func openDesign(name string, tb *testbed, rx *counter) (design, error) {
 func openDesignPollers(name string, tb *testbed, rx *counter, pollers int) (design, error) {
 	switch name {
 	case designEngine:
-		return openEngines(tb, engine.Config{Pollers: pollers}, engine.RC, rx)
+		return openEngines(tb, engine.Config{Pollers: pollers}, transport.RC, rx)
 	case designNaive:
 		return openNaive(tb, naive.Config{Pollers: pollers, Window: naiveWindow}, rx)
 	}

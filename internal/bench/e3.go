@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -76,7 +77,7 @@ func e3Once(ctx context.Context, e *env, mode string, k int) (_ rate, err error)
 		return e3Mutex(ctx, e, tb, k, msg)
 	}
 	rx := &counter{}
-	d, err := openEngines(tb, engine.Config{Pollers: 1, QPsPerPeer: 1}, engine.RC, rx)
+	d, err := openEngines(tb, engine.Config{Pollers: 1, QPsPerPeer: 1}, transport.RC, rx)
 	if err != nil {
 		return rate{}, err
 	}

@@ -7,20 +7,21 @@ import (
 	"net/netip"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
 // e5Transports are the policies E5 compares, in output order.
-var e5Transports = []engine.Transport{engine.RC, engine.UC, engine.UD, engine.Auto}
+var e5Transports = []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto}
 
-// engineHeaderLen is the engine's per-message header (engine/wire):
+// engineHeaderLen is the engine's per-message header (engine/format):
 // a UD datagram carries at most one MTU less this. softMTU is the soft
 // devices' active MTU, which the engines take.
 const (
-	engineHeaderLen = wire.HeaderLen
+	engineHeaderLen = format.HeaderLen
 	softMTU         = 4096
 )
 
@@ -30,7 +31,7 @@ const (
 // the probabilities of Plan.E5Loss. RC is the reliable baseline; UC loses
 // what the wire drops, so its line is what it delivered, not a transport
 // Auto could stand in for.
-var e5LossTransports = []engine.Transport{engine.RC, engine.UC, engine.Auto}
+var e5LossTransports = []transport.Kind{transport.RC, transport.UC, transport.Auto}
 
 // runE5 measures one vconn pair per transport and message size, on a
 // fresh pair of engines each (a failure must not spill into the next
@@ -98,16 +99,16 @@ func runE5Loss(ctx context.Context, e *env) error {
 	return nil
 }
 
-func e5Once(ctx context.Context, e *env, t engine.Transport, size int) (rate, error) {
+func e5Once(ctx context.Context, e *env, t transport.Kind, size int) (rate, error) {
 	return e5Run(ctx, e, t, size, softwire.Faults{})
 }
 
 // e5Run is one E5 measurement; faults apply on the in-memory fabric only
 // (the wire is the fabric unless Options.Wire says otherwise).
-func e5Run(ctx context.Context, e *env, t engine.Transport, size int, faults softwire.Faults) (_ rate, err error) {
+func e5Run(ctx context.Context, e *env, t transport.Kind, size int, faults softwire.Faults) (_ rate, err error) {
 	// UD's limit depends on the path MTU, which is the device's: 4096
 	// on the soft provider unless configured otherwise.
-	if udMax := softMTU - engineHeaderLen; t == engine.UD && size > udMax {
+	if udMax := softMTU - engineHeaderLen; t == transport.UD && size > udMax {
 		return rate{}, fmt.Errorf("UD carries at most %d bytes (one %d-byte MTU less the %d-byte header)", udMax, softMTU, engineHeaderLen)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.Plan.Timeout)
@@ -143,7 +144,7 @@ func e5Run(ctx context.Context, e *env, t engine.Transport, size int, faults sof
 		msg[i] = byte(i)
 	}
 	r, err := drive(ctx, senders, 1, msg, rx, e.Plan.Warmup, e.Plan.Measure)
-	if st := d.a.Stats(); t == engine.Auto && faults.Loss > 0 {
+	if st := d.a.Stats(); t == transport.Auto && faults.Loss > 0 {
 		// Whether Auto's small messages moved to RC (reliable.Path).
 		e.Log.Info("Auto's paths", "loss", faults.Loss, "bytes", size, "toRC", st.AutoToRC, "toUC", st.AutoToUC, "retransmits", st.Retransmits)
 	}

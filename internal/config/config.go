@@ -73,7 +73,7 @@ const (
 	DefaultQPsPerPeer      = transport.DefaultQPsPerPeer
 	DefaultBufferPoolBytes = 64 << 20
 	DefaultVConnsPerNode   = 1024
-	DefaultMaxMessageBytes = 1 << 20
+	DefaultMaxMessageBytes = transport.DefaultMaxMessage
 	DefaultResourceName    = "rdmavisor.io/vconn"
 	DefaultSocketDir       = "/var/run/rdmavisor"
 	DefaultAdminSocket     = DefaultSocketDir + "/admin.sock"
@@ -329,7 +329,7 @@ func Default() *AgentConfig {
 		Kind:            Kind,
 		Device:          DeviceConfig{Provider: ProviderIBVerbs},
 		Soft:            SoftConfig{Wire: WireUDP, UDPPort: DefaultUDPPort},
-		Transport:       TransportAuto,
+		Transport:       Transport(transport.Default.String()),
 		QPsPerPeer:      DefaultQPsPerPeer,
 		BufferPoolBytes: DefaultBufferPoolBytes,
 		VConnsPerNode:   DefaultVConnsPerNode,

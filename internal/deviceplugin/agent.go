@@ -8,23 +8,15 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 )
 
-// Agent is what the plugin needs of the node agent: the boundary tests
-// replace with a fake. Errors of the admin protocol match admin.ErrExists,
-// admin.ErrNotFound and admin.ErrQuota with errors.Is.
-type Agent interface {
-	Status(ctx context.Context) (admin.Status, error)
-	CreateAllocation(ctx context.Context, id string, k int) (admin.Allocation, error)
-	DeleteAllocation(ctx context.Context, id string) error
-	ListAllocations(ctx context.Context) ([]admin.Allocation, error)
-	// BindAllocation names the pod ("namespace/name") an allocation is for.
-	BindAllocation(ctx context.Context, id, pod string) error
-}
-
-// AdminAgent is the Agent behind the admin socket at Path. It connects
-// for every request, so an agent restart needs no reconnection logic.
+// AdminAgent is the admin.Agent behind the admin socket at Path, an
+// admin.RailAgent too. It connects for every request, so an agent restart
+// needs no reconnection logic.
 type AdminAgent struct{ Path string }
 
-var _ Agent = AdminAgent{}
+var _ interface {
+	admin.Agent
+	admin.RailAgent
+} = AdminAgent{}
 
 func (a AdminAgent) with(ctx context.Context, f func(*admin.Client) error) error {
 	c, err := admin.Dial(ctx, a.Path)
@@ -59,12 +51,6 @@ func (a AdminAgent) CreateRailAllocation(ctx context.Context, id string, k, rail
 		return err
 	})
 	return al, err
-}
-
-// RailAgent is an Agent that binds an allocation to one of its rails;
-// allocations on other rails than 0 are made through it.
-type RailAgent interface {
-	CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error)
 }
 
 // BindAllocation names the pod ("namespace/name") an allocation is for.

@@ -2,12 +2,7 @@ package deviceplugin
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"maps"
-	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -15,127 +10,19 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/admin/admintest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 )
 
-// fakeAgent is an Agent in memory.
-type fakeAgent struct {
-	mu       sync.Mutex
-	dir      string
-	capacity int
-	down     bool
-	ready    bool
-	device   string         // the RDMA device the agent reports
-	rails    []string       // the devices of its rails (multi-rail), if several
-	railDown []string       // why each rail is down ("" up), as Status reports; nil: all up
-	railOf   map[string]int // the rail each allocation was bound to
-	allocs   map[string]admin.Allocation
+// newFakeAgent is an agent in memory of capacity vconns, at most 3 an
+// allocation, whose allocations' sockets are under dir.
+func newFakeAgent(dir string, capacity int) *admintest.Agent {
+	a := admintest.New(capacity)
+	a.Dir, a.MaxVConns = dir, 3
+	return a
 }
 
-var errDown = errors.New("fake agent: connection refused")
-
-func newFakeAgent(dir string, capacity int) *fakeAgent {
-	return &fakeAgent{dir: dir, capacity: capacity, ready: true, allocs: make(map[string]admin.Allocation)}
-}
-
-func (f *fakeAgent) Status(context.Context) (admin.Status, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.down {
-		return admin.Status{}, errDown
-	}
-	st := admin.Status{Ready: f.ready, Capacity: f.capacity, Device: f.device}
-	for i, r := range f.rails {
-		st.Rails = append(st.Rails, admin.Rail{Device: r, Down: railDown(f.railDown, i)})
-	}
-	return st, nil
-}
-
-func (f *fakeAgent) CreateRailAllocation(_ context.Context, id string, k, rail int) (admin.Allocation, error) {
-	al, err := f.create(id, k, rail)
-	if err == nil {
-		f.mu.Lock()
-		if f.railOf == nil {
-			f.railOf = make(map[string]int)
-		}
-		f.railOf[id] = rail
-		f.mu.Unlock()
-	}
-	return al, err
-}
-
-func (f *fakeAgent) CreateAllocation(_ context.Context, id string, k int) (admin.Allocation, error) {
-	return f.create(id, k, 0)
-}
-
-func (f *fakeAgent) create(id string, k, rail int) (admin.Allocation, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.down {
-		return admin.Allocation{}, errDown
-	}
-	if why := railDown(f.railDown, rail); why != "" { // as the agent refuses
-		return admin.Allocation{}, &admin.Error{Code: admin.CodeInvalid, Message: fmt.Sprintf("rail %d is down: %s", rail, why)}
-	}
-	if _, ok := f.allocs[id]; ok {
-		return admin.Allocation{}, &admin.Error{Code: "exists", Message: id}
-	}
-	used := k
-	for _, al := range f.allocs {
-		used += al.VConns
-	}
-	if k > 3 {
-		return admin.Allocation{}, &admin.Error{Code: "invalid", Message: "at most 3 vconns"}
-	}
-	if used > f.capacity {
-		return admin.Allocation{}, &admin.Error{Code: "quota", Message: id}
-	}
-	al := admin.Allocation{ID: id, VConns: k, Socket: filepath.Join(f.dir, "alloc", id, admin.SocketName)}
-	f.allocs[id] = al
-	return al, nil
-}
-
-func (f *fakeAgent) BindAllocation(_ context.Context, id, pod string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	al, ok := f.allocs[id]
-	if !ok {
-		return &admin.Error{Code: "notFound", Message: id}
-	}
-	al.Pod = pod
-	f.allocs[id] = al
-	return nil
-}
-
-func (f *fakeAgent) DeleteAllocation(_ context.Context, id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.down {
-		return errDown
-	}
-	if _, ok := f.allocs[id]; !ok {
-		return &admin.Error{Code: "notFound", Message: id}
-	}
-	delete(f.allocs, id)
-	return nil
-}
-
-func (f *fakeAgent) ListAllocations(context.Context) ([]admin.Allocation, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.down {
-		return nil, errDown
-	}
-	return slices.Collect(maps.Values(f.allocs)), nil
-}
-
-func (f *fakeAgent) ids() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Sorted(maps.Keys(f.allocs))
-}
-
-func testPlugin(t *testing.T, a Agent, cdi bool) *Plugin {
+func testPlugin(t *testing.T, a admin.Agent, cdi bool) *Plugin {
 	t.Helper()
 	cfg := config.Default()
 	cfg.VConnsPerNode = 4
@@ -201,13 +88,13 @@ func TestAllocate(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			fa.down = tc.down
+			fa.Down = tc.down
 			rep, err := s.Allocate(ctx, tc.req)
 			if tc.code != codes.OK {
 				if status.Code(err) != tc.code {
 					t.Fatalf("Allocate: %v, want code %v", err, tc.code)
 				}
-				if got := fa.ids(); len(got) != 0 {
+				if got := fa.IDs(); len(got) != 0 {
 					t.Errorf("allocations after a failed Allocate: %v", got)
 				}
 				return
@@ -215,7 +102,7 @@ func TestAllocate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := fa.ids(); !slices.Equal(got, tc.allocs) {
+			if got := fa.IDs(); !slices.Equal(got, tc.allocs) {
 				t.Errorf("allocations %v, want %v", got, tc.allocs)
 			}
 			if len(rep.ContainerResponses) != len(tc.vconns) {
@@ -232,8 +119,8 @@ func TestAllocate(t *testing.T) {
 				if len(cr.Mounts) != 1 || cr.Mounts[0].HostPath != "/run/rv/alloc/"+id || cr.Mounts[0].ContainerPath != ContainerSocketDir {
 					t.Errorf("mounts %v, want /run/rv/alloc/%s at %s", cr.Mounts, id, ContainerSocketDir)
 				}
-				if fa.allocs[id].VConns != tc.vconns[i] {
-					t.Errorf("quota %d, want %d", fa.allocs[id].VConns, tc.vconns[i])
+				if fa.Allocs[id].VConns != tc.vconns[i] {
+					t.Errorf("quota %d, want %d", fa.Allocs[id].VConns, tc.vconns[i])
 				}
 				wantCDI := 0
 				if tc.cdi {

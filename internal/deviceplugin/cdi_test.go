@@ -72,7 +72,7 @@ func TestAllocateCDIFailures(t *testing.T) {
 	if _, err := (&server{p: p}).Allocate(context.Background(), containers(ids(0))); status.Code(err) != codes.Internal {
 		t.Fatalf("Allocate with an unwritable spec directory: %v, want Internal", err)
 	}
-	if got := fa.ids(); len(got) != 0 {
+	if got := fa.IDs(); len(got) != 0 {
 		t.Errorf("allocations left: %v", got)
 	}
 
@@ -127,7 +127,7 @@ func TestCollectSyncsCDISpecs(t *testing.T) {
 	if _, err := inject(t, p.opts.CDISpecDir, p.cdi.Device(liveID)); err != nil {
 		t.Errorf("the rewritten spec does not resolve: %v", err)
 	}
-	if _, ok := fa.allocs[goneID]; ok {
+	if _, ok := fa.Allocs[goneID]; ok {
 		t.Error("the gone allocation is still in the agent")
 	}
 	if _, err := os.Stat(filepath.Join(p.opts.CDISpecDir, "rdmavisor.io-vconn_dp-stray.json")); !os.IsNotExist(err) {

@@ -48,7 +48,7 @@
 // An agent that serves several rails (multi-rail; its status lists them)
 // serves the advertised devices in contiguous blocks, one a rail, each
 // with its rail's NUMA node, and Allocate binds each allocation to the
-// rail of most of its devices (RailAgent), so a container the preferred
+// rail of most of its devices (admin.RailAgent), so a container the preferred
 // allocation kept on one NUMA node uses that node's NIC. A rail that is
 // down is never chosen when one of the container's devices is on a rail
 // that is up; given only devices of a rail that is down (the kubelet had

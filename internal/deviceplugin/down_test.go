@@ -12,18 +12,19 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/rdmavisor/rdmavisor/internal/admin/admintest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 )
 
 // twoRails is a plugin of 8 devices over an agent of two rails (no
 // topology: the fake's devices are not in sysfs): vconn-0000..0003 on
 // rail 0, vconn-0004..0007 on rail 1.
-func twoRails(t *testing.T) (*Plugin, *fakeAgent) {
+func twoRails(t *testing.T) (*Plugin, *admintest.Agent) {
 	t.Helper()
 	cfg := config.Default()
 	cfg.VConnsPerNode = 8
 	fa := newFakeAgent("/x", 8)
-	fa.device, fa.rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
+	fa.Device, fa.Rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
 	p, err := New(Options{Config: cfg, Agent: fa, Key: &testKey})
 	if err != nil {
 		t.Fatal(err)
@@ -61,9 +62,9 @@ func TestRailDownDevicesUnhealthy(t *testing.T) {
 	ctx := context.Background()
 	set := func(down []string, ready bool) (woken bool) {
 		t.Helper()
-		fa.mu.Lock()
-		fa.railDown, fa.ready = down, ready
-		fa.mu.Unlock()
+		fa.Lock()
+		fa.RailDown, fa.Ready = down, ready
+		fa.Unlock()
 		_, _, changed := p.health.get()
 		p.updateHealth(ctx)
 		select {
@@ -104,9 +105,9 @@ func TestRailDownDevicesUnhealthy(t *testing.T) {
 	// An agent that stops answering says nothing of its rails: what they
 	// were is kept for when it answers again.
 	set([]string{"", "port DOWN"}, true)
-	fa.mu.Lock()
-	fa.down = true
-	fa.mu.Unlock()
+	fa.Lock()
+	fa.Down = true
+	fa.Unlock()
 	p.updateHealth(ctx)
 	if _, down, _ := p.health.get(); !slices.Equal(down, []string{"", "port DOWN"}) {
 		t.Errorf("agent gone: rails down %q, want rail 1's kept", down)
@@ -118,7 +119,7 @@ func TestRailDownDevicesUnhealthy(t *testing.T) {
 // kubelet fills the rest from what it has.
 func TestPreferredSkipsDownRail(t *testing.T) {
 	p, fa := twoRails(t)
-	fa.railDown = []string{"", "port DOWN"}
+	fa.RailDown = []string{"", "port DOWN"}
 	ctx := context.Background()
 	p.updateHealth(ctx)
 	s := &server{p: p}
@@ -154,28 +155,28 @@ func TestAllocateAvoidsDownRail(t *testing.T) {
 	if _, err := p.allocate(ctx, containers(ids(3, 4, 5))); err != nil {
 		t.Fatal(err)
 	}
-	if rail := fa.railOf[AllocationID(&testKey, ids(3, 4, 5))]; rail != 1 {
+	if rail := fa.RailOf[AllocationID(&testKey, ids(3, 4, 5))]; rail != 1 {
 		t.Errorf("both rails up: rail %d, want 1 (most devices)", rail)
 	}
 
-	fa.mu.Lock()
-	fa.railDown = []string{"", "port DOWN"}
-	fa.mu.Unlock()
+	fa.Lock()
+	fa.RailDown = []string{"", "port DOWN"}
+	fa.Unlock()
 	p.updateHealth(ctx)
 	mixed := ids(2, 6, 7)
 	if _, err := p.allocate(ctx, containers(mixed)); err != nil {
 		t.Fatalf("devices on both rails, rail 1 down: %v", err)
 	}
-	if rail, ok := fa.railOf[AllocationID(&testKey, mixed)]; ok {
+	if rail, ok := fa.RailOf[AllocationID(&testKey, mixed)]; ok {
 		t.Errorf("devices on both rails, rail 1 down: bound to rail %d, want 0", rail)
 	}
 
-	before := fa.ids()
+	before := fa.IDs()
 	_, err := p.allocate(ctx, containers(ids(0), ids(6, 7)))
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "rail 1 is down (port DOWN)") {
 		t.Fatalf("devices of the rail that is down only: %v; want FailedPrecondition naming rail 1 and its reason", err)
 	}
-	if got := fa.ids(); !slices.Equal(got, before) {
+	if got := fa.IDs(); !slices.Equal(got, before) {
 		t.Errorf("allocations %v after the refused Allocate, want %v (the first container's rolled back)", got, before)
 	}
 }

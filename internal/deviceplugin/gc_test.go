@@ -54,7 +54,7 @@ func TestCollect(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fa := newFakeAgent("/run/rv", 8)
 			for _, id := range tc.before {
-				fa.allocs[id] = admin.Allocation{ID: id, VConns: 1}
+				fa.Allocs[id] = admin.Allocation{ID: id, VConns: 1}
 			}
 			p := testPlugin(t, fa, false)
 			p.opts.PodResources = tc.pods
@@ -65,11 +65,11 @@ func TestCollect(t *testing.T) {
 			if !slices.Equal(deleted, tc.deleted) {
 				t.Errorf("deleted %v, want %v", deleted, tc.deleted)
 			}
-			if got := fa.ids(); !slices.Equal(got, tc.after) {
+			if got := fa.IDs(); !slices.Equal(got, tc.after) {
 				t.Errorf("allocations %v, want %v", got, tc.after)
 			}
 			for id, pod := range tc.bound {
-				if got := fa.allocs[id].Pod; got != pod {
+				if got := fa.Allocs[id].Pod; got != pod {
 					t.Errorf("allocation %s bound to pod %q, want %q", id, got, pod)
 				}
 			}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/cdispec"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/rdmadev"
@@ -57,7 +58,7 @@ type Options struct {
 	// PodResources is nil.
 	PodResourcesSocket string
 	// Agent defaults to the admin socket of Config.
-	Agent Agent
+	Agent admin.Agent
 	// PodResources defaults to a client of PodResourcesSocket.
 	PodResources PodResources
 	// HealthInterval is how often the agent is probed.

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,30 +14,24 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/admin/admintest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
-// railsAgent is a ready agent of two rails, rail 1 down while down is
-// set, holding nothing.
-type railsAgent struct {
-	readyAgent
-	mu   sync.Mutex
-	down string // guarded by mu
+// railsAgent is a ready agent of two rails, holding nothing.
+func railsAgent() *admintest.Agent {
+	a := admintest.New(devices)
+	a.Device, a.Rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
+	return a
 }
 
-func (a *railsAgent) setDown(why string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.down = why
-}
-
-func (a *railsAgent) Status(context.Context) (admin.Status, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return admin.Status{Ready: true, Device: "mlx5_0", Capacity: devices,
-		Rails: []admin.Rail{{Device: "mlx5_0"}, {Device: "mlx5_1", Down: a.down}}}, nil
+// setDown says why rail 1 of a is down ("": up).
+func setDown(a *admintest.Agent, why string) {
+	a.Lock()
+	defer a.Unlock()
+	a.RailDown = []string{"", why}
 }
 
 // waitHealth waits until an update has exactly the healths want, device
@@ -85,7 +78,7 @@ func TestRailDownListAndWatch(t *testing.T) {
 	cfg.AdminSocket = filepath.Join(dir, "agent", "admin.sock")
 	cfg.StateDir = filepath.Join(dir, "state")
 	reg := prometheus.NewRegistry()
-	agent := &railsAgent{}
+	agent := railsAgent()
 	o := deviceplugin.Options{Config: cfg, KubeletDir: dir, PodResourcesSocket: pods, Registerer: reg,
 		Agent: agent, HealthInterval: 20 * time.Millisecond, RetryInterval: 100 * time.Millisecond}
 	if testing.Verbose() {
@@ -115,16 +108,16 @@ func TestRailDownListAndWatch(t *testing.T) {
 	half := devices / 2
 	w.waitHealth(t, slices.Repeat([]string{H}, devices))
 
-	agent.setDown("port DOWN (phys state Disabled)")
+	setDown(agent, "port DOWN (phys state Disabled)")
 	w.waitHealth(t, append(slices.Repeat([]string{H}, half), slices.Repeat([]string{U}, half)...))
 	e := &env{reg: reg}
-	eventually(t, "the healthy metric counts rail 0's devices", func() bool {
+	poll.Until(t, 15*time.Second, "the healthy metric counts rail 0's devices", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == float64(half)
 	})
 
-	agent.setDown("")
+	setDown(agent, "")
 	w.waitHealth(t, slices.Repeat([]string{H}, devices))
-	eventually(t, "the healthy metric counts every device", func() bool {
+	poll.Until(t, 15*time.Second, "the healthy metric counts every device", func() bool {
 		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == devices
 	})
 }

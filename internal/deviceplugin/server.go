@@ -218,7 +218,7 @@ func (p *Plugin) ensureAllocation(ctx context.Context, id string, k, rail int) (
 // create creates allocation id of k vconns on rail.
 func (p *Plugin) create(ctx context.Context, id string, k, rail int) error {
 	var err error
-	if ra, ok := p.opts.Agent.(RailAgent); ok && rail > 0 {
+	if ra, ok := p.opts.Agent.(admin.RailAgent); ok && rail > 0 {
 		_, err = ra.CreateRailAllocation(ctx, id, k, rail)
 	} else {
 		_, err = p.opts.Agent.CreateAllocation(ctx, id, k)

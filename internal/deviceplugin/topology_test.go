@@ -76,9 +76,9 @@ func TestTopologyFollowsTheAgent(t *testing.T) {
 		{"mlx5_1", []int64{1, 1, 1, 1}, false},
 		{"mlx5_0", []int64{0, 0, 0, 0}, true},
 	} {
-		fa.mu.Lock()
-		fa.device = tc.device
-		fa.mu.Unlock()
+		fa.Lock()
+		fa.Device = tc.device
+		fa.Unlock()
 		_, _, changed := p.health.get()
 		p.updateHealth(ctx)
 		if got := topologyOf(); !slices.Equal(got, tc.want) {
@@ -279,7 +279,7 @@ func TestRailsByNUMA(t *testing.T) {
 	cfg := config.Default()
 	cfg.VConnsPerNode = 8
 	fa := newFakeAgent("/x", 8)
-	fa.device, fa.rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
+	fa.Device, fa.Rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
 	p, err := New(Options{Config: cfg, Agent: fa, Key: &testKey, Rails: rails})
 	if err != nil {
 		t.Fatal(err)
@@ -303,21 +303,21 @@ func TestRailsByNUMA(t *testing.T) {
 	if _, err := p.allocate(ctx, containers(onNode1, ids(0, 1), ids(3, 7))); err != nil {
 		t.Fatal(err)
 	}
-	fa.mu.Lock()
-	defer fa.mu.Unlock()
+	fa.Lock()
+	defer fa.Unlock()
 	want := map[string]int{
 		AllocationID(&testKey, onNode1):   1, // bound to rail 1, mlx5_1
 		AllocationID(&testKey, ids(3, 7)): 0, // one a rail: the lower
 	}
 	for id, rail := range want {
-		if got, ok := fa.railOf[id]; rail > 0 && (!ok || got != rail) {
+		if got, ok := fa.RailOf[id]; rail > 0 && (!ok || got != rail) {
 			t.Errorf("allocation of %s: rail %d (%v); want %d", id, got, ok, rail)
 		}
-		if _, ok := fa.railOf[id]; rail == 0 && ok {
+		if _, ok := fa.RailOf[id]; rail == 0 && ok {
 			t.Errorf("allocation %s made through CreateRailAllocation; want rail 0's CreateAllocation", id)
 		}
 	}
-	if _, ok := fa.railOf[AllocationID(&testKey, ids(0, 1))]; ok || len(fa.allocs) != 3 {
-		t.Errorf("allocations %v, rails %v; want three, node 0's on rail 0", fa.allocs, fa.railOf)
+	if _, ok := fa.RailOf[AllocationID(&testKey, ids(0, 1))]; ok || len(fa.Allocs) != 3 {
+		t.Errorf("allocations %v, rails %v; want three, node 0's on rail 0", fa.Allocs, fa.RailOf)
 	}
 }

@@ -20,7 +20,7 @@ import (
 // pool is published empty.
 func TestRailDown(t *testing.T) {
 	fa := newFakeAgent(8)
-	fa.device, fa.rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
+	fa.Device, fa.Rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
 	d := testDriver(t, fa)
 	var published [][]string // the device names of each publication
 	publish := func(_ context.Context, r resourceslice.DriverResources) error {
@@ -34,9 +34,9 @@ func TestRailDown(t *testing.T) {
 	ctx := context.Background()
 	sync := func(down ...string) {
 		t.Helper()
-		fa.mu.Lock()
-		fa.railDown = down
-		fa.mu.Unlock()
+		fa.Lock()
+		fa.RailDown = down
+		fa.Unlock()
 		if err := d.Sync(ctx, publish); err != nil {
 			t.Fatalf("Sync, rails down %q: %v", down, err)
 		}
@@ -85,15 +85,15 @@ func TestRailDown(t *testing.T) {
 	if err := res[late.UID].Err; err == nil || !strings.Contains(err.Error(), "device mlx5-1 (rail 1, mlx5_1) is down: device gone") {
 		t.Errorf("prepare on the rail that is down: %v; want an error naming the device, rail and reason", err)
 	}
-	if _, ok := fa.get(d.idOf(uid2)); ok {
+	if _, ok := fa.Get(d.idOf(uid2)); ok {
 		t.Error("prepare on the rail that is down made an allocation")
 	}
 
 	// The agent loses the held claim's allocation while its rail is down:
 	// Sync says so, and re-creates it once the rail is up.
-	fa.mu.Lock()
-	fa.allocs = map[string]admin.Allocation{}
-	fa.mu.Unlock()
+	fa.Lock()
+	fa.Allocs = map[string]admin.Allocation{}
+	fa.Unlock()
 	if err := d.Sync(ctx, publish); err == nil || !strings.Contains(err.Error(), "rail 1 is down (device gone)") {
 		t.Errorf("Sync with a lost allocation on the rail that is down: %v", err)
 	}
@@ -105,7 +105,7 @@ func TestRailDown(t *testing.T) {
 	if h := health(); h["mlx5-0"] != healthy || h["mlx5-1"] != healthy {
 		t.Errorf("rail 1 up: health %q", h)
 	}
-	if al, ok := fa.get(d.idOf(uid1)); !ok || al.Pod != "ns/p" || fa.railOf[d.idOf(uid1)] != 1 {
+	if al, ok := fa.Get(d.idOf(uid1)); !ok || al.Pod != "ns/p" || fa.RailOf[d.idOf(uid1)] != 1 {
 		t.Errorf("rail 1 up: the held claim's allocation %+v (%v), want it re-created on rail 1", al, ok)
 	}
 	if res, _ := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{late}); res[late.UID].Err != nil {

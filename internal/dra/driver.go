@@ -56,17 +56,6 @@ const (
 	annotationRail = "rdmavisor.io/rail"
 )
 
-// Agent is what the driver needs of the node agent; the device plugin's
-// AdminAgent is one. Errors match admin.ErrExists, admin.ErrNotFound and
-// admin.ErrQuota with errors.Is.
-type Agent interface {
-	Status(ctx context.Context) (admin.Status, error)
-	CreateAllocation(ctx context.Context, id string, k int) (admin.Allocation, error)
-	DeleteAllocation(ctx context.Context, id string) error
-	ListAllocations(ctx context.Context) ([]admin.Allocation, error)
-	BindAllocation(ctx context.Context, id, pod string) error
-}
-
 // Options configure a Driver.
 type Options struct {
 	// DriverName is the DRA driver's name (default DefaultDriverName).
@@ -76,7 +65,9 @@ type Options struct {
 	// SocketDir is the agent's socket directory: an allocation's is
 	// <SocketDir>/alloc/<id> on the host.
 	SocketDir string
-	Agent     Agent
+	// Agent is the node agent (deviceplugin.AdminAgent; allocations on
+	// rails other than 0 need an admin.RailAgent).
+	Agent admin.Agent
 	// Rails are the node's RDMA devices as sysfs lists them: they locate
 	// the agent's device (NUMA node, PCI root).
 	Rails []rdmadev.Device
@@ -285,7 +276,7 @@ func consumed(r resourceapi.DeviceRequestAllocationResult) (int, error) {
 // an earlier try of the same prepare.
 func (d *Driver) ensure(ctx context.Context, id string, k int, pod string, rail int) (isNew bool, _ error) {
 	var err error
-	if ra, ok := d.opts.Agent.(railAgent); ok && rail > 0 {
+	if ra, ok := d.opts.Agent.(admin.RailAgent); ok && rail > 0 {
 		_, err = ra.CreateRailAllocation(ctx, id, k, rail)
 	} else {
 		_, err = d.opts.Agent.CreateAllocation(ctx, id, k)
@@ -330,12 +321,6 @@ func (d *Driver) edits(id string, k int, pod string, rail int) cdispec.Edits {
 		e.Annotations[annotationRail] = strconv.Itoa(rail)
 	}
 	return e
-}
-
-// railAgent is an Agent that binds an allocation to one of its rails
-// (deviceplugin.AdminAgent is one).
-type railAgent interface {
-	CreateRailAllocation(ctx context.Context, id string, k, rail int) (admin.Allocation, error)
 }
 
 // endpoint is the agent's endpoint of the device name, published or down;

@@ -24,7 +24,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/rdmadev/rdmadevtest"
 )
 
-func testDriver(t *testing.T, a Agent) *Driver {
+func testDriver(t *testing.T, a admin.Agent) *Driver {
 	t.Helper()
 	rails, err := rdmadev.List(rdmadevtest.TwoNUMA(t), rdmadev.Names)
 	if err != nil {
@@ -93,10 +93,10 @@ func TestPrepareUnprepare(t *testing.T) {
 		if !slices.Equal(devs[0].CDIDeviceIDs, []string{CDIKind + "=" + d.idOf(uid1)}) || len(devs[1].CDIDeviceIDs) != 0 {
 			t.Errorf("CDI devices %v and %v, want the allocation's once", devs[0].CDIDeviceIDs, devs[1].CDIDeviceIDs)
 		}
-		if al, ok := fa.get(d.idOf(uid1)); !ok || al.VConns != 4 || al.Pod != "ns/p" {
+		if al, ok := fa.Get(d.idOf(uid1)); !ok || al.VConns != 4 || al.Pod != "ns/p" {
 			t.Errorf("allocation: %+v, %v; want 4 vconns for ns/p", al, ok)
 		}
-		if got := fa.ids(); len(got) != 1 {
+		if got := fa.IDs(); len(got) != 1 {
 			t.Errorf("allocations %v, want 1", got)
 		}
 	}
@@ -119,7 +119,7 @@ func TestPrepareUnprepare(t *testing.T) {
 		if err != nil || res[c.UID] != nil {
 			t.Fatalf("unprepare try %d: %v, %v", try, err, res[c.UID])
 		}
-		if got := fa.ids(); len(got) != 0 {
+		if got := fa.IDs(); len(got) != 0 {
 			t.Errorf("allocations after unprepare: %v", got)
 		}
 		if names, _ := d.specs.Names(); len(names) != 0 {
@@ -164,7 +164,7 @@ func TestPrepareBadClaims(t *testing.T) {
 			t.Errorf("%s: %v, want an error with %q", name, err, want[name])
 		}
 	}
-	if got := fa.ids(); !slices.Equal(got, []string{d.idOf(uid1)}) {
+	if got := fa.IDs(); !slices.Equal(got, []string{d.idOf(uid1)}) {
 		t.Errorf("allocations %v, want only the good claim's", got)
 	}
 	if names, _ := d.specs.Names(); !slices.Equal(names, []string{d.idOf(uid1)}) {
@@ -206,17 +206,17 @@ func TestSync(t *testing.T) {
 
 	// The agent restarts (its allocations gone); a leaked allocation of a
 	// crashed prepare and another component's appear.
-	fa.mu.Lock()
-	fa.allocs = map[string]admin.Allocation{"dra-leaked": {ID: "dra-leaked", VConns: 1}, "dp-1": {ID: "dp-1", VConns: 1}}
-	fa.capacity = 16 // a new capacity: published again
-	fa.mu.Unlock()
+	fa.Lock()
+	fa.Allocs = map[string]admin.Allocation{"dra-leaked": {ID: "dra-leaked", VConns: 1}, "dp-1": {ID: "dp-1", VConns: 1}}
+	fa.Capacity = 16 // a new capacity: published again
+	fa.Unlock()
 	if err := d.Sync(ctx, publish); err != nil {
 		t.Fatal(err)
 	}
-	if got := fa.ids(); !slices.Equal(got, []string{"dp-1", d.idOf(uid1)}) {
+	if got := fa.IDs(); !slices.Equal(got, []string{"dp-1", d.idOf(uid1)}) {
 		t.Errorf("allocations after sync %v", got)
 	}
-	if al, _ := fa.get(d.idOf(uid1)); al.VConns != 3 || al.Pod != "ns/p" {
+	if al, _ := fa.Get(d.idOf(uid1)); al.VConns != 3 || al.Pod != "ns/p" {
 		t.Errorf("re-created %+v, want 3 vconns for ns/p", al)
 	}
 	if len(published) != 2 {
@@ -231,9 +231,9 @@ func TestSync(t *testing.T) {
 	if r := d.healthReport(); len(r.Devices) != 1 || r.Devices[0].Health != kubeletplugin.HealthStatusHealthy {
 		t.Errorf("health %+v, want healthy", r)
 	}
-	fa.mu.Lock()
-	fa.down = true
-	fa.mu.Unlock()
+	fa.Lock()
+	fa.Down = true
+	fa.Unlock()
 	if err := d.Sync(ctx, publish); err == nil || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("Sync with the agent down: %v", err)
 	}
@@ -258,7 +258,7 @@ func TestPrepareSpecUnwritable(t *testing.T) {
 	if err != nil || res[c.UID].Err == nil || !strings.Contains(res[c.UID].Err.Error(), "writing the spec") {
 		t.Fatalf("prepare: %v, %v; want the claim's error", err, res[c.UID].Err)
 	}
-	if got := fa.ids(); len(got) != 0 {
+	if got := fa.IDs(); len(got) != 0 {
 		t.Errorf("allocations left: %v", got)
 	}
 }
@@ -269,7 +269,7 @@ func TestPrepareSpecUnwritable(t *testing.T) {
 // re-created on rail 1; a claim of rail 0's device stays on rail 0.
 func TestPrepareRails(t *testing.T) {
 	fa := newFakeAgent(8)
-	fa.device, fa.rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
+	fa.Device, fa.Rails = "mlx5_0", []string{"mlx5_0", "mlx5_1"}
 	d := testDriver(t, fa)
 	var published []resourceslice.DriverResources
 	publish := func(_ context.Context, r resourceslice.DriverResources) error {
@@ -294,19 +294,19 @@ func TestPrepareRails(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
-		fa.mu.Lock()
-		defer fa.mu.Unlock()
-		if rail, ok := fa.railOf[d.idOf(uid1)]; !ok || rail != 1 {
+		fa.Lock()
+		defer fa.Unlock()
+		if rail, ok := fa.RailOf[d.idOf(uid1)]; !ok || rail != 1 {
 			t.Errorf("%s: the claim of mlx5-1: rail %d (%v), want 1", when, rail, ok)
 		}
-		if _, ok := fa.railOf[d.idOf(uid2)]; ok || len(fa.allocs) != 2 {
-			t.Errorf("%s: allocations %v on rails %v; want the claim of mlx5-0 on rail 0", when, fa.allocs, fa.railOf)
+		if _, ok := fa.RailOf[d.idOf(uid2)]; ok || len(fa.Allocs) != 2 {
+			t.Errorf("%s: allocations %v on rails %v; want the claim of mlx5-0 on rail 0", when, fa.Allocs, fa.RailOf)
 		}
 	}
 	check("prepared")
-	fa.mu.Lock()
-	fa.allocs, fa.railOf = map[string]admin.Allocation{}, nil // the agent restarted
-	fa.mu.Unlock()
+	fa.Lock()
+	fa.Allocs, fa.RailOf = map[string]admin.Allocation{}, nil // the agent restarted
+	fa.Unlock()
 	if err := d.Sync(ctx, publish); err != nil {
 		t.Fatal(err)
 	}

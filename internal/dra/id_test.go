@@ -12,6 +12,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/rdmavisor/rdmavisor/internal/admin/admintest"
 )
 
 // agentID is what the agent takes for an allocation id
@@ -19,7 +21,7 @@ import (
 var agentID = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // driverWithKey is a driver over fa whose key is in keyFile.
-func driverWithKey(t *testing.T, fa *fakeAgent, specDir, keyFile string) *Driver {
+func driverWithKey(t *testing.T, fa *admintest.Agent, specDir, keyFile string) *Driver {
 	t.Helper()
 	d, err := New(Options{NodeName: "node-a", SocketDir: "/run/rv", Agent: fa, CDISpecDir: specDir, KeyFile: keyFile, Version: "1.2.3"})
 	if err != nil {
@@ -61,7 +63,7 @@ func TestAllocationIDKeyed(t *testing.T) {
 	if id == legacyID(c.UID) || strings.Contains(id, uid1[:8]) {
 		t.Errorf("allocation id %q is derived from the claim's UID %s alone", id, uid1)
 	}
-	if got := fa.ids(); !slices.Equal(got, []string{id}) {
+	if got := fa.IDs(); !slices.Equal(got, []string{id}) {
 		t.Errorf("the agent's allocations %v, want [%s]", got, id)
 	}
 	if fi, err := os.Stat(keyFile); err != nil || fi.Mode().Perm() != 0o600 {
@@ -78,7 +80,7 @@ func TestAllocationIDKeyed(t *testing.T) {
 		t.Errorf("another key maps the claim to the same id %s", id)
 	}
 	unprepare(t, again, c)
-	if got := fa.ids(); len(got) != 0 {
+	if got := fa.IDs(); len(got) != 0 {
 		t.Errorf("after a restarted driver's unprepare, allocations %v remain", got)
 	}
 
@@ -91,7 +93,7 @@ func TestAllocationIDKeyed(t *testing.T) {
 		t.Fatal(err)
 	}
 	unprepare(t, again, c)
-	if got := fa.ids(); len(got) != 0 {
+	if got := fa.IDs(); len(got) != 0 {
 		t.Errorf("an older driver's allocation %s left after unprepare: %v", old, got)
 	}
 	if names, _ := again.specs.Names(); len(names) != 0 {

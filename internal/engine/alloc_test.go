@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -23,10 +24,10 @@ import (
 // and in bursts (which Auto sends as bundles).
 func TestHotPathAllocatesNothing(t *testing.T) {
 	for _, tc := range []struct {
-		tr    Transport
+		tr    transport.Kind
 		burst int
 		size  int
-	}{{RC, 1, 64}, {RC, 8, 64}, {RC, 3, 2000}, {Auto, 1, 64}, {Auto, 8, 64}, {Auto, 3, 2000}} {
+	}{{transport.RC, 1, 64}, {transport.RC, 8, 64}, {transport.RC, 3, 2000}, {transport.Auto, 1, 64}, {transport.Auto, 8, 64}, {transport.Auto, 3, 2000}} {
 		t.Run(fmt.Sprintf("%v/burst=%d/size=%d", tc.tr, tc.burst, tc.size), func(t *testing.T) {
 			a, b := testEngines(t, wire.Faults{}, Config{SpinPolls: 1 << 30})
 			var got atomic.Uint64
@@ -57,7 +58,7 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 			if n := testing.AllocsPerRun(2000, round); n != 0 {
 				t.Fatalf("%.2f allocations per round of %d messages; want 0", n, tc.burst)
 			}
-			if tc.tr == Auto && tc.burst > 1 && a.Stats().Bundled == 0 {
+			if tc.tr == transport.Auto && tc.burst > 1 && a.Stats().Bundled == 0 {
 				t.Errorf("bursts of %d went unbundled", tc.burst)
 			}
 		})

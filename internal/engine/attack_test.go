@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -160,12 +161,12 @@ func (h *hostile) ingressOf(e *Engine, t verbs.QPType, pool, index int) verbs.QP
 // send posts one message with the engine's header on qp (to a UD QP of
 // e when qp is the hostile's UD QP), with the secret e gave it for qp,
 // and waits for its completion.
-func (h *hostile) send(qp verbs.QP, e *Engine, imm vqpn.ID, hd wire.Header, payload []byte) {
+func (h *hostile) send(qp verbs.QP, e *Engine, imm vqpn.ID, hd format.Header, payload []byte) {
 	h.t.Helper()
-	b := make([]byte, wire.HeaderLen+len(payload))
+	b := make([]byte, format.HeaderLen+len(payload))
 	hd.Auth = h.secrets[qp.QPN()]
 	hd.Put(b)
-	copy(b[wire.HeaderLen:], payload)
+	copy(b[format.HeaderLen:], payload)
 	h.sendRaw(qp, e, vqpn.Imm(imm), b)
 }
 
@@ -254,12 +255,12 @@ func waitRejected(t *testing.T, e *Engine, r RejectReason, n uint64) {
 // and sends past them. Each is refused and counted, and the tenants'
 // vconns, one of them sharing its QP with the target, keep echoing.
 func TestAttacks(t *testing.T) {
-	for _, tr := range []Transport{RC, UC, UD, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) { testAttacks(t, tr) })
 	}
 }
 
-func testAttacks(t *testing.T, tr Transport) {
+func testAttacks(t *testing.T, tr transport.Kind) {
 	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, b := testEnginesOn(t, fb, Config{QPsPerPeer: 1})
@@ -299,16 +300,16 @@ func testAttacks(t *testing.T, tr Transport) {
 	// Another tenant's vconn, named from the hostile node's QPs and as
 	// datagrams: FIN, RESET, data, an inflated grant. None is the
 	// victim's peer's.
-	fin, rst := wire.ControlHeader(wire.Fin), wire.ControlHeader(wire.Reset)
-	grant := wire.ControlHeader(wire.Credit)
+	fin, rst := format.ControlHeader(format.Fin), format.ControlHeader(format.Reset)
+	grant := format.ControlHeader(format.Credit)
 	grant.Credit = 1 << 30
-	data := wire.DataHeader(5, 0, 0, false)
-	data.Flags |= wire.FlagFirst | wire.FlagLast
+	data := format.DataHeader(5, 0, 0, false)
+	data.Flags |= format.FlagFirst | format.FlagLast
 	before := a.RejectStats()[RejectPeer]
 	k := uint64(0)
-	for _, hd := range []wire.Header{fin, rst, data, grant} {
+	for _, hd := range []format.Header{fin, rst, data, grant} {
 		payload := []byte(nil)
-		if hd.Type == wire.Data {
+		if hd.Type == format.Data {
 			payload = []byte("spliced")[:5]
 		}
 		h.send(h.in, a, victimA.ID(), hd, payload)
@@ -344,8 +345,8 @@ func testAttacks(t *testing.T, tr Transport) {
 	// refused and the vconn fails, its queue no longer than the window.
 	window := own.window.Size()
 	for i := range window + 1 {
-		d := wire.DataHeader(4, i, 0, false)
-		d.Flags |= wire.FlagFirst | wire.FlagLast
+		d := format.DataHeader(4, i, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast
 		h.send(h.in, a, own.ID(), d, []byte("flood"[:4]))
 	}
 	waitRejected(t, a, RejectCredit, 1)
@@ -395,9 +396,9 @@ func TestMessagesScopedToQP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, h, vc, in0, in1 := twoQPPeer(ctx, t, "10.9.0.68")
-	data := func(n uint32) wire.Header {
-		d := wire.DataHeader(5, n, 0, false)
-		d.Flags |= wire.FlagFirst | wire.FlagLast
+	data := func(n uint32) format.Header {
+		d := format.DataHeader(5, n, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast
 		return d
 	}
 	before := a.RejectStats()[RejectPeer]
@@ -443,8 +444,8 @@ func TestStaleGenerationIgnored(t *testing.T) {
 	works := func(after string) {
 		t.Helper()
 		in := fmt.Sprintf("to the vconn, %d", seq)
-		d := wire.DataHeader(uint32(len(in)), seq, 0, false)
-		d.Flags |= wire.FlagFirst | wire.FlagLast
+		d := format.DataHeader(uint32(len(in)), seq, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast
 		h.send(h.in, a, id, d, []byte(in))
 		seq++
 		m, err := vc.Recv(ctx)
@@ -480,18 +481,18 @@ func TestStaleGenerationIgnored(t *testing.T) {
 		if g == 0 {
 			continue
 		}
-		for _, typ := range []wire.Type{wire.Fin, wire.Reset} {
-			h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), wire.ControlHeader(typ), nil)
+		for _, typ := range []format.Type{format.Fin, format.Reset} {
+			h.send(h.in, a, vqpn.MakeID(id.VQPN(), g), format.ControlHeader(typ), nil)
 			stale, sent = stale+1, sent+1
 			waitFor(t, func() bool { return a.Stats().StaleDropped == stale }, "the stale drop")
-			works(fmt.Sprintf("a %s of generation %d (the vconn's is %d)", map[wire.Type]string{wire.Reset: "RESET", wire.Fin: "FIN"}[typ], g, id.Gen()))
+			works(fmt.Sprintf("a %s of generation %d (the vconn's is %d)", map[format.Type]string{format.Reset: "RESET", format.Fin: "FIN"}[typ], g, id.Gen()))
 		}
 	}
 	if sent < 2 {
 		t.Fatalf("%d stale messages sent, want a FIN and a RESET at least", sent)
 	}
 	// The right generation does reach it.
-	h.send(h.in, a, id, wire.ControlHeader(wire.Reset), nil)
+	h.send(h.in, a, id, format.ControlHeader(format.Reset), nil)
 	waitFor(t, func() bool { return errors.Is(vc.Err(), ErrReset) }, "the reset")
 }
 
@@ -508,11 +509,11 @@ func (h *hostile) awaitData(id vqpn.ID) []byte {
 			}
 			off := 1<<19 + int(wc.WRID)*2048
 			b := h.mr.Bytes()[off : off+int(wc.ByteLen)]
-			var hd wire.Header
-			if err := hd.Parse(b); err != nil || hd.Type != wire.Data {
+			var hd format.Header
+			if err := hd.Parse(b); err != nil || hd.Type != format.Data {
 				continue
 			}
-			return append([]byte(nil), b[wire.HeaderLen:]...)
+			return append([]byte(nil), b[format.HeaderLen:]...)
 		}
 		time.Sleep(100 * time.Microsecond)
 	}

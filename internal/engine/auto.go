@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -13,9 +13,9 @@ import (
 // a chunk as datagrams on the vconn's UC QP, which cost the provider no
 // transport ACK and no per-packet state at the receiver. The engine then
 // supplies what RC would: every message carries its sequence number
-// (wire.Header.Seq); the receiver delivers in sequence order, holding early
+// (format.Header.Seq); the receiver delivers in sequence order, holding early
 // arrivals and dropping duplicates, and acknowledges cumulatively in
-// the acknowledgement field (wire.Header.Ack) of whatever it sends back (data or a credit grant), late
+// the acknowledgement field (format.Header.Ack) of whatever it sends back (data or a credit grant), late
 // rather than per message (see deliverSeq); the sender keeps each datagram
 // until it is acknowledged and retransmits it after a timeout that follows
 // the measured round trip. Larger messages go over RC, chunked, in the
@@ -51,7 +51,7 @@ func (vc *VConn) reliability() *rel {
 // a datagram on this Auto vconn.
 func (vc *VConn) autoDgram(n uint32) bool {
 	e := vc.e
-	return n-wire.HeaderLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
+	return n-format.HeaderLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
 }
 
 // ackValue is the cumulative acknowledgement to stamp on outgoing
@@ -250,10 +250,10 @@ func (p *poller) dropUnacked(vc *VConn) {
 // keeps it until it is acknowledged (its resends carry the same secret:
 // the vconn's QPs never change). Only the owner of the send side.
 func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
-	wire.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
+	format.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
 	p.e.pool.share(bufSlot(u.Buf), 2) // the unacknowledged list and the post
 	wr := p.bundleWR(vc, remote, &u)
-	wr.WRID = wire.Retag(wr.WRID, wire.TagShared, 0)
+	wr.WRID = format.Retag(wr.WRID, format.TagShared, 0)
 	p.postWR(vc.dq, wr)
 	u.Sent = p.clock()
 	vc.reliability().tx.Push(u)
@@ -320,7 +320,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		// not have been read would race with the device.
 		e.pool.ref(bufSlot(u.Buf))
 		wr := p.bundleWR(vc, remote, u)
-		wr.WRID = wire.Retag(wr.WRID, wire.TagShared, wire.TagSent) // counted sent the first time
+		wr.WRID = format.Retag(wr.WRID, format.TagShared, format.TagSent) // counted sent the first time
 		p.postWR(vc.dq, wr)
 		if early {
 			e.stats.gapResends.Add(1)

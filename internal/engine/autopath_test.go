@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -25,7 +26,7 @@ func TestAutoPathSwitch(t *testing.T) {
 	a.pathPolicy = reliable.PathPolicy{Window: 32, HighLoss: 0.02, LowLoss: 0.01, HoldWindows: 2, HoldRTTs: 4, ProbeEvery: 4}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -16,7 +17,7 @@ import (
 // the in-memory fabric.
 func BenchmarkTransport(b *testing.B) {
 	for _, size := range []int{16, 256, 1024, 4000} {
-		for _, tr := range []Transport{RC, UC, UD, Auto} {
+		for _, tr := range []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto} {
 			b.Run(fmt.Sprintf("%v/size=%d", tr, size), func(b *testing.B) {
 				ea, eb := testEngines(b, wire.Faults{}, Config{Log: logr.Discard()})
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -3,8 +3,9 @@ package engine
 import (
 	"encoding/binary"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -21,9 +22,9 @@ import (
 // what they are given, a work request per message (per chunk), so that
 // what an application asks for is what the device sees.
 //
-// A bundle is a wire.Bundle header (length: the bytes after it; seq: its
+// A bundle is a format.Bundle header (length: the bytes after it; seq: its
 // first message's; imm: how many messages) followed by the messages, each
-// with its own wire.Data header, as the sender queued them: copied after the
+// with its own format.Data header, as the sender queued them: copied after the
 // header, or, for longer messages, gathered from their own buffers by the
 // work request (gatherMin). It is acknowledged and resent whole, and its
 // receive buffer is shared by the messages (bufPool.share) and reposted
@@ -38,7 +39,7 @@ import (
 // compile if the two part).
 const maxBundle = ringSize
 
-const _, _ = uint(maxBundle - wire.MaxBundle), uint(wire.MaxBundle - maxBundle)
+const _, _ = uint(maxBundle - format.MaxBundle), uint(format.MaxBundle - maxBundle)
 
 // gatherMin is the length (header included) from which queued messages
 // are bundled by gathering rather than copied: the bundle's work request
@@ -67,7 +68,7 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	if gather {
 		limit = min(limit, verbs.MaxSGE-1)
 	}
-	room := e.cfg.ChunkSize - wire.HeaderLen
+	room := e.cfg.ChunkSize - format.HeaderLen
 	k, total := 0, 0
 	for k < limit {
 		ent, ok := vc.ring.at(&vc.ents, k)
@@ -78,8 +79,8 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 		if slot == opMarker || total+int(n) > room {
 			break
 		}
-		b := wire.Raw(e.pool.bytes(slot))
-		if b.Type() != wire.Data || !b.Whole() || !vc.autoDgram(n) {
+		b := format.Raw(e.pool.bytes(slot))
+		if b.Type() != format.Data || !b.Whole() || !vc.autoDgram(n) {
 			break
 		}
 		total += int(n)
@@ -88,22 +89,22 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 	if k < 2 {
 		return 0
 	}
-	size := wire.HeaderLen + total
+	size := format.HeaderLen + total
 	if gather {
-		size = wire.HeaderLen + gatherLen*k
+		size = format.HeaderLen + gatherLen*k
 	}
 	out, ok := e.pool.get(e.pool.class(size))
 	if !ok {
 		return 0
 	}
 	b := e.pool.bytes(out)
-	off := wire.HeaderLen
+	off := format.HeaderLen
 	var seq uint32
 	for i := 0; i < k; i++ {
 		ent, _ := vc.ring.peek(&vc.ents)
 		slot, n := ent.slot(), ent.len()
 		if i == 0 {
-			seq = wire.Raw(e.pool.bytes(slot)).Seq()
+			seq = format.Raw(e.pool.bytes(slot)).Seq()
 		}
 		if gather {
 			putGathered(b, i, slot, n)
@@ -114,11 +115,11 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 		vc.ring.pop()
 		p.took(vc)
 	}
-	h := wire.BundleHeader(seq, uint32(k), uint32(total))
+	h := format.BundleHeader(seq, uint32(k), uint32(total))
 	h.Put(b)
 	vc.stampCredit(b)
 	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
-	p.countSent(Auto, k, total-k*wire.HeaderLen)
+	p.countSent(transport.Auto, k, total-k*format.HeaderLen)
 	e.stats.bundled.Add(uint64(k))
 	if gather {
 		e.stats.gathered.Add(uint64(k))
@@ -135,15 +136,15 @@ func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram) verbs
 	}
 	e := p.e
 	b := e.pool.bytes(slot)
-	k := int(wire.Raw(b).Count())
+	k := int(format.Raw(b).Count())
 	wr := verbs.SendWR{
-		WRID:    (wire.TagOf(u.Buf) | wire.TagSent | wire.TagGather).WRID(vc.id),
+		WRID:    (format.TagOf(u.Buf) | format.TagSent | format.TagGather).WRID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
 		ImmData: vqpn.Imm(remote),
 		NumSGE:  uint8(k + 1),
 	}
-	wr.SG[0] = e.pool.sge(slot, wire.HeaderLen)
+	wr.SG[0] = e.pool.sge(slot, format.HeaderLen)
 	for i := range k {
 		wr.SG[i+1] = e.pool.sge(gathered(b, i))
 	}
@@ -155,20 +156,20 @@ func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram) verbs
 const gatherLen = 8
 
 func putGathered(b []byte, i int, s bufSlot, n uint32) {
-	off := wire.HeaderLen + gatherLen*i
+	off := format.HeaderLen + gatherLen*i
 	binary.BigEndian.PutUint32(b[off:], uint32(s))
 	binary.BigEndian.PutUint32(b[off+4:], n)
 }
 
 func gathered(b []byte, i int) (bufSlot, uint32) {
-	off := wire.HeaderLen + gatherLen*i
+	off := format.HeaderLen + gatherLen*i
 	return bufSlot(binary.BigEndian.Uint32(b[off:])), binary.BigEndian.Uint32(b[off+4:])
 }
 
 // onBundle delivers the messages of a bundle. The bundle is checked whole
 // first: a malformed one fails the vconn and delivers nothing.
-func (p *poller) onBundle(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
-	if vc.tr != Auto || slot.class() != p.e.dgramClass || wire.CheckBundle(h, payload) != nil {
+func (p *poller) onBundle(vc *VConn, h *format.Header, slot bufSlot, payload []byte) {
+	if vc.tr != transport.Auto || slot.class() != p.e.dgramClass || format.CheckBundle(h, payload) != nil {
 		p.malformed(vc, slot)
 		return
 	}
@@ -184,7 +185,7 @@ func (p *poller) onBundle(vc *VConn, h *wire.Header, slot bufSlot, payload []byt
 		credits = 1
 	}
 	p.e.pool.share(slot, int32(h.Count()))
-	for it := wire.Bundled(payload); it.Next(); {
+	for it := format.Bundled(payload); it.Next(); {
 		imm, hasImm := it.Header.AppImm()
 		vc.deliverSeq(p, it.Header.Seq, Message{vc: vc, Data: it.Data, Imm: imm, HasImm: hasImm, slot: slot, shared: true, credits: credits}, true)
 	}

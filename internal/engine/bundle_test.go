@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
@@ -15,7 +16,7 @@ import (
 // transports never bundle. UC may drop, but only where a drop is counted
 // (recvUC).
 func TestBundles(t *testing.T) {
-	for _, tr := range []Transport{RC, Auto, UC} {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto, transport.UC} {
 		t.Run(tr.String(), func(t *testing.T) {
 			ctx, a, b, va, vb, fb := testPairOnFabric(t, tr, 30*time.Second)
 			const n = 5000
@@ -26,20 +27,20 @@ func TestBundles(t *testing.T) {
 				return 1 + i%700
 			}
 			go sendNumbered(ctx, t, va, n, size)
-			if tr != Auto {
+			if tr != transport.Auto {
 				defer func() {
 					if s := a.Stats(); s.Bundled != 0 {
 						t.Errorf("a %v vconn bundled %d messages", tr, s.Bundled)
 					}
 				}()
 			}
-			if tr == UC {
+			if tr == transport.UC {
 				recvUC(ctx, t, a, b, fb, vb, n, size)
 				return
 			}
 			recvNumbered(ctx, t, vb, n, size)
 			s := a.Stats()
-			if tr == Auto && (s.Bundled == 0 || s.Gathered == 0 || s.Gathered == s.Bundled) {
+			if tr == transport.Auto && (s.Bundled == 0 || s.Gathered == 0 || s.Gathered == s.Bundled) {
 				t.Fatalf("%d messages bundled, %d of them gathered: want both kinds of bundle", s.Bundled, s.Gathered)
 			}
 			t.Logf("%d of %d messages bundled, %d gathered", s.Bundled, n, s.Gathered)
@@ -67,7 +68,7 @@ func TestBundleCredits(t *testing.T) {
 	a, b := testEngines(t, wire.Faults{}, Config{Credits: 4, DgramBuffers: 16})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +178,7 @@ func recvUC(ctx context.Context, t *testing.T, a, b *Engine, fb *wire.Fabric, vb
 
 // testPairOnFabric is testPair on a fault-free fabric it also returns;
 // on rxe (openVerbsDevice), the pair is rxe's and the fabric nil.
-func testPairOnFabric(t *testing.T, tr Transport, timeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn, *wire.Fabric) {
+func testPairOnFabric(t *testing.T, tr transport.Kind, timeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn, *wire.Fabric) {
 	t.Helper()
 	if openVerbsDevice != nil {
 		ctx, a, b, va, vb := testPair(t, wire.Faults{}, tr, timeout)

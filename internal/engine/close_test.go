@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
 // closePair opens a vconn pair of transport tr whose receive window is 4
 // credits, so a sender's queue soon outgrows what its peer granted.
-func closePair(t *testing.T, tr Transport, closeTimeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn) {
+func closePair(t *testing.T, tr transport.Kind, closeTimeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn) {
 	t.Helper()
 	a, b := testEngines(t, softwire.Faults{}, Config{Credits: 4, CloseTimeout: closeTimeout})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -30,7 +31,7 @@ func closePair(t *testing.T, tr Transport, closeTimeout time.Duration) (context.
 // (ErrReset, not a Send that waits for grants that never come), and both
 // vconns are released, no receive buffer held.
 func TestCloseResetsLateSender(t *testing.T) {
-	for _, tr := range []Transport{RC, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			ctx, a, b, va, vb := closePair(t, tr, time.Minute)
 			for range 20 {
@@ -63,7 +64,7 @@ func TestCloseResetsLateSender(t *testing.T) {
 // would otherwise hold its vQPN for good), and B reads what it received,
 // then ErrReset: the rest was lost, and B is told so.
 func TestCloseAbortsWhenPeerStopsReading(t *testing.T) {
-	ctx, a, _, va, vb := closePair(t, RC, 200*time.Millisecond)
+	ctx, a, _, va, vb := closePair(t, transport.RC, 200*time.Millisecond)
 	for range 20 {
 		if err := va.Send(ctx, make([]byte, 100)); err != nil {
 			t.Fatal(err)
@@ -101,7 +102,7 @@ func TestCloseAbortsWhenPeerStopsReading(t *testing.T) {
 // take longer than CloseTimeout in all.
 func TestCloseWaitsForSlowReader(t *testing.T) {
 	const n, timeout = 12, time.Second
-	ctx, a, b, va, vb := closePair(t, RC, timeout)
+	ctx, a, b, va, vb := closePair(t, transport.RC, timeout)
 	for i := range n {
 		if err := va.Send(ctx, []byte{byte(i)}); err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -15,7 +16,7 @@ import (
 // whole, while its own sends fail. Then B closes: A reads EOF, closes, and
 // both vconns are released. Either side may close first.
 func TestCloseWrite(t *testing.T) {
-	for _, tr := range []Transport{RC, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
 		for _, aFirst := range []bool{true, false} {
 			name := tr.String() + "/A-closes-first"
 			if !aFirst {

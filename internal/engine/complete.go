@@ -3,7 +3,7 @@ package engine
 import (
 	"fmt"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -63,9 +63,9 @@ func (p *poller) completeAll(n int) {
 
 // sent gives back the buffer of a SEND whose wr_id carried tag. The
 // poller that posted it (its completion comes to the same CQ).
-func (p *poller) sent(tag wire.Tag) {
-	slot, gather := bufSlot(tag.Slot()), tag.Has(wire.TagGather)
-	if !tag.Has(wire.TagShared) {
+func (p *poller) sent(tag format.Tag) {
+	slot, gather := bufSlot(tag.Slot()), tag.Has(format.TagGather)
+	if !tag.Has(format.TagShared) {
 		p.free(slot, gather)
 		return
 	}
@@ -86,7 +86,7 @@ func (p *poller) free(slot bufSlot, gather bool) {
 	e := p.e
 	if gather {
 		b := e.pool.bytes(slot)
-		for i := range int(wire.Raw(b).Count()) {
+		for i := range int(format.Raw(b).Count()) {
 			s, _ := gathered(b, i)
 			e.pool.put(s)
 		}
@@ -110,7 +110,7 @@ func (p *poller) onSend(wc *verbs.WC) {
 	if q != nil {
 		q.outstanding--
 	}
-	id, tag := wire.SplitWRID(wc.WRID)
+	id, tag := format.SplitWRID(wc.WRID)
 	slot := bufSlot(tag.Slot())
 	if slot == stagedSlot {
 		// A one-sided operation on staging memory: no buffer.
@@ -142,10 +142,10 @@ func (p *poller) onSend(wc *verbs.WC) {
 		}
 		return
 	}
-	if tag.Has(wire.TagSent) {
+	if tag.Has(format.TagSent) {
 		e.stats.msgsSent.Add(1)
 	}
-	if tag.Has(wire.TagFin) {
+	if tag.Has(format.TagFin) {
 		if vc, ok := e.vconns.Lookup(id); ok {
 			vc.onFinSent()
 		}

@@ -7,22 +7,10 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
-)
-
-// Transport is a vconn's transport policy: transport.Kind, whose zero
-// value, transport.Unknown, the engine takes as RC.
-type Transport = transport.Kind
-
-// The transports, as the engine's code names them.
-const (
-	RC   = transport.RC
-	UC   = transport.UC
-	UD   = transport.UD
-	Auto = transport.Auto
 )
 
 // Config configures an Engine. Zero fields take the defaults noted.
@@ -40,7 +28,8 @@ type Config struct {
 	MTU verbs.MTU
 	// MaxVConns bounds the vconns open at once (default 1<<20).
 	MaxVConns int
-	// MaxMessage is the largest message a vconn carries (default 4 MiB).
+	// MaxMessage is the largest message a vconn carries (default
+	// transport.DefaultMaxMessage, 1 MiB, the agent's).
 	MaxMessage int
 	// RecvBuffers is the SRQ depth shared by all RC QPs (default 4096).
 	RecvBuffers int
@@ -67,8 +56,10 @@ type Config struct {
 	MaxCredits int
 	// SQDepth is the send queue of each QP (default 512).
 	SQDepth int
-	// Transport is the policy of vconns that do not choose (default RC).
-	Transport Transport
+	// Transport is the policy of vconns that take the engine's
+	// (VConnOptions.UseEngineDefault; default transport.Default, auto, the
+	// agent's). A vconn's own zero value, transport.Unknown, is RC.
+	Transport transport.Kind
 	// AutoThreshold is the largest message Auto sends as a datagram
 	// (default: measured; see DefaultAutoThreshold).
 	AutoThreshold int
@@ -105,7 +96,9 @@ type Config struct {
 }
 
 // Defaults that other layers share: the agent's configuration and the
-// RDMAService take theirs from here.
+// RDMAService take these from here; the QPs per peer, the transport and
+// the largest message all of them take from internal/transport, so an
+// engine configured with zeros runs as a default agent's does.
 const (
 	DefaultQPsPerPeer = transport.DefaultQPsPerPeer
 	// DefaultChunkSize is the size of a receive buffer, 16 KiB: UC's
@@ -115,7 +108,6 @@ const (
 
 const (
 	defaultMaxVConns    = 1 << 20
-	defaultMaxMessage   = 4 << 20
 	defaultRecvBuffers  = 4096
 	defaultSendBuffers  = 4096
 	defaultCredits      = 32
@@ -139,7 +131,7 @@ func (c Config) withDefaults() (Config, error) {
 	set(&c.QPsPerPeer, DefaultQPsPerPeer)
 	set(&c.Pollers, 1)
 	set(&c.MaxVConns, defaultMaxVConns)
-	set(&c.MaxMessage, defaultMaxMessage)
+	set(&c.MaxMessage, transport.DefaultMaxMessage)
 	set(&c.RecvBuffers, defaultRecvBuffers)
 	set(&c.ChunkSize, DefaultChunkSize)
 	set(&c.SendBuffers, defaultSendBuffers)
@@ -161,21 +153,21 @@ func (c Config) withDefaults() (Config, error) {
 		c.MTU = c.Device.Attr().ActiveMTU
 	}
 	if c.Transport == transport.Unknown {
-		c.Transport = RC
+		c.Transport = transport.Default
 	}
 	if c.AutoThreshold == 0 {
 		c.AutoThreshold = DefaultAutoThreshold
 	}
 	var errs []error
-	check := func(ok bool, format string, args ...any) {
+	check := func(ok bool, msg string, args ...any) {
 		if !ok {
-			errs = append(errs, fmt.Errorf("engine: config: "+format, args...))
+			errs = append(errs, fmt.Errorf("engine: config: "+msg, args...))
 		}
 	}
 	check(c.QPsPerPeer >= 1 && c.QPsPerPeer <= transport.MaxQPsPerPeer, "QPsPerPeer %d: want 1..%d", c.QPsPerPeer, transport.MaxQPsPerPeer)
 	check(c.Pollers >= 1 && c.Pollers <= 64, "Pollers %d: want 1..64", c.Pollers)
 	check(c.MaxVConns >= 1 && c.MaxVConns <= vqpn.MaxCapacity, "MaxVConns %d: want 1..%d", c.MaxVConns, vqpn.MaxCapacity)
-	check(c.ChunkSize >= 256+wire.HeaderLen && c.ChunkSize <= 1<<20, "ChunkSize %d: want %d..%d", c.ChunkSize, 256+wire.HeaderLen, 1<<20)
+	check(c.ChunkSize >= 256+format.HeaderLen && c.ChunkSize <= 1<<20, "ChunkSize %d: want %d..%d", c.ChunkSize, 256+format.HeaderLen, 1<<20)
 	check(c.MaxMessage >= 1 && c.MaxMessage <= 1<<30, "MaxMessage %d: want 1..1 GiB", c.MaxMessage)
 	check(c.RecvBuffers >= 16 && c.RecvBuffers <= 1<<20, "RecvBuffers %d: want 16..%d", c.RecvBuffers, 1<<20)
 	check(c.SendBuffers >= 16 && c.SendBuffers <= 1<<22, "SendBuffers %d: want 16..%d", c.SendBuffers, 1<<22)
@@ -184,7 +176,7 @@ func (c Config) withDefaults() (Config, error) {
 	check(c.DgramBuffers >= 16 && c.DgramBuffers <= 1<<20, "DgramBuffers %d: want 16..%d", c.DgramBuffers, 1<<20)
 	check(c.SQDepth >= 16 && c.SQDepth <= 1<<15, "SQDepth %d: want 16..32768", c.SQDepth)
 	check(c.MTU.Bytes() != 0, "MTU %v is not an IB MTU", c.MTU)
-	check(c.Transport <= Auto, "transport %v", c.Transport)
+	check(c.Transport <= transport.Auto, "transport %v", c.Transport)
 	check(c.AutoThreshold >= 0, "AutoThreshold %d", c.AutoThreshold)
 	check(c.MaxRegisteredBytes >= 0, "MaxRegisteredBytes %d: want 0 (no bound) or more", c.MaxRegisteredBytes)
 	// What the device holds: a NIC refuses larger queues at creation, so

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -23,18 +24,25 @@ func (d limited) Attr() verbs.DeviceAttr {
 	return a
 }
 
-// The engine sizes its CQs to what the device holds, and refuses, naming
-// the setting, a configuration whose queues the device cannot hold.
-func TestConfigFitsDevice(t *testing.T) {
+// softDevice is a soft device of its own fabric, closed when t ends.
+func softDevice(t *testing.T, name string) verbs.Device {
+	t.Helper()
 	w, err := wire.NewFabric(wire.Faults{}).Attach(verbs.GIDFromAddr(netip.MustParseAddr("10.0.0.1")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := soft.Open(soft.Config{Name: "limited", Wire: w})
+	dev, err := soft.Open(soft.Config{Name: name, Wire: w})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = dev.Close() })
+	return dev
+}
+
+// The engine sizes its CQs to what the device holds, and refuses, naming
+// the setting, a configuration whose queues the device cannot hold.
+func TestConfigFitsDevice(t *testing.T) {
+	dev := softDevice(t, "limited")
 	for _, c := range []struct {
 		name string
 		dev  limited
@@ -67,5 +75,19 @@ func TestConfigFitsDevice(t *testing.T) {
 				t.Fatalf("withDefaults: %v, want an error with %q", err, c.want)
 			}
 		})
+	}
+}
+
+// An engine configured with zeros runs as a default agent does: the same
+// transport policy and largest message (internal/transport's defaults).
+func TestConfigDefaultsAreTheAgents(t *testing.T) {
+	cfg, err := Config{Device: softDevice(t, "defaults")}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := config.Default()
+	if cfg.Transport.String() != string(agent.Transport) || int64(cfg.MaxMessage) != agent.MaxMessageBytes || cfg.QPsPerPeer != agent.QPsPerPeer {
+		t.Errorf("engine defaults: transport %v, max message %d, QPs per peer %d; the agent's: %s, %d, %d",
+			cfg.Transport, cfg.MaxMessage, cfg.QPsPerPeer, agent.Transport, agent.MaxMessageBytes, agent.QPsPerPeer)
 	}
 }

@@ -2,7 +2,8 @@ package engine
 
 import (
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 )
 
 // The credit window itself is package credit's; here the engine wires it
@@ -57,7 +58,7 @@ func (vc *VConn) returnCredits(n uint32) {
 // receive buffers its messages use, the datagram SRQ's for Auto (whose
 // small messages land there), the SRQ's for the rest.
 func (vc *VConn) windowBudget() *credit.Budget {
-	if vc.tr == Auto {
+	if vc.tr == transport.Auto {
 		return &vc.e.windowBudget[1]
 	}
 	return &vc.e.windowBudget[0]
@@ -76,9 +77,9 @@ func (vc *VConn) stampCredit(b []byte) {
 	if vc.creditDue.Load() {
 		vc.creditDue.Store(false)
 	}
-	h := wire.Raw(b)
+	h := format.Raw(b)
 	h.SetCredit(vc.window.Stamp())
-	if t := h.Type(); vc.tr == Auto && (t == wire.Data || t == wire.Credit || t == wire.Bundle) {
+	if t := h.Type(); vc.tr == transport.Auto && (t == format.Data || t == format.Credit || t == format.Bundle) {
 		if vc.ackDue.Load() {
 			vc.ackDue.Store(false)
 		}

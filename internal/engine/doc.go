@@ -2,8 +2,9 @@
 // shared queue pairs per peer node.
 //
 // Its pure logic lives in packages of its own, tested without verbs, as
-// quic-go keeps wire, flowcontrol and ackhandler: the formats of what
-// engines send each other and of their work requests' ids (wire), a
+// quic-go keeps its frame formats (internal/wire) and its loss recovery
+// (internal/ackhandler) apart from its connections: the formats of what
+// engines send each other and of their work requests' ids (format), a
 // vconn's receive-credit window (credit), and Auto's sequencing,
 // acknowledgements and retransmission state (reliable). This package wires
 // them to the device: buffers, QPs, pollers, vconns.
@@ -62,10 +63,10 @@
 //     vconns it serves, and of the vconns a polled batch of receives names,
 //     before handling them, so their misses overlap.
 //   - A SEND's wr_id tells its completion whether it counts as a message
-//     sent or is a FIN (wire.Tag), so completions need neither the
+//     sent or is a FIN (format.Tag), so completions need neither the
 //     buffer nor the vconn.
 //
-// Message framing: every SEND carries a 32-byte header (package wire) with the
+// Message framing: every SEND carries a 32-byte header (package format) with the
 // message type, the sender's credit grant, the message length and sequence,
 // the application's own immediate (imm_data itself is the vQPN), and the
 // secret of the QP pair it travels on, without which the receiver drops it

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -17,7 +18,7 @@ import (
 // message was lost for good whenever the peer's vconn sent on a QP of
 // another index than 0 (pkg/vconn's TestSharedMemoryHostilePod saw it).
 func TestFirstMessageBeforeConnect(t *testing.T) {
-	for _, tr := range []Transport{RC, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			a, b := testEngines(t, wire.Faults{}, Config{QPsPerPeer: 2})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -10,8 +10,8 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -243,11 +243,11 @@ func (e *Engine) srqs() [2]srqClass {
 }
 
 func (e *Engine) recvWR(slot bufSlot) verbs.RecvWR {
-	return verbs.RecvWR{WRID: wire.RecvWRID(uint32(slot)), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
+	return verbs.RecvWR{WRID: format.RecvWRID(uint32(slot)), NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(e.cfg.ChunkSize))}}
 }
 
 // recvSlot is the buffer of a receive's completion (its wr_id, recvWR).
-func recvSlot(wrid uint64) bufSlot { return bufSlot(wire.RecvSlot(wrid)) }
+func recvSlot(wrid uint64) bufSlot { return bufSlot(format.RecvSlot(wrid)) }
 
 // UDQPNs lists the engine's UD QPs, one per poller, for peers.
 func (e *Engine) UDQPNs() []uint32 {

@@ -12,8 +12,9 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -36,7 +37,7 @@ func testEngines(t testing.TB, f softwire.Faults, cfg Config) (*Engine, *Engine)
 
 // testPair opens two engines on a fabric with faults f and a vconn pair of
 // transport tr between them, and a context that ends after timeout.
-func testPair(t *testing.T, f softwire.Faults, tr Transport, timeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn) {
+func testPair(t *testing.T, f softwire.Faults, tr transport.Kind, timeout time.Duration) (context.Context, *Engine, *Engine, *VConn, *VConn) {
 	t.Helper()
 	a, b := testEngines(t, f, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -106,7 +107,7 @@ func TestSendRecv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizes := []int{0, 1, 100, 16<<10 - wire.HeaderLen, 16 << 10, 100 << 10, 1 << 20}
+	sizes := []int{0, 1, 100, 16<<10 - format.HeaderLen, 16 << 10, 100 << 10, 1 << 20}
 	go func() {
 		for i, n := range sizes {
 			msg := bytes.Repeat([]byte{byte(i + 1)}, n)
@@ -305,7 +306,7 @@ func TestOneSided(t *testing.T) {
 }
 
 func TestTransports(t *testing.T) {
-	for _, tr := range []Transport{RC, UC, UD, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			ctx, a, b, va, vb := testPair(t, softwire.Faults{}, tr, 10*time.Second)
 			max := va.MaxMessage()
@@ -346,7 +347,7 @@ func TestTransports(t *testing.T) {
 // and reorders packets; losses followed by later arrivals are resent on
 // the receiver's gap report, not after a timeout.
 func TestAutoReliableUnderLoss(t *testing.T) {
-	ctx, a, b, va, vb := testPair(t, softwire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, Auto, 60*time.Second)
+	ctx, a, b, va, vb := testPair(t, softwire.Faults{Seed: 11, Loss: 0.05, Duplicate: 0.02, Reorder: 0.05}, transport.Auto, 60*time.Second)
 	const n = 3000
 	size := func(i int) int {
 		switch i % 10 {
@@ -376,8 +377,8 @@ func TestAutoReliableUnderLoss(t *testing.T) {
 // TestAutoLongMessages: an Auto vconn's long messages (several chunks)
 // travel on RC whole, interleaved in order with datagram-sized ones.
 func TestAutoLongMessages(t *testing.T) {
-	ctx, _, _, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
-	sizes := []int{16 << 10, 16<<10 - wire.HeaderLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
+	ctx, _, _, va, vb := testPair(t, softwire.Faults{}, transport.Auto, 20*time.Second)
+	sizes := []int{16 << 10, 16<<10 - format.HeaderLen + 1, 10, 64 << 10, 100, 256 << 10, 1 << 20}
 	size := func(i int) int { return sizes[i] }
 	go sendNumbered(ctx, t, va, len(sizes), size)
 	recvNumbered(ctx, t, vb, len(sizes), size)
@@ -388,7 +389,7 @@ func TestAutoLongMessages(t *testing.T) {
 // them, and the sender keeps nothing. A few of them, fewer than take half
 // the credit window, make the receiver send nothing at all.
 func TestAutoAcksOnlyDatagrams(t *testing.T) {
-	ctx, _, b, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
+	ctx, _, b, va, vb := testPair(t, softwire.Faults{}, transport.Auto, 20*time.Second)
 	before := b.Stats().WRsPosted
 	const n = 5 // 2 chunks, so 2 credits, each: under half of defaultCredits
 	size := func(int) int { return 20000 }
@@ -439,7 +440,7 @@ func TestAutoDelayedAcks(t *testing.T) {
 // the receiver.
 func delayedAcks(t *testing.T) (*Engine, *Engine) {
 	t.Helper()
-	ctx, a, b, va, vb := testPair(t, softwire.Faults{}, Auto, 20*time.Second)
+	ctx, a, b, va, vb := testPair(t, softwire.Faults{}, transport.Auto, 20*time.Second)
 	before := b.Stats().WRsPosted
 	const n = 1603 // not a multiple of the half window: a tail is left
 	go func() {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -22,7 +23,7 @@ func TestPeerEpoch(t *testing.T) {
 			a, b := testEngines(t, wire.Faults{}, Config{QPsPerPeer: 1})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+			va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,7 +59,7 @@ func TestPeerEpoch(t *testing.T) {
 				// connects its QPs to a with its epoch (when its end
 				// connects, or at the latest when it sends), and a's
 				// end fails rather than send into nothing.
-				va2, vb2, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+				va2, vb2, err := Pair(ctx, a, b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 				if err == nil {
 					if err := vb2.Send(ctx, []byte("first")); err != nil {
 						t.Fatal(err)
@@ -75,7 +76,7 @@ func TestPeerEpoch(t *testing.T) {
 			if !a.ObservePeerEpoch(b.GID(), fresh) {
 				t.Fatal("a's new side refused b's epoch")
 			}
-			va3, vb3, err := Pair(ctx, a, b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+			va3, vb3, err := Pair(ctx, a, b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
@@ -47,7 +48,7 @@ func roce4Device(d verbs.Device, ep *atomic.Pointer[Engine]) verbs.Device {
 // source GID at bytes 8-23 (zeros and the IP header's first bytes) drops
 // every datagram as from a stranger: UD and Auto vconns on rxe timed out.
 func TestUDOverIPv4RoCE(t *testing.T) {
-	for _, tr := range []Transport{UD, Auto} {
+	for _, tr := range []transport.Kind{transport.UD, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			var pa, pb atomic.Pointer[Engine]
 			fb := wire.NewFabric(wire.Faults{})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
@@ -94,7 +95,7 @@ func exchange(ctx context.Context, t *testing.T, va, vb *VConn, n int, msg func(
 // Only a UD receive holds a GRH in its buffer: on every transport, a
 // receive the device flags WCWithGRH is delivered whole.
 func TestGRHFlagOnEveryReceive(t *testing.T) {
-	for _, tr := range []Transport{RC, UC, UD, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			a, b := testEnginesOn(t, wire.NewFabric(wire.Faults{}), Config{}, grhDevice)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

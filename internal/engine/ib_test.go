@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -35,7 +36,7 @@ func TestInfiniBandPort(t *testing.T) {
 	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
 	a, b := testEnginesOn(t, fb, Config{}, attach)
-	for _, tr := range []Transport{RC, UC, UD, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
@@ -49,7 +50,7 @@ func TestIngressIsBounded(t *testing.T) {
 
 // TestForget: a peer no vconn uses is dropped, one in use is kept.
 func TestForget(t *testing.T) {
-	_, a, b, va, _ := testPair(t, wire.Faults{}, RC, 10*time.Second)
+	_, a, b, va, _ := testPair(t, wire.Faults{}, transport.RC, 10*time.Second)
 	left := errors.New("left")
 	if a.Forget(b.GID(), left) {
 		t.Fatal("a peer with an open vconn was forgotten")

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -147,7 +147,7 @@ func (vc *VConn) prepareOp(ctx context.Context, o *rdmaOp, op verbs.WROpcode, r 
 			o.cmu.Unlock()
 		}
 		o.wrs = append(o.wrs, verbs.SendWR{
-			WRID: wire.TagOf(uint32(slot)).WRID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
+			WRID: format.TagOf(uint32(slot)).WRID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
 			NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{e.pool.sge(slot, uint32(n))},
 			RemoteAddr: r.Addr + off + uint64(pos), RKey: r.RKey,
 		})

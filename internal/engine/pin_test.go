@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
@@ -35,7 +36,7 @@ import (
 func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 	const pollers = 2
 	for _, tc := range []struct {
-		tr      Transport
+		tr      transport.Kind
 		idle    int // idle vconn pairs
 		perIdle int // messages each idle sender sends
 		per     int // messages a receive buffer holds at most
@@ -44,14 +45,14 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 		bufs    func(Config) int
 	}{{
 		// 16 windows of 32 credits: 512 buffers' worth, on an SRQ of 256.
-		tr: RC, idle: 16, perIdle: 64, per: 1,
+		tr: transport.RC, idle: 16, perIdle: 64, per: 1,
 		size: func(k, j int) int { return 1 + (k*131+j*37)%3000 },
 		held: func(s Stats) int { return s.RecvBuffersHeld },
 		bufs: func(c Config) int { return c.RecvBuffers },
 	}, {
 		// 4 windows of 32 credits, up to 16 messages each: 128 buffers'
 		// worth, on a datagram SRQ of 64.
-		tr: Auto, idle: 4, perIdle: 600, per: maxBundle,
+		tr: transport.Auto, idle: 4, perIdle: 600, per: maxBundle,
 		size: func(k, j int) int { return 1 + (k*131+j*37)%200 },
 		held: func(s Stats) int { return s.DgramBuffersHeld },
 		bufs: func(c Config) int { return c.DgramBuffers },
@@ -214,7 +215,7 @@ func TestIdleReadersDoNotPinSRQ(t *testing.T) {
 					t.Errorf("idle vconn %d: %d credits taken, %d returned", k, taken, returned)
 				}
 			}
-			if tc.tr == Auto && a.Stats().Bundled == 0 {
+			if tc.tr == transport.Auto && a.Stats().Bundled == 0 {
 				t.Error("the Auto senders bundled nothing")
 			}
 
@@ -244,7 +245,7 @@ func TestQueuedRecvAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
-	for _, tr := range []Transport{RC, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			a, b := testEngines(t, softwire.Faults{}, Config{SpinPolls: 1 << 30})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -363,7 +364,7 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 	uc := h.ingressOf(a, verbs.QPTypeUC, 1, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	vc, err := a.NewVConn(ctx, hp, VConnOptions{Transport: Auto})
+	vc, err := a.NewVConn(ctx, hp, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,8 +374,8 @@ func TestEarlyArrivalsDoNotPinSRQ(t *testing.T) {
 	const n = 30 // within the credit window; nearly the whole SRQ
 	msg := func(seq uint32) []byte { return []byte(fmt.Sprintf("datagram %02d", seq)) }
 	send := func(seq uint32) {
-		d := wire.DataHeader(uint32(len(msg(seq))), seq, 0, false)
-		d.Flags |= wire.FlagFirst | wire.FlagLast
+		d := format.DataHeader(uint32(len(msg(seq))), seq, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast
 		h.send(uc, a, vc.ID(), d, msg(seq))
 	}
 	for seq := uint32(1); seq < n; seq++ { // seq 0, the gap, comes last
@@ -413,9 +414,9 @@ func TestFullQueueDropsOnlyDatagrams(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
-		tr   Transport
+		tr   transport.Kind
 		kept bool
-	}{{UD, false}, {Auto, true}} {
+	}{{transport.UD, false}, {transport.Auto, true}} {
 		t.Run(tc.tr.String(), func(t *testing.T) {
 			_, vc, err := Pair(ctx, a, b, VConnOptions{Transport: tc.tr}, VConnOptions{Transport: tc.tr})
 			if err != nil {

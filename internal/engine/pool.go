@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -41,7 +41,7 @@ type bufClass struct {
 
 // bufSlot names a buffer of the pool: its class in the top byte, its index
 // in the class below. It fits the 28 bits a send's wr_id tag leaves it
-// (wire.Tag) with up to 16 classes.
+// (format.Tag) with up to 16 classes.
 type bufSlot uint32
 
 // noSlot is no buffer.
@@ -61,7 +61,7 @@ type classSpec struct {
 }
 
 func newBufPool(pd verbs.PD, specs []classSpec) (*bufPool, error) {
-	if len(specs) > wire.TagSlotMask>>slotIndexBits+1 {
+	if len(specs) > format.TagSlotMask>>slotIndexBits+1 {
 		return nil, fmt.Errorf("engine: %d buffer classes, more than a send tag holds: %w", len(specs), verbs.ErrInvalid)
 	}
 	total := 0

@@ -59,7 +59,7 @@ type ingressQP struct {
 	peer  *Peer
 	index int
 	// secret is what every message on the QP must carry
-	// (wire.Authentic): drawn here, given to the peer only in the
+	// (format.Authentic): drawn here, given to the peer only in the
 	// reply to its ConnectQP, over the control plane.
 	secret uint64
 }
@@ -72,7 +72,7 @@ type QPReply struct {
 	Epoch  uint64 // the acceptor's side of the connection (Peer.Epoch)
 	// Secret is the new QP pair's: the requester stamps it on every
 	// message it sends on the QP, and the acceptor drops what arrives
-	// there without it (wire.Authentic). UDSecret is the same for the
+	// there without it (format.Authentic). UDSecret is the same for the
 	// requester's datagrams to the acceptor's UD QPs. Both are random,
 	// drawn by the acceptor, never zero, and travel only in this reply:
 	// a host that spoofs the requester's address on the fabric does not

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 )
 
 // Message is one received message. Data is valid until Release.
@@ -39,7 +41,7 @@ func (vc *VConn) deliver(p *poller, m Message) {
 		return
 	}
 	vc.rxMu.Lock()
-	if m.credits == 0 && !m.shared && vc.tr != Auto && vc.rxN >= vc.e.cfg.MaxCredits {
+	if m.credits == 0 && !m.shared && vc.tr != transport.Auto && vc.rxN >= vc.e.cfg.MaxCredits {
 		vc.rxMu.Unlock()
 		p.reject(RejectOverflow)
 		m.Release()

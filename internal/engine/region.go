@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -18,8 +18,8 @@ import (
 type Access uint8
 
 const (
-	AccessRead  Access = wire.AccessRead
-	AccessWrite Access = wire.AccessWrite
+	AccessRead  Access = format.AccessRead
+	AccessWrite Access = format.AccessWrite
 )
 
 var (
@@ -58,7 +58,7 @@ type Region struct {
 
 // remoteRegion is a region the peer exported to this vconn: what its
 // export message carried.
-type remoteRegion = wire.Ad
+type remoteRegion = format.Ad
 
 // regions is a vconn's one-sided state, allocated on first use so vconns
 // that never export or read cost nothing.
@@ -170,9 +170,9 @@ func (vc *VConn) export(ctx context.Context, size int, mem []byte, access Access
 	rg.exports[r.id] = r
 	rg.mu.Unlock()
 
-	var ad [wire.AdLen]byte
-	(&wire.Ad{Addr: addr, RKey: rkey, Length: uint64(size), Access: uint8(access)}).Put(ad[:])
-	if err := vc.sendControl(ctx, wire.Export, r.id, ad[:]); err != nil {
+	var ad [format.AdLen]byte
+	(&format.Ad{Addr: addr, RKey: rkey, Length: uint64(size), Access: uint8(access)}).Put(ad[:])
+	if err := vc.sendControl(ctx, format.Export, r.id, ad[:]); err != nil {
 		rg.mu.Lock()
 		delete(rg.exports, r.id)
 		rg.mu.Unlock()
@@ -386,7 +386,7 @@ func (r *Region) Close() error {
 		// memory go a round trip after a pod closes its vconn, not
 		// seconds later (its release, then the grace).
 		if st := vc.state.Load(); st == stateOpen || st == stateClosing {
-			err = vc.sendControl(context.Background(), wire.Unexport, r.id, nil)
+			err = vc.sendControl(context.Background(), format.Unexport, r.id, nil)
 			if err == nil {
 				return // deregistered on the peer's acknowledgement
 			}
@@ -410,30 +410,30 @@ func (r *Region) Close() error {
 
 // sendControl queues a control message (export, unexport) in order with the
 // vconn's data.
-func (vc *VConn) sendControl(ctx context.Context, t wire.Type, arg uint32, payload []byte) error {
+func (vc *VConn) sendControl(ctx context.Context, t format.Type, arg uint32, payload []byte) error {
 	e := vc.e
 	vc.sendMu.Lock()
 	defer vc.sendMu.Unlock()
-	slot, err := vc.getBuffer(ctx, wire.HeaderLen+len(payload), true)
+	slot, err := vc.getBuffer(ctx, format.HeaderLen+len(payload), true)
 	if err != nil {
 		return err
 	}
 	b := e.pool.bytes(slot)
-	h := wire.RegionHeader(t, arg)
+	h := format.RegionHeader(t, arg)
 	h.Put(b)
-	copy(b[wire.HeaderLen:], payload)
+	copy(b[format.HeaderLen:], payload)
 	if err := vc.waitRing(ctx, true); err != nil {
 		e.pool.put(slot)
 		return err
 	}
-	vc.push(newEntry(slot, uint32(wire.HeaderLen+len(payload))))
+	vc.push(newEntry(slot, uint32(format.HeaderLen+len(payload))))
 	vc.schedule()
 	return nil
 }
 
 // onExport records a region the peer exported to this vconn.
-func (vc *VConn) onExport(h *wire.Header, payload []byte) error {
-	r, err := wire.ParseAd(payload)
+func (vc *VConn) onExport(h *format.Header, payload []byte) error {
+	r, err := format.ParseAd(payload)
 	if err != nil {
 		return err
 	}
@@ -452,7 +452,7 @@ func (vc *VConn) onExport(h *wire.Header, payload []byte) error {
 // (same QP, in order), and none can be queued after (queueOp checks the
 // region under rg.mu). Data queued before need not go first: it does not
 // touch the region, and it may wait for the peer's reader indefinitely.
-func (vc *VConn) onUnexport(h *wire.Header) {
+func (vc *VConn) onUnexport(h *format.Header) {
 	rg := vc.rg()
 	rg.mu.Lock()
 	_, had := rg.remote[h.Region()]

@@ -4,7 +4,8 @@ import (
 	"errors"
 	"net/netip"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -39,7 +40,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
-	if !wire.Authentic(b, secret) {
+	if !format.Authentic(b, secret) {
 		// Not from the peer's engine, though from its address (a UC
 		// responder takes a message's first packet whatever its PSN):
 		// nothing of it is read.
@@ -47,7 +48,7 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 		p.rx.reposts = append(p.rx.reposts, slot)
 		return
 	}
-	var h wire.Header
+	var h format.Header
 	if err := h.Parse(b); err != nil {
 		e.stats.malformed.Add(1)
 		p.rx.reposts = append(p.rx.reposts, slot)
@@ -61,13 +62,13 @@ func (p *poller) onRecv(wc *verbs.WC, vc *VConn) {
 	if !vc.grant(h.Credit) {
 		p.reject(RejectGrant)
 	}
-	if vc.tr == Auto && (h.Type == wire.Data || h.Type == wire.Credit || h.Type == wire.Bundle) {
+	if vc.tr == transport.Auto && (h.Type == format.Data || h.Type == format.Credit || h.Type == format.Bundle) {
 		p.onAck(vc, h.Ack())
 		if end, ok := h.Gap(); ok {
 			vc.onGap(end)
 		}
 	}
-	p.dispatch(vc, &h, slot, b[wire.HeaderLen:])
+	p.dispatch(vc, &h, slot, b[format.HeaderLen:])
 }
 
 // admit returns the message a receive holds (past the GRH space of a
@@ -112,30 +113,30 @@ func (p *poller) admit(wc *verbs.WC, vc *VConn, slot bufSlot) (b []byte, ud bool
 
 // dispatch hands an admitted message with header h to what its type
 // needs; payload is what follows the header.
-func (p *poller) dispatch(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
+func (p *poller) dispatch(vc *VConn, h *format.Header, slot bufSlot, payload []byte) {
 	switch h.Type {
-	case wire.Data:
+	case format.Data:
 		p.onData(vc, h, slot, payload)
 		return
-	case wire.Bundle:
+	case format.Bundle:
 		p.onBundle(vc, h, slot, payload)
 		return
 	}
 	// Control messages are read at once: their buffers go back now.
 	p.rx.reposts = append(p.rx.reposts, slot)
 	switch h.Type {
-	case wire.Fin:
+	case format.Fin:
 		vc.onPeerFin()
-	case wire.Reset:
+	case format.Reset:
 		vc.fail(ErrReset)
-	case wire.Export:
+	case format.Export:
 		if err := vc.onExport(h, payload); err != nil {
 			p.e.stats.malformed.Add(1)
 			vc.fail(err)
 		}
-	case wire.Unexport:
+	case format.Unexport:
 		vc.onUnexport(h)
-	case wire.Unexported:
+	case format.Unexported:
 		vc.onUnexported(h.Region())
 	}
 }
@@ -146,15 +147,15 @@ func (p *poller) dispatch(vc *VConn, h *wire.Header, slot bufSlot, payload []byt
 // (FIN, RESET, grants, exports) always travel over RC, whose source is
 // the connected QP; an RC vconn's data too, and it takes receive credits,
 // which a datagram would bypass.
-func dgramAllowed(t wire.Type, tr Transport, ud bool) bool {
+func dgramAllowed(t format.Type, tr transport.Kind, ud bool) bool {
 	switch t {
-	case wire.Data:
+	case format.Data:
 		if ud {
-			return tr == UD
+			return tr == transport.UD
 		}
-		return tr == UC || tr == Auto
-	case wire.Bundle:
-		return !ud && tr == Auto
+		return tr == transport.UC || tr == transport.Auto
+	case format.Bundle:
+		return !ud && tr == transport.Auto
 	}
 	return false
 }
@@ -199,7 +200,7 @@ func (p *poller) ingressOf(qpn uint32) (g verbs.GID, index int, secret uint64) {
 
 // onData delivers a whole message or adds a chunk to the one being
 // reassembled.
-func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte) {
+func (p *poller) onData(vc *VConn, h *format.Header, slot bufSlot, payload []byte) {
 	e := p.e
 	first, last := h.First(), h.Last()
 	imm, hasImm := h.AppImm()
@@ -212,7 +213,7 @@ func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte)
 			return
 		}
 		m.Data, m.slot, m.credits = payload, slot, 0
-		if vc.tr == Auto {
+		if vc.tr == transport.Auto {
 			m.credits = 1
 			vc.deliverSeq(p, h.Seq, m, true)
 			return
@@ -265,8 +266,8 @@ func (p *poller) onData(vc *VConn, h *wire.Header, slot bufSlot, payload []byte)
 	p.deliver(vc, h, m)
 }
 
-func (p *poller) deliver(vc *VConn, h *wire.Header, m Message) {
-	if vc.tr == Auto {
+func (p *poller) deliver(vc *VConn, h *format.Header, m Message) {
+	if vc.tr == transport.Auto {
 		vc.deliverSeq(p, h.Seq, m, false)
 		return
 	}

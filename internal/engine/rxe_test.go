@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/ibv"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -53,7 +54,7 @@ func TestEnginesOnRxe(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for _, tr := range []Transport{RC, UC, UD, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.UC, transport.UD, transport.Auto} {
 		va, vb, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr})
 		if err != nil {
 			t.Fatalf("%v: %v", tr, err)

@@ -3,7 +3,7 @@ package engine
 import (
 	"context"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 )
 
 // enqueue puts a vconn on the run queue and wakes the poller if it sleeps.
@@ -156,7 +156,7 @@ func (p *poller) touch(vcs []*VConn) {
 	pool := p.e.pool
 	for _, vc := range vcs {
 		if ent, ok := vc.ring.peek(&vc.ents); ok && ent.slot() != opMarker {
-			x += uint32(wire.Raw(pool.bytes(ent.slot())).Type())
+			x += uint32(format.Raw(pool.bytes(ent.slot())).Type())
 		}
 	}
 	p.rx.sink += x

@@ -6,7 +6,7 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 )
 
 // Send sends one message, blocking while the vconn's queue is full (the
@@ -36,7 +36,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	if st := vc.state.Load(); st != stateOpen {
 		return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
 	}
-	per := e.cfg.ChunkSize - wire.HeaderLen
+	per := e.cfg.ChunkSize - format.HeaderLen
 	chunks := max(1, (len(data)+per-1)/per)
 	if block {
 		if err := vc.sq.throttle(ctx); err != nil {
@@ -56,11 +56,11 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	if !block && vc.ring.free() < chunks {
 		return false, nil
 	}
-	h := wire.DataHeader(uint32(len(data)), vc.txSeq, imm, hasImm)
+	h := format.DataHeader(uint32(len(data)), vc.txSeq, imm, hasImm)
 	for i := 0; i < chunks; i++ {
 		part := data[min(i*per, len(data)):min((i+1)*per, len(data))]
 		h.SetChunk(i == 0, i == chunks-1)
-		slot, err := vc.getBuffer(ctx, wire.HeaderLen+len(part), block)
+		slot, err := vc.getBuffer(ctx, format.HeaderLen+len(part), block)
 		if err != nil || slot == noSlot {
 			// Nothing of this message is queued unless i > 0, which only a
 			// blocking send reaches; its ctx ended, the vconn is broken.
@@ -71,7 +71,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 		}
 		b := e.pool.bytes(slot)
 		h.Put(b)
-		copy(b[wire.HeaderLen:], part)
+		copy(b[format.HeaderLen:], part)
 		if err := vc.waitRing(ctx, block); err != nil {
 			e.pool.put(slot)
 			if i > 0 {
@@ -79,7 +79,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 			}
 			return false, err
 		}
-		vc.push(newEntry(slot, uint32(wire.HeaderLen+len(part))))
+		vc.push(newEntry(slot, uint32(format.HeaderLen+len(part))))
 		if chunks > 1 {
 			vc.scheduleData()
 		}

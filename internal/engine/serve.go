@@ -1,8 +1,9 @@
 package engine
 
 import (
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -23,7 +24,7 @@ func (p *poller) serve(vc *VConn) {
 		return // not connected yet; Connect's sends reschedule
 	}
 	// (Auto's own fields are off the hot lines: other vconns never read them.)
-	if vc.tr == Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
+	if vc.tr == transport.Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
 		p.freeAcked(vc, vc.reliability()) // another poller received them
 	}
 	// A stall's flag that its grant raced is cleared here, at the serve
@@ -44,7 +45,7 @@ func (p *poller) serve(vc *VConn) {
 // serveDead returns what a closed or failed vconn still has queued to the
 // pool: nothing more is sent, but a RST Abort asked for.
 func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
-	if vc.tr == Auto {
+	if vc.tr == transport.Auto {
 		p.dropUnacked(vc)
 	}
 	for {
@@ -58,7 +59,7 @@ func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
 	}
 	vc.wakeSender()
 	if vc.rstDue.Swap(false) {
-		p.control(vc.sq, vc, remote, wire.Reset)
+		p.control(vc.sq, vc, remote, format.Reset)
 	}
 }
 
@@ -79,7 +80,7 @@ func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 			}
 			continue
 		}
-		b := wire.Raw(e.pool.bytes(slot))
+		b := format.Raw(e.pool.bytes(slot))
 		dq, auto, credited := p.route(vc, b, n)
 		if credited && vc.sent == vc.limit.Load() {
 			p.creditStall(vc)
@@ -102,17 +103,17 @@ func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 
 // route says which QP a queued message goes on, whether as an Auto
 // datagram, and whether it takes one of the peer's receive credits.
-func (p *poller) route(vc *VConn, b wire.Raw, n uint32) (dq *sendQP, auto, credited bool) {
+func (p *poller) route(vc *VConn, b format.Raw, n uint32) (dq *sendQP, auto, credited bool) {
 	// Data goes on the vconn's transport; control always on RC. Only
 	// reliable data consumes receive credits: a lost datagram would take
 	// its credit with it.
 	dq = vc.sq
-	data := b.Type() == wire.Data
+	data := b.Type() == format.Data
 	if data {
 		switch vc.tr {
-		case UD:
+		case transport.UD:
 			dq = p.udq.qp
-		case UC:
+		case transport.UC:
 			dq = vc.dq
 		}
 	}
@@ -124,7 +125,7 @@ func (p *poller) route(vc *VConn, b wire.Raw, n uint32) (dq *sendQP, auto, credi
 	// the one sequence of the vconn either way, which the receiver
 	// delivers in order whichever QP each came on (deliverSeq), so the
 	// switch needs no draining.
-	auto = data && vc.tr == Auto && b.Whole() && vc.autoDgram(n) && vc.dq.path.Datagram()
+	auto = data && vc.tr == transport.Auto && b.Whole() && vc.autoDgram(n) && vc.dq.path.Datagram()
 	if auto {
 		dq = vc.dq
 	}
@@ -185,9 +186,9 @@ func (p *poller) postMarker(vc *VConn) bool {
 // sendQueued stamps and posts the buffer at the head of the ring on dq
 // (kept until acknowledged if auto), and takes it off the ring.
 func (p *poller) sendQueued(vc *VConn, remote vqpn.ID, dq *sendQP, auto bool, slot bufSlot, n uint32) {
-	b := wire.Raw(p.e.pool.bytes(slot))
+	b := format.Raw(p.e.pool.bytes(slot))
 	vc.stampCredit(b)
-	if b.Type() == wire.Data && b.Last() {
+	if b.Type() == format.Data && b.Last() {
 		p.countSent(vc.tr, 1, int(b.Length()))
 	}
 	switch {
@@ -211,14 +212,14 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	q := vc.sq
 	// A closing Auto vconn still acknowledges: the peer's FIN waits for
 	// its datagrams' acknowledgements.
-	live := st == stateOpen || vc.tr == Auto && st == stateClosing
-	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == Auto && vc.nackDue.Load()) && live
+	live := st == stateOpen || vc.tr == transport.Auto && st == stateClosing
+	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == transport.Auto && vc.nackDue.Load()) && live
 	if !vc.ring.empty() {
 		// A grant owed rides on the next data, unless that data waits
 		// for the peer's grant: then it goes alone, or, with both ends
 		// sending, each would wait for the other's grant forever.
 		if stalled && owed {
-			p.control(q, vc, remote, wire.Credit)
+			p.control(q, vc, remote, format.Credit)
 		}
 		// Unexport confirmations do not wait behind data either: the
 		// peer's memory stays registered until they arrive, and this
@@ -230,7 +231,7 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 		return
 	}
 	if owed {
-		p.control(q, vc, remote, wire.Credit)
+		p.control(q, vc, remote, format.Credit)
 	}
 	p.confirmUnexports(q, vc, remote)
 	// A FIN is due after the last data of a closing vconn, or of an open
@@ -240,7 +241,7 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	// peer's EOF (onAck serves the vconn again when the last ack comes).
 	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.finPosted && !vc.datagramsUnacked() {
 		vc.finPosted = true
-		p.control(q, vc, remote, wire.Fin)
+		p.control(q, vc, remote, format.Fin)
 	}
 }
 
@@ -251,18 +252,18 @@ func (p *poller) confirmUnexports(q *sendQP, vc *VConn, remote vqpn.ID) {
 	}
 	p.tx.confirm = vc.takeUnexportAcks(p.tx.confirm[:0])
 	for _, id := range p.tx.confirm {
-		p.controlRegion(q, vc, remote, wire.Unexported, id)
+		p.controlRegion(q, vc, remote, format.Unexported, id)
 	}
 }
 
 // control posts a credit grant, FIN or RST.
-func (p *poller) control(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type) {
+func (p *poller) control(q *sendQP, vc *VConn, remote vqpn.ID, t format.Type) {
 	p.controlRegion(q, vc, remote, t, 0)
 }
 
 // controlRegion posts a control message; one about a region (an
 // unexported) names it.
-func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type, region uint32) {
+func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t format.Type, region uint32) {
 	e := p.e
 	var slot bufSlot
 	ok := q.outstanding+len(q.batch) < e.cfg.SQDepth && p.tx.budget > 0
@@ -272,11 +273,11 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type
 	if !ok {
 		// No room or no buffer now: try again next round.
 		switch t {
-		case wire.Fin:
+		case format.Fin:
 			vc.finPosted = false
-		case wire.Reset:
+		case format.Reset:
 			vc.rstDue.Store(true)
-		case wire.Unexported:
+		case format.Unexported:
 			rg := vc.rg()
 			rg.mu.Lock()
 			rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: region})
@@ -285,16 +286,16 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t wire.Type
 		p.deferVC(vc)
 		return
 	}
-	h := wire.RegionHeader(t, region)
-	b := wire.Raw(e.pool.bytes(slot))
+	h := format.RegionHeader(t, region)
+	b := format.Raw(e.pool.bytes(slot))
 	h.Put(b)
 	vc.stampCredit(b)
-	if t == wire.Credit && vc.nackDue.Swap(false) {
+	if t == format.Credit && vc.nackDue.Swap(false) {
 		// The gap goes with the acknowledgement just stamped, unless a
 		// resend filled it meanwhile.
 		if end := vc.reliability().rx.GapEnd(); int32(end-b.Ack()) > 0 {
 			b.SetGap(end)
 		}
 	}
-	p.post(q, vc, remote, slot, wire.HeaderLen)
+	p.post(q, vc, remote, slot, format.HeaderLen)
 }

@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
@@ -25,7 +26,7 @@ import (
 // takes a message's first packet whatever its PSN (IBA 9.7.5.1.1; rxe and
 // the soft provider alike), so nothing below the engine stops it. The
 // engine does: every message must carry the secret of its QP pair
-// (wire.Authentic), which the attacker does not know.
+// (format.Authentic), which the attacker does not know.
 
 // spoofWire is the wire of an engine under attack: packets from the
 // spoofing host arrive as from the address it spoofs (what the fabric
@@ -121,11 +122,11 @@ func ingressQPN(t *testing.T, to, from *Engine, remote vqpn.ID) uint32 {
 // engine message (hd, its auth a guess, and payload) to QP qpn of to,
 // naming vconn id: a UC SEND ONLY with immediate, or a UD one (with the
 // Q_Key, which is no secret) when ud.
-func (n *spoofNet) forge(t *testing.T, to *Engine, qpn uint32, ud bool, id vqpn.ID, hd wire.Header, payload []byte) {
+func (n *spoofNet) forge(t *testing.T, to *Engine, qpn uint32, ud bool, id vqpn.ID, hd format.Header, payload []byte) {
 	t.Helper()
-	msg := make([]byte, wire.HeaderLen+len(payload))
+	msg := make([]byte, format.HeaderLen+len(payload))
 	hd.Put(msg)
-	copy(msg[wire.HeaderLen:], payload)
+	copy(msg[format.HeaderLen:], payload)
 	h := roce.Header{Opcode: roce.UCSendOnlyImm, PKey: 0xffff, DestQPN: qpn, PSN: rand.Uint32() & roce.Mask24, Imm: vqpn.Imm(id)}
 	if ud {
 		h.Opcode, h.QKey, h.SrcQPN = roce.UDSendOnlyImm, to.cfg.QKey, 0x77
@@ -165,7 +166,7 @@ func guesses() []uint64 { return []uint64{0, rand.Uint64(), rand.Uint64() | 1} }
 // (before, the forged message took the place of the real one, which was
 // then dropped as a duplicate).
 func TestSpoofedData(t *testing.T) {
-	for _, tr := range []Transport{Auto, UD} {
+	for _, tr := range []transport.Kind{transport.Auto, transport.UD} {
 		t.Run(tr.String(), func(t *testing.T) {
 			n := newSpoofNet(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -176,7 +177,7 @@ func TestSpoofedData(t *testing.T) {
 			}
 			exchange(ctx, t, vb, va, 1, func(int) []byte { return []byte("hello") })
 			var qpn uint32
-			ud := tr == UD
+			ud := tr == transport.UD
 			if ud {
 				qpns := n.a.UDQPNs()
 				qpn = qpns[int(vb.ID().VQPN())%len(qpns)] // where vb's datagrams go
@@ -188,7 +189,7 @@ func TestSpoofedData(t *testing.T) {
 			sent := uint64(0)
 			before := forged(n.a)
 			for _, g := range guesses() {
-				d := wire.DataHeader(uint32(len(fake)), next, 0, false)
+				d := format.DataHeader(uint32(len(fake)), next, 0, false)
 				d.SetChunk(true, true)
 				d.Credit, d.Auth = va.limit.Load(), g
 				n.forge(t, n.a, qpn, ud, va.ID(), d, []byte(fake))
@@ -199,11 +200,11 @@ func TestSpoofedData(t *testing.T) {
 				// A bundle of the next two.
 				var body []byte
 				for i := range uint32(2) {
-					var rh [wire.HeaderLen]byte
-					(&wire.Header{Type: wire.Data, Flags: wire.FlagFirst | wire.FlagLast, Length: uint32(len(fake)), Seq: next + i}).Put(rh[:])
+					var rh [format.HeaderLen]byte
+					(&format.Header{Type: format.Data, Flags: format.FlagFirst | format.FlagLast, Length: uint32(len(fake)), Seq: next + i}).Put(rh[:])
 					body = append(append(body, rh[:]...), fake...)
 				}
-				bh := wire.BundleHeader(next, 2, uint32(len(body)))
+				bh := format.BundleHeader(next, 2, uint32(len(body)))
 				bh.Credit, bh.Auth = va.limit.Load(), g
 				n.forge(t, n.a, qpn, false, va.ID(), bh, body)
 				sent++
@@ -253,7 +254,7 @@ func TestSpoofedAck(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestSpoofedAck(t *testing.T) {
 	// had already (a duplicate, which acts only by its header).
 	before := forged(n.b)
 	for _, g := range guesses() {
-		d := wire.DataHeader(5, vb.reliability().rx.Next()-1, 0, false)
+		d := format.DataHeader(5, vb.reliability().rx.Next()-1, 0, false)
 		d.SetChunk(true, true)
 		d.Credit, d.Arg, d.Auth = vb.limit.Load(), first+lost, g
 		n.forge(t, n.b, toB, false, vb.ID(), d, []byte("dupe!"))
@@ -305,7 +306,7 @@ func TestSpoofedCredit(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,14 +315,14 @@ func TestSpoofedCredit(t *testing.T) {
 	limit := vb.limit.Load()
 	before := forged(n.b)
 	for _, g := range guesses() {
-		d := wire.DataHeader(5, vb.reliability().rx.Next()-1, 0, false)
+		d := format.DataHeader(5, vb.reliability().rx.Next()-1, 0, false)
 		d.SetChunk(true, true)
 		d.Credit, d.Arg, d.Auth = limit+uint32(n.b.cfg.MaxCredits), vb.txSeq, g // it acknowledges nothing new
 		n.forge(t, n.b, toB, false, vb.ID(), d, []byte("dupe!"))
 	}
 	// a's own datagram after them, on the same QP, carries a's grant.
 	exchange(ctx, t, va, vb, 1, func(int) []byte { return []byte("marker") })
-	if got, granted := vb.limit.Load(), va.window.Advertised(); wire.After(got, granted) {
+	if got, granted := vb.limit.Load(), va.window.Advertised(); format.After(got, granted) {
 		t.Fatalf("b's limit %d (was %d), past the %d a granted: forged credits took effect", got, limit, granted)
 	}
 	waitFor(t, func() bool { return forged(n.b) >= before+3 }, "the forged grants counted")
@@ -352,7 +353,7 @@ func TestSpoofedWriteOnUC(t *testing.T) {
 	if n.a.windows {
 		t.Fatal("the engine uses memory windows on a device without them")
 	}
-	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: Auto}, VConnOptions{Transport: Auto})
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.Auto}, VConnOptions{Transport: transport.Auto})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +387,7 @@ func TestSpoofedRead(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: RC}, VConnOptions{Transport: RC})
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	softwire "github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -15,7 +16,7 @@ import (
 // path whose peer reported a gap within LossyHold keeps the 5 ms floor
 // (reliable.TestSenderRTT).
 func TestSpuriousTimeouts(t *testing.T) {
-	ctx, a, _, va, vb, fb := testPairOnFabric(t, Auto, 30*time.Second)
+	ctx, a, _, va, vb, fb := testPairOnFabric(t, transport.Auto, 30*time.Second)
 	if fb == nil {
 		return // on a NIC (the rxe guests), nothing here can stall its path
 	}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -35,7 +35,7 @@ type Staging struct {
 // stagedSlot is the wr_id tag's slot of a work request on staging memory:
 // no buffer of the pool (whose classes hold fewer than 2^24-1 buffers, so
 // the last index of the last class is never one).
-const stagedSlot = bufSlot(wire.TagSlotMask)
+const stagedSlot = bufSlot(format.TagSlotMask)
 
 // Stage registers mem, memory the caller mapped outside the Go heap and
 // keeps mapped until released runs, for vc's WriteFrom and ReadInto.
@@ -107,7 +107,7 @@ func (vc *VConn) rdmaStaged(ctx context.Context, op verbs.WROpcode, id uint32, o
 	o.wrs, o.reads, o.err, o.dst, o.abandoned = o.wrs[:0], o.reads[:0], nil, nil, false
 	o.done = make(chan struct{})
 	o.wrs = append(o.wrs, verbs.SendWR{
-		WRID: wire.TagOf(uint32(stagedSlot)).WRID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
+		WRID: format.TagOf(uint32(stagedSlot)).WRID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
 		NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{{Addr: s.mr.Addr() + uint64(at), Length: uint32(n), LKey: s.mr.LKey()}},
 		RemoteAddr: r.Addr + off, RKey: r.RKey,
 	})

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -15,7 +16,7 @@ import (
 // round a pair of wake-ups, for as long as the reader did not read (on a
 // stream, 24 wake-ups a message, a fifth of its rate).
 func TestCreditStallIsQuiet(t *testing.T) {
-	for _, tr := range []Transport{RC, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			a, b := testEngines(t, wire.Faults{}, Config{Credits: 4})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

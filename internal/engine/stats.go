@@ -96,7 +96,7 @@ const (
 	// on (of the peer's datagrams, on UD), which the peer's engine was
 	// given over the control plane: a host that spoofs the peer's
 	// address, or a peer engine that lost its QPs' secrets (restarted).
-	// Dropped unread (wire.Authentic).
+	// Dropped unread (format.Authentic).
 	RejectForged
 	// NumRejectReasons is the number of reasons, for arrays indexed by
 	// reason.
@@ -148,7 +148,7 @@ func (c *trafficCounters) load() Traffic {
 
 // countSent counts msgs application messages of bytes payload bytes that
 // the poller handed to the device on a vconn of transport tr.
-func (p *poller) countSent(tr Transport, msgs, bytes int) {
+func (p *poller) countSent(tr transport.Kind, msgs, bytes int) {
 	p.st.sent[tr].add(msgs, bytes)
 }
 

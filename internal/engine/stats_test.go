@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -14,13 +15,13 @@ import (
 // bundles included, and the peers, QPs and vconn states are as set up.
 func TestTrafficStats(t *testing.T) {
 	for _, tc := range []struct {
-		tr             Transport
+		tr             transport.Kind
 		sizes          []int
 		wantRC, wantUC int // QPs created per side
 	}{
-		{RC, []int{1, 100, 40000}, 1, 0},          // 40000 B: three chunks
-		{Auto, []int{10, 10, 10, 10, 5000}, 1, 1}, // sent back to back: bundled
-		{UD, []int{64}, 1, 0},
+		{transport.RC, []int{1, 100, 40000}, 1, 0},          // 40000 B: three chunks
+		{transport.Auto, []int{10, 10, 10, 10, 5000}, 1, 1}, // sent back to back: bundled
+		{transport.UD, []int{64}, 1, 0},
 	} {
 		t.Run(tc.tr.String(), func(t *testing.T) {
 			a, b := testEngines(t, wire.Faults{}, Config{})
@@ -49,17 +50,17 @@ func TestTrafficStats(t *testing.T) {
 			_, recv := b.TrafficStats()
 			for tr := range NumTransports {
 				w := Traffic{}
-				if Transport(tr) == tc.tr {
+				if transport.Kind(tr) == tc.tr {
 					w = want
 				}
 				if sent[tr] != w {
-					t.Errorf("sent on %v: %+v, want %+v", Transport(tr), sent[tr], w)
+					t.Errorf("sent on %v: %+v, want %+v", transport.Kind(tr), sent[tr], w)
 				}
 				if recv[tr] != w {
-					t.Errorf("received on %v: %+v, want %+v", Transport(tr), recv[tr], w)
+					t.Errorf("received on %v: %+v, want %+v", transport.Kind(tr), recv[tr], w)
 				}
 			}
-			if tc.tr == Auto && a.Stats().Bundled == 0 {
+			if tc.tr == transport.Auto && a.Stats().Bundled == 0 {
 				t.Log("no bundle formed; the bundle path went uncounted")
 			}
 			peers, states := a.PeerStats()
@@ -89,7 +90,7 @@ func TestTrafficStats(t *testing.T) {
 // its uptime, and the busy time never goes backwards while traffic runs
 // and snapshots race the pollers.
 func TestPollerBusy(t *testing.T) {
-	_, a, _, va, vb := testPair(t, wire.Faults{}, RC, 20*time.Second)
+	_, a, _, va, vb := testPair(t, wire.Faults{}, transport.RC, 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	done := make(chan error, 1)

@@ -1,6 +1,6 @@
 package engine
 
-import "github.com/rdmavisor/rdmavisor/internal/engine/wire"
+import "github.com/rdmavisor/rdmavisor/internal/engine/format"
 
 // DefaultAutoThreshold is the largest message the Auto policy sends as a
 // datagram (it is capped at a chunk, ChunkSize less the header, which is
@@ -8,4 +8,4 @@ import "github.com/rdmavisor/rdmavisor/internal/engine/wire"
 // on the soft provider (the e5 suite; bench/results): one vconn streaming
 // messages of 16 B to 4 KiB moved them at 1.05-1.4x the rate over UC as
 // over RC, so every message that fits a chunk goes as a datagram.
-const DefaultAutoThreshold = DefaultChunkSize - wire.HeaderLen
+const DefaultAutoThreshold = DefaultChunkSize - format.HeaderLen

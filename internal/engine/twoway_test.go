@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -16,7 +17,7 @@ import (
 // each end waits for the other's grant forever, with both readers idle.
 // (pkg/vconn's shared-memory echo hung this way about once in 15 runs.)
 func TestBothEndsStalledOnCredits(t *testing.T) {
-	for _, tr := range []Transport{RC, Auto} {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
 		t.Run(tr.String(), func(t *testing.T) {
 			a, b := testEngines(t, wire.Faults{}, Config{Credits: 2, MaxCredits: 2})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

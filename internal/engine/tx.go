@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -13,14 +13,14 @@ import (
 // names the vconn and the buffer its completion frees, imm_data the
 // peer's vconn. The poller only, as all of this file.
 func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs.SendWR {
-	tag := wire.TagOf(uint32(slot))
-	switch b := wire.Raw(p.e.pool.bytes(slot)); b.Type() {
-	case wire.Data, wire.Bundle:
+	tag := format.TagOf(uint32(slot))
+	switch b := format.Raw(p.e.pool.bytes(slot)); b.Type() {
+	case format.Data, format.Bundle:
 		if b.Last() {
-			tag |= wire.TagSent
+			tag |= format.TagSent
 		}
-	case wire.Fin:
-		tag |= wire.TagFin
+	case format.Fin:
+		tag |= format.TagFin
 	}
 	return verbs.SendWR{
 		WRID:    tag.WRID(vc.id),
@@ -35,7 +35,7 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs
 // post adds the SEND of n bytes of slot to q's batch, with the QP pair's
 // secret.
 func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
-	wire.Raw(p.e.pool.bytes(slot)).SetAuth(q.secret)
+	format.Raw(p.e.pool.bytes(slot)).SetAuth(q.secret)
 	p.postWR(q, p.sendWR(vc, remote, slot, n))
 }
 
@@ -46,7 +46,7 @@ func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	var secret uint64
 	wr.AH, wr.RemoteQPN, secret = vc.peer.udRoute(int(vc.id.VQPN()))
 	wr.RemoteQKey = p.e.cfg.QKey
-	wire.Raw(p.e.pool.bytes(slot)).SetAuth(secret)
+	format.Raw(p.e.pool.bytes(slot)).SetAuth(secret)
 	p.postWR(p.udq.qp, wr)
 }
 
@@ -91,7 +91,7 @@ func (p *poller) flushSends() bool {
 			// The QP refused the rest (it failed): their buffers go back,
 			// their vconns fail.
 			for _, wr := range q.batch[n:] {
-				id, tag := wire.SplitWRID(wr.WRID)
+				id, tag := format.SplitWRID(wr.WRID)
 				p.sent(tag)
 				p.tx.budget++
 				if vc, ok := e.vconns.Lookup(id); ok {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
@@ -35,7 +35,7 @@ type VConnOptions struct {
 	// Transport is the vconn's policy; both ends must use the same. The
 	// zero value (transport.Unknown) is RC, or the engine's Config.Transport when
 	// UseEngineDefault is set.
-	Transport Transport
+	Transport transport.Kind
 	// UseEngineDefault takes Transport from the engine's configuration.
 	UseEngineDefault bool
 }
@@ -59,7 +59,7 @@ type VConn struct {
 	txSeq      uint32        // guarded by sendMu
 	scheduled  atomic.Bool   // on the poller's run queue
 	ring       ring          // the producer is whoever holds sendMu; the consumer the QP's poller
-	tr         Transport
+	tr         transport.Kind
 	finPosted  bool // poller-owned
 	rtxWatched bool // poller-owned: on the poller's retransmission list
 
@@ -130,9 +130,9 @@ func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VCo
 		tr = e.cfg.Transport
 	}
 	if tr == transport.Unknown {
-		tr = RC
+		tr = transport.RC
 	}
-	if tr > Auto {
+	if tr > transport.Auto {
 		return nil, fmt.Errorf("engine: new vconn: transport %v", tr)
 	}
 	vc := &VConn{e: e, peer: peer, handler: o.Handler, tr: tr}
@@ -151,9 +151,9 @@ func (e *Engine) NewVConn(ctx context.Context, peer *Peer, o VConnOptions) (*VCo
 	}
 	vc.sq = q
 	switch tr {
-	case UC, Auto:
+	case transport.UC, transport.Auto:
 		vc.dq, err = peer.ucQP(ctx, int(id.VQPN())%e.cfg.QPsPerPeer)
-	case UD:
+	case transport.UD:
 		err = peer.ensureAH() // the poller's UD QP carries the data
 	}
 	if err != nil {
@@ -203,16 +203,16 @@ func (vc *VConn) stateErr() error {
 // MaxMessage is the largest message the vconn's transport carries.
 func (vc *VConn) MaxMessage() int {
 	switch vc.tr {
-	case UD:
-		return vc.e.cfg.MTU.Bytes() - wire.HeaderLen
-	case UC:
-		return vc.e.cfg.ChunkSize - wire.HeaderLen
+	case transport.UD:
+		return vc.e.cfg.MTU.Bytes() - format.HeaderLen
+	case transport.UC:
+		return vc.e.cfg.ChunkSize - format.HeaderLen
 	}
 	return vc.e.cfg.MaxMessage
 }
 
 // Transport is the vconn's transport policy.
-func (vc *VConn) Transport() Transport { return vc.tr }
+func (vc *VConn) Transport() transport.Kind { return vc.tr }
 
 // onPeerFin: the peer closed its side; data before it was delivered.
 func (vc *VConn) onPeerFin() {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
@@ -24,12 +24,12 @@ func (h *hostile) awaitExport() remoteRegion {
 			}
 			off := 1<<19 + int(wc.WRID)*2048
 			b := h.mr.Bytes()[off : off+int(wc.ByteLen)]
-			var hd wire.Header
-			if err := hd.Parse(b); err != nil || hd.Type != wire.Export {
+			var hd format.Header
+			if err := hd.Parse(b); err != nil || hd.Type != format.Export {
 				continue
 			}
-			p := b[wire.HeaderLen:]
-			ad, err := wire.ParseAd(p)
+			p := b[format.HeaderLen:]
+			ad, err := format.ParseAd(p)
 			if err != nil {
 				h.t.Fatal(err)
 			}

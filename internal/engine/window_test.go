@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
 )
 
@@ -34,16 +35,16 @@ func TestCreditWindowGrows(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		cfg      Config
-		tr       Transport
+		tr       transport.Kind
 		min, max uint32
 		size     int
 	}{
-		{"rc", Config{}, RC, defaultCredits + 1, defaultMaxCredits, 16},
+		{"rc", Config{}, transport.RC, defaultCredits + 1, defaultMaxCredits, 16},
 		// Messages over half a chunk go alone: a bundle of small ones
 		// takes one credit, and a sender slowed down (by the race
 		// detector) may then never use all of its window.
-		{"auto", Config{}, Auto, defaultCredits + 1, defaultMaxCredits, DefaultChunkSize/2 + 1},
-		{"fixed", Config{Credits: 8}, RC, 8, 8, 16},
+		{"auto", Config{}, transport.Auto, defaultCredits + 1, defaultMaxCredits, DefaultChunkSize/2 + 1},
+		{"fixed", Config{Credits: 8}, transport.RC, 8, 8, 16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := testEngines(t, wire.Faults{}, tc.cfg)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // reasoned is an error with a condition reason, as device.OpenError is.
@@ -47,7 +48,7 @@ func TestReporterDeviceNotOpen(t *testing.T) {
 	}
 	waitCond := func(typ string, status metav1.ConditionStatus, reason, msg string) {
 		t.Helper()
-		eventually(t, typ+" "+string(status)+" "+reason, func() bool {
+		poll.Until(t, 20*time.Second, typ+" "+string(status)+" "+reason, func() bool {
 			c := cond(typ)
 			return c != nil && c.Status == status && c.Reason == reason && strings.Contains(c.Message, msg)
 		})

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/rdmavisor/rdmavisor/internal/netpol"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 func nsPod(ns, name, node, ip string, labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
@@ -76,7 +78,7 @@ func TestPolicies(t *testing.T) {
 	if _, err := kube.NetworkingV1().NetworkPolicies("srv").Create(ctx, allow, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the allow rule admits the client on the named port", func() bool { return p.Ingress(from, to, 7000) == nil })
+	poll.Until(t, 20*time.Second, "the allow rule admits the client on the named port", func() bool { return p.Ingress(from, to, 7000) == nil })
 	if err := p.Ingress(from, to, 7001); !errors.As(err, &r) || !strings.Contains(err.Error(), "allow-team-a, deny-all") {
 		t.Errorf("ingress on a port the rule does not name: %v, want a refusal naming both policies", err)
 	}
@@ -86,7 +88,7 @@ func TestPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli := netpol.Endpoint{Pod: "cli/c", IP: netip.MustParseAddr("10.244.0.10"), Node: "node-a"}
-	eventually(t, "the egress deny refuses", func() bool { return errors.As(p.Egress(cli, to, 7000), &r) })
+	poll.Until(t, 20*time.Second, "the egress deny refuses", func() bool { return errors.As(p.Egress(cli, to, 7000), &r) })
 	if err := p.Egress(cli, to, 7000); !strings.Contains(err.Error(), "no-egress") {
 		t.Errorf("egress refusal %q names no no-egress", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/controllers/testenv"
 	"github.com/rdmavisor/rdmavisor/internal/admin"
 	"github.com/rdmavisor/rdmavisor/internal/discovery"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 var k8s client.WithWatch
@@ -53,16 +54,6 @@ func newFake(s admin.Status) *fakeAgent {
 	return f
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 func get(t *testing.T, name string) *v1alpha1.RDMANode {
 	var rn v1alpha1.RDMANode
 	if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, &rn); err != nil {
@@ -96,7 +87,7 @@ func TestReporterAndDiscovery(t *testing.T) {
 	doneB := run(ctxB, "node-b", "svc", b)
 	run(ctx, "node-c", "other", other)
 
-	eventually(t, "node-a's RDMANode", func() bool {
+	poll.Until(t, 20*time.Second, "node-a's RDMANode", func() bool {
 		rn := get(t, "node-a")
 		return rn != nil && meta.IsStatusConditionTrue(rn.Status.Conditions, v1alpha1.ConditionNodeReady)
 	})
@@ -109,7 +100,7 @@ func TestReporterAndDiscovery(t *testing.T) {
 	}
 	// A change is reported within a poll, not a heartbeat.
 	a.set(admin.Status{Ready: true, Node: "node-a", Capacity: 64, VConns: 9, QPs: 6, Device: "soft-10.0.0.1", GID: "10.0.0.1", Control: "10.0.0.1:7471"})
-	eventually(t, "node-a's new load", func() bool { rn := get(t, "node-a"); return rn.Status.VConnsOpen == 9 && rn.Status.QPsInUse == 6 })
+	poll.Until(t, 20*time.Second, "node-a's new load", func() bool { rn := get(t, "node-a"); return rn.Status.VConnsOpen == 9 && rn.Status.QPsInUse == 6 })
 
 	changes := make(chan []discovery.Peer, 16)
 	d := &Discovery{Client: k8s, Service: "svc", Self: "node-a", Log: log}

@@ -16,7 +16,9 @@ import (
 type Kind uint8
 
 // Kinds. Unknown is what an agent that does not report a transport sends,
-// and what a vconn that does not choose one asks for: the default, RC.
+// and what a vconn that does not choose one asks for: RC. (The transport
+// of a node's vconns that take their node's policy is another default,
+// Default.)
 const (
 	Unknown Kind = iota
 	// RC: reliable, ordered, any size.
@@ -66,6 +68,18 @@ func Parse(s string) (Kind, error) {
 // this package does not know is taken as unreliable: refusing a stream is
 // safer than corrupting one.
 func (k Kind) Reliable() bool { return k == Unknown || k == RC || k == Auto }
+
+// The product's defaults: the agent configuration's (config.Default), and
+// so the RDMAService's, whose kubebuilder marker repeats the transport (a
+// test compares them), and those of an engine configured with zeros.
+const (
+	// Default is the transport policy of a node's vconns that do not
+	// choose one.
+	Default = Auto
+	// DefaultMaxMessage is the largest message a vconn carries, in bytes:
+	// 1 MiB.
+	DefaultMaxMessage = 1 << 20
+)
 
 // Queue pairs per peer: how many RC QPs (and, for auto, as many UC ones) an
 // engine keeps to each peer node, which every vconn to it shares.

@@ -2,6 +2,7 @@ package vconn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -230,8 +231,7 @@ type session struct {
 	info frame.HelloInfo
 	done chan struct{} // closed when the session broke
 
-	wmu  sync.Mutex // serialises writes; guards wbuf
-	wbuf []byte
+	w frame.Writer // of conn
 
 	mu      sync.Mutex
 	nextReq uint32                              // guarded by mu
@@ -251,7 +251,8 @@ func dialSession(ctx context.Context, path string) (*session, error) {
 	if err != nil {
 		return nil, noAgent(path, err)
 	}
-	s := &session{conn: nc.(*net.UnixConn), done: make(chan struct{}),
+	uc := nc.(*net.UnixConn)
+	s := &session{conn: uc, w: frame.Writer{Conn: uc}, done: make(chan struct{}),
 		pending: make(map[uint32]func(frame.Frame, error)), conns: make(map[uint32]*Conn), lns: make(map[uint32]*Listener)}
 	go s.read()
 	rep, err := s.call(ctx, &frame.Frame{Op: frame.OpHello, Arg: frame.Version})
@@ -292,18 +293,14 @@ func (s *session) failure() error {
 	return ErrAgentGone
 }
 
+// write writes f; a socket that fails ends the session.
 func (s *session) write(f *frame.Frame) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	var err error
-	if s.wbuf, err = frame.Append(s.wbuf[:0], f); err != nil {
+	err := s.w.Write(f)
+	if err == nil || errors.Is(err, frame.ErrTooBig) {
 		return err
 	}
-	if _, err := s.conn.Write(s.wbuf); err != nil {
-		s.shutdown(&Error{Code: CodeAgentGone, Message: err.Error()})
-		return s.failure()
-	}
-	return nil
+	s.shutdown(&Error{Code: CodeAgentGone, Message: err.Error()})
+	return s.failure()
 }
 
 // async sends a request; cb gets the reply (or the session's failure) on

@@ -4,10 +4,12 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 func helloBytes(req uint32) []byte {
@@ -98,11 +100,11 @@ var socketCases = []conformanceCase{
 		if m := p.B.recv(); m.Op != frame.OpEOF || m.Handle != p.hb {
 			t.Fatalf("got %v, want EOF on %d", m, p.hb)
 		}
-		eventually(t, "the quota freed", func() bool { return inUse(e.a, sockA) == 0 })
+		poll.Until(t, 10*time.Second, "the quota freed", func() bool { return inUse(e.a, sockA) == 0 })
 		// The listener goes with B's session.
 		_ = p.B.c.Close()
 		a := open(t, "A2", sockA)
-		eventually(t, "the listener gone", func() bool {
+		poll.Until(t, 10*time.Second, "the listener gone", func() bool {
 			req := a.next()
 			a.send(frame.Frame{Op: frame.OpDial, Req: req, Payload: []byte(p.addr)})
 			m := a.recv()

@@ -3,10 +3,12 @@ package protocol
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // §3 Requests and replies, continued: Close, exported regions and staging
@@ -26,7 +28,7 @@ var requestCases3 = []conformanceCase{
 		if m := p.B.recv(); m.Op != frame.OpEOF {
 			t.Fatalf("got %v, want EOF", m)
 		}
-		eventually(t, "the slot freed", func() bool { return inUse(e.a, p.A.sock) == 0 })
+		poll.Until(t, 10*time.Second, "the slot freed", func() bool { return inUse(e.a, p.A.sock) == 0 })
 		p.A.fails(frame.Frame{Op: frame.OpSend, Handle: p.ha, Payload: []byte("x")}, frame.CodeNoHandle)
 	}},
 	{"R3.24", "Close of a listener: OK, and a Dial of its port is refused", rc, false, func(t *testing.T, e *env) {
@@ -93,7 +95,7 @@ var requestCases3 = []conformanceCase{
 		p.A.call(frame.Frame{Op: frame.OpUnexport, Handle: p.ha, Arg: r})
 		p.A.fails(frame.Frame{Op: frame.OpLocalRead, Handle: p.ha, Arg: r, Payload: length(1)}, frame.CodeRegion)
 		p.A.fails(frame.Frame{Op: frame.OpUnexport, Handle: p.ha, Arg: r}, frame.CodeRegion)
-		eventually(t, "the peer's Read refused", func() bool {
+		poll.Until(t, 10*time.Second, "the peer's Read refused", func() bool {
 			req := p.B.next()
 			p.B.send(frame.Frame{Op: frame.OpRead, Req: req, Handle: p.hb, Arg: r, Payload: length(1)})
 			m := p.B.recv()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // fileConn makes a net.Conn of a bridged vconn's socket; the Conn holds
@@ -296,7 +297,7 @@ var requestCases2 = []conformanceCase{
 		}
 		_ = client.Close()
 		_ = server.Close()
-		eventually(t, "the quota freed", func() bool { return inUse(e.a, sockA) == 0 })
+		poll.Until(t, 10*time.Second, "the quota freed", func() bool { return inUse(e.a, sockA) == 0 })
 	}},
 	{"R3.14", "VConnInfo in arg2: rc carries 65,536 bytes", rc, false, func(t *testing.T, e *env) {
 		p := newPair(t, e)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmavisor/rdmavisor/internal/frame"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
 )
 
 // shmPair is a pair whose dialling side (A) is on shared memory.
@@ -80,7 +81,7 @@ var shmCases = []conformanceCase{
 		if m := p.B.data(p.hb); len(m.Payload) != 1000 {
 			t.Fatalf("third: %d bytes", len(m.Payload))
 		}
-		eventually(t, "ring TX released", func() bool { return atomic.LoadUint32(seg.tx.head()) == 3 })
+		poll.Until(t, 10*time.Second, "ring TX released", func() bool { return atomic.LoadUint32(seg.tx.head()) == 3 })
 	}},
 	{"R5.6", "the agent produces ring RX: one descriptor a message, and the doorbell when the client sleeps", rc, false, func(t *testing.T, e *env) {
 		p, seg := shmPair(t, e)
@@ -95,7 +96,7 @@ var shmCases = []conformanceCase{
 		// Arm, then a message: the agent clears the flag and rings.
 		atomic.StoreUint32(seg.rx.sleeping(), 1)
 		p.B.sendMsg(p.hb, []byte("c"))
-		eventually(t, "consumer sleeping cleared", func() bool { return atomic.LoadUint32(seg.rx.sleeping()) == 0 })
+		poll.Until(t, 10*time.Second, "consumer sleeping cleared", func() bool { return atomic.LoadUint32(seg.rx.sleeping()) == 0 })
 		if !readable(seg.rx.bell, 10*time.Second) {
 			t.Fatal("the RX doorbell was not rung")
 		}
@@ -147,13 +148,13 @@ var shmCases = []conformanceCase{
 		p, seg := shmPair(t, e)
 		p.B.send(frame.Frame{Op: frame.OpGrant, Handle: p.hb, Arg: 4})
 		seg.tx.publish(t, []byte("sent"), 0, 0)
-		eventually(t, "ring TX released", func() bool { return atomic.LoadUint32(seg.tx.head()) == 1 })
+		poll.Until(t, 10*time.Second, "ring TX released", func() bool { return atomic.LoadUint32(seg.tx.head()) == 1 })
 		p.A.call(frame.Frame{Op: frame.OpClose, Handle: p.ha})
 		p.B.data(p.hb)
 		if m := p.B.recv(); m.Op != frame.OpEOF {
 			t.Fatalf("got %v, want EOF", m)
 		}
-		eventually(t, "the doorbells closed", func() bool { return atEOF(seg.tx.bell) && atEOF(seg.rx.bell) })
+		poll.Until(t, 10*time.Second, "the doorbells closed", func() bool { return atEOF(seg.tx.bell) && atEOF(seg.rx.bell) })
 	}},
 }
 

@@ -454,18 +454,6 @@ func (s *sess) data(h uint32) msg {
 	return m
 }
 
-// eventually retries f until it holds or 10 s pass.
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // inUse is how many vconns allocation of sock holds on n.
 func inUse(n *agenttest.Node, sock string) int {
 	for _, al := range n.Agent.Allocations() {

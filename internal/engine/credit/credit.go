@@ -7,7 +7,7 @@
 // Both ends of a vconn keep one: the sender a Limit (what the peer granted,
 // which its messages may not pass), the receiver a Window (what it granted,
 // and what its application released) and a Taken count (what the peer's
-// messages took). Grants are cumulative serial numbers (wire.Advance), so
+// messages took). Grants are cumulative serial numbers (format.Advance), so
 // a lost or reordered grant is made good by the next one.
 //
 // It is pure and lock-free: no verbs, no goroutines of its own. Each method
@@ -19,7 +19,7 @@ package credit
 import (
 	"sync/atomic"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 )
 
 // Limit is the send side: the credits the peer granted, cumulative. The
@@ -46,7 +46,7 @@ func (l *Limit) Grant(credit, max uint32) (moved, ok bool) {
 	if lim := l.v.Load(); int32(credit-lim) > int32(max) {
 		credit, ok = lim+max, false
 	}
-	return wire.Advance(&l.v, credit), ok
+	return format.Advance(&l.v, credit), ok
 }
 
 // Window is the receive side: the credits granted and the buffers the

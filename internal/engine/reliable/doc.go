@@ -1,6 +1,6 @@
 // Package reliable owns Auto's reliability state: what turns an Auto
 // vconn's UC datagrams into a reliable, ordered stream. Every message
-// carries a sequence number (wire.Header.Seq); the receiver (Receiver)
+// carries a sequence number (format.Header.Seq); the receiver (Receiver)
 // delivers in sequence order, holding early arrivals and dropping
 // duplicates, acknowledges cumulatively on whatever it sends back, and
 // reports a gap once so the sender resends it at once; the sender (Sender)

@@ -4,7 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 )
 
 // Receiver is the receive side of an Auto vconn: it puts messages of type
@@ -40,7 +40,7 @@ type held[M any] struct {
 // EarlyWindow is how far past a gap messages are kept: twice what a full
 // window of credits may have in flight, a bundle of messages per credit.
 // What arrives beyond it is dropped, and resent.
-func EarlyWindow(maxCredits int) int { return 2 * wire.MaxBundle * maxCredits }
+func EarlyWindow(maxCredits int) int { return 2 * format.MaxBundle * maxCredits }
 
 func (r *Receiver[M]) Lock()   { r.mu.Lock() }
 func (r *Receiver[M]) Unlock() { r.mu.Unlock() }

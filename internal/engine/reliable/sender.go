@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/wire"
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 )
 
 // The retransmission timeout is for the tail of a burst only: a loss with
@@ -76,7 +76,7 @@ func (s *Sender) Push(d Datagram) { s.unacked = append(s.unacked, d) }
 // OnAck records an acknowledgement the peer sent and reports whether it is
 // news; the caller then says when it came (AckTime) and has the owner free
 // what it covers (FreeAcked). Any poller.
-func (s *Sender) OnAck(ack uint32) bool { return wire.Advance(&s.peerAck, ack) }
+func (s *Sender) OnAck(ack uint32) bool { return format.Advance(&s.peerAck, ack) }
 
 // AckTime records when the newest acknowledgement came, since the engine's
 // epoch. Any poller, after OnAck reported news.

@@ -1,4 +1,4 @@
-package wire
+package format
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package wire
+package format
 
 import "github.com/rdmavisor/rdmavisor/internal/vqpn"
 

@@ -1,4 +1,4 @@
-// Package wire owns the engine's formats: what one engine's messages carry
+// Package format owns the engine's formats: what one engine's messages carry
 // to another inside a SEND (the 32-byte message header and the secret that authenticates it, bundles of whole
 // messages, the export of a region), what the engine's own work requests
 // carry in wr_id (Tag), and the serial-number order in which credits,
@@ -12,4 +12,4 @@
 // Every function here may be called from any goroutine: they touch only
 // their arguments. The engine's pollers call the Raw accessors and the Tag
 // helpers once per message, so all of them are small enough to inline.
-package wire
+package format

@@ -1,4 +1,4 @@
-package wire
+package format
 
 import "errors"
 
@@ -39,7 +39,7 @@ func CheckBundle(h *Header, payload []byte) error {
 
 // Bundled walks the messages of a bundle CheckBundle accepted:
 //
-//	for it := wire.Bundled(payload); it.Next(); { it.Header, it.Data }
+//	for it := format.Bundled(payload); it.Next(); { it.Header, it.Data }
 //
 // It allocates nothing; Data aliases the payload, capped at its message.
 type BundleIter struct {

@@ -1,0 +1,115 @@
+package deviceplugin_test
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
+	"github.com/rdmavisor/rdmavisor/internal/poll"
+	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+)
+
+func TestGarbageCollection(t *testing.T) {
+	ctx := testCtx(t)
+	var stale string
+	e := setup(t, deviceplugin.Options{GCInterval: 50 * time.Millisecond, GCGrace: time.Millisecond}, func(e *env) {
+		// Left by an earlier plugin whose pod is gone, and one the device
+		// plugin did not make.
+		stale = e.id(ids(5))
+		for _, id := range []string{stale, "other"} {
+			if _, err := e.cl.Nodes[0].Allocate(ctx, id, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	poll.Until(t, 15*time.Second, "the stale allocation is collected at start", func() bool {
+		_, ok := e.allocations(t)[stale]
+		return !ok
+	})
+	if _, ok := e.allocations(t)["other"]; !ok {
+		t.Fatal("collected an allocation the device plugin did not make")
+	}
+
+	// Listed before Allocate (the kubelet lists them after), so that a
+	// GCGrace of 1ms cannot collect them in between.
+	podA, podB := ids(0), ids(1, 2)
+	e.pods.set("a", podA)
+	e.pods.set("b", podB)
+	if _, err := e.client.Allocate(ctx, allocReq(podA)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.Allocate(ctx, allocReq(podB)); err != nil {
+		t.Fatal(err)
+	}
+	idA, idB := e.id(podA), e.id(podB)
+	time.Sleep(300 * time.Millisecond) // several passes
+	have := e.allocations(t)
+	for _, id := range []string{idA, idB, "other"} {
+		if _, ok := have[id]; !ok {
+			t.Fatalf("allocation %s of a live pod collected; have %v", id, have)
+		}
+	}
+
+	e.pods.set("a", nil)
+	poll.Until(t, 15*time.Second, "pod a's allocation is collected", func() bool {
+		_, ok := e.allocations(t)[idA]
+		return !ok
+	})
+	time.Sleep(200 * time.Millisecond)
+	got := e.allocations(t)
+	keys := make([]string, 0, len(got))
+	for id := range got {
+		keys = append(keys, id)
+	}
+	slices.Sort(keys)
+	if want := slices.Sorted(slices.Values([]string{idB, "other"})); !slices.Equal(keys, want) {
+		t.Errorf("allocations %v, want %v", keys, want)
+	}
+	// The counters move just after the agent lets the allocation go.
+	poll.Until(t, 15*time.Second, "2 allocations collected, 2 devices allocated", func() bool {
+		return e.metric(t, "rdmavisor_device_plugin_allocations_collected_total") == 2 &&
+			e.metric(t, "rdmavisor_device_plugin_devices_allocated") == 2
+	})
+}
+
+// A restarted agent has lost its allocations: the plugin re-creates those
+// of running pods as soon as the agent is healthy again.
+func TestAgentRestartRecreatesAllocations(t *testing.T) {
+	e := setup(t, deviceplugin.Options{GCInterval: time.Hour}, nil)
+	ctx := testCtx(t)
+	devs := ids(4, 5, 6)
+	rep, err := e.client.Allocate(ctx, allocReq(devs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pods.set("a", devs) // the kubelet records the devices after Allocate
+	id := e.id(devs)
+	w := watch(t, e.client)
+	w.waitAll(t, devices, pluginapi.Healthy)
+	if err := e.cl.Nodes[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// The counter moves after the agent holds the allocation again (and
+	// the plugin bound it): wait for both.
+	poll.Until(t, 15*time.Second, "the allocation is re-created", func() bool {
+		return e.allocations(t)[id].VConns == len(devs) &&
+			e.metric(t, "rdmavisor_device_plugin_allocations_recreated_total") > 0
+	})
+	m := rep.ContainerResponses[0].Mounts[0]
+	a, err := vconn.NewClient(ctx, vconn.Options{Socket: filepath.Join(m.HostPath, admin.SocketName)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if q, err := a.Quota(ctx); err != nil || q != len(devs) {
+		t.Errorf("quota %d, %v; want %d", q, err, len(devs))
+	}
+	if got := e.metric(t, "rdmavisor_device_plugin_allocations_recreated_total"); got != 1 {
+		t.Errorf("re-created %v, want 1", got)
+	}
+}
