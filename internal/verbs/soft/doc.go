@@ -12,7 +12,9 @@
 //     posted, NAKs for remote access errors (bad rkey, bounds, permissions)
 //     after which both QPs go to ERR and outstanding work requests complete
 //     with flush errors. SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM
-//     and RDMA_READ, segmented at the path MTU.
+//     and RDMA_READ, segmented at the path MTU; at most max_rd_atomic READs
+//     in flight, and a duplicate READ answered again only within one of the
+//     last max_dest_rd_atomic READs executed (rxe's responder resources).
 //   - UC: no ACKs; a PSN gap drops the rest of the message, so a receiver
 //     sees whole messages or nothing.
 //   - UD: one packet no larger than the MTU (a larger post is refused), Q_Key
