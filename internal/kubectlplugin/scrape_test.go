@@ -66,9 +66,13 @@ func TestSeriesAreTheAgents(t *testing.T) {
 			t.Errorf("%q is not in the agent's metrics code", s)
 		}
 	}
-	render, err := os.ReadFile("../../controllers/rdmaservice_render.go")
-	if err != nil {
-		t.Fatal(err)
+	var render []byte
+	for _, f := range []string{"../../controllers/rdmaservice_render.go", "../../controllers/rdmaservice_render_daemonset.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		render = append(render, b...)
 	}
 	for _, s := range []string{labelName, labelService, agentAppName, `WithName("metrics")`, annotationScrapePort} {
 		if !strings.Contains(string(render), s) {
