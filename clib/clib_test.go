@@ -192,3 +192,12 @@ func TestInstall(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildsOptimized builds the library at -O3 with warnings as errors:
+// inlining shows the compiler paths the tests' -O1 build does not (a NULL
+// that reached memcpy in region.c failed this).
+func TestBuildsOptimized(t *testing.T) {
+	if err := run(".", "make", "BUILD="+filepath.Join(t.TempDir(), "build"), "CC=cc", "CFLAGS=-O3 -Werror"); err != nil {
+		t.Fatal(err)
+	}
+}
