@@ -138,15 +138,23 @@ func TestCThreads(t *testing.T) {
 	}
 }
 
+// runOnTwoNodes runs the C test prog with a client on each of two agents
+// (allocations id-a and id-b of k vconns; the second's node and a port
+// for it to listen on), and returns its output.
+func runOnTwoNodes(t *testing.T, prog, id string, k int, port string) string {
+	t.Helper()
+	cl := cluster(t)
+	a := allocate(t, cl.Nodes[0], id+"-a", k)
+	b := allocate(t, cl.Nodes[1], id+"-b", k)
+	return runC(t, prog, "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT="+port)
+}
+
 // TestCLeader runs test/test_lead.c: a thread waiting for a reply reads
 // the socket itself (its background reader reads next to none of a ping
 // pong's frames), and the background reader reads the answers to sends
 // nobody waits for.
 func TestCLeader(t *testing.T) {
-	cl := cluster(t)
-	a := allocate(t, cl.Nodes[0], "ld-a", 4)
-	b := allocate(t, cl.Nodes[1], "ld-b", 4)
-	out := runC(t, "test_lead", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT=7006")
+	out := runOnTwoNodes(t, "test_lead", "ld", 4, "7006")
 	if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
 		t.Fatalf("test_lead did not finish")
 	}
@@ -156,10 +164,7 @@ func TestCLeader(t *testing.T) {
 // kernel sockets (FlagBridge), read and written, half-closed, shared with
 // a forked child, outliving their client.
 func TestCBridge(t *testing.T) {
-	cl := cluster(t)
-	a := allocate(t, cl.Nodes[0], "br-a", 8)
-	b := allocate(t, cl.Nodes[1], "br-b", 8)
-	out := runC(t, "test_bridge", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name, "VCONN_PORT=7004")
+	out := runOnTwoNodes(t, "test_bridge", "br", 8, "7004")
 	if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
 		t.Fatal("test_bridge did not finish")
 	}
