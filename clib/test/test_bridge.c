@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -37,15 +38,28 @@ static size_t read_all(int fd, char *b, size_t cap)
 
 static char big[1 << 20], got[(1 << 20) + 16];
 
+/* request writes the request and half-closes, as the client's own
+ * thread: what the two bridges and their sockets hold between a writer
+ * and a reader is bounded (by the receiver's credits, as a TCP window),
+ * so the reader reads meanwhile, as a peer process would. */
+static void *request(void *arg)
+{
+	int ds = *(int *)arg;
+	write_all(ds, big, sizeof big);
+	CHECK(shutdown(ds, SHUT_WR) == 0, "shutdown");
+	return NULL;
+}
+
 /* half_close: a request, a half-close, the answer after it, between the
  * dialled socket ds and the accepted as. */
 static void half_close(int ds, int as)
 {
 	for (size_t i = 0; i < sizeof big; i++)
 		big[i] = (char)(i * 7 + (i >> 10));
-	write_all(ds, big, sizeof big);
-	CHECK(shutdown(ds, SHUT_WR) == 0, "shutdown");
+	pthread_t w;
+	CHECK(pthread_create(&w, NULL, request, &ds) == 0, "pthread_create");
 	size_t n = read_all(as, got, sizeof got);
+	CHECK(pthread_join(w, NULL) == 0, "pthread_join");
 	CHECK(n == sizeof big && memcmp(got, big, n) == 0, "1 MiB through the bridge: %zu bytes", n);
 	write_all(as, "answer", 6);
 	close(as);

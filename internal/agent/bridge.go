@@ -9,22 +9,17 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
-	"github.com/rdmavisor/rdmavisor/internal/frame"
 )
 
 // errUnreliable: a bridge asked of a vconn whose transport may lose
 // messages (frame.CodeBadRequest).
 var errUnreliable = errors.New("unreliable transport")
-
-// bridgeChunk bounds the bytes one Send of a bridge carries: what one
-// read of the program's socket returns, at most a frame's payload, as on
-// the socket path.
-const bridgeChunk = frame.MaxPayload
 
 // bridge carries a vconn as a byte stream over one end of a socketpair
 // whose other end a program holds as if it were a TCP socket (Dial or
@@ -96,28 +91,105 @@ func (al *allocation) newBridgeFor(vc *engine.VConn, slot acceptSlot) (*os.File,
 	return prog, nil
 }
 
-// up copies what the program writes into the vconn, a read at a time:
-// the bridge's sending goroutine, with the socket as its source.
+// up sends what the program writes, a read at a time: the bridge's
+// sending goroutine, with the socket as its source. Each read goes
+// straight into the engine's send buffer (engine.VConn.SendFrom), a
+// message of one chunk, so that the bytes are copied twice on the way
+// from the program to the wire (its write into the socket, the read out
+// of it) and twice on the way back (the peer's receive buffer into the
+// socket, the program's read), with no reassembly at the receiver.
 func (b *bridge) up() {
 	defer b.wg.Done()
-	forward(b.ctx, b.vc, &bridgeTX{b: b, buf: make([]byte, min(bridgeChunk, b.vc.MaxMessage()))})
+	t := &bridgeTX{b: b}
+	rc, err := b.c.SyscallConn()
+	if err != nil {
+		t.end(err)
+		return
+	}
+	t.rc = rc
+	t.readFn, t.readyFn, t.fillFn = t.readOnce, t.readyOnce, t.fill
+	forward(b.ctx, b.vc, t)
 }
 
-// bridgeTX is the program's socket as a source: each read is a message.
+// bridgeTX is the program's socket as a source: each read is a message,
+// read by the engine's SendFrom into its buffer (outgoing.fill). The
+// socket is non-blocking: next waits until it is readable, so that no
+// send buffer is held while the program writes nothing.
 type bridgeTX struct {
-	b   *bridge
-	buf []byte
+	b  *bridge
+	rc syscall.RawConn
+	// more: the last read filled its buffer, so more is likely there
+	// and next need not ask the poller first.
+	more bool
+
+	// The callbacks and their arguments, made once: a closure a message
+	// would allocate.
+	readFn, readyFn func(fd uintptr) bool
+	fillFn          func([]byte) (int, error)
+	buf             []byte
+	n               int
+	err             error
+	pfd             [1]unix.PollFd
 }
 
 func (t *bridgeTX) next() (outgoing, error) {
-	n, err := t.b.c.Read(t.buf)
-	if n > 0 {
-		return outgoing{data: t.buf[:n]}, nil // an error comes again at the next read
+	if !t.more {
+		// Wait for the socket to be readable (or its end): Go's poller
+		// parks the goroutine until it is.
+		t.err = nil
+		if err := t.rc.Read(t.readyFn); err != nil {
+			return outgoing{}, err
+		}
+		if t.err != nil {
+			return outgoing{}, t.err
+		}
 	}
-	if err == nil {
-		err = io.EOF // a stream read of 0 bytes is its end
+	return outgoing{fill: t.fillFn}, nil
+}
+
+// readyOnce reports whether the socket has bytes, an end or an error to
+// read, without reading them.
+func (t *bridgeTX) readyOnce(fd uintptr) bool {
+	t.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	n, err := unix.Poll(t.pfd[:], 0)
+	if err != nil && err != unix.EINTR {
+		t.err = err
+		return true
 	}
-	return outgoing{}, err
+	return n > 0
+}
+
+// fill reads once into b without waiting: 0 bytes and errWouldBlock
+// when there is nothing after all; 0 and io.EOF at the program's end.
+func (t *bridgeTX) fill(b []byte) (int, error) {
+	t.buf, t.n, t.err = b, 0, nil
+	if err := t.rc.Read(t.readFn); err != nil {
+		return 0, err
+	}
+	t.buf = nil
+	t.more = t.n == len(b)
+	switch {
+	case t.n > 0:
+		return t.n, nil
+	case t.err == unix.EAGAIN:
+		return 0, errWouldBlock
+	case t.err != nil:
+		return 0, t.err
+	}
+	return 0, io.EOF // a stream read of 0 bytes is its end
+}
+
+func (t *bridgeTX) readOnce(fd uintptr) bool {
+	for {
+		t.n, t.err = unix.Read(int(fd), t.buf)
+		if t.err != unix.EINTR {
+			break
+		}
+	}
+	if t.n < 0 {
+		t.n = 0
+	}
+	return true // never wait here: the send lock is held (SendFrom)
 }
 
 // sent: a failed send (the vconn failed, or the agent stops) resets the

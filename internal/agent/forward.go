@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"io"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 )
@@ -27,12 +29,18 @@ type source interface {
 	tenant() *tenantStats
 }
 
-// outgoing is one message of a source.
+// outgoing is one message of a source: its bytes, or fill, which reads
+// them into the engine's send buffer (engine.VConn.SendFrom; the bridge).
 type outgoing struct {
 	data   []byte
 	imm    uint32
 	hasImm bool
+	fill   func([]byte) (int, error)
 }
+
+// errWouldBlock: a fill found nothing to read after all; the source is
+// asked again, and nothing was sent.
+var errWouldBlock = errors.New("nothing to read")
 
 // forward is the agent's one send loop: it hands the messages of src to
 // the engine, in order, blocking while the vconn's queue is full (the
@@ -47,14 +55,28 @@ func forward(ctx context.Context, vc *engine.VConn, src source) {
 			src.end(err)
 			return
 		}
-		switch err = rate.take(ctx, len(m.data)); {
+		n := len(m.data)
+		switch err = rate.take(ctx, n); {
 		case err != nil: // ctx ended while the rate held the message
+		case m.fill != nil:
+			// Its size is known once read: the rate counted it as
+			// empty, and the rest is owed (the next message waits).
+			n, err = vc.SendFrom(ctx, m.fill)
+			switch {
+			case n > 0:
+				rate.owe(n)
+			case errors.Is(err, errWouldBlock):
+				continue
+			case errors.Is(err, io.EOF): // the fill's read: the source's end
+				src.end(err)
+				return
+			}
 		case m.hasImm:
 			err = vc.SendImm(ctx, m.data, m.imm)
 		default:
 			err = vc.Send(ctx, m.data)
 		}
-		st.sent(len(m.data), err)
+		st.sent(n, err)
 		if !src.sent(err) {
 			return
 		}

@@ -75,6 +75,17 @@ func (r *rateLimiter) take(ctx context.Context, n int) error {
 	}
 }
 
+// owe counts n more bytes of a message take already counted, without
+// waiting: the bucket may go below zero, and the next take waits.
+func (r *rateLimiter) owe(n int) {
+	if r == nil || n <= 0 {
+		return
+	}
+	r.mu.Lock()
+	r.bytes.spend(float64(n))
+	r.mu.Unlock()
+}
+
 // tryTake counts a message of n bytes if both buckets have its tokens,
 // else returns how long until they will (taking nothing meanwhile).
 func (r *rateLimiter) tryTake(n int, now time.Time) time.Duration {
