@@ -186,7 +186,9 @@ VCONN_API int vconn_unexport(vconn *v, uint32_t region);
  * agent passed with the export (FeatureMemfd), else frames. */
 VCONN_API int vconn_region_read(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n);
 VCONN_API int vconn_region_write(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n);
-/* RDMA READ and WRITE of the peer's region. */
+/* RDMA READ and WRITE of the peer's region: their bytes go through the
+ * vconn's staging memory where the agent offers it (FeatureStage: one
+ * copy, in slots that threads use side by side), else in frames. */
 VCONN_API int vconn_read_remote(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n);
 VCONN_API int vconn_write_remote(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n);
 

@@ -13,6 +13,8 @@
  *   dial.c      dial, dial_socket; "host:port"
  *   shm_io.c    a vconn's messages on its shared-memory rings
  *   vconn.c     a vconn's life and waits: make, start, wait, fd, close
+ *   stage.c     a vconn's staging memory: its slots, their copies, the
+ *               requests on them (region.c's read/write_remote)
  *   session.c   the session on the allocation's socket: frames out,
  *               requests and their replies, who reads the socket (cv_wait,
  *               lead, the background reader), the session's failure
@@ -43,6 +45,7 @@
 #define VC_FLAG_BRIDGE 2u
 #define VC_FLAG_MEMFD 4u
 #define VC_FEATURE_MEMFD 1u /* Hello's OK, arg2: Export takes VC_FLAG_MEMFD */
+#define VC_FEATURE_STAGE 2u /* Hello's OK, arg2: Stage, and Write and Read with VC_FLAG_MEMFD */
 
 enum {
 	VC_OP_HELLO = 1, VC_OP_LISTEN, VC_OP_DIAL, VC_OP_SEND, VC_OP_GRANT, VC_OP_CLOSE,
@@ -219,6 +222,16 @@ void vc_fail(vconn_client *c, int err, const char *msg);
 int vc_write_frame(vconn_client *c, const struct vconn_frame *f);
 /* vc_call sends a request and waits for its reply, for at most ms. */
 int vc_call(vconn_client *c, struct vconn_frame *f, int ms, struct vc_reply *out);
+/* What becomes of a request that vc_call_or_leave stopped waiting for. */
+struct vc_leave {
+	void (*fn)(void *arg); /* runs once, mu held: at its reply, or when the session breaks or ends */
+	void *arg;
+	int left; /* set by vc_call_or_leave: the request went out unanswered, and fn will run */
+};
+/* vc_call_or_leave is vc_call, but a request that went out and was not
+ * answered in time stays registered, and lv->fn runs once its fate is
+ * known: for requests on memory the agent may still be using. */
+int vc_call_or_leave(vconn_client *c, struct vconn_frame *f, int ms, struct vc_reply *out, struct vc_leave *lv);
 void vc_reply_free(struct vc_reply *r);
 /* vc_send_discard sends a request whose reply nobody waits for. */
 void vc_send_discard(vconn_client *c, struct vconn_frame *f);
@@ -234,6 +247,48 @@ void vc_session_forget(vconn_client *c, vconn *v);
 /* vc_client_bg_frames: frames c's background reader read, rather than a
  * thread of the program waiting for them (tests: test_lead.c). */
 unsigned long vc_client_bg_frames(vconn_client *c);
+
+/* stage.c: a vconn's staging memory (docs/protocol.md R3.30, R3.31). */
+
+#define VC_STAGE_SIZE (256u << 10) /* asked for, once per vconn */
+#define VC_STAGE_SLOTS 4
+
+struct vc_stage;
+struct vc_slot {
+	struct vc_stage *st;
+	int i;
+};
+
+/* A slot is its operation's from the copy in until the agent answered,
+ * even when the caller stopped waiting: the agent may still use it. */
+struct vc_stage {
+	vconn_client *c;
+	/* Copies hold maplock shared, the unmap exclusively: no copy
+	 * touches unmapped memory. */
+	pthread_rwlock_t maplock;
+	uint8_t *mem; /* NULL once unmapped; guarded by maplock */
+	size_t size, slot;
+	unsigned free; /* a bit per free slot; guarded by c->mu */
+	int refs;      /* the vconn's, and one per slot taken; guarded by c->mu */
+	struct vc_slot slots[VC_STAGE_SLOTS];
+};
+
+/* vc_stage_map maps the staging memory that r, Stage's OK, passed: NULL
+ * where it cannot (the operations stay in frames). */
+struct vc_stage *vc_stage_map(vconn_client *c, const struct vc_reply *r);
+/* vc_stage_take takes a free slot (mu held): its index, or -1 if none. */
+int vc_stage_take(struct vc_stage *st);
+/* vc_stage_put gives slot i back (mu held). */
+void vc_stage_put(struct vc_stage *st, int i);
+/* vc_stage_run sends f (Write or Read on handle f->handle, region f->arg,
+ * offset f->arg2) with n bytes (at most a slot) staged in slot i, which
+ * the caller took: buf is copied in before a Write, out after a Read's
+ * OK. The slot is given back once the agent answered: here, or by the
+ * answer (or the session's end) if the wait timed out. */
+int vc_stage_run(struct vc_stage *st, int i, struct vconn_frame *f, void *buf, size_t n);
+/* vc_stage_close unmaps the staging memory of a vconn that ends (mu not
+ * held); it is freed once no slot is taken. */
+void vc_stage_close(struct vc_stage *st);
 
 /* vconn.c: vconns. */
 
@@ -275,6 +330,8 @@ struct vconn {
 	 * exclusively to unmap, so no copy touches unmapped memory. */
 	pthread_rwlock_t rgmu;
 	struct vc_region *regions; /* guarded by rgmu */
+	struct vc_stage *stage;    /* staging memory, or NULL; guarded by c->mu */
+	int stage_state;           /* STAGE_UNASKED, _ASKING, _SETTLED (region.c); guarded by c->mu */
 };
 
 /* vc_new_vconn makes a vconn of handle h in c (mu held); info is the

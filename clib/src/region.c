@@ -1,7 +1,8 @@
 /* Regions (docs/protocol.md §3, Export to Write): vconn_export and
  * vconn_unexport, this side's regions (vconn_region_read, _write: copies
  * where the agent passed the region's memfd, else frames) and the peer's
- * (vconn_read_remote, _write_remote: RDMA READ and WRITE). */
+ * (vconn_read_remote, _write_remote: RDMA READ and WRITE, their bytes in
+ * the vconn's staging memory where the agent offers it, stage.c). */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -180,6 +181,118 @@ int vconn_region_write(vconn *v, uint32_t region, uint64_t off, const void *buf,
 	int rc = region_copy(v, region, off, (void *)buf, n, 1); /* only read from */
 	return rc == 1 ? copy_out(v, VC_OP_LOCAL_WRITE, region, off, buf, n) : rc;
 }
-int vconn_read_remote(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n) { return copy_in(v, VC_OP_READ, region, off, buf, n); }
-int vconn_write_remote(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n) { return copy_out(v, VC_OP_WRITE, region, off, buf, n); }
+
+/* A vconn asks for staging memory once, whichever thread comes first;
+ * the others wait for its answer. */
+enum { STAGE_UNASKED, STAGE_ASKING, STAGE_SETTLED };
+
+/* ask asks the agent for v's staging memory (Stage) and maps it: NULL
+ * where it is refused or does not map (the operations stay in frames). A
+ * Stage that timed out is not asked again: the agent may have made the
+ * memory, and would refuse a second. */
+static struct vc_stage *ask(vconn *v)
+{
+	struct vconn_frame f = {.op = VC_OP_STAGE, .arg2 = VC_STAGE_SIZE};
+	struct vc_reply r = {0};
+	struct vc_stage *st = op(v, &f, &r) == 0 ? vc_stage_map(v->c, &r) : NULL;
+	vc_reply_free(&r);
+	return st;
+}
+
+/* staging finds v's staging memory, asking for it on first use: 0 and
+ * *st (NULL: none, frames then), or an error while waiting for the asker. */
+static int staging(vconn *v, struct vc_stage **st)
+{
+	vconn_client *c = v->c;
+	struct timespec ts;
+	const struct timespec *dl = vc_deadline(c->timeout_ms, &ts) ? &ts : NULL;
+	int err = 0;
+	pthread_mutex_lock(&c->mu);
+	while (!err && v->stage_state == STAGE_ASKING)
+		err = v->closed ? -EBADF : vc_cv_wait(c, dl);
+	int asking = !err && v->stage_state == STAGE_UNASKED;
+	if (asking)
+		v->stage_state = STAGE_ASKING;
+	*st = v->stage;
+	pthread_mutex_unlock(&c->mu);
+	if (!asking)
+		return vc_fail_with(v, err);
+	struct vc_stage *got = ask(v);
+	pthread_mutex_lock(&c->mu);
+	v->stage = *st = got;
+	v->stage_state = STAGE_SETTLED;
+	vc_notify(c); /* the threads waiting for the answer */
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+/* claim takes a free slot of st into *at, then a place in v's send window
+ * (mu held): the slot first, so that a thread waiting for one holds no
+ * place another could use. */
+static int claim(vconn *v, struct vc_stage *st, int *at)
+{
+	vconn_client *c = v->c;
+	struct timespec ts;
+	const struct timespec *dl = vc_deadline(c->timeout_ms, &ts) ? &ts : NULL;
+	while ((*at = vc_stage_take(st)) < 0) {
+		int err = v->closed ? -EBADF : v->err ? v->err : c->err;
+		if (!err)
+			err = vc_cv_wait(c, dl);
+		if (err)
+			return err;
+	}
+	int err = vc_acquire(v, c->timeout_ms, 0);
+	if (err)
+		vc_stage_put(st, *at);
+	return err;
+}
+
+/* staged runs vconn_write_remote or _read_remote through v's staging
+ * memory, in pieces of at most a slot: 1 where v has none (frames, then).
+ * Each piece holds its slot and its place in the send window only while
+ * it runs, so threads of the program run up to VC_STAGE_SLOTS at once. */
+static int staged(vconn *v, uint8_t opc, uint32_t region, uint64_t off, uint8_t *buf, size_t n)
+{
+	vconn_client *c = v->c;
+	if (n == 0 || !(c->features & VC_FEATURE_STAGE))
+		return 1;
+	int err = vc_enter(v); /* v, and its staging memory, stay until we leave */
+	if (err)
+		return err;
+	struct vc_stage *st = NULL;
+	if ((err = staging(v, &st)) == 0 && !st)
+		err = 1;
+	for (size_t done = 0; !err && done < n;) {
+		size_t k = n - done < st->slot ? n - done : st->slot;
+		int at;
+		pthread_mutex_lock(&c->mu);
+		err = claim(v, st, &at);
+		if (err)
+			err = vc_fail_with(v, err);
+		pthread_mutex_unlock(&c->mu);
+		if (err)
+			break;
+		struct vconn_frame f = {.op = opc, .handle = v->h, .arg = region, .arg2 = off + done};
+		err = vc_stage_run(st, at, &f, buf + done, k);
+		pthread_mutex_lock(&c->mu);
+		v->outstanding--;
+		vc_notify(c);
+		pthread_mutex_unlock(&c->mu);
+		done += k;
+	}
+	vc_leave(v);
+	return err;
+}
+
+int vconn_read_remote(vconn *v, uint32_t region, uint64_t off, void *buf, size_t n)
+{
+	int rc = staged(v, VC_OP_READ, region, off, buf, n);
+	return rc == 1 ? copy_in(v, VC_OP_READ, region, off, buf, n) : rc;
+}
+
+int vconn_write_remote(vconn *v, uint32_t region, uint64_t off, const void *buf, size_t n)
+{
+	int rc = staged(v, VC_OP_WRITE, region, off, (uint8_t *)buf, n); /* only read from */
+	return rc == 1 ? copy_out(v, VC_OP_WRITE, region, off, buf, n) : rc;
+}
 

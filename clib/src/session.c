@@ -24,6 +24,8 @@ struct pending {
 	uint32_t req;
 	int done, err, discard;
 	vconn *send_of; /* an asynchronous send or grant: the reply settles it */
+	void (*left)(void *); /* a request its caller left: runs when it is freed (mu held) */
+	void *left_arg;
 	struct vconn_frame f;
 	uint8_t *payload;
 	int fds[3], nfds;
@@ -152,6 +154,8 @@ void vc_set_async(vconn_client *c)
 
 static void free_pending(struct pending *p)
 {
+	if (p->left)
+		p->left(p->left_arg);
 	for (int i = 0; i < p->nfds; i++)
 		close(p->fds[i]);
 	free(p->payload);
@@ -248,6 +252,14 @@ void vc_reply_free(struct vc_reply *r)
 /* vc_call sends a request and waits for its reply, for at most ms. */
 int vc_call(vconn_client *c, struct vconn_frame *f, int ms, struct vc_reply *out)
 {
+	return vc_call_or_leave(c, f, ms, out, NULL);
+}
+
+/* vc_call_or_leave sends a request and waits for its reply, for at most
+ * ms; with lv, a request that went out unanswered stays registered, to
+ * be freed (and lv->fn run) by its reply or the session's end. */
+int vc_call_or_leave(vconn_client *c, struct vconn_frame *f, int ms, struct vc_reply *out, struct vc_leave *lv)
+{
 	struct timespec ts;
 	const struct timespec *dl = vc_deadline(ms, &ts) ? &ts : NULL;
 	pthread_mutex_lock(&c->mu);
@@ -262,11 +274,20 @@ int vc_call(vconn_client *c, struct vconn_frame *f, int ms, struct vc_reply *out
 	if (!p)
 		return -ENOMEM;
 	int err = vc_write_frame(c, f);
+	int sent = !err;
 	pthread_mutex_lock(&c->mu);
 	while (!err && !p->done)
 		err = vc_cv_wait(c, dl);
 	if (!p->done && err == -ETIMEDOUT)
 		vc_seterr("%s: no reply from the agent in %d ms", vconn_op_name(f->op), ms);
+	if (!p->done && sent && lv) {
+		p->discard = 1; /* settle, vc_fail or vc_session_end frees it */
+		p->left = lv->fn;
+		p->left_arg = lv->arg;
+		lv->left = 1;
+		pthread_mutex_unlock(&c->mu);
+		return err;
+	}
 	unlink_pending(c, p);
 	if (p->done && !p->err && out) {
 		out->f = p->f;
@@ -531,14 +552,17 @@ void vc_session_end(vconn_client *c)
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);
-	close(c->fd);
-	if (c->kick >= 0)
-		close(c->kick);
-	free(c->rbuf);
+	pthread_mutex_lock(&c->mu); /* the requests left run their fn with it, the kick still open */
 	for (struct pending *p = c->pending, *n; p; p = n) {
 		n = p->next;
 		free_pending(p);
 	}
+	c->pending = NULL;
+	pthread_mutex_unlock(&c->mu);
+	close(c->fd);
+	if (c->kick >= 0)
+		close(c->kick);
+	free(c->rbuf);
 }
 
 void vc_session_free(vconn_client *c)

@@ -72,6 +72,8 @@ void vc_destroy_vconn(vconn *v)
 		vc_shm_close(v->shm);
 		free(v->shm);
 	}
+	if (v->stage)
+		vc_stage_close(v->stage);
 	for (struct vc_region *g = v->regions, *n; g; g = n) {
 		n = g->next;
 		munmap(g->mem, g->size);
