@@ -135,6 +135,7 @@ class StageAgent:
         self.hold = threading.Event()
         self.hold.set()
         self.mm = None
+        self.conn = None
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._srv.bind(path)
         self._srv.listen()
@@ -143,6 +144,7 @@ class StageAgent:
 
     def _serve(self):
         conn, _ = self._srv.accept()
+        self.conn = conn
         with conn:
             while True:
                 b = conn.recv(fr.MAX_FRAME + 1)
@@ -262,3 +264,16 @@ def test_abandoned_slot_waits_for_the_answer(stage_agent):
     v.write_region(5, 100, b"after")  # answered after the held one
     assert len(st.free) == _stage.SLOTS
     assert agent.region[:9] == b"held back" and agent.region[100:105] == b"after"
+
+
+def test_session_end_unmaps(stage_agent):
+    """The agent gone, the vconn fails and its staging memory is unmapped."""
+    agent, v = stage_agent("staged")
+    v.write_region(5, 0, b"staged")
+    st = v._staging.stage
+    agent.conn.shutdown(socket.SHUT_RDWR)
+    with pytest.raises(rdmavisor.AgentGoneError):
+        v.recv_message(timeout=10)
+    assert st._mm is None
+    with pytest.raises(rdmavisor.AgentGoneError):
+        v.write_region(5, 0, b"after")
