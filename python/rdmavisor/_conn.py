@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional
 from . import _frame as fr
 from ._region import ACCESS_READ, ACCESS_WRITE, Region, read_chunks, write_chunks
 from ._session import Call, Handle, error_of
+from ._stage import Staging
 from ._wait import NOT_READY
 from .errors import AgentGoneError, ClosedError, NoHandleError, NotStreamError, TooLargeError, VConnError
 
@@ -131,6 +132,7 @@ class VConn(Handle):
         self._calls = set()  # operations (_OpCall) awaiting the agent's reply
         self._cur = memoryview(b"")  # the rest of the message a stream recv is in
         self._rlock = threading.Lock()  # serialises stream reads
+        self._staging = Staging(self)  # memory for the bytes of write_region and read_region
 
     def __repr__(self):
         return f"<VConn {self.local_address} -> {self.remote_address} {self.transport or 'rc'}>"
@@ -149,6 +151,14 @@ class VConn(Handle):
             elif self._err is None:
                 self._err = error_of(f)
             self._wake()
+
+    def _fail(self, err):
+        super()._fail(err)
+        self._staging.unmap(err)  # the session ended: the agent no longer reaches it
+
+    def _reset_after_fork(self):
+        super()._reset_after_fork()
+        self._staging.reset_after_fork()
 
     def _grant(self, n):
         self._s.write(fr.Frame(fr.OP_GRANT, handle=self.handle, arg=n))
@@ -340,10 +350,11 @@ class VConn(Handle):
         c = self._request_op(f)
         return await c._await(c.check, timeout, what)
 
-    def _request_op(self, f):
+    def _request_op(self, f, done=None):
         """Sends the operation f in the window slot taken: its _OpCall,
-        which gives the slot back when the reply comes."""
-        c = _OpCall(self)
+        which gives the slot back when the reply comes (and then calls
+        done(frame, err), if given)."""
+        c = _OpCall(self, done)
         try:
             self._s.request(f._replace(handle=self.handle), c.complete)
         except BaseException:
@@ -359,11 +370,15 @@ class VConn(Handle):
 
     def write_region(self, region_id, offset, data, *, timeout=None):
         """RDMA WRITE of data into the peer's region at offset; returns once placed."""
-        write_chunks(self, fr.OP_WRITE, region_id, offset, data, timeout, f"write region {region_id}")
+        what = f"write region {region_id}"
+        if not self._staging.write(region_id, offset, data, self._t(timeout), what):
+            write_chunks(self, fr.OP_WRITE, region_id, offset, data, timeout, what)
 
     def read_region(self, region_id, offset, n, *, timeout=None):
         """RDMA READ of n bytes of the peer's region at offset."""
-        return read_chunks(self, fr.OP_READ, region_id, offset, n, timeout, f"read region {region_id}")
+        what = f"read region {region_id}"
+        b = self._staging.read(region_id, offset, n, self._t(timeout), what)
+        return b if b is not None else read_chunks(self, fr.OP_READ, region_id, offset, n, timeout, what)
 
     # Closing.
 
@@ -426,6 +441,7 @@ class VConn(Handle):
             self._close_poll()
         for c in calls:
             c.settle(None, ClosedError("the vconn was closed before the agent ran the operation"))
+        self._staging.unmap(ClosedError("vconn closed"))
 
     def _close_async(self):
         with self._cond:
@@ -433,6 +449,7 @@ class VConn(Handle):
             self._wake()
         with self._s._lock:
             self._s.conns.pop(self.handle, None)
+        self._staging.unmap(ClosedError("vconn closed"))
         close_handle_async(self._s, self.handle)
 
     @property
@@ -458,11 +475,17 @@ class _OpCall(Call):
     """The reply of an operation; it gives its window slot back when the
     reply comes, even if the caller stopped waiting."""
 
-    def __init__(self, conn):
+    def __init__(self, conn, done=None):
         super().__init__(conn._s)
         self._conn = conn
+        self._done = done
         with conn._cond:
             conn._calls.add(self)
+
+    def settle(self, f, err):
+        super().settle(f, err)
+        if self._done is not None:
+            self._done(f, err)  # once: complete and VConn._closed settle a call once
 
     def complete(self, f, err):
         c = self._conn

@@ -35,10 +35,18 @@ OP_DATA = 15
 OP_EOF = 16
 OP_ACCEPT = 17
 OP_SHM = 18
-OP_STAGE = 19  # not used here: regions and one-sided operations stay on the socket
+OP_STAGE = 19
 _OP_LIMIT = 20
 
 FLAG_IMM = 1
+# On Write and Read (where FEATURE_STAGE is offered): the bytes are in the
+# vconn's staging memory, at the span the payload names (encode_staged).
+FLAG_MEMFD = 4
+
+# Features the agent offers: bits of its Hello OK's arg2 (0 from an agent
+# that predates them, which ends the session over an op it does not know).
+FEATURE_MEMFD = 1
+FEATURE_STAGE = 2
 
 # Transports, as VConnInfo (arg2 of a Dial's reply and of Accept) numbers them.
 TRANSPORTS = {0: "", 1: "rc", 2: "uc", 3: "ud", 4: "auto"}
@@ -100,6 +108,12 @@ def decode_hello(p: bytes) -> HelloInfo:
 def encode_length(n: int) -> bytes:
     """The u32 length payload of LocalRead and Read."""
     return struct.pack(">I", n)
+
+
+def encode_staged(off: int, n: int) -> bytes:
+    """The payload of a Write or Read with FLAG_MEMFD: n bytes of the
+    staging memory at off."""
+    return struct.pack(">II", off, n)
 
 
 def vconn_info(arg2: int):

@@ -124,6 +124,10 @@ class Session:
         self.err = None  # why the session broke; guarded by _lock
         self._hangup = None  # an Error the agent sent without a request to answer
         self.info = None
+        self.features = 0  # what the agent offers (Hello's arg2: fr.FEATURE_*)
+        # The descriptors of the frame being dispatched, for its reply's
+        # callback to take (take_rights); the rest are closed after it.
+        self._rights = []
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.connect(path)
@@ -251,6 +255,7 @@ class Session:
             if f.arg != fr.VERSION:
                 raise fr.FrameError(f"the agent answered with protocol version {f.arg}, this client speaks {fr.VERSION}")
             self.info = fr.decode_hello(f.payload)
+            self.features = f.arg2
         except fr.FrameError as e:
             err = AgentGoneError(f"hello: {e}")
             self.shutdown(err)
@@ -408,8 +413,9 @@ class Session:
         except OSError as e:
             self.shutdown(AgentGoneError(f"read from the agent: {e}"))
             return False
-        _close_fds(anc)  # descriptors come only with Shm, which this package does not ask for
+        fds = _fds_of(anc)
         if not data:
+            _close(fds)
             msg = "the agent closed the connection"
             if self._hangup is not None:
                 msg += f" after {self._hangup}"
@@ -418,15 +424,28 @@ class Session:
         try:
             f = fr.decode(data)
         except fr.FrameError as e:
+            _close(fds)
             self.shutdown(AgentGoneError(f"protocol error: {e}"))
             return False
         self._frames += 1  # by the leader only
+        self._rights = fds
         try:
             self._dispatch(f)
         except Exception as e:  # a bug here must not leave callers waiting forever
             self.shutdown(AgentGoneError(f"dispatching {f.op}: {e!r}"))
             return False
+        finally:
+            # Descriptors no callback took (only Stage's OK carries one this
+            # package asks for) are closed, as the protocol wants (R1.3).
+            fds, self._rights = self._rights, []
+            _close(fds)
         return True
+
+    def take_rights(self):
+        """The descriptors of the reply being dispatched, now the caller's
+        to close: only a reply's callback (on the reading thread) calls it."""
+        fds, self._rights = self._rights, []
+        return fds
 
     def _dispatch(self, f):
         if f.op == fr.OP_ERROR and f.req == 0 and f.handle == 0:
@@ -508,10 +527,20 @@ class Session:
             x._fail(err)
 
 
-def _close_fds(anc):
+def _fds_of(anc):
+    """The descriptors an SCM_RIGHTS control message passed."""
+    out = []
     for level, kind, data in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds = array.array("i")
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-            for fd in fds:
-                os.close(fd)
+            out.extend(fds)
+    return out
+
+
+def _close(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

@@ -10,6 +10,8 @@ direction only, each from those before it:
                         a call completes), and Handle, a vconn's or a
                         listener's failure and timeout
     _addr               "host:port", and resolving a dial's host
+    _stage              staging memory: the bytes of the one-sided operations
+                        on the peer's regions, where the agent offers it
     _region             Region, and the one-sided transfers in frames
     _conn               VConn: dialled (Dial) or accepted, its stream and
                         messages, its window of operations (_OpCall), close

@@ -51,3 +51,11 @@ def test_vconn_info():
     assert fr.vconn_info(0) == ("", 0)
     assert fr.reliable("") and fr.reliable("rc") and fr.reliable("auto")
     assert not fr.reliable("uc") and not fr.reliable("ud") and not fr.reliable("transport(9)")
+
+
+def test_staged_write_golden():
+    """A Write whose bytes are in staging memory, as the Go codec's golden
+    frame (internal/frame: "write staged")."""
+    f = fr.Frame(fr.OP_WRITE, fr.FLAG_MEMFD, 5, 1, 2, 0x10, fr.encode_staged(0x10000, 0x2000))
+    assert fr.encode(f).hex() == ("010b0004" "00000005" "00000001" "00000002" "0000000000000010" "00000008"
+                                  "0001000000002000")

@@ -11,8 +11,8 @@ _PYTHON = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE = os.path.join(_PYTHON, "rdmavisor")
 
 # Each module imports only modules before it.
-ORDER = ["errors", "_frame", "_wait", "_session", "_addr", "_region", "_conn", "_listener", "_client", "vconn",
-         "__init__"]
+ORDER = ["errors", "_frame", "_wait", "_session", "_addr", "_stage", "_region", "_conn", "_listener", "_client",
+         "vconn", "__init__"]
 
 NAMES = {
     "rdmavisor": ["Client", "VConn", "Listener", "Region", "Message", "ACCESS_READ", "ACCESS_WRITE", "VConnError",
