@@ -3,6 +3,8 @@ package agent_test
 import (
 	"bytes"
 	"net"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,6 +16,16 @@ import (
 // bridgePair is a bridged dial from node b to a bridged listener of node
 // a: the program's two sockets, the dialler's and the accepted one.
 func bridgePair(t *testing.T, cl *agenttest.Cluster, port uint32) (client, server net.Conn) {
+	t.Helper()
+	_, dfile, afile := bridgeFiles(t, cl, port)
+	return fileConn(t, dfile), fileConn(t, afile)
+}
+
+// bridgeFiles makes the allocations "server" on node a (4 vconns) and
+// "client" on node b, a bridged listener of a's on port and a bridged
+// dial to it from b: the dialling session, and the two sockets the agents
+// passed.
+func bridgeFiles(t *testing.T, cl *agenttest.Cluster, port uint32) (ds *net.UnixConn, dfile, afile *os.File) {
 	t.Helper()
 	ctx := ctxT(t)
 	a, b := cl.Nodes[0], cl.Nodes[1]
@@ -29,26 +41,20 @@ func bridgePair(t *testing.T, cl *agenttest.Cluster, port uint32) (client, serve
 	if f := rawRequest(t, ls, frame.Frame{Op: frame.OpListen, Req: 2, Arg: port, Flags: frame.FlagBridge}); f.Op != frame.OpOK {
 		t.Fatalf("listen: %v %s", f.Op, f.Payload)
 	}
-	ds := rawSession(t, sb)
-	req, _ := frame.Append(nil, &frame.Frame{Op: frame.OpDial, Req: 3, Flags: frame.FlagBridge, Payload: []byte(a.Name + ":" + itoa(port))})
+	ds = rawSession(t, sb)
+	req, _ := frame.Append(nil, &frame.Frame{Op: frame.OpDial, Req: 3, Flags: frame.FlagBridge, Payload: []byte(a.Name + ":" + strconv.Itoa(int(port)))})
 	if _, err := ds.Write(req); err != nil {
 		t.Fatal(err)
 	}
 	df, dfile := readRights(t, ds)
+	if df.Op != frame.OpOK || dfile == nil || df.Handle != 0 {
+		t.Fatalf("bridged dial: %v handle %d socket %v: %s", df.Op, df.Handle, dfile != nil, df.Payload)
+	}
 	af, afile := readRights(t, ls)
-	if df.Op != frame.OpOK || dfile == nil || af.Op != frame.OpAccept || afile == nil {
-		t.Fatalf("bridged dial %v (socket %v), accept %v (socket %v): %s", df.Op, dfile != nil, af.Op, afile != nil, df.Payload)
+	if af.Op != frame.OpAccept || afile == nil || af.Arg != 0 {
+		t.Fatalf("bridged accept: %v arg %d socket %v", af.Op, af.Arg, afile != nil)
 	}
-	return fileConn(t, dfile), fileConn(t, afile)
-}
-
-func itoa(n uint32) string { return string(appendUint(nil, n)) }
-
-func appendUint(b []byte, n uint32) []byte {
-	if n >= 10 {
-		b = appendUint(b, n/10)
-	}
-	return append(b, byte('0'+n%10))
+	return ds, dfile, afile
 }
 
 // TestBridgeReadsIntoSendBuffers: the bridge reads the program's bytes

@@ -116,35 +116,8 @@ func waitInUse(t *testing.T, n *agenttest.Node, id string, want int) {
 // the answer still flows back; then both vconns go back to their quotas.
 func TestBridge(t *testing.T) {
 	cl := startCluster(t, agenttest.Options{VConnsPerNode: 100})
-	ctx := ctxT(t)
 	a, b := cl.Nodes[0], cl.Nodes[1]
-	sa, err := a.Allocate(ctx, "server", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb, err := b.Allocate(ctx, "client", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls := rawSession(t, sa)
-	if f := rawRequest(t, ls, frame.Frame{Op: frame.OpListen, Req: 2, Arg: 7000, Flags: frame.FlagBridge}); f.Op != frame.OpOK {
-		t.Fatalf("listen: %v %s", f.Op, f.Payload)
-	}
-	ds := rawSession(t, sb)
-	df, dfile := func() (frame.Frame, *os.File) {
-		req, _ := frame.Append(nil, &frame.Frame{Op: frame.OpDial, Req: 3, Flags: frame.FlagBridge, Payload: []byte(a.Name + ":7000")})
-		if _, err := ds.Write(req); err != nil {
-			t.Fatal(err)
-		}
-		return readRights(t, ds)
-	}()
-	if df.Op != frame.OpOK || dfile == nil || df.Handle != 0 {
-		t.Fatalf("bridged dial: %v handle %d socket %v: %s", df.Op, df.Handle, dfile != nil, df.Payload)
-	}
-	af, afile := readRights(t, ls)
-	if af.Op != frame.OpAccept || afile == nil || af.Arg != 0 {
-		t.Fatalf("bridged accept: %v arg %d socket %v", af.Op, af.Arg, afile != nil)
-	}
+	ds, dfile, afile := bridgeFiles(t, cl, 7000)
 	// The client's socket as a forked child would have it: a duplicate,
 	// the original closed.
 	dup, err := unix.Dup(int(dfile.Fd()))
