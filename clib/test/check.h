@@ -35,4 +35,27 @@ static inline const char *env(const char *name)
 	return v;
 }
 
+/* nodes is a test's two clients: one on node A's agent, one on node B's,
+ * where the test listens. */
+struct nodes {
+	struct vconn_options oa, ob;
+	vconn_client *a, *b;
+	const char *node, *port;   /* node B's name, the port to listen on (VCONN_NODE_B, VCONN_PORT) */
+	char addr[128], laddr[32]; /* "node:port" to dial, ":port" to listen on */
+};
+
+/* open_nodes opens both clients, on the agents' sockets sock_a and sock_b
+ * (NULL: VCONN_SOCK_A, VCONN_SOCK_B), with shared memory if shm. */
+static inline void open_nodes(struct nodes *n, const char *sock_a, const char *sock_b, int shm)
+{
+	n->node = env("VCONN_NODE_B");
+	n->port = env("VCONN_PORT");
+	n->oa = (struct vconn_options){.socket = sock_a ? sock_a : env("VCONN_SOCK_A"), .shared_memory = shm};
+	n->ob = (struct vconn_options){.socket = sock_b ? sock_b : env("VCONN_SOCK_B"), .shared_memory = shm};
+	OK(vconn_client_open(&n->a, &n->oa));
+	OK(vconn_client_open(&n->b, &n->ob));
+	snprintf(n->addr, sizeof n->addr, "%s:%s", n->node, n->port);
+	snprintf(n->laddr, sizeof n->laddr, ":%s", n->port);
+}
+
 #endif

@@ -101,14 +101,10 @@ int main(void)
 		close(fd); /* a bad argument keeps the session: not tested further */
 	}
 	/* The library's own client, on the same allocation, still works. */
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	struct vconn_options oa = {.socket = sock}, ob = {.socket = env("VCONN_SOCK_B")};
-	vconn_client *a, *b;
-	OK(vconn_client_open(&a, &oa));
-	OK(vconn_client_open(&b, &ob));
-	char addr[128], laddr[32];
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
-	snprintf(laddr, sizeof laddr, ":%s", port);
+	struct nodes nd;
+	open_nodes(&nd, sock, NULL, 0);
+	vconn_client *a = nd.a, *b = nd.b;
+	const char *addr = nd.addr, *laddr = nd.laddr;
 	vconn_listener *l;
 	OK(vconn_listen(b, laddr, &l));
 	vconn *va, *vb;

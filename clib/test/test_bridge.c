@@ -121,14 +121,10 @@ static void outlives_client(vconn_client *b, const struct vconn_options *oa, con
 
 int main(void)
 {
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	struct vconn_options oa = {.socket = env("VCONN_SOCK_A")}, ob = {.socket = env("VCONN_SOCK_B")};
-	vconn_client *a, *b;
-	OK(vconn_client_open(&a, &oa));
-	OK(vconn_client_open(&b, &ob));
-	char addr[128], laddr[32];
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
-	snprintf(laddr, sizeof laddr, ":%s", port);
+	struct nodes nd;
+	open_nodes(&nd, NULL, NULL, 0);
+	vconn_client *a = nd.a, *b = nd.b;
+	const char *addr = nd.addr, *laddr = nd.laddr;
 
 	vconn_listener *l;
 	OK(vconn_listen_socket(b, laddr, &l));
@@ -141,7 +137,7 @@ int main(void)
 	OK(vconn_accept_socket(l, &as));
 	half_close(ds, as);
 	fork_shares(a, l, addr);
-	outlives_client(b, &oa, node, port);
+	outlives_client(b, &nd.oa, nd.node, nd.port);
 	OK(vconn_listener_close(l));
 	vconn_client_close(a);
 	vconn_client_close(b);

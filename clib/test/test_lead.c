@@ -40,15 +40,10 @@ static void *echo(void *arg)
 
 int main(void)
 {
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	struct vconn_options oa = {.socket = env("VCONN_SOCK_A")};
-	struct vconn_options ob = {.socket = env("VCONN_SOCK_B")};
-	vconn_client *a, *b;
-	OK(vconn_client_open(&a, &oa));
-	OK(vconn_client_open(&b, &ob));
-	char addr[128], laddr[32];
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
-	snprintf(laddr, sizeof laddr, ":%s", port);
+	struct nodes nd;
+	open_nodes(&nd, NULL, NULL, 0);
+	vconn_client *a = nd.a, *b = nd.b;
+	const char *addr = nd.addr, *laddr = nd.laddr;
 	vconn_listener *l;
 	OK(vconn_listen(b, laddr, &l));
 	struct echo e = {.l = l};

@@ -22,14 +22,10 @@ static void echo_once(vconn *from, vconn *to, const char *what)
 
 static void bad_arguments(void)
 {
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	struct vconn_options oa = {.socket = env("VCONN_SOCK_A")}, ob = {.socket = env("VCONN_SOCK_B")};
-	vconn_client *a, *b;
-	OK(vconn_client_open(&a, &oa));
-	OK(vconn_client_open(&b, &ob));
-	char addr[128], laddr[32];
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
-	snprintf(laddr, sizeof laddr, ":%s", port);
+	struct nodes nd;
+	open_nodes(&nd, NULL, NULL, 0);
+	vconn_client *a = nd.a, *b = nd.b;
+	const char *addr = nd.addr, *laddr = nd.laddr;
 	vconn_listener *l;
 	OK(vconn_listen(b, laddr, &l));
 	vconn *va, *vb;
@@ -60,15 +56,12 @@ static void bad_arguments(void)
 
 static void bridge_on_ud(void)
 {
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	struct vconn_options oa = {.socket = env("VCONN_UD_SOCK_A")}, ob = {.socket = env("VCONN_UD_SOCK_B")};
-	vconn_client *a, *b;
-	OK(vconn_client_open(&a, &oa));
-	OK(vconn_client_open(&b, &ob));
-	char addr[128], laddr[32], laddr2[32];
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
-	snprintf(laddr, sizeof laddr, ":%s", port);
-	snprintf(laddr2, sizeof laddr2, ":%d", atoi(port) + 1);
+	struct nodes nd;
+	open_nodes(&nd, env("VCONN_UD_SOCK_A"), env("VCONN_UD_SOCK_B"), 0);
+	vconn_client *a = nd.a, *b = nd.b;
+	const char *addr = nd.addr, *laddr = nd.laddr;
+	char laddr2[32];
+	snprintf(laddr2, sizeof laddr2, ":%d", atoi(nd.port) + 1);
 	vconn_listener *l, *bl = NULL;
 	OK(vconn_listen(b, laddr, &l));
 	OK(vconn_listener_set_timeout(l, 1000));
@@ -76,7 +69,7 @@ static void bridge_on_ud(void)
 	int rc = vconn_dial_socket(a, addr, &fd);
 	CHECK(rc == -EINVAL && fd < 0, "a bridged dial on ud: %d (%s), want -EINVAL", rc, vconn_strerror(rc));
 	printf("bridged dial on ud: %s: %s\n", vconn_strerror(rc), vconn_errmsg());
-	rc = vconn_bridge_dial(&oa, addr, 0);
+	rc = vconn_bridge_dial(&nd.oa, addr, 0);
 	CHECK(rc == -EINVAL, "vconn_bridge_dial on ud: %d (%s), want -EINVAL", rc, vconn_strerror(rc));
 	vconn *v;
 	rc = vconn_accept(l, &v);

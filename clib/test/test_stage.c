@@ -147,13 +147,10 @@ static void test_abandon(const char *sock)
 
 static void against_agents(void)
 {
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	vconn_client *ca, *cb;
-	OK(vconn_client_open(&ca, &(struct vconn_options){.socket = env("VCONN_SOCK_A")}));
-	OK(vconn_client_open(&cb, &(struct vconn_options){.socket = env("VCONN_SOCK_B")}));
-	char laddr[64], addr[128];
-	snprintf(laddr, sizeof laddr, ":%s", port);
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
+	struct nodes nd;
+	open_nodes(&nd, NULL, NULL, 0);
+	vconn_client *ca = nd.a, *cb = nd.b;
+	const char *addr = nd.addr, *laddr = nd.laddr;
 	vconn_listener *l;
 	vconn *a;
 	OK(vconn_listen(cb, laddr, &l));

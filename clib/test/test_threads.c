@@ -205,15 +205,10 @@ static void agent_gone(vconn_client *a, const char *addr)
 int main(void)
 {
 	int shm = getenv("VCONN_SHM") && atoi(getenv("VCONN_SHM"));
-	const char *node = env("VCONN_NODE_B"), *port = env("VCONN_PORT");
-	struct vconn_options oa = {.socket = env("VCONN_SOCK_A"), .shared_memory = shm};
-	struct vconn_options ob = {.socket = env("VCONN_SOCK_B"), .shared_memory = shm};
-	vconn_client *a, *b;
-	OK(vconn_client_open(&a, &oa));
-	OK(vconn_client_open(&b, &ob));
-	char addr[128], laddr[32];
-	snprintf(addr, sizeof addr, "%s:%s", node, port);
-	snprintf(laddr, sizeof laddr, ":%s", port);
+	struct nodes nd;
+	open_nodes(&nd, NULL, NULL, shm);
+	vconn_client *a = nd.a, *b = nd.b;
+	const char *node = nd.node, *port = nd.port, *addr = nd.addr, *laddr = nd.laddr;
 	vconn_listener *l;
 	OK(vconn_listen(b, laddr, &l));
 
