@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,17 @@ except ImportError:  # run from the source tree
 
 if os.environ.get("RDMAVISOR_PYTEST_INSTALLED") and not rdmavisor.__file__.startswith(sys.prefix):
     raise RuntimeError(f"rdmavisor imported from {rdmavisor.__file__}, not the installation in {sys.prefix}")
+
+
+def listen_seqpacket(path, serve):
+    """A unix SOCK_SEQPACKET listener on path, as the agent's socket, and
+    the daemon thread that runs serve() on it (a fake agent's): both.
+    The listener exists before the thread starts."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.bind(path)
+    srv.listen()
+    t = threading.Thread(target=serve, daemon=True)
+    return srv, t
 
 
 class Agents:

@@ -11,6 +11,7 @@ import struct
 import threading
 
 import pytest
+from conftest import listen_seqpacket
 
 import rdmavisor
 from rdmavisor import _frame as fr
@@ -28,10 +29,7 @@ class FakeAgent:
     def __init__(self, path, answer, info):
         self.answer, self.info = answer, info
         self.sessions = 0
-        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._srv.bind(path)
-        self._srv.listen()
-        self._t = threading.Thread(target=self._serve, daemon=True)
+        self._srv, self._t = listen_seqpacket(path, self._serve)
         self._t.start()
 
     def _serve(self):

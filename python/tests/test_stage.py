@@ -13,6 +13,7 @@ import struct
 import threading
 
 import pytest
+from conftest import listen_seqpacket
 
 import rdmavisor
 from rdmavisor import _frame as fr
@@ -136,10 +137,7 @@ class StageAgent:
         self.hold.set()
         self.mm = None
         self.conn = None
-        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._srv.bind(path)
-        self._srv.listen()
-        self._t = threading.Thread(target=self._serve, daemon=True)
+        self._srv, self._t = listen_seqpacket(path, self._serve)
         self._t.start()
 
     def _serve(self):
