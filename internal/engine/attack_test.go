@@ -351,9 +351,7 @@ func testAttacks(t *testing.T, tr transport.Kind) {
 	}
 	waitRejected(t, a, RejectCredit, 1)
 	waitFor(t, func() bool { return errors.Is(own.Err(), ErrCreditOverrun) }, "the overrun vconn to fail")
-	own.rxMu.Lock()
-	queued := own.rxN
-	own.rxMu.Unlock()
+	queued := own.rcv.queued()
 	if queued > int(window) {
 		t.Fatalf("%d messages queued on a vconn with a window of %d", queued, window)
 	}

@@ -74,5 +74,5 @@
 // message longer than a receive buffer travels as several chunks on the same
 // QP, in order, and is reassembled by the receiver. The small messages an
 // Auto vconn has queued travel together as a bundle, one datagram for many
-// (bundle.go).
+// (auto.go).
 package engine

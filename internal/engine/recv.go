@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/credit"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 )
 
@@ -18,6 +20,20 @@ type Message struct {
 	vc      *VConn
 	slot    bufSlot // receive buffer holding Data, or noSlot
 	credits uint32  // credits Release gives back (a bundle's: see dropCredit)
+}
+
+// reader is a vconn's receive queue: the messages the pollers delivered
+// (deliver) for Recv, the peer's FIN and why the vconn failed, all
+// guarded by mu. Any poller queues; the application's reader takes. Its
+// fields are touched here alone (TestOwners).
+type reader struct {
+	mu      sync.Mutex
+	q       []Message     // a ring of n messages from head, grown as needed
+	head    int           //
+	n       int           //
+	wake    chan struct{} // a Recv waits on it
+	peerFin bool          // the peer closed
+	err     error         // why the vconn failed
 }
 
 // deliver hands a received message to the handler or the receive queue;
@@ -40,9 +56,10 @@ func (vc *VConn) deliver(p *poller, m Message) {
 		vc.handler(vc, m)
 		return
 	}
-	vc.rxMu.Lock()
-	if m.credits == 0 && !m.shared && vc.tr != transport.Auto && vc.rxN >= vc.e.cfg.MaxCredits {
-		vc.rxMu.Unlock()
+	r := &vc.rcv
+	r.mu.Lock()
+	if m.credits == 0 && !m.shared && vc.tr != transport.Auto && r.n >= vc.e.cfg.MaxCredits {
+		r.mu.Unlock()
 		p.reject(RejectOverflow)
 		m.Release()
 		return
@@ -56,7 +73,7 @@ func (vc *VConn) deliver(p *poller, m Message) {
 	// it held would wait for grants this side no longer makes, and its
 	// FIN, behind that queue, would never go.
 	if st := vc.state.Load(); st == stateClosed || st == stateFailed || st == stateClosing {
-		vc.rxMu.Unlock()
+		r.mu.Unlock()
 		m.Release()
 		if st == stateClosing {
 			vc.Abort()
@@ -64,25 +81,25 @@ func (vc *VConn) deliver(p *poller, m Message) {
 		return
 	}
 	p.pin(&m)
-	if vc.rxN == len(vc.rxq) {
-		grown := make([]Message, max(4, 2*len(vc.rxq)))
-		for i := 0; i < vc.rxN; i++ {
-			grown[i] = vc.rxq[(vc.rxHead+i)%len(vc.rxq)]
+	if r.n == len(r.q) {
+		grown := make([]Message, max(4, 2*len(r.q)))
+		for i := 0; i < r.n; i++ {
+			grown[i] = r.q[(r.head+i)%len(r.q)]
 		}
-		vc.rxq, vc.rxHead = grown, 0
+		r.q, r.head = grown, 0
 	}
-	vc.rxq[(vc.rxHead+vc.rxN)%len(vc.rxq)] = m
-	vc.rxN++
-	w := vc.rxWake
-	vc.rxMu.Unlock()
+	r.q[(r.head+r.n)%len(r.q)] = m
+	r.n++
+	w := r.wake
+	r.mu.Unlock()
 	notify(w)
 }
 
 // wakeReader wakes a Recv blocked on the vconn.
-func (vc *VConn) wakeReader() {
-	vc.rxMu.Lock()
-	w := vc.rxWake
-	vc.rxMu.Unlock()
+func (r *reader) wakeReader() {
+	r.mu.Lock()
+	w := r.wake
+	r.mu.Unlock()
 	notify(w)
 }
 
@@ -98,39 +115,96 @@ func notify(w chan struct{}) {
 // Recv returns the next message: io.EOF once the peer closed and every
 // message before its close was received; the failure once the vconn failed.
 func (vc *VConn) Recv(ctx context.Context) (Message, error) {
+	r := &vc.rcv
 	for {
-		vc.rxMu.Lock()
-		if vc.rxN > 0 {
-			m := vc.rxq[vc.rxHead]
-			vc.rxq[vc.rxHead] = Message{}
-			vc.rxHead = (vc.rxHead + 1) % len(vc.rxq)
-			vc.rxN--
-			vc.rxMu.Unlock()
+		r.mu.Lock()
+		if r.n > 0 {
+			m := r.take()
+			r.mu.Unlock()
 			return m, nil
 		}
 		switch st := vc.state.Load(); {
 		case st == stateFailed:
-			err := vc.err
-			vc.rxMu.Unlock()
+			err := r.err
+			r.mu.Unlock()
 			return Message{}, err
-		case vc.peerFin:
-			vc.rxMu.Unlock()
+		case r.peerFin:
+			r.mu.Unlock()
 			return Message{}, io.EOF
 		case st == stateClosing || st == stateClosed:
-			vc.rxMu.Unlock()
+			r.mu.Unlock()
 			return Message{}, fmt.Errorf("engine: recv on vconn %v: %w", vc.id, ErrClosed)
 		}
-		if vc.rxWake == nil {
-			vc.rxWake = make(chan struct{}, 1)
+		if r.wake == nil {
+			r.wake = make(chan struct{}, 1)
 		}
-		w := vc.rxWake
-		vc.rxMu.Unlock()
+		w := r.wake
+		r.mu.Unlock()
 		select {
 		case <-w:
 		case <-ctx.Done():
 			return Message{}, ctx.Err()
 		}
 	}
+}
+
+// take dequeues the oldest message; r.mu is held and r.n > 0.
+func (r *reader) take() Message {
+	m := r.q[r.head]
+	r.q[r.head] = Message{}
+	r.head = (r.head + 1) % len(r.q)
+	r.n--
+	return m
+}
+
+// drop releases every queued message (Close, Abort, release).
+func (r *reader) drop() {
+	r.mu.Lock()
+	msgs := make([]Message, 0, r.n)
+	for r.n > 0 {
+		msgs = append(msgs, r.take())
+	}
+	r.mu.Unlock()
+	for _, m := range msgs {
+		m.Release()
+	}
+}
+
+// queued is how many messages wait for Recv.
+func (r *reader) queued() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+// finish records the peer's FIN and wakes Recv, which returns io.EOF
+// once the queue is empty.
+func (r *reader) finish() {
+	r.mu.Lock()
+	r.peerFin = true
+	w := r.wake
+	r.mu.Unlock()
+	notify(w)
+}
+
+// finished reports whether the peer's FIN came.
+func (r *reader) finished() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.peerFin
+}
+
+// failure is why the vconn failed (set before its state changes).
+func (r *reader) failure() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+func (r *reader) setFailure(err error) {
+	r.mu.Lock()
+	r.err = err
+	r.mu.Unlock()
 }
 
 // pin decides whether m, about to be queued on its vconn or held by Auto
@@ -222,7 +296,7 @@ func (m Message) Release() {
 			e.pollers[0].repostRecv(m.slot)
 		}
 		// A bundle's credit comes back with its buffer, after the last
-		// of its messages (see bundle.go).
+		// of its messages (see auto.go).
 		vc.returnCredits(m.credits)
 	}
 }
@@ -234,4 +308,65 @@ func (m *Message) dropCredit() {
 	if !m.shared {
 		m.credits = 0
 	}
+}
+
+// returnCredits gives back the credits of n released receive buffers, and
+// has the poller send a grant once half the window is used. Whoever
+// releases a message: the application's reader, or a poller.
+func (vc *VConn) returnCredits(n uint32) {
+	if n == 0 {
+		return // a datagram's: most UC and UD messages
+	}
+	open := vc.state.Load() == stateOpen
+	if vc.window.Release(n, uint32(vc.e.cfg.MaxCredits), vc.windowBudget(), open) && !vc.creditDue.Swap(true) {
+		vc.schedule()
+	}
+}
+
+// windowBudget is the budget a vconn's window grows from: that of the
+// receive buffers its messages use, the datagram SRQ's for Auto (whose
+// small messages land there), the SRQ's for the rest.
+func (vc *VConn) windowBudget() *credit.Budget {
+	if vc.tr == transport.Auto {
+		return &vc.e.windowBudget[1]
+	}
+	return &vc.e.windowBudget[0]
+}
+
+// reassembly is the message a vconn's poller is reassembling from its
+// chunks (onData): they all come on one RC QP, so to one poller, which
+// alone touches it (TestOwners). It copies into a buffer of its own so
+// the chunks' receive buffers (and credits) come back at once.
+type reassembly struct {
+	buf []byte // len: what came; cap: the message's length
+}
+
+// start begins a message of n bytes; false: one was under way, or n is
+// more than max.
+func (a *reassembly) start(n, max uint32) bool {
+	if a.buf != nil || n > max {
+		return false
+	}
+	a.buf = make([]byte, 0, n)
+	return true
+}
+
+// add appends a chunk; false: no message under way, or it overflows.
+func (a *reassembly) add(payload []byte) bool {
+	if a.buf == nil || len(a.buf)+len(payload) > cap(a.buf) {
+		return false
+	}
+	a.buf = append(a.buf, payload...)
+	return true
+}
+
+// finish ends the message after its last chunk: the message, or nil if
+// the chunks fell short of its length.
+func (a *reassembly) finish() []byte {
+	b := a.buf
+	a.buf = nil
+	if len(b) != cap(b) {
+		return nil
+	}
+	return b
 }

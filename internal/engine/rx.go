@@ -236,33 +236,19 @@ func (p *poller) onData(vc *VConn, h *format.Header, slot bufSlot, payload []byt
 		p.deliver(vc, h, m)
 		return
 	}
-	if first {
-		if vc.asm != nil || h.Length > uint32(e.cfg.MaxMessage) {
-			p.malformed(vc, slot)
-			return
-		}
-		// Reassembly copies into a buffer of its own so the chunks'
-		// receive buffers (and credits) come back at once.
-		vc.asm, vc.asmOff = make([]byte, h.Length), 0
-	}
-	if vc.asm == nil || vc.asmOff+uint32(len(payload)) > uint32(len(vc.asm)) {
+	if first && !vc.asm.start(h.Length, uint32(e.cfg.MaxMessage)) || !vc.asm.add(payload) {
 		p.malformed(vc, slot)
 		return
 	}
-	copy(vc.asm[vc.asmOff:], payload)
-	vc.asmOff += uint32(len(payload))
 	p.rx.reposts = append(p.rx.reposts, slot)
 	if !last {
 		vc.returnCredits(1) // the chunk is copied out: its buffer is free
 		return
 	}
-	if vc.asmOff != uint32(len(vc.asm)) {
-		vc.asm = nil
+	if m.Data = vc.asm.finish(); m.Data == nil {
 		p.malformed(vc, noSlot)
 		return
 	}
-	m.Data = vc.asm
-	vc.asm = nil
 	p.deliver(vc, h, m)
 }
 
@@ -283,4 +269,137 @@ func (p *poller) malformed(vc *VConn, slot bufSlot) {
 	}
 	vc.returnCredits(1)
 	vc.fail(errors.New("engine: malformed message from peer"))
+}
+
+// The credit window itself is package credit's; here the engine wires it
+// to the vconn: which budget it grows from, who is rescheduled when a
+// grant comes or falls due, and where grants are stamped.
+
+// takeCredit counts a message that took one of the receive credits this
+// vconn granted, and reports whether the peer had one (credit.Taken).
+// Receiving, the vconn holds at most its window of messages, MaxCredits.
+// Any poller that receives the peer's messages.
+func (vc *VConn) takeCredit() bool { return vc.taken.Take(&vc.window) }
+
+// overrun fails a vconn whose peer sent beyond its credits; the caller
+// drops the message.
+func (p *poller) overrun(vc *VConn) {
+	p.reject(RejectCredit)
+	vc.fail(ErrCreditOverrun)
+}
+
+// completeAll dispatches the n completions polled into p.rx.wcs. The vconns
+// receives name are looked up (and their hot lines read) in a first pass,
+// for the reason touch gives. A vconn found here and released before its
+// message is handled is the old owner still, never a new one: the message
+// is dropped as on any closed vconn. The poller only.
+func (p *poller) completeAll(n int) {
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
+		p.rx.vcs[i] = nil
+		if wc.Opcode&verbs.WCRecv != 0 && wc.Status == verbs.WCSuccess && wc.Flags&verbs.WCWithImm != 0 {
+			if vc, ok := p.e.vconns.Lookup(vqpn.FromImm(wc.ImmData)); ok {
+				p.rx.vcs[i] = vc
+			}
+		}
+	}
+	var x uint32
+	for _, vc := range p.rx.vcs[:n] {
+		if vc != nil {
+			x += vc.hotLines()
+		}
+	}
+	p.rx.sink += x
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
+		if wc.Opcode&verbs.WCRecv != 0 {
+			p.onRecv(wc, p.rx.vcs[i])
+			p.rx.vcs[i] = nil
+			continue
+		}
+		p.onSend(wc)
+	}
+}
+
+// onSend handles a send completion: the buffer back, the message counted,
+// a FIN's or a one-sided operation's waiter told. The poller only.
+func (p *poller) onSend(wc *verbs.WC) {
+	e := p.e
+	if wc.WRID>>32 == 0 {
+		// No vconn's: a memory-window bind, posted on an ingress QP
+		// outside the poller's accounting.
+		e.windowDone(wc)
+		return
+	}
+	p.tx.budget++
+	v, _ := p.sendQPs.Load(wc.QPN)
+	q, _ := v.(*sendQP)
+	if q != nil {
+		q.outstanding--
+	}
+	id, tag := format.SplitWRID(wc.WRID)
+	slot := bufSlot(tag.Slot())
+	if slot == stagedSlot {
+		// A one-sided operation on staging memory: no buffer.
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.opCompleted(wc, slot)
+		}
+		if wc.Status != verbs.WCSuccess && q != nil {
+			p.qpFailed(q, wc.Err())
+		}
+		return
+	}
+	if !e.pool.valid(slot) {
+		return
+	}
+	if wc.Opcode == verbs.WCRDMAWrite || wc.Opcode == verbs.WCRDMARead {
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.opCompleted(wc, slot)
+		}
+		e.pool.put(slot)
+		if wc.Status != verbs.WCSuccess && q != nil {
+			p.qpFailed(q, wc.Err())
+		}
+		return
+	}
+	p.sent(tag)
+	if wc.Status != verbs.WCSuccess {
+		if q != nil {
+			p.qpFailed(q, wc.Err())
+		}
+		return
+	}
+	if tag.Has(format.TagSent) {
+		e.stats.msgsSent.Add(1)
+	}
+	if tag.Has(format.TagFin) {
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.onFinSent()
+		}
+	}
+}
+
+// flushReposts gives the round's released receive buffers back to their
+// SRQs, a PostRecv per SRQ.
+func (p *poller) flushReposts() {
+	if len(p.rx.reposts) == 0 {
+		return
+	}
+	e := p.e
+	for _, c := range e.srqs() {
+		wrs := p.rx.recvWRs[:0]
+		for _, slot := range p.rx.reposts {
+			if slot.class() == c.class {
+				wrs = append(wrs, e.recvWR(slot))
+			}
+		}
+		p.rx.recvWRs = wrs
+		if len(wrs) == 0 {
+			continue
+		}
+		if _, err := c.srq.PostRecv(wrs); err != nil {
+			e.log.Error(err, "Reposting receive buffers failed", "buffers", len(wrs))
+		}
+	}
+	p.rx.reposts = p.rx.reposts[:0]
 }

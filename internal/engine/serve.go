@@ -1,6 +1,11 @@
 package engine
 
 import (
+	"errors"
+	"fmt"
+
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
@@ -8,8 +13,88 @@ import (
 )
 
 // Serving a vconn: what the poller does when it takes a vconn off its QP's
-// run queue (sched.go). Everything here runs on the poller that owns the
-// vconn's QPs (vc.sq.p), which alone consumes the vconn's ring.
+// run queue (poller.go), from its ring to the work requests it posts.
+// Everything here runs on the poller that owns the vconn's QPs (vc.sq.p),
+// which alone consumes the vconn's ring, and keeps what it alone writes
+// per vconn in served.
+
+// served is what the poller that serves a vconn keeps of it. Its fields
+// are touched here alone (TestOwners).
+type served struct {
+	sent      uint32 // data chunks posted (credits used)
+	finPosted bool   // the FIN is posted, or about to be
+}
+
+// queue appends vc to its QP's run queue. The poller only.
+func (p *poller) queue(vc *VConn) {
+	q := vc.sq
+	if !q.active {
+		q.active = true
+		p.sched.active = append(p.sched.active, q)
+	}
+	q.runq = append(q.runq, vc)
+}
+
+// serveQP serves q's run queue in order until a vconn cannot go on for
+// lack of room (it went on p.sched.later, and so to the queue's tail next
+// round). The poller only.
+func (p *poller) serveQP(q *sendQP) {
+	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 {
+		return // no room: the queue waits for completions
+	}
+	i := q.runHead
+	for i < len(q.runq) {
+		if (i-q.runHead)%touchAhead == 0 {
+			p.touch(q.runq[i:min(i+touchAhead, len(q.runq))])
+		}
+		vc := q.runq[i]
+		q.runq[i] = nil
+		i++
+		vc.scheduled.Store(false)
+		n := len(p.sched.later)
+		p.serve(vc)
+		if len(p.sched.later) > n {
+			break
+		}
+	}
+	q.dequeued(p.sched.popped)
+	p.sched.popped = 0
+	switch {
+	case i == len(q.runq):
+		q.runq, q.runHead = q.runq[:0], 0
+	case i > len(q.runq)/2:
+		m := copy(q.runq, q.runq[i:])
+		clear(q.runq[m:])
+		q.runq, q.runHead = q.runq[:m], 0
+	default:
+		q.runHead = i
+	}
+}
+
+// touchAhead is how many vconns the poller touches at once before
+// serving them.
+const touchAhead = 16
+
+// touch reads the hot cache lines of vconns about to be served. With many
+// vconns each is touched about once per message, long after the last time,
+// so it is rarely in cache; loads that do not depend on each other let the
+// CPU wait for those misses together instead of one after another. The
+// poller only; it only reads.
+func (p *poller) touch(vcs []*VConn) {
+	var x uint32
+	for _, vc := range vcs {
+		x += vc.hotLines()
+	}
+	// Then the line of each one's sender's queue and the oldest queued
+	// buffer, which its sender just wrote.
+	pool := p.e.pool
+	for _, vc := range vcs {
+		if ent, ok := vc.snd.peek(); ok && ent.slot() != opMarker {
+			x += uint32(format.Raw(pool.bytes(ent.slot())).Type())
+		}
+	}
+	p.rx.sink += x
+}
 
 // serve moves a vconn's queued buffers into its QP's batch, as far as
 // credits and the send queue allow, then the control messages it owes.
@@ -24,20 +109,18 @@ func (p *poller) serve(vc *VConn) {
 		return // not connected yet; Connect's sends reschedule
 	}
 	// (Auto's own fields are off the hot lines: other vconns never read them.)
-	if vc.tr == transport.Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
-		p.freeAcked(vc, vc.reliability()) // another poller received them
+	if vc.tr == transport.Auto {
+		p.ackedElsewhere(vc)
 	}
 	// A stall's flag that its grant raced is cleared here, at the serve
 	// that grant scheduled (or at any other).
-	if vc.creditWait.Load() {
-		vc.creditWait.Store(false)
-	}
+	vc.snd.unstall()
 	stalled := p.drain(vc, remote)
-	if vc.ring.free() > 0 {
+	if vc.snd.free() > 0 {
 		// A sender woken without room would only schedule the vconn
 		// again, to find it stalled again: on a stream waiting for
 		// credits that ping-pong made 24 wake-ups a message.
-		vc.wakeSender()
+		vc.snd.wakeSender()
 	}
 	p.serveControl(vc, remote, st, stalled)
 }
@@ -49,15 +132,14 @@ func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
 		p.dropUnacked(vc)
 	}
 	for {
-		ent, ok := vc.ring.peek(&vc.ents)
+		ent, ok := vc.snd.peek()
 		if !ok {
 			break
 		}
 		p.e.pool.put(ent.slot())
-		vc.ring.pop()
 		p.took(vc)
 	}
-	vc.wakeSender()
+	vc.snd.wakeSender()
 	if vc.rstDue.Swap(false) {
 		p.control(vc.sq, vc, remote, format.Reset)
 	}
@@ -69,7 +151,7 @@ func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
 func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 	e := p.e
 	for {
-		ent, ok := vc.ring.peek(&vc.ents)
+		ent, ok := vc.snd.peek()
 		if !ok {
 			return false
 		}
@@ -82,7 +164,7 @@ func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 		}
 		b := format.Raw(e.pool.bytes(slot))
 		dq, auto, credited := p.route(vc, b, n)
-		if credited && vc.sent == vc.limit.Load() {
+		if credited && vc.srv.sent == vc.limit.Load() {
 			p.creditStall(vc)
 			return true // the peer's grant reschedules us
 		}
@@ -90,13 +172,13 @@ func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 			p.deferVC(vc)
 			return false
 		}
-		if auto && vc.ring.len() > 1 && p.bundle(vc, remote) > 0 {
-			vc.sent++ // a credit per receive buffer (bundle.go)
+		if auto && vc.snd.len() > 1 && p.bundle(vc, remote) > 0 {
+			vc.srv.sent++ // a credit per receive buffer (see bundle)
 			continue
 		}
 		p.sendQueued(vc, remote, dq, auto, slot, n)
 		if credited {
-			vc.sent++
+			vc.srv.sent++
 		}
 	}
 }
@@ -125,7 +207,7 @@ func (p *poller) route(vc *VConn, b format.Raw, n uint32) (dq *sendQP, auto, cre
 	// the one sequence of the vconn either way, which the receiver
 	// delivers in order whichever QP each came on (deliverSeq), so the
 	// switch needs no draining.
-	auto = data && vc.tr == transport.Auto && b.Whole() && vc.autoDgram(n) && vc.dq.path.Datagram()
+	auto = data && vc.tr == transport.Auto && b.Whole() && vc.datagram(n)
 	if auto {
 		dq = vc.dq
 	}
@@ -142,17 +224,25 @@ func (p *poller) route(vc *VConn, b format.Raw, n uint32) (dq *sendQP, auto, cre
 // each push wakes the poller, as before the flag.
 func (p *poller) creditStall(vc *VConn) {
 	p.e.stats.creditStalls.Add(1)
-	locked := vc.sendMu.TryLock()
-	if locked {
-		vc.creditWait.Store(true)
+	locked := vc.snd.stall()
+	p.sched.popped += vc.snd.uncountAll()
+	vc.snd.endStall(locked)
+}
+
+// grant records a credit grant from the peer, and reschedules a vconn that
+// waited for it; it reports false for a grant the peer could not have made
+// (credit.Limit.Grant). Any poller that receives the peer's messages.
+func (vc *VConn) grant(c uint32) bool {
+	moved, ok := vc.limit.Grant(c, uint32(vc.e.cfg.MaxCredits))
+	if moved {
+		// Cleared before the ring is read, as the sender pushes before it
+		// reads the flag (scheduleData): one of the two schedules the data.
+		vc.snd.unstall()
+		if !vc.snd.empty() {
+			vc.schedule()
+		}
 	}
-	if k := int32(vc.ring.len()) - vc.uncounted.Load(); k > 0 {
-		vc.uncounted.Add(k)
-		p.sched.popped += k
-	}
-	if locked {
-		vc.sendMu.Unlock()
-	}
+	return ok
 }
 
 // deferVC has a vconn that found no room wait for the next round, behind
@@ -178,7 +268,6 @@ func (p *poller) postMarker(vc *VConn) bool {
 	rg.mu.Lock()
 	rg.posted++
 	rg.mu.Unlock()
-	vc.ring.pop()
 	p.took(vc)
 	return true
 }
@@ -200,8 +289,15 @@ func (p *poller) sendQueued(vc *VConn, remote vqpn.ID, dq *sendQP, auto bool, sl
 	default:
 		p.post(dq, vc, remote, slot, n)
 	}
-	vc.ring.pop()
 	p.took(vc)
+}
+
+// took takes the entry at the head of vc's ring, accounting for it in
+// the QP's backlog. The poller, which consumes the ring.
+func (p *poller) took(vc *VConn) {
+	if vc.snd.pop() {
+		p.sched.popped++
+	}
 }
 
 // serveControl posts the control messages the vconn owes once its data is
@@ -213,8 +309,8 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	// A closing Auto vconn still acknowledges: the peer's FIN waits for
 	// its datagrams' acknowledgements.
 	live := st == stateOpen || vc.tr == transport.Auto && st == stateClosing
-	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == transport.Auto && vc.nackDue.Load()) && live
-	if !vc.ring.empty() {
+	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == transport.Auto && vc.auto.gapOwed()) && live
+	if !vc.snd.empty() {
 		// A grant owed rides on the next data, unless that data waits
 		// for the peer's grant: then it goes alone, or, with both ends
 		// sending, each would wait for the other's grant forever.
@@ -239,8 +335,8 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	// must all be acknowledged first: the FIN goes over RC and would
 	// overtake one the network lost, whose resend would come after the
 	// peer's EOF (onAck serves the vconn again when the last ack comes).
-	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.finPosted && !vc.datagramsUnacked() {
-		vc.finPosted = true
+	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.srv.finPosted && !vc.auto.unacked() {
+		vc.srv.finPosted = true
 		p.control(q, vc, remote, format.Fin)
 	}
 }
@@ -274,14 +370,11 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t format.Ty
 		// No room or no buffer now: try again next round.
 		switch t {
 		case format.Fin:
-			vc.finPosted = false
+			vc.srv.finPosted = false
 		case format.Reset:
 			vc.rstDue.Store(true)
 		case format.Unexported:
-			rg := vc.rg()
-			rg.mu.Lock()
-			rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: region})
-			rg.mu.Unlock()
+			vc.retryUnexportAck(region)
 		}
 		p.deferVC(vc)
 		return
@@ -290,12 +383,175 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t format.Ty
 	b := format.Raw(e.pool.bytes(slot))
 	h.Put(b)
 	vc.stampCredit(b)
-	if t == format.Credit && vc.nackDue.Swap(false) {
-		// The gap goes with the acknowledgement just stamped, unless a
-		// resend filled it meanwhile.
-		if end := vc.reliability().rx.GapEnd(); int32(end-b.Ack()) > 0 {
-			b.SetGap(end)
-		}
+	if t == format.Credit {
+		vc.auto.stampGap(b) // with the acknowledgement just stamped
 	}
 	p.post(q, vc, remote, slot, format.HeaderLen)
+}
+
+// stampCredit writes the current grant into a queued buffer's header, and
+// on an Auto vconn's data and grants the acknowledgement too; no separate
+// grant is due after it. Only the vconn's poller, as it posts b.
+func (vc *VConn) stampCredit(b []byte) {
+	// The grant goes out with b, so none is due after it; but a release
+	// after the grant is read sets creditDue again, and must find it
+	// cleared already, or its credits would never be granted: clear
+	// first, read second. (Cleared after the read, a release between the
+	// two was lost, and a sender waiting for those credits waited
+	// forever.) Likewise the acknowledgement.
+	if vc.creditDue.Load() {
+		vc.creditDue.Store(false)
+	}
+	h := format.Raw(b)
+	h.SetCredit(vc.window.Stamp())
+	if t := h.Type(); vc.tr == transport.Auto && (t == format.Data || t == format.Credit || t == format.Bundle) {
+		if vc.ackDue.Load() {
+			vc.ackDue.Store(false)
+		}
+		h.SetAck(vc.auto.ack())
+	}
+}
+
+// sendWR is the SEND_WITH_IMM of n bytes of buffer slot for vc: wr_id
+// names the vconn and the buffer its completion frees, imm_data the
+// peer's vconn.
+func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs.SendWR {
+	tag := format.TagOf(uint32(slot))
+	switch b := format.Raw(p.e.pool.bytes(slot)); b.Type() {
+	case format.Data, format.Bundle:
+		if b.Last() {
+			tag |= format.TagSent
+		}
+	case format.Fin:
+		tag |= format.TagFin
+	}
+	return verbs.SendWR{
+		WRID:    tag.WRID(vc.id),
+		Opcode:  verbs.WRSendWithImm,
+		Flags:   verbs.SendSignaled,
+		ImmData: vqpn.Imm(remote),
+		NumSGE:  1,
+		SG:      [verbs.MaxSGE]verbs.SGE{p.e.pool.sge(slot, n)},
+	}
+}
+
+// post adds the SEND of n bytes of slot to q's batch, with the QP pair's
+// secret.
+func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
+	format.Raw(p.e.pool.bytes(slot)).SetAuth(q.secret)
+	p.postWR(q, p.sendWR(vc, remote, slot, n))
+}
+
+// postUD posts a datagram to the peer's UD QP that pairs with this poller,
+// with the secret the peer gave our datagrams.
+func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
+	wr := p.sendWR(vc, remote, slot, n)
+	var secret uint64
+	wr.AH, wr.RemoteQPN, secret = vc.peer.udRoute(int(vc.id.VQPN()))
+	wr.RemoteQKey = p.e.cfg.QKey
+	format.Raw(p.e.pool.bytes(slot)).SetAuth(secret)
+	p.postWR(p.udq.qp, wr)
+}
+
+// postWR adds wr to q's batch, posted at the end of the round
+// (flushSends), and counts it against the CQ's budget.
+func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
+	q.batch = append(q.batch, wr)
+	p.tx.budget--
+	if !q.queued {
+		q.queued = true
+		p.tx.dirty = append(p.tx.dirty, q)
+	}
+}
+
+// flushSends rings each dirty QP's doorbell once for its whole batch; it
+// reports whether it posted anything.
+func (p *poller) flushSends() bool {
+	e := p.e
+	posted := false
+	for i, q := range p.tx.dirty {
+		p.tx.dirty[i] = nil
+		q.queued = false
+		if len(q.batch) == 0 {
+			continue
+		}
+		n, err := q.qp.PostSend(q.batch)
+		posted = posted || n > 0
+		e.stats.posts.Add(1)
+		e.stats.wrsPosted.Add(uint64(n))
+		q.outstanding += n
+		if errors.Is(err, verbs.ErrQueueFull) {
+			// Accounting should prevent this; if it happens, the rest
+			// waits for completions instead of failing the QP.
+			rest := copy(q.batch, q.batch[n:])
+			clear(q.batch[rest:])
+			q.batch = q.batch[:rest]
+			q.queued = true
+			p.tx.dirty[i] = q
+			continue
+		}
+		if err != nil {
+			// The QP refused the rest (it failed): their buffers go back,
+			// their vconns fail.
+			for _, wr := range q.batch[n:] {
+				id, tag := format.SplitWRID(wr.WRID)
+				p.sent(tag)
+				p.tx.budget++
+				if vc, ok := e.vconns.Lookup(id); ok {
+					vc.fail(fmt.Errorf("%w: %w", ErrQPFailed, err))
+				}
+			}
+			p.qpFailed(q, err)
+		}
+		clear(q.batch)
+		q.batch = q.batch[:0]
+	}
+	k := 0
+	for _, q := range p.tx.dirty {
+		if q != nil {
+			p.tx.dirty[k] = q
+			k++
+		}
+	}
+	p.tx.dirty = p.tx.dirty[:k]
+	return posted
+}
+
+// sent gives back the buffer of a SEND whose wr_id carried tag. The
+// poller that posted it (its completion comes to the same CQ).
+func (p *poller) sent(tag format.Tag) {
+	slot, gather := bufSlot(tag.Slot()), tag.Has(format.TagGather)
+	if !tag.Has(format.TagShared) {
+		p.free(slot, gather)
+		return
+	}
+	p.unref(slot, gather)
+}
+
+// unref drops an owner of a shared send buffer (bufPool.share) and frees it
+// after the last. The poller that owns the buffer's sends.
+func (p *poller) unref(slot bufSlot, gather bool) {
+	if p.e.pool.unshare(slot) {
+		p.free(slot, gather)
+	}
+}
+
+// free puts a send buffer back; for a gathered bundle's header buffer
+// (gather), the buffers of its messages too. The poller only.
+func (p *poller) free(slot bufSlot, gather bool) {
+	e := p.e
+	if gather {
+		b := e.pool.bytes(slot)
+		for i := range int(format.Raw(b).Count()) {
+			s, _ := gathered(b, i)
+			e.pool.put(s)
+		}
+	}
+	e.pool.put(slot)
+}
+
+// countSent counts msgs application messages of bytes payload bytes that
+// the poller handed to the device on a vconn of transport tr.
+func (p *poller) countSent(tr transport.Kind, msgs, bytes int) {
+	p.st.sent[tr].add(msgs, bytes)
 }
