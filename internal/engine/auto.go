@@ -8,7 +8,6 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
-	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -73,6 +72,32 @@ func (a *autoLink) unacked() bool {
 	return r != nil && r.tx.Waiting()
 }
 
+// waitAck puts the vconn on its receiving poller's delayed-acknowledgement
+// list, unless it is on one: it reports whether the caller should add it.
+func (a *autoLink) waitAck() bool { return !a.ackWait.Load() && !a.ackWait.Swap(true) }
+
+// oweGap records that a gap report should go out, and reports whether
+// that is news (the vconn needs scheduling).
+func (a *autoLink) oweGap() bool { return !a.nackDue.Swap(true) }
+
+// loaded is the reliability state, or nil if the vconn never used it.
+func (a *autoLink) loaded() *reliability { return a.ptr.Load() }
+
+// watch marks the vconn as on its serving poller's retransmission list,
+// and reports whether it was not (the caller adds it). The serving
+// poller; retransmit takes it off.
+func (a *autoLink) watch() bool {
+	if a.watched {
+		return false
+	}
+	a.watched = true
+	return true
+}
+
+// takeAckRecv reports, once, that another poller received
+// acknowledgements for the send side (onAck).
+func (a *autoLink) takeAckRecv() bool { return a.ackRecv.Load() && a.ackRecv.Swap(false) }
+
 // gapOwed: a gap report should go out (with a credit grant).
 func (a *autoLink) gapOwed() bool { return a.nackDue.Load() }
 
@@ -99,28 +124,8 @@ func (a *autoLink) dropEarly() {
 	}
 }
 
-// autoDgram reports whether a message of n bytes (header included) goes as
-// a datagram on this Auto vconn.
-func (vc *VConn) autoDgram(n uint32) bool {
-	e := vc.e
-	return n-format.HeaderLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
-}
-
-// datagram reports whether a whole message of n bytes (header included)
-// goes as a datagram now: it is small enough, and the path is not on RC
-// (reliable.Path), or this one is its probe.
-func (vc *VConn) datagram(n uint32) bool { return vc.autoDgram(n) && vc.dq.path.Datagram() }
-
 // earlyWindow is how far past a gap the vconn keeps messages.
 func (vc *VConn) earlyWindow() int { return reliable.EarlyWindow(vc.e.cfg.MaxCredits) }
-
-// ackedElsewhere frees what the acknowledgements another poller received
-// cover (see onAck). The owner of the send side, serving the vconn.
-func (p *poller) ackedElsewhere(vc *VConn) {
-	if a := &vc.auto; a.ackRecv.Load() && a.ackRecv.Swap(false) {
-		p.freeAcked(vc, a.load())
-	}
-}
 
 // onAck records an acknowledgement the peer sent, received by poller p:
 // p frees what it covers if it owns the send side, else the owner does
@@ -140,91 +145,6 @@ func (p *poller) onAck(vc *VConn, ack uint32) {
 	}
 	vc.auto.ackRecv.Store(true)
 	vc.schedule()
-}
-
-// freeAcked frees the datagrams the peer acknowledged. Only the owner of
-// the send side, vc.sq.p.
-func (p *poller) freeAcked(vc *VConn, r *reliability) {
-	r.tx.FreeAcked(p.e.epoch, p.freeDatagram)
-	sample := r.tx.TakeSample()
-	vc.dq.path.RTT(sample)
-}
-
-// freeDatagram drops the send side's hold on a datagram's buffer. Only
-// the owner of the send side.
-func (p *poller) freeDatagram(d *reliable.Datagram) { p.unref(bufSlot(d.Buf), d.Gather) }
-
-// deliverSeq delivers m (sequence seq) in order: early messages wait for
-// the gap to fill, duplicates are dropped. p is the poller that received
-// it (any of them); dgram says it came as a datagram, not over RC.
-//
-// Acknowledgements are cumulative and delayed, as TCP's are: they ride on
-// the credit grants the application's releases bring (one per half
-// window), or go reliable.AckDelay after a message that no grant
-// acknowledged (flushAcks), or at once for a duplicate (the sender timed
-// out). Acknowledging whenever the receiving poller ran out of work
-// instead cost a control message every few messages whenever the receiver
-// outpaced the sender, which is the usual case.
-func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message, dgram bool) {
-	r := &vc.auto.load().rx
-	r.Lock()
-	d := r.Offset(seq)
-	switch {
-	case d < 0:
-		// A retransmission of something delivered: it took no credit.
-		r.Unlock()
-		m.dropCredit()
-		m.Release()
-		vc.ackDue.Store(true)
-		vc.schedule()
-		return
-	case d > 0 && !r.Accepts(d, vc.earlyWindow()):
-		r.Unlock()
-		m.dropCredit() // a duplicate, or outside the window: the sender will resend it
-		m.Release()
-		return
-	}
-	// A single datagram takes its receive credit here, where duplicates
-	// are told apart under the lock, so each is counted once (a chunk
-	// took its credit in onData, a bundle in onBundle).
-	if dgram && !m.shared && m.credits != 0 && !vc.takeCredit() {
-		r.Unlock()
-		p.overrun(vc)
-		m.Release()
-		return
-	}
-	if d > 0 {
-		// A peer that leaves a gap makes the messages after it wait
-		// here, each in its receive buffer: they count against the SRQ
-		// as queued ones do.
-		p.pin(&m)
-		gap := r.Hold(d, m)
-		r.Unlock()
-		vc.reportGap(gap)
-		return
-	}
-	released, gap := r.Accept(m)
-	r.Handover(func(m Message) { vc.deliver(p, m) })
-	r.Unlock()
-	vc.reportGap(gap)
-	// The acknowledgement waits (see above); the credit grant that the
-	// application's release brings may carry it first. Only datagrams
-	// need one (and the early arrivals m released may be some): the
-	// sender keeps nothing it sent over RC, which is reliable itself.
-	// (Acknowledging them too sent a control message every AckDelay:
-	// 4,000 messages of 20 KB had the receiver post 437 work requests,
-	// 233 without.)
-	if (dgram || released > 0) && !vc.auto.ackWait.Load() && !vc.auto.ackWait.Swap(true) {
-		p.rel.acks = append(p.rel.acks, ackWaiter{vc, r.AckSent()})
-	}
-}
-
-// reportGap has the vconn's poller send a gap report, if there is news
-// of one (reliable.Receiver.Hold).
-func (vc *VConn) reportGap(news bool) {
-	if news && !vc.auto.nackDue.Swap(true) {
-		vc.schedule()
-	}
 }
 
 // onGap has the owner of the send side resend at once the datagrams the
@@ -272,38 +192,6 @@ func (p *poller) ackWaiters(now bool) {
 	}
 	clear(p.rel.acks[k:])
 	p.rel.acks = p.rel.acks[:k]
-}
-
-// dropUnacked frees the datagrams of a vconn that will send no more. Only
-// the owner of the send side.
-func (p *poller) dropUnacked(vc *VConn) {
-	if r := vc.auto.ptr.Load(); r != nil {
-		r.tx.Drop(p.freeDatagram)
-	}
-}
-
-// sendReliable posts an Auto datagram, with its UC QP pair's secret, and
-// keeps it until it is acknowledged (its resends carry the same secret:
-// the vconn's QPs never change). Only the owner of the send side.
-func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
-	format.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
-	p.e.pool.share(bufSlot(u.Buf), 2) // the unacknowledged list and the post
-	wr := p.bundleWR(vc, remote, &u)
-	wr.WRID = format.Retag(wr.WRID, format.TagShared, 0)
-	p.postWR(vc.dq, wr)
-	u.Sent = p.clock()
-	vc.auto.load().tx.Push(u)
-	if vc.dq.path.Sent(u.Sent) {
-		if vc.dq.path.OnRC() {
-			p.e.stats.toRC.Add(1)
-		} else {
-			p.e.stats.toUC.Add(1)
-		}
-	}
-	if !vc.auto.watched {
-		vc.auto.watched = true
-		p.rel.rtx = append(p.rel.rtx, vc)
-	}
 }
 
 // retransmit resends the datagrams that are due (reliable.Sender.Due), on
@@ -355,8 +243,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		// first carried: rewriting it while an earlier post of it may
 		// not have been read would race with the device.
 		e.pool.ref(bufSlot(u.Buf))
-		wr := p.bundleWR(vc, remote, u)
-		wr.WRID = format.Retag(wr.WRID, format.TagShared, format.TagSent) // counted sent the first time
+		wr := p.bundleWR(vc, remote, u, true)
 		p.postWR(vc.dq, wr)
 		if early {
 			e.stats.gapResends.Add(1)
@@ -375,143 +262,6 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		vc.dq.path.Lost()
 	}
 	return r.tx.Waiting() && live
-}
-
-// Bundles: when an Auto vconn has several whole datagram-sized messages
-// queued, the poller packs as many as fit a chunk into one datagram, as
-// SCTP bundles chunks and TCP coalesces writes: one work request, one
-// completion, a packet or a few, one receive buffer, where each message
-// alone costs all of those. Only what is already queued is bundled;
-// nothing waits for company, so a lone message goes as it came.
-//
-// Bundling is Auto's, as choosing the transport by size is: the engine
-// decides how an Auto vconn's messages travel. The fixed transports post
-// what they are given, a work request per message (per chunk), so that
-// what an application asks for is what the device sees.
-//
-// A bundle is a format.Bundle header (length: the bytes after it; seq: its
-// first message's; imm: how many messages) followed by the messages, each
-// with its own format.Data header, as the sender queued them: copied after the
-// header, or, for longer messages, gathered from their own buffers by the
-// work request (gatherMin). It is acknowledged and resent whole, and its
-// receive buffer is shared by the messages (bufPool.share) and reposted
-// when the last is released. It takes one receive credit, not one per
-// message: a credit stands for a receive buffer, as eRPC's stand for
-// packets, so a reader behind by a window of credits holds a window of
-// buffers whatever they carry, and a sender that runs out of credits
-// queues, and so bundles, more messages per credit.
-
-// maxBundle is the most messages one bundle carries: a ring's worth, which
-// is what the format allows (TestBundleFitsRing fails if the two part).
-const maxBundle = ringSize
-
-// gatherMin is the length (header included) from which queued messages
-// are bundled by gathering rather than copied: the bundle's work request
-// lists their buffers after its header (up to verbs.MaxSGE-1 of them), and
-// the device reads them as it sends, as a NIC does by DMA. Shorter ones
-// are copied, a ring's worth at most: copying a kilobyte or two costs less
-// than the work requests it saves, and a bundle of them would need more
-// scatter/gather entries than a QP has. Measured on the soft provider, one
-// vconn, auto over uc: 1 KiB messages copied 15 to a bundle ran 1.11-1.18x,
-// gathered 3 to a bundle 0.88-1.11x (the low end when the host was slow);
-// 2 KiB ones copied 0.75x, gathered 0.91x.
-const gatherMin = 2048
-
-// bundle packs the datagram-sized messages at the head of Auto vconn vc's
-// ring, as many as fit a chunk, into one datagram on its UC QP (which takes
-// one credit); it reports how many it took, 0 when fewer than two fit or
-// no buffer is free.
-func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
-	e := p.e
-	if vc.dq.path.OnRC() {
-		return 0 // a probe goes alone (reliable.Path)
-	}
-	head, _ := vc.snd.at(0)
-	gather := head.len() >= gatherMin
-	limit := maxBundle
-	if gather {
-		limit = min(limit, verbs.MaxSGE-1)
-	}
-	room := e.cfg.ChunkSize - format.HeaderLen
-	k, total := 0, 0
-	for k < limit {
-		ent, ok := vc.snd.at(k)
-		if !ok {
-			break
-		}
-		slot, n := ent.slot(), ent.len()
-		if slot == opMarker || total+int(n) > room {
-			break
-		}
-		b := format.Raw(e.pool.bytes(slot))
-		if b.Type() != format.Data || !b.Whole() || !vc.autoDgram(n) {
-			break
-		}
-		total += int(n)
-		k++
-	}
-	if k < 2 {
-		return 0
-	}
-	size := format.HeaderLen + total
-	if gather {
-		size = format.HeaderLen + gatherLen*k
-	}
-	out, ok := e.pool.get(e.pool.class(size))
-	if !ok {
-		return 0
-	}
-	b := e.pool.bytes(out)
-	off := format.HeaderLen
-	var seq uint32
-	for i := 0; i < k; i++ {
-		ent, _ := vc.snd.peek()
-		slot, n := ent.slot(), ent.len()
-		if i == 0 {
-			seq = format.Raw(e.pool.bytes(slot)).Seq()
-		}
-		if gather {
-			putGathered(b, i, slot, n)
-		} else {
-			off += copy(b[off:], e.pool.bytes(slot)[:n])
-			e.pool.put(slot)
-		}
-		p.took(vc)
-	}
-	h := format.BundleHeader(seq, uint32(k), uint32(total))
-	h.Put(b)
-	vc.stampCredit(b)
-	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
-	p.countSent(transport.Auto, k, total-k*format.HeaderLen)
-	e.stats.bundled.Add(uint64(k))
-	if gather {
-		e.stats.gathered.Add(uint64(k))
-	}
-	p.sendReliable(vc, remote, reliable.Datagram{Seq: seq, Last: seq + uint32(k-1), Buf: uint32(out), Len: uint32(size), Gather: gather})
-	return k
-}
-
-// bundleWR is the work request of a datagram: a bundle, or one message.
-func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram) verbs.SendWR {
-	slot := bufSlot(u.Buf)
-	if !u.Gather {
-		return p.sendWR(vc, remote, slot, u.Len)
-	}
-	e := p.e
-	b := e.pool.bytes(slot)
-	k := int(format.Raw(b).Count())
-	wr := verbs.SendWR{
-		WRID:    (format.TagOf(u.Buf) | format.TagSent | format.TagGather).WRID(vc.id),
-		Opcode:  verbs.WRSendWithImm,
-		Flags:   verbs.SendSignaled,
-		ImmData: vqpn.Imm(remote),
-		NumSGE:  uint8(k + 1),
-	}
-	wr.SG[0] = e.pool.sge(slot, format.HeaderLen)
-	for i := range k {
-		wr.SG[i+1] = e.pool.sge(gathered(b, i))
-	}
-	return wr
 }
 
 // onBundle delivers the messages of a bundle. The bundle is checked whole

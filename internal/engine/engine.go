@@ -332,15 +332,16 @@ func (e *Engine) release() error {
 // a kick fills (see sleep).
 //
 // Its state is split by flow, each group saying who may touch it (as
-// wireguard-go's Peer does), and declared here, with the engine that
-// owns the pollers; the code is split by the same flows: the loop, its
-// sleep and its rounds (poller.go, loop); what other goroutines hand it
-// (kick, enqueue, repostRecv), its clock and senders' back pressure
-// (below, inbox); which vconns are served when, moving their queued
-// buffers into work requests and posting them, and giving the buffers
-// back as the sends complete (serve.go, sched and tx); receives,
-// demultiplexed and reassembled, and the completions' dispatch (rx.go,
-// rx); a failed QP (qp.go); Auto's timers (auto.go, rel). Only the
+// wireguard-go's Peer does), and declared here, beside the engine that
+// owns the pollers, with the calls any goroutine or file makes on a
+// poller: kick, enqueue and repostRecv (what other goroutines hand it),
+// its clock, senders' back pressure (throttle) and its UD QP. The code is
+// split by the same flows: the loop, its sleep and its rounds (poller.go,
+// loop); which vconns each QP serves next, the doorbells, and the
+// completions' dispatch, receives demultiplexed (cq.go, sched and rx);
+// serving a vconn, from its ring to the work requests, and giving send
+// buffers back (serve.go, tx); a message's delivery and reassembly
+// (recv.go); a failed QP (qp.go); Auto's timers (auto.go, rel). Only the
 // poller's goroutine runs its methods, but for kick, enqueue and
 // repostRecv, which any goroutine may call.
 type poller struct {
@@ -350,9 +351,9 @@ type poller struct {
 
 	loop  pollerLoop  // its loop: spinning, sleeping, stopping
 	inbox pollerInbox // what other goroutines hand it
-	sched pollerSched // which vconns it serves when (serve.go)
+	sched pollerSched // which vconns it serves when (cq.go, serve.go)
 	tx    pollerTx    // the work requests it posts (serve.go)
-	rx    pollerRx    // the completions it handles (rx.go)
+	rx    pollerRx    // the completions it handles (cq.go, recv.go)
 	udq   pollerUD    // its UD QP, shared by every peer
 	rel   pollerRel   // Auto's timers (auto.go)
 
@@ -394,7 +395,7 @@ type pollerInbox struct {
 	queued atomic.Bool
 }
 
-// pollerSched is which vconns the poller serves when (serve.go). Poller
+// pollerSched is which vconns the poller serves when (cq.go). Poller
 // goroutine only.
 type pollerSched struct {
 	work   []*VConn  // taken from the inbox this round
@@ -411,7 +412,7 @@ type pollerTx struct {
 	confirm []uint32  // unexport confirmations being posted (confirmUnexports)
 }
 
-// pollerRx is what the poller's completions use (rx.go).
+// pollerRx is what the poller's completions use (cq.go, recv.go).
 // Poller goroutine only.
 type pollerRx struct {
 	wcs     []verbs.WC

@@ -193,37 +193,6 @@ func (vc *VConn) opCompleted(wc *verbs.WC, slot bufSlot) {
 	}
 }
 
-// takeUnexportAcks appends to ids the confirmations the poller may send
-// now: those whose markers it posted. Only vc's poller calls it.
-func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return ids
-	}
-	rg.mu.Lock()
-	defer rg.mu.Unlock()
-	k := 0
-	for _, a := range rg.unexportAcks {
-		if a.after <= rg.posted {
-			ids = append(ids, a.id)
-		} else {
-			rg.unexportAcks[k] = a
-			k++
-		}
-	}
-	rg.unexportAcks = rg.unexportAcks[:k]
-	return ids
-}
-
-// retryUnexportAck puts back a confirmation that found no room to go.
-// Only vc's poller calls it.
-func (vc *VConn) retryUnexportAck(id uint32) {
-	rg := vc.rg()
-	rg.mu.Lock()
-	rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: id})
-	rg.mu.Unlock()
-}
-
 // Staging is memory the caller owns, registered for one vconn's one-sided
 // operations to write from and read into (WriteFrom, ReadInto) in place
 // of the engine's send buffers: the agent's mapping of a memfd it shares

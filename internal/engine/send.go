@@ -373,3 +373,7 @@ func (s *sender) unstall() {
 		s.creditWait.Store(false)
 	}
 }
+
+// maxBundle is the most messages one bundle carries: a ring's worth, which
+// is what the format allows (TestBundleFitsRing fails if the two part).
+const maxBundle = ringSize

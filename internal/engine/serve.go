@@ -1,100 +1,19 @@
 package engine
 
 import (
-	"errors"
-	"fmt"
-
-	"github.com/rdmavisor/rdmavisor/internal/verbs"
-
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
 // Serving a vconn: what the poller does when it takes a vconn off its QP's
-// run queue (poller.go), from its ring to the work requests it posts.
-// Everything here runs on the poller that owns the vconn's QPs (vc.sq.p),
-// which alone consumes the vconn's ring, and keeps what it alone writes
-// per vconn in served.
-
-// served is what the poller that serves a vconn keeps of it. Its fields
-// are touched here alone (TestOwners).
-type served struct {
-	sent      uint32 // data chunks posted (credits used)
-	finPosted bool   // the FIN is posted, or about to be
-}
-
-// queue appends vc to its QP's run queue. The poller only.
-func (p *poller) queue(vc *VConn) {
-	q := vc.sq
-	if !q.active {
-		q.active = true
-		p.sched.active = append(p.sched.active, q)
-	}
-	q.runq = append(q.runq, vc)
-}
-
-// serveQP serves q's run queue in order until a vconn cannot go on for
-// lack of room (it went on p.sched.later, and so to the queue's tail next
-// round). The poller only.
-func (p *poller) serveQP(q *sendQP) {
-	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 {
-		return // no room: the queue waits for completions
-	}
-	i := q.runHead
-	for i < len(q.runq) {
-		if (i-q.runHead)%touchAhead == 0 {
-			p.touch(q.runq[i:min(i+touchAhead, len(q.runq))])
-		}
-		vc := q.runq[i]
-		q.runq[i] = nil
-		i++
-		vc.scheduled.Store(false)
-		n := len(p.sched.later)
-		p.serve(vc)
-		if len(p.sched.later) > n {
-			break
-		}
-	}
-	q.dequeued(p.sched.popped)
-	p.sched.popped = 0
-	switch {
-	case i == len(q.runq):
-		q.runq, q.runHead = q.runq[:0], 0
-	case i > len(q.runq)/2:
-		m := copy(q.runq, q.runq[i:])
-		clear(q.runq[m:])
-		q.runq, q.runHead = q.runq[:m], 0
-	default:
-		q.runHead = i
-	}
-}
-
-// touchAhead is how many vconns the poller touches at once before
-// serving them.
-const touchAhead = 16
-
-// touch reads the hot cache lines of vconns about to be served. With many
-// vconns each is touched about once per message, long after the last time,
-// so it is rarely in cache; loads that do not depend on each other let the
-// CPU wait for those misses together instead of one after another. The
-// poller only; it only reads.
-func (p *poller) touch(vcs []*VConn) {
-	var x uint32
-	for _, vc := range vcs {
-		x += vc.hotLines()
-	}
-	// Then the line of each one's sender's queue and the oldest queued
-	// buffer, which its sender just wrote.
-	pool := p.e.pool
-	for _, vc := range vcs {
-		if ent, ok := vc.snd.peek(); ok && ent.slot() != opMarker {
-			x += uint32(format.Raw(pool.bytes(ent.slot())).Type())
-		}
-	}
-	p.rx.sink += x
-}
+// run queue (cq.go), from its ring to the work requests it posts, Auto's
+// datagrams and bundles included. Everything here runs on the poller that
+// owns the vconn's QPs (vc.sq.p), which alone consumes the vconn's ring,
+// and keeps what it alone writes per vconn in served (vconn.go), whose
+// fields are touched here alone (TestOwners).
 
 // serve moves a vconn's queued buffers into its QP's batch, as far as
 // credits and the send queue allow, then the control messages it owes.
@@ -227,22 +146,6 @@ func (p *poller) creditStall(vc *VConn) {
 	locked := vc.snd.stall()
 	p.sched.popped += vc.snd.uncountAll()
 	vc.snd.endStall(locked)
-}
-
-// grant records a credit grant from the peer, and reschedules a vconn that
-// waited for it; it reports false for a grant the peer could not have made
-// (credit.Limit.Grant). Any poller that receives the peer's messages.
-func (vc *VConn) grant(c uint32) bool {
-	moved, ok := vc.limit.Grant(c, uint32(vc.e.cfg.MaxCredits))
-	if moved {
-		// Cleared before the ring is read, as the sender pushes before it
-		// reads the flag (scheduleData): one of the two schedules the data.
-		vc.snd.unstall()
-		if !vc.snd.empty() {
-			vc.schedule()
-		}
-	}
-	return ok
 }
 
 // deferVC has a vconn that found no room wait for the next round, behind
@@ -414,8 +317,8 @@ func (vc *VConn) stampCredit(b []byte) {
 
 // sendWR is the SEND_WITH_IMM of n bytes of buffer slot for vc: wr_id
 // names the vconn and the buffer its completion frees, imm_data the
-// peer's vconn.
-func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs.SendWR {
+// peer's vconn. set and clear adjust its tag's flags (see bundleWR).
+func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32, set, clear format.Tag) verbs.SendWR {
 	tag := format.TagOf(uint32(slot))
 	switch b := format.Raw(p.e.pool.bytes(slot)); b.Type() {
 	case format.Data, format.Bundle:
@@ -425,6 +328,7 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs
 	case format.Fin:
 		tag |= format.TagFin
 	}
+	tag = tag&^clear | set
 	return verbs.SendWR{
 		WRID:    tag.WRID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
@@ -439,13 +343,13 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) verbs
 // secret.
 func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
 	format.Raw(p.e.pool.bytes(slot)).SetAuth(q.secret)
-	p.postWR(q, p.sendWR(vc, remote, slot, n))
+	p.postWR(q, p.sendWR(vc, remote, slot, n, 0, 0))
 }
 
 // postUD posts a datagram to the peer's UD QP that pairs with this poller,
 // with the secret the peer gave our datagrams.
 func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
-	wr := p.sendWR(vc, remote, slot, n)
+	wr := p.sendWR(vc, remote, slot, n, 0, 0)
 	var secret uint64
 	wr.AH, wr.RemoteQPN, secret = vc.peer.udRoute(int(vc.id.VQPN()))
 	wr.RemoteQKey = p.e.cfg.QKey
@@ -462,59 +366,6 @@ func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
 		q.queued = true
 		p.tx.dirty = append(p.tx.dirty, q)
 	}
-}
-
-// flushSends rings each dirty QP's doorbell once for its whole batch; it
-// reports whether it posted anything.
-func (p *poller) flushSends() bool {
-	e := p.e
-	posted := false
-	for i, q := range p.tx.dirty {
-		p.tx.dirty[i] = nil
-		q.queued = false
-		if len(q.batch) == 0 {
-			continue
-		}
-		n, err := q.qp.PostSend(q.batch)
-		posted = posted || n > 0
-		e.stats.posts.Add(1)
-		e.stats.wrsPosted.Add(uint64(n))
-		q.outstanding += n
-		if errors.Is(err, verbs.ErrQueueFull) {
-			// Accounting should prevent this; if it happens, the rest
-			// waits for completions instead of failing the QP.
-			rest := copy(q.batch, q.batch[n:])
-			clear(q.batch[rest:])
-			q.batch = q.batch[:rest]
-			q.queued = true
-			p.tx.dirty[i] = q
-			continue
-		}
-		if err != nil {
-			// The QP refused the rest (it failed): their buffers go back,
-			// their vconns fail.
-			for _, wr := range q.batch[n:] {
-				id, tag := format.SplitWRID(wr.WRID)
-				p.sent(tag)
-				p.tx.budget++
-				if vc, ok := e.vconns.Lookup(id); ok {
-					vc.fail(fmt.Errorf("%w: %w", ErrQPFailed, err))
-				}
-			}
-			p.qpFailed(q, err)
-		}
-		clear(q.batch)
-		q.batch = q.batch[:0]
-	}
-	k := 0
-	for _, q := range p.tx.dirty {
-		if q != nil {
-			p.tx.dirty[k] = q
-			k++
-		}
-	}
-	p.tx.dirty = p.tx.dirty[:k]
-	return posted
 }
 
 // sent gives back the buffer of a SEND whose wr_id carried tag. The
@@ -550,8 +401,198 @@ func (p *poller) free(slot bufSlot, gather bool) {
 	e.pool.put(slot)
 }
 
-// countSent counts msgs application messages of bytes payload bytes that
-// the poller handed to the device on a vconn of transport tr.
-func (p *poller) countSent(tr transport.Kind, msgs, bytes int) {
-	p.st.sent[tr].add(msgs, bytes)
+// autoDgram reports whether a message of n bytes (header included) goes as
+// a datagram on this Auto vconn.
+func (vc *VConn) autoDgram(n uint32) bool {
+	e := vc.e
+	return n-format.HeaderLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
+}
+
+// datagram reports whether a whole message of n bytes (header included)
+// goes as a datagram now: it is small enough, and the path is not on RC
+// (reliable.Path), or this one is its probe.
+func (vc *VConn) datagram(n uint32) bool { return vc.autoDgram(n) && vc.dq.path.Datagram() }
+
+// ackedElsewhere frees what the acknowledgements another poller received
+// cover (see onAck). The owner of the send side, serving the vconn.
+func (p *poller) ackedElsewhere(vc *VConn) {
+	if vc.auto.takeAckRecv() {
+		p.freeAcked(vc, vc.auto.load())
+	}
+}
+
+// freeAcked frees the datagrams the peer acknowledged. Only the owner of
+// the send side, vc.sq.p.
+func (p *poller) freeAcked(vc *VConn, r *reliability) {
+	r.tx.FreeAcked(p.e.epoch, p.freeDatagram)
+	sample := r.tx.TakeSample()
+	vc.dq.path.RTT(sample)
+}
+
+// freeDatagram drops the send side's hold on a datagram's buffer. Only
+// the owner of the send side.
+func (p *poller) freeDatagram(d *reliable.Datagram) { p.unref(bufSlot(d.Buf), d.Gather) }
+
+// dropUnacked frees the datagrams of a vconn that will send no more. Only
+// the owner of the send side.
+func (p *poller) dropUnacked(vc *VConn) {
+	if r := vc.auto.loaded(); r != nil {
+		r.tx.Drop(p.freeDatagram)
+	}
+}
+
+// sendReliable posts an Auto datagram, with its UC QP pair's secret, and
+// keeps it until it is acknowledged (its resends carry the same secret:
+// the vconn's QPs never change). Only the owner of the send side.
+func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
+	format.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
+	p.e.pool.share(bufSlot(u.Buf), 2) // the unacknowledged list and the post
+	wr := p.bundleWR(vc, remote, &u, false)
+	p.postWR(vc.dq, wr)
+	u.Sent = p.clock()
+	vc.auto.load().tx.Push(u)
+	if vc.dq.path.Sent(u.Sent) {
+		if vc.dq.path.OnRC() {
+			p.e.stats.toRC.Add(1)
+		} else {
+			p.e.stats.toUC.Add(1)
+		}
+	}
+	if vc.auto.watch() {
+		p.rel.rtx = append(p.rel.rtx, vc)
+	}
+}
+
+// bundle packs the datagram-sized messages at the head of Auto vconn vc's
+// ring, as many as fit a chunk, into one datagram on its UC QP (which takes
+// one credit); it reports how many it took, 0 when fewer than two fit or
+// no buffer is free.
+func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
+	e := p.e
+	if vc.dq.path.OnRC() {
+		return 0 // a probe goes alone (reliable.Path)
+	}
+	head, _ := vc.snd.at(0)
+	gather := head.len() >= gatherMin
+	limit := maxBundle
+	if gather {
+		limit = min(limit, verbs.MaxSGE-1)
+	}
+	room := e.cfg.ChunkSize - format.HeaderLen
+	k, total := 0, 0
+	for k < limit {
+		ent, ok := vc.snd.at(k)
+		if !ok {
+			break
+		}
+		slot, n := ent.slot(), ent.len()
+		if slot == opMarker || total+int(n) > room {
+			break
+		}
+		b := format.Raw(e.pool.bytes(slot))
+		if b.Type() != format.Data || !b.Whole() || !vc.autoDgram(n) {
+			break
+		}
+		total += int(n)
+		k++
+	}
+	if k < 2 {
+		return 0
+	}
+	size := format.HeaderLen + total
+	if gather {
+		size = format.HeaderLen + gatherLen*k
+	}
+	out, ok := e.pool.get(e.pool.class(size))
+	if !ok {
+		return 0
+	}
+	b := e.pool.bytes(out)
+	off := format.HeaderLen
+	var seq uint32
+	for i := 0; i < k; i++ {
+		ent, _ := vc.snd.peek()
+		slot, n := ent.slot(), ent.len()
+		if i == 0 {
+			seq = format.Raw(e.pool.bytes(slot)).Seq()
+		}
+		if gather {
+			putGathered(b, i, slot, n)
+		} else {
+			off += copy(b[off:], e.pool.bytes(slot)[:n])
+			e.pool.put(slot)
+		}
+		p.took(vc)
+	}
+	h := format.BundleHeader(seq, uint32(k), uint32(total))
+	h.Put(b)
+	vc.stampCredit(b)
+	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
+	p.countSent(transport.Auto, k, total-k*format.HeaderLen)
+	e.stats.bundled.Add(uint64(k))
+	if gather {
+		e.stats.gathered.Add(uint64(k))
+	}
+	p.sendReliable(vc, remote, reliable.Datagram{Seq: seq, Last: seq + uint32(k-1), Buf: uint32(out), Len: uint32(size), Gather: gather})
+	return k
+}
+
+// bundleWR is the work request of a datagram: a bundle, or one message.
+// Its tag is shared (the unacknowledged list holds the buffer too), and a
+// resend's is not counted sent: its first post was.
+func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram, resend bool) verbs.SendWR {
+	slot := bufSlot(u.Buf)
+	clear := format.Tag(0)
+	if resend {
+		clear = format.TagSent
+	}
+	if !u.Gather {
+		return p.sendWR(vc, remote, slot, u.Len, format.TagShared, clear)
+	}
+	e := p.e
+	b := e.pool.bytes(slot)
+	k := int(format.Raw(b).Count())
+	wr := verbs.SendWR{
+		WRID:    ((format.TagOf(u.Buf)|format.TagSent|format.TagGather)&^clear | format.TagShared).WRID(vc.id),
+		Opcode:  verbs.WRSendWithImm,
+		Flags:   verbs.SendSignaled,
+		ImmData: vqpn.Imm(remote),
+		NumSGE:  uint8(k + 1),
+	}
+	wr.SG[0] = e.pool.sge(slot, format.HeaderLen)
+	for i := range k {
+		wr.SG[i+1] = e.pool.sge(gathered(b, i))
+	}
+	return wr
+}
+
+// takeUnexportAcks appends to ids the confirmations the poller may send
+// now: those whose markers it posted. Only vc's poller calls it.
+func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
+	rg := vc.regions.Load()
+	if rg == nil {
+		return ids
+	}
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	k := 0
+	for _, a := range rg.unexportAcks {
+		if a.after <= rg.posted {
+			ids = append(ids, a.id)
+		} else {
+			rg.unexportAcks[k] = a
+			k++
+		}
+	}
+	rg.unexportAcks = rg.unexportAcks[:k]
+	return ids
+}
+
+// retryUnexportAck puts back a confirmation that found no room to go.
+// Only vc's poller calls it.
+func (vc *VConn) retryUnexportAck(id uint32) {
+	rg := vc.rg()
+	rg.mu.Lock()
+	rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: id})
+	rg.mu.Unlock()
 }

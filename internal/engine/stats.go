@@ -364,3 +364,9 @@ func (c *StateCounts) add(o StateCounts) {
 	c.Closing += o.Closing
 	c.Failed += o.Failed
 }
+
+// countSent counts msgs application messages of bytes payload bytes that
+// the poller handed to the device on a vconn of transport tr.
+func (p *poller) countSent(tr transport.Kind, msgs, bytes int) {
+	p.st.sent[tr].add(msgs, bytes)
+}

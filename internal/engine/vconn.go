@@ -46,7 +46,7 @@ type VConnOptions struct {
 // sender's queue (sender, send.go), the reader's queue (reader,
 // recv.go), what the poller that serves the vconn keeps (served,
 // serve.go) and what the poller that receives its chunks keeps
-// (reassembly, rx.go), and Auto's reliability (autoLink, auto.go). What
+// (reassembly, recv.go), and Auto's reliability (autoLink, auto.go). What
 // stays here is shared: set once, atomic, or guarded as its comment says.
 //
 // The fields a message touches come first, so that with many vconns (each
@@ -94,7 +94,7 @@ type VConn struct {
 	prev *VConn     // peer list; guarded by peer.mu
 	next *VConn     //
 	auto autoLink   // Auto's reliability (auto.go)
-	asm  reassembly // the receiving poller's (rx.go)
+	asm  reassembly // the receiving poller's (recv.go)
 	rcv  reader     // the reader's queue (recv.go)
 }
 
@@ -405,6 +405,13 @@ func (vc *VConn) hotLines() uint32 {
 		x++
 	}
 	return x
+}
+
+// served is what the poller that serves a vconn keeps of it: its fields
+// are touched in serve.go alone (TestOwners).
+type served struct {
+	sent      uint32 // data chunks posted (credits used)
+	finPosted bool   // the FIN is posted, or about to be
 }
 
 // schedule puts the vconn on its poller's run queue, once until served.
