@@ -323,9 +323,23 @@ func testAttacks(t *testing.T, tr transport.Kind) {
 	waitRejected(t, a, RejectPeer, before+k)
 	check("FIN, RESET, data and a grant from another node")
 
+	attackOwnVConn(t, a, h, own, fin, grant)
+	check("a flood past credits")
+	t.Logf("rejected: %v", a.RejectStats())
+	own.Abort()
+	_ = byA.Close()
+	_ = byB.Close()
+	closeAll(t, a, b, victimA, victimB)
+}
+
+// attackOwnVConn: the hostile node's own vconn on a sends control as a
+// datagram, an inflated grant and data past its credits; each is refused
+// and counted, and the flood fails the vconn.
+func attackOwnVConn(t *testing.T, a *Engine, h *hostile, own *VConn, fin, grant format.Header) {
+	t.Helper()
 	// Its own vconn: control as a datagram (where its source is only
 	// the datagram's say) is refused.
-	before = a.RejectStats()[RejectTransport]
+	before := a.RejectStats()[RejectTransport]
 	h.send(h.ud, a, own.ID(), fin, nil)
 	waitRejected(t, a, RejectTransport, before+1)
 	if own.Err() != nil {
@@ -351,18 +365,10 @@ func testAttacks(t *testing.T, tr transport.Kind) {
 	}
 	waitRejected(t, a, RejectCredit, 1)
 	waitFor(t, func() bool { return errors.Is(own.Err(), ErrCreditOverrun) }, "the overrun vconn to fail")
-	own.rxMu.Lock()
-	queued := own.rxN
-	own.rxMu.Unlock()
+	queued := own.rcv.queued()
 	if queued > int(window) {
 		t.Fatalf("%d messages queued on a vconn with a window of %d", queued, window)
 	}
-	check("a flood past credits")
-	t.Logf("rejected: %v", a.RejectStats())
-	own.Abort()
-	_ = byA.Close()
-	_ = byB.Close()
-	closeAll(t, a, b, victimA, victimB)
 }
 
 // twoQPPeer is an engine a and a hostile node h at ip, peers, h with a

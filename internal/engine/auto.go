@@ -2,10 +2,12 @@ package engine
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
@@ -27,36 +29,100 @@ import (
 // vconn moved 16-byte messages over UC at 1.15x the rate of UD, which
 // pays for the GRH and the address handle on every datagram.
 
-// rel is an Auto vconn's reliability state (package reliable).
+// autoLink is a vconn's side of Auto's reliability: the state machine
+// (reliability, package reliable), created on first use, and the flags that have
+// a poller act on it. Its fields are touched here alone (TestOwners):
+// the rest of the engine asks through its methods.
+type autoLink struct {
+	ptr     atomic.Pointer[reliability]
+	watched bool        // the serving poller's: on its retransmission list (p.rel.rtx)
+	ackWait atomic.Bool // on a poller's delayed-acknowledgement list
+	nackDue atomic.Bool // a gap report should go out (see reportGap)
+	ackRecv atomic.Bool // another poller received acknowledgements for the send side (see onAck)
+}
+
+// reliability is an Auto vconn's reliability state (package reliable).
 //
 // The send side belongs to the poller of the vconn's QPs (vc.sq.p), which
 // alone posts, retransmits and frees its datagrams, so it takes no lock:
 // the poller that receives the peer's acknowledgements (another one, with
 // several) only records them, and has the owner free what they cover
 // (freeAcked). The receive side, which any poller may reach, locks.
-type rel struct {
+type reliability struct {
 	tx reliable.Sender
 	rx reliable.Receiver[Message]
 }
 
-func (vc *VConn) reliability() *rel {
-	if r := vc.rel.Load(); r != nil {
+func (a *autoLink) load() *reliability {
+	if r := a.ptr.Load(); r != nil {
 		return r
 	}
-	vc.rel.CompareAndSwap(nil, &rel{})
-	return vc.rel.Load()
+	a.ptr.CompareAndSwap(nil, &reliability{})
+	return a.ptr.Load()
 }
 
-// autoDgram reports whether a message of n bytes (header included) goes as
-// a datagram on this Auto vconn.
-func (vc *VConn) autoDgram(n uint32) bool {
-	e := vc.e
-	return n-format.HeaderLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
+// ack is the cumulative acknowledgement to stamp on outgoing messages.
+// Only the vconn's poller, as it posts.
+func (a *autoLink) ack() uint32 { return a.load().rx.Ack() }
+
+// unacked: an Auto vconn has datagrams the peer has not acknowledged.
+// Only the owner of the send side.
+func (a *autoLink) unacked() bool {
+	r := a.ptr.Load()
+	return r != nil && r.tx.Waiting()
 }
 
-// ackValue is the cumulative acknowledgement to stamp on outgoing
-// messages. Only the vconn's poller, as it posts.
-func (vc *VConn) ackValue() uint32 { return vc.reliability().rx.Ack() }
+// waitAck puts the vconn on its receiving poller's delayed-acknowledgement
+// list, unless it is on one: it reports whether the caller should add it.
+func (a *autoLink) waitAck() bool { return !a.ackWait.Load() && !a.ackWait.Swap(true) }
+
+// oweGap records that a gap report should go out, and reports whether
+// that is news (the vconn needs scheduling).
+func (a *autoLink) oweGap() bool { return !a.nackDue.Swap(true) }
+
+// loaded is the reliability state, or nil if the vconn never used it.
+func (a *autoLink) loaded() *reliability { return a.ptr.Load() }
+
+// watch marks the vconn as on its serving poller's retransmission list,
+// and reports whether it was not (the caller adds it). The serving
+// poller; retransmit takes it off.
+func (a *autoLink) watch() bool {
+	if a.watched {
+		return false
+	}
+	a.watched = true
+	return true
+}
+
+// takeAckRecv reports, once, that another poller received
+// acknowledgements for the send side (onAck).
+func (a *autoLink) takeAckRecv() bool { return a.ackRecv.Load() && a.ackRecv.Swap(false) }
+
+// gapOwed: a gap report should go out (with a credit grant).
+func (a *autoLink) gapOwed() bool { return a.nackDue.Load() }
+
+// stampGap adds the gap report owed, if any, to a grant whose
+// acknowledgement is stamped already, unless a resend filled the gap
+// meanwhile. The serving poller.
+func (a *autoLink) stampGap(b format.Raw) {
+	if a.nackDue.Swap(false) {
+		if end := a.load().rx.GapEnd(); int32(end-b.Ack()) > 0 {
+			b.SetGap(end)
+		}
+	}
+}
+
+// dropEarly returns the early arrivals a released Auto vconn holds; its
+// poller frees its unacknowledged datagrams (dropUnacked) when it serves
+// it next. The goroutine that releases the vconn.
+func (a *autoLink) dropEarly() {
+	if r := a.ptr.Load(); r != nil {
+		r.rx.DropEarly(func(m Message) {
+			m.dropCredit()
+			m.Release()
+		})
+	}
+}
 
 // earlyWindow is how far past a gap the vconn keeps messages.
 func (vc *VConn) earlyWindow() int { return reliable.EarlyWindow(vc.e.cfg.MaxCredits) }
@@ -65,7 +131,7 @@ func (vc *VConn) earlyWindow() int { return reliable.EarlyWindow(vc.e.cfg.MaxCre
 // p frees what it covers if it owns the send side, else the owner does
 // when it next serves the vconn. Any poller that receives for vc.
 func (p *poller) onAck(vc *VConn, ack uint32) {
-	r := vc.reliability()
+	r := vc.auto.load()
 	if !r.tx.OnAck(ack) {
 		return
 	}
@@ -77,116 +143,18 @@ func (p *poller) onAck(vc *VConn, ack uint32) {
 		}
 		return
 	}
-	vc.ackRecv.Store(true)
+	vc.auto.ackRecv.Store(true)
 	vc.schedule()
-}
-
-// datagramsUnacked: an Auto vconn has datagrams the peer has not
-// acknowledged. Only the owner of the send side.
-func (vc *VConn) datagramsUnacked() bool {
-	r := vc.rel.Load()
-	return r != nil && r.tx.Waiting()
-}
-
-// freeAcked frees the datagrams the peer acknowledged. Only the owner of
-// the send side, vc.sq.p.
-func (p *poller) freeAcked(vc *VConn, r *rel) {
-	r.tx.FreeAcked(p.e.epoch, p.freeDatagram)
-	vc.dq.path.RTT(r.tx.TakeSample())
-}
-
-// freeDatagram drops the send side's hold on a datagram's buffer. Only
-// the owner of the send side.
-func (p *poller) freeDatagram(d *reliable.Datagram) { p.unref(bufSlot(d.Buf), d.Gather) }
-
-// deliverSeq delivers m (sequence seq) in order: early messages wait for
-// the gap to fill, duplicates are dropped. p is the poller that received
-// it (any of them); dgram says it came as a datagram, not over RC.
-//
-// Acknowledgements are cumulative and delayed, as TCP's are: they ride on
-// the credit grants the application's releases bring (one per half
-// window), or go reliable.AckDelay after a message that no grant
-// acknowledged (flushAcks), or at once for a duplicate (the sender timed
-// out). Acknowledging whenever the receiving poller ran out of work
-// instead cost a control message every few messages whenever the receiver
-// outpaced the sender, which is the usual case.
-func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message, dgram bool) {
-	r := &vc.reliability().rx
-	r.Lock()
-	d := r.Offset(seq)
-	switch {
-	case d < 0:
-		// A retransmission of something delivered: it took no credit.
-		r.Unlock()
-		m.dropCredit()
-		m.Release()
-		vc.ackDue.Store(true)
-		vc.schedule()
-		return
-	case d > 0 && !r.Accepts(d, vc.earlyWindow()):
-		r.Unlock()
-		m.dropCredit() // a duplicate, or outside the window: the sender will resend it
-		m.Release()
-		return
-	}
-	// A single datagram takes its receive credit here, where duplicates
-	// are told apart under the lock, so each is counted once (a chunk
-	// took its credit in onData, a bundle in onBundle).
-	if dgram && !m.shared && m.credits != 0 && !vc.takeCredit() {
-		r.Unlock()
-		p.overrun(vc)
-		m.Release()
-		return
-	}
-	if d > 0 {
-		// A peer that leaves a gap makes the messages after it wait
-		// here, each in its receive buffer: they count against the SRQ
-		// as queued ones do.
-		p.pin(&m)
-		gap := r.Hold(d, m)
-		r.Unlock()
-		vc.reportGap(gap)
-		return
-	}
-	released, gap := r.Accept(m)
-	r.Handover(func(m Message) { vc.deliver(p, m) })
-	r.Unlock()
-	vc.reportGap(gap)
-	// The acknowledgement waits (see above); the credit grant that the
-	// application's release brings may carry it first. Only datagrams
-	// need one (and the early arrivals m released may be some): the
-	// sender keeps nothing it sent over RC, which is reliable itself.
-	// (Acknowledging them too sent a control message every AckDelay:
-	// 4,000 messages of 20 KB had the receiver post 437 work requests,
-	// 233 without.)
-	if (dgram || released > 0) && !vc.ackWait.Load() && !vc.ackWait.Swap(true) {
-		p.rel.acks = append(p.rel.acks, ackWaiter{vc, r.AckSent()})
-	}
-}
-
-// reportGap has the vconn's poller send a gap report, if there is news
-// of one (reliable.Receiver.Hold).
-func (vc *VConn) reportGap(news bool) {
-	if news && !vc.nackDue.Swap(true) {
-		vc.schedule()
-	}
 }
 
 // onGap has the owner of the send side resend at once the datagrams the
 // peer reports missing, from its acknowledgement up to end (see
 // retransmit). Any poller that receives for vc.
 func (vc *VConn) onGap(end uint32) {
-	vc.reliability().tx.OnGap(end)
+	vc.auto.load().tx.OnGap(end)
 	p := vc.sq.p
 	p.rel.soon.Store(true)
 	p.kick()
-}
-
-// ackWaiter is a vconn whose acknowledgement is delayed, and the last one
-// sent when it began to wait.
-type ackWaiter struct {
-	vc   *VConn
-	sent uint32
 }
 
 // flushAcks sends the delayed acknowledgements that nothing sent meanwhile
@@ -207,16 +175,16 @@ func (p *poller) ackWaiters(now bool) {
 	k := 0
 	for _, w := range p.rel.acks {
 		vc := w.vc
-		r := &vc.reliability().rx
+		r := &vc.auto.load().rx
 		next, sent := r.Next(), r.AckSent()
 		switch {
 		case next == sent:
-			vc.ackWait.Store(false)
+			vc.auto.ackWait.Store(false)
 		case sent != w.sent && !now:
 			p.rel.acks[k] = ackWaiter{vc, sent}
 			k++
 		default:
-			vc.ackWait.Store(false)
+			vc.auto.ackWait.Store(false)
 			if !vc.ackDue.Swap(true) {
 				vc.schedule()
 			}
@@ -224,50 +192,6 @@ func (p *poller) ackWaiters(now bool) {
 	}
 	clear(p.rel.acks[k:])
 	p.rel.acks = p.rel.acks[:k]
-}
-
-// releaseRel returns the early arrivals a released Auto vconn holds; its
-// poller frees its unacknowledged datagrams (dropUnacked) when it serves
-// it next. The goroutine that releases the vconn.
-func (vc *VConn) releaseRel() {
-	if r := vc.rel.Load(); r != nil {
-		r.rx.DropEarly(func(m Message) {
-			m.dropCredit()
-			m.Release()
-		})
-	}
-}
-
-// dropUnacked frees the datagrams of a vconn that will send no more. Only
-// the owner of the send side.
-func (p *poller) dropUnacked(vc *VConn) {
-	if r := vc.rel.Load(); r != nil {
-		r.tx.Drop(p.freeDatagram)
-	}
-}
-
-// sendReliable posts an Auto datagram, with its UC QP pair's secret, and
-// keeps it until it is acknowledged (its resends carry the same secret:
-// the vconn's QPs never change). Only the owner of the send side.
-func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
-	format.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
-	p.e.pool.share(bufSlot(u.Buf), 2) // the unacknowledged list and the post
-	wr := p.bundleWR(vc, remote, &u)
-	wr.WRID = format.Retag(wr.WRID, format.TagShared, 0)
-	p.postWR(vc.dq, wr)
-	u.Sent = p.clock()
-	vc.reliability().tx.Push(u)
-	if vc.dq.path.Sent(u.Sent) {
-		if vc.dq.path.OnRC() {
-			p.e.stats.toRC.Add(1)
-		} else {
-			p.e.stats.toUC.Add(1)
-		}
-	}
-	if !vc.rtxWatched {
-		vc.rtxWatched = true
-		p.rel.rtx = append(p.rel.rtx, vc)
-	}
 }
 
 // retransmit resends the datagrams that are due (reliable.Sender.Due), on
@@ -281,7 +205,7 @@ func (p *poller) retransmit(now time.Time) bool {
 			p.rel.rtx[k] = vc
 			k++
 		} else {
-			vc.rtxWatched = false
+			vc.auto.watched = false
 		}
 	}
 	clear(p.rel.rtx[k:])
@@ -293,7 +217,7 @@ func (p *poller) retransmit(now time.Time) bool {
 // whether it still waits for acknowledgements.
 func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 	e := p.e
-	r := vc.reliability()
+	r := vc.auto.load()
 	if !live {
 		p.dropUnacked(vc)
 	}
@@ -319,8 +243,7 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		// first carried: rewriting it while an earlier post of it may
 		// not have been read would race with the device.
 		e.pool.ref(bufSlot(u.Buf))
-		wr := p.bundleWR(vc, remote, u)
-		wr.WRID = format.Retag(wr.WRID, format.TagShared, format.TagSent) // counted sent the first time
+		wr := p.bundleWR(vc, remote, u, true)
 		p.postWR(vc.dq, wr)
 		if early {
 			e.stats.gapResends.Add(1)
@@ -339,4 +262,29 @@ func (p *poller) resendDue(vc *VConn, live bool, now time.Time) bool {
 		vc.dq.path.Lost()
 	}
 	return r.tx.Waiting() && live
+}
+
+// onBundle delivers the messages of a bundle. The bundle is checked whole
+// first: a malformed one fails the vconn and delivers nothing.
+func (p *poller) onBundle(vc *VConn, h *format.Header, slot bufSlot, payload []byte) {
+	if vc.tr != transport.Auto || slot.class() != p.e.dgramClass || format.CheckBundle(h, payload) != nil {
+		p.malformed(vc, slot)
+		return
+	}
+	// The bundle took one credit, as it takes one receive buffer: it comes
+	// back with the buffer, after the last of its messages is released.
+	credits := uint32(0)
+	if vc.auto.load().rx.FirstCopy(h.Seq, vc.earlyWindow()) {
+		if !vc.takeCredit() {
+			p.overrun(vc)
+			p.rx.reposts = append(p.rx.reposts, slot)
+			return
+		}
+		credits = 1
+	}
+	p.e.pool.share(slot, int32(h.Count()))
+	for it := format.Bundled(payload); it.Next(); {
+		imm, hasImm := it.Header.AppImm()
+		vc.deliverSeq(p, it.Header.Seq, Message{vc: vc, Data: it.Data, Imm: imm, HasImm: hasImm, slot: slot, shared: true, credits: credits}, true)
+	}
 }

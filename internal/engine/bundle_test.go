@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/wire"
@@ -84,7 +85,7 @@ func TestBundleCredits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	taken, returned := va.sent, vb.window.Consumed()
+	taken, returned := va.srv.sent, vb.window.Consumed()
 	t.Logf("%d messages, %d bundled, %d credits", n, s.Bundled, taken)
 	if s.Bundled == 0 || taken >= n {
 		t.Errorf("%d messages took %d credits (%d bundled): want fewer credits than messages", n, taken, s.Bundled)
@@ -194,4 +195,12 @@ func testPairOnFabric(t *testing.T, tr transport.Kind, timeout time.Duration) (c
 		t.Fatal(err)
 	}
 	return ctx, a, b, va, vb, fb
+}
+
+// TestBundleFitsRing: a bundle carries at most a ring's worth of messages,
+// which is what the format's count allows.
+func TestBundleFitsRing(t *testing.T) {
+	if maxBundle != format.MaxBundle {
+		t.Fatalf("maxBundle (a ring: %d) and format.MaxBundle (%d) parted", maxBundle, format.MaxBundle)
+	}
 }

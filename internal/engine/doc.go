@@ -73,6 +73,60 @@
 // (a host spoofing the peer's address does not know it). A
 // message longer than a receive buffer travels as several chunks on the same
 // QP, in order, and is reassembled by the receiver. The small messages an
-// Auto vconn has queued travel together as a bundle, one datagram for many
-// (bundle.go).
+// Auto vconn has queued travel together as a bundle, one datagram for many.
+//
+// Bundles (serve.go, bundle): when an Auto vconn has several whole datagram-sized messages
+// queued, the poller packs as many as fit a chunk into one datagram, as
+// SCTP bundles chunks and TCP coalesces writes: one work request, one
+// completion, a packet or a few, one receive buffer, where each message
+// alone costs all of those. Only what is already queued is bundled;
+// nothing waits for company, so a lone message goes as it came.
+//
+// Bundling is Auto's, as choosing the transport by size is: the engine
+// decides how an Auto vconn's messages travel. The fixed transports post
+// what they are given, a work request per message (per chunk), so that
+// what an application asks for is what the device sees.
+//
+// A bundle is a format.Bundle header (length: the bytes after it; seq: its
+// first message's; imm: how many messages) followed by the messages, each
+// with its own format.Data header, as the sender queued them: copied after the
+// header, or, for longer messages, gathered from their own buffers by the
+// work request (gatherMin). It is acknowledged and resent whole, and its
+// receive buffer is shared by the messages (bufPool.share) and reposted
+// when the last is released. It takes one receive credit, not one per
+// message: a credit stands for a receive buffer, as eRPC's stand for
+// packets, so a reader behind by a window of credits holds a window of
+// buffers whatever they carry, and a sender that runs out of credits
+// queues, and so bundles, more messages per credit.
+//
+// A VConn's state is split by owner, each part a type whose fields only
+// its owner's file touches (TestOwners checks it) and whose methods are
+// beside it: the sender's queue (sender), the reader's queue (reader),
+// what the serving poller keeps (served), the receiving poller's
+// reassembly (reassembly) and Auto's reliability (autoLink). The files:
+//
+//   - engine.go: Engine and New; the poller's state, grouped by flow, and
+//     the calls others make on a poller (kick, enqueue, repostRecv, clock,
+//     throttle). config.go, pool.go: defaults; registered buffers and
+//     their special slots.
+//   - peer.go, qp.go: peers (epochs, failure); the shared QPs, and a
+//     failed QP's cleanup.
+//   - vconn.go: VConn, its layout and lifecycle (Connect, Close, Abort,
+//     fail, release), schedule.
+//   - send.go: the sender's queue (sender: ring, lock, sequence, waits)
+//     and Send, SendImm, TrySend; queueEntry for one-sided markers and
+//     region messages.
+//   - poller.go: the poller's loop, rounds and sleep. cq.go: per round,
+//     which vconns each QP serves, the doorbells, and the completions:
+//     receives authenticated and demultiplexed, sends completed.
+//   - serve.go: serving one vconn, top down: from its ring through
+//     credits, routes and Auto's datagrams and bundles to work requests,
+//     then the control messages it owes; send buffers given back.
+//   - recv.go: a received message's way to the application: chunks
+//     reassembled, Auto's ordering (deliverSeq), the handler or the
+//     reader's queue (reader), Recv, pin, Release and receive credits.
+//   - auto.go: Auto's reliability on a vconn (autoLink over package
+//     reliable): acknowledgements, gap reports, retransmission timers.
+//   - region.go, onesided.go: exports (memory windows); RDMA READ and
+//     WRITE, staging memory. stats.go: counters and Stats.
 package engine

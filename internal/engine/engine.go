@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -322,84 +324,251 @@ func (e *Engine) release() error {
 	return errors.Join(errs...)
 }
 
-// Stats is a snapshot of the engine's counters.
-type Stats struct {
-	VConns       int // open now
-	Peers        int
-	QPs          int    // RC QPs this engine created, to all peers
-	UCQPs        int    // UC QPs this engine created, to all peers
-	IngressQPs   int    // RC QPs peers created toward this engine
-	MsgsSent     uint64 // messages handed to the device (once each: not their retransmissions)
-	MsgsReceived uint64 // messages delivered to vconns
-	Posts        uint64 // PostSend calls (doorbells)
-	WRsPosted    uint64 // send WRs posted; WRsPosted/Posts is the batch size
-	StaleDropped uint64 // completions for closed vconns, dropped
-	Malformed    uint64 // messages with a bad header, dropped
-	CreditStalls uint64 // times a vconn waited for credits
-	Sleeps       uint64 // times a poller blocked on its completion channel
-	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
-	GapResends   uint64 // of those, sent at once on the peer's gap report
-	Bundled      uint64 // messages sent in bundles (bundle.go)
-	Gathered     uint64 // of those, sent from their own buffers, not copied
-	AutoToRC     uint64 // peer paths whose Auto small messages moved to RC under loss (reliable.Path)
-	AutoToUC     uint64 // and back
-	BuffersInUse []int  // per pool class
-	// RecvBuffersHeld and DgramBuffersHeld are the receive buffers of
-	// the RC QPs' SRQ and of the datagram SRQ that received messages
-	// hold, queued for the application or read and not yet released.
-	// Each stays at or under half its SRQ (plus one per poller, for a
-	// moment): past that, a message is copied out of its buffer, which
-	// goes back to the SRQ at once (RecvCopied).
-	RecvBuffersHeld  int
-	DgramBuffersHeld int
-	RecvCopied       uint64 // messages copied out of their receive buffers so (see above)
-	// RegisteredBytes is the memory of exported regions (and of vconns'
-	// staging memory, VConn.Stage) registered now, whatever holds it:
-	// exported, withdrawn and awaiting the peer's confirmation, or kept
-	// for the grace after its vconn ended. The engine's buffer pool is
-	// not counted (it is fixed).
-	RegisteredBytes int64
+// poller owns one CQ and the QPs that complete on it. Its loop posts what
+// vconns queued (one PostSend per QP per round: many WRs per doorbell),
+// reposts released receive buffers to the SRQ, and polls and dispatches
+// completions. When a round finds nothing to do SpinPolls times in a row it
+// arms the CQ and parks on its wake channel, which a completion event or
+// a kick fills (see sleep).
+//
+// Its state is split by flow, each group saying who may touch it (as
+// wireguard-go's Peer does), and declared here, beside the engine that
+// owns the pollers, with the calls any goroutine or file makes on a
+// poller: kick, enqueue and repostRecv (what other goroutines hand it),
+// its clock, senders' back pressure (throttle) and its UD QP. The code is
+// split by the same flows: the loop, its sleep and its rounds (poller.go,
+// loop); which vconns each QP serves next, the doorbells, and the
+// completions' dispatch, receives demultiplexed (cq.go, sched and rx);
+// serving a vconn, from its ring to the work requests, and giving send
+// buffers back (serve.go, tx); a message's delivery and reassembly
+// (recv.go); a failed QP (qp.go); Auto's timers (auto.go, rel). Only the
+// poller's goroutine runs its methods, but for kick, enqueue and
+// repostRecv, which any goroutine may call.
+type poller struct {
+	e   *Engine
+	idx int
+	cq  verbs.CQ
+
+	loop  pollerLoop  // its loop: spinning, sleeping, stopping
+	inbox pollerInbox // what other goroutines hand it
+	sched pollerSched // which vconns it serves when (cq.go, serve.go)
+	tx    pollerTx    // the work requests it posts (serve.go)
+	rx    pollerRx    // the completions it handles (cq.go, recv.go)
+	udq   pollerUD    // its UD QP, shared by every peer
+	rel   pollerRel   // Auto's timers (auto.go)
+
+	// sendQPs maps QPNs of send QPs on this CQ to their state, for
+	// completions; written when a QP is created.
+	sendQPs sync.Map // uint32 → *sendQP
+
+	st pollerCounters // written by the poller, read by Stats (stats.go)
 }
 
-type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, recvCopied atomic.Uint64
+// pollerLoop is the poller's loop state. sleeping and stopping are read
+// by any goroutine (kick, throttle); done closes when the loop ends; the
+// rest is the poller goroutine's.
+type pollerLoop struct {
+	// wake holds a wake-up for the sleeping poller: a kick's, or the
+	// CQ's completion event (verbs.Notifier, or relayed from its FD).
+	wake     chan struct{}
+	sleeping atomic.Bool
+	stopping atomic.Bool
+	done     chan struct{}
+	started  bool
+	now      time.Time   // the coarse clock (see clock)
+	busy     bool        // in a run of busy rounds (stats.go)
+	timer    *time.Timer // a sleep's bound, when it has one
+	relay    *os.File    // a dup of the CQ's FD, for a CQ that is no Notifier
+	// deaf: the relay stopped on a failing completion channel; sleeps
+	// are bounded (a millisecond) so that completions are still polled.
+	deaf atomic.Bool
 }
 
-// Stats returns the engine's counters.
-func (e *Engine) Stats() Stats {
-	s := Stats{
-		VConns:       e.vconns.Len(),
-		MsgsSent:     e.stats.msgsSent.Load(),
-		MsgsReceived: e.stats.msgsReceived.Load(),
-		Posts:        e.stats.posts.Load(),
-		WRsPosted:    e.stats.wrsPosted.Load(),
-		StaleDropped: e.vconns.Stale(),
-		Malformed:    e.stats.malformed.Load(),
-		CreditStalls: e.stats.creditStalls.Load(),
-		Sleeps:       e.stats.sleeps.Load(),
-		Retransmits:  e.stats.retransmits.Load(),
-		GapResends:   e.stats.gapResends.Load(),
-		AutoToRC:     e.stats.toRC.Load(),
-		AutoToUC:     e.stats.toUC.Load(),
-		Bundled:      e.stats.bundled.Load(),
-		Gathered:     e.stats.gathered.Load(),
-		BuffersInUse: e.pool.inUse(),
+// pollerInbox is what vconns and readers hand the poller: any goroutine,
+// under mu.
+type pollerInbox struct {
+	mu     sync.Mutex
+	runq   []*VConn  // vconns with work
+	repost []bufSlot // receive buffers to give back to the SRQ
+	// queued is set, under mu, when runq or repost gains an entry, so a
+	// round with nothing queued takes no lock.
+	queued atomic.Bool
+}
 
-		RecvBuffersHeld:  int(e.held[0].Load()),
-		DgramBuffersHeld: int(e.held[1].Load()),
-		RecvCopied:       e.stats.recvCopied.Load(),
-		RegisteredBytes:  e.registered.Load(),
+// pollerSched is which vconns the poller serves when (cq.go). Poller
+// goroutine only.
+type pollerSched struct {
+	work   []*VConn  // taken from the inbox this round
+	later  []*VConn  // found no room: next round, behind their QPs' queues
+	active []*sendQP // QPs whose run queues hold vconns
+	popped int32     // messages serve took from rings, for the QP's backlog
+}
+
+// pollerTx is what the poller posts (serve.go). Poller goroutine
+// only.
+type pollerTx struct {
+	dirty   []*sendQP // QPs with a batch to post
+	budget  int       // sends this CQ may still have outstanding
+	confirm []uint32  // unexport confirmations being posted (confirmUnexports)
+}
+
+// pollerRx is what the poller's completions use (cq.go, recv.go).
+// Poller goroutine only.
+type pollerRx struct {
+	wcs     []verbs.WC
+	vcs     []*VConn // the vconns of wcs' receives
+	reposts []bufSlot
+	recvWRs []verbs.RecvWR
+	sink    uint32 // what touch read, so the reads are not optimised away
+}
+
+// pollerUD is the poller's UD QP, shared by every peer. Poller goroutine
+// only.
+type pollerUD struct {
+	qp   *sendQP
+	qpn  uint32    // qp's QPN, read on every receive (see isUD)
+	dead []*sendQP // failed UD QPs awaiting their last completions
+}
+
+// pollerRel is what a poller keeps for the Auto vconns whose send sides
+// it owns: their retransmission and delayed-acknowledgement timers.
+// Owned by the poller goroutine, but for soon.
+type pollerRel struct {
+	rtx   []*VConn    // Auto vconns with datagrams awaiting ACKs
+	rtxAt time.Time   // next retransmission scan
+	acks  []ackWaiter // Auto vconns with delayed acknowledgements
+	ackAt time.Time   // when they go out
+	soon  atomic.Bool // any poller: a peer reported a gap, retransmit now (see onGap)
+}
+
+// ackWaiter is a vconn whose acknowledgement is delayed, and the last one
+// sent when it began to wait.
+type ackWaiter struct {
+	vc   *VConn
+	sent uint32
+}
+
+// kick wakes the poller if it sleeps. Any goroutine.
+func (p *poller) kick() {
+	if p.loop.sleeping.Load() {
+		select {
+		case p.loop.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
 	}
-	e.peersMu.Lock()
-	s.Peers = len(e.peers)
-	for _, p := range e.peers {
-		p.mu.Lock()
-		rc, uc := p.countQPs()
-		s.QPs += rc
-		s.UCQPs += uc
-		s.IngressQPs += len(p.ingress)
-		p.mu.Unlock()
+}
+
+// enqueue puts a vconn on the run queue and wakes the poller if it sleeps.
+// Any goroutine (through VConn.schedule): it takes inbox.mu.
+func (p *poller) enqueue(vc *VConn) {
+	p.inbox.mu.Lock()
+	p.inbox.runq = append(p.inbox.runq, vc)
+	p.inbox.queued.Store(true)
+	p.inbox.mu.Unlock()
+	p.kick()
+}
+
+// repostRecv queues a receive buffer for the SRQ. Any goroutine (a
+// reader's Release): it takes inbox.mu.
+func (p *poller) repostRecv(slot bufSlot) {
+	p.inbox.mu.Lock()
+	p.inbox.repost = append(p.inbox.repost, slot)
+	n := len(p.inbox.repost)
+	p.inbox.queued.Store(true)
+	p.inbox.mu.Unlock()
+	if n == 1 || n >= 32 {
+		p.kick()
 	}
-	e.peersMu.Unlock()
-	return s
+}
+
+// clockRounds is how many empty rounds the coarse clock lasts (see clock):
+// a few µs.
+const clockRounds = 8
+
+// clock is the poller's coarse time, read again after a round that did
+// work, every clockRounds rounds that did not, and after a sleep: datagram
+// timestamps and the acknowledgement delay need a resolution well under
+// reliable.LossyMinRTO, not a clock read (46 ns here) in each of the millions of
+// empty rounds a second a spinning poller makes. Only intervals matter,
+// so it reads the monotonic clock alone, as time.Since does (25 ns here,
+// where time.Now also reads the wall clock); its wall reading is the
+// epoch's advanced by as much.
+func (p *poller) clock() time.Time {
+	if p.loop.now.IsZero() {
+		p.loop.now = p.e.epoch.Add(time.Since(p.e.epoch))
+	}
+	return p.loop.now
+}
+
+// throttle blocks a sender while its QP's backlog is full; it returns
+// ctx's error if ctx ends first. Messages queued beyond what the QP takes
+// soon only wait, and go cold in the cache meanwhile: with thousands of
+// vconns each holding a message or a few, a backlog bounded only by the
+// buffer pool (16,384 small buffers) made every message a handful of
+// cache misses. Bounding it keeps what the poller serves warm (as byte
+// queue limits bound a NIC's queue), and costs senders nothing while it
+// is not full. The sender's goroutine, before it takes sendMu.
+func (q *sendQP) throttle(ctx context.Context) error {
+	p := q.p
+	for q.backlog.Load() >= q.maxBacklog && !p.loop.stopping.Load() {
+		p.inbox.mu.Lock()
+		q.throttled.Store(true)
+		if q.backlog.Load() < q.maxBacklog || p.loop.stopping.Load() {
+			p.inbox.mu.Unlock()
+			return nil
+		}
+		if q.unthrottled == nil {
+			q.unthrottled = make(chan struct{})
+		}
+		ch := q.unthrottled
+		p.inbox.mu.Unlock()
+		p.kick()
+		select {
+		case <-ch:
+		case <-p.loop.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// dequeued takes n messages the poller took from the rings of q's vconns
+// off q's backlog, and wakes throttled senders once it is down to half.
+// q's poller only.
+func (q *sendQP) dequeued(n int32) {
+	if n == 0 {
+		return
+	}
+	if b := q.backlog.Add(-n); b <= q.maxBacklog/2 && q.throttled.Load() {
+		p := q.p
+		p.inbox.mu.Lock()
+		q.throttled.Store(false)
+		if q.unthrottled != nil {
+			close(q.unthrottled)
+			q.unthrottled = nil
+		}
+		p.inbox.mu.Unlock()
+	}
+}
+
+// openUD creates the poller's UD QP on the datagram SRQ.
+func (p *poller) openUD() error {
+	e := p.e
+	qp, err := e.pd.CreateQP(&verbs.QPInitAttr{
+		Type: verbs.QPTypeUD, SendCQ: p.cq, RecvCQ: p.cq, SRQ: e.dsrq,
+		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: 1, MaxRecvSGE: 1},
+	})
+	if err != nil {
+		return fmt.Errorf("engine: poller %d UD QP: %w", p.idx, err)
+	}
+	if err := verbs.ActivateUD(qp, e.cfg.QKey, 0); err != nil {
+		_ = qp.Close()
+		return fmt.Errorf("engine: poller %d: %w", p.idx, err)
+	}
+	p.udq.qp = &sendQP{qp: qp, p: p}
+	p.udq.qpn = qp.QPN()
+	p.sendQPs.Store(qp.QPN(), p.udq.qp)
+	return nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -13,26 +14,6 @@ import (
 // peer exported to it (region.go). An operation's work requests wait in
 // the vconn's ring behind a marker, so they keep their place among its
 // messages, and its poller posts them (serve.go postMarker).
-
-// rdmaOp is a vconn's one-sided operation in progress (one at a time).
-type rdmaOp struct {
-	mu  sync.Mutex     // serialises Write and Read on the vconn
-	wrs []verbs.SendWR // the operation's WRs, posted at the ring's marker
-
-	cmu     sync.Mutex // guards the completion state below
-	pending int        // WRs not completed
-	reads   []uint32   // read destination offsets in dst, by post order
-	dst     []byte
-	err     error
-	done    chan struct{} // closed when pending reaches 0
-	// abandoned: done was closed without the completions (abandonOp),
-	// whose work requests may still be in flight.
-	abandoned bool
-}
-
-// opMarker in a vconn's ring says "post the pending one-sided WRs here",
-// which keeps one-sided operations in order with the vconn's messages.
-const opMarker = ^bufSlot(0)
 
 // Write copies data into the peer's region id at off with RDMA WRITE, and
 // returns when it is placed.
@@ -161,27 +142,20 @@ func (vc *VConn) prepareOp(ctx context.Context, o *rdmaOp, op verbs.WROpcode, r 
 // queueOp pushes the operation's marker into the ring, in order with the
 // vconn's messages.
 func (vc *VConn) queueOp(ctx context.Context, rg *regions, id uint32, r remoteRegion) error {
-	vc.sendMu.Lock()
-	defer vc.sendMu.Unlock()
-	if err := vc.waitRing(ctx, true); err != nil {
-		return err
-	}
-	// The region must still be exported when the marker goes in: the
-	// poller confirms an unexport only once the ring holds no marker
-	// queued before it, so a WR can never reach the peer after it
-	// deregistered the memory (a remote access error there would fail
-	// the shared QP and every vconn on it).
-	rg.mu.Lock()
-	now, still := rg.remote[id]
-	if !still || now != r {
-		rg.mu.Unlock()
-		return fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
-	}
-	vc.push(newEntry(opMarker, 0))
-	rg.marks++
-	rg.mu.Unlock()
-	vc.schedule()
-	return nil
+	return vc.queueEntry(ctx, func() (ringEntry, error) {
+		// The region must still be exported when the marker goes in: the
+		// poller confirms an unexport only once the ring holds no marker
+		// queued before it, so a WR can never reach the peer after it
+		// deregistered the memory (a remote access error there would fail
+		// the shared QP and every vconn on it).
+		rg.mu.Lock()
+		defer rg.mu.Unlock()
+		if now, still := rg.remote[id]; !still || now != r {
+			return 0, fmt.Errorf("engine: vconn %v region %d: %w", vc.id, id, ErrNoRegion)
+		}
+		rg.marks++ // under rg.mu, with the push after it: the marker is queued
+		return newEntry(opMarker, 0), nil
+	})
 }
 
 // putAll returns send buffers an operation will not use.
@@ -189,26 +163,6 @@ func (vc *VConn) putAll(slots []bufSlot) {
 	for _, s := range slots {
 		vc.e.pool.put(s)
 	}
-}
-
-// abandonOp ends an operation whose completions will not be seen: the
-// vconn was released (its vQPN may already have a new owner).
-func (vc *VConn) abandonOp(err error) {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return
-	}
-	o := &rg.op
-	o.cmu.Lock()
-	if o.pending > 0 {
-		o.pending = 0
-		o.abandoned = true
-		if o.err == nil {
-			o.err = err
-		}
-		close(o.done)
-	}
-	o.cmu.Unlock()
 }
 
 // opCompleted is called by the poller for each one-sided WR's completion.
@@ -239,24 +193,203 @@ func (vc *VConn) opCompleted(wc *verbs.WC, slot bufSlot) {
 	}
 }
 
-// takeUnexportAcks appends to ids the confirmations the poller may send
-// now: those whose markers it posted. Only vc's poller calls it.
-func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return ids
-	}
-	rg.mu.Lock()
-	defer rg.mu.Unlock()
-	k := 0
-	for _, a := range rg.unexportAcks {
-		if a.after <= rg.posted {
-			ids = append(ids, a.id)
-		} else {
-			rg.unexportAcks[k] = a
-			k++
+// Staging is memory the caller owns, registered for one vconn's one-sided
+// operations to write from and read into (WriteFrom, ReadInto) in place
+// of the engine's send buffers: the agent's mapping of a memfd it shares
+// with a pod, so that the bytes of an RDMA WRITE or READ are copied once,
+// by the pod, and cross no socket. It counts against MaxRegisteredBytes as
+// a region does.
+//
+// The caller serialises nothing: the vconn runs one operation at a time
+// (rdmaOp.mu), and the caller keeps the bytes of an operation in place
+// until it returns.
+type Staging struct {
+	vc       *VConn
+	mr       verbs.MR
+	released func()
+
+	mu     sync.Mutex
+	busy   int  // operations whose work requests may be in flight; guarded by mu
+	lost   bool // one ended with its work requests possibly in flight (abandoned); guarded by mu
+	closed bool // Close was called; guarded by mu
+	gone   bool // deregistered; guarded by mu
+}
+
+// Stage registers mem, memory the caller mapped outside the Go heap and
+// keeps mapped until released runs, for vc's WriteFrom and ReadInto.
+// released, if not nil, runs exactly once: after Close, once no work
+// request can touch mem any more and it is deregistered, or before Stage
+// returns an error. It may run on a timer's goroutine: it must not block.
+func (vc *VConn) Stage(mem []byte, released func()) (*Staging, error) {
+	e := vc.e
+	fail := func(err error) (*Staging, error) {
+		if released != nil {
+			released()
 		}
+		return nil, err
 	}
-	rg.unexportAcks = rg.unexportAcks[:k]
-	return ids
+	if len(mem) == 0 {
+		return fail(fmt.Errorf("engine: staging of 0 bytes on vconn %v: %w", vc.id, verbs.ErrInvalid))
+	}
+	if vc.state.Load() != stateOpen {
+		return fail(fmt.Errorf("engine: staging on vconn %v: %w", vc.id, vc.stateErr()))
+	}
+	if err := e.reserve(int64(len(mem))); err != nil {
+		return fail(fmt.Errorf("engine: staging of %d bytes on vconn %v: %w", len(mem), vc.id, err))
+	}
+	// Local write: an RDMA READ lands in it. Nothing remote.
+	mr, err := e.pd.RegMRMem(mem, verbs.AccessLocalWrite)
+	if err != nil {
+		e.registered.Add(-int64(len(mem)))
+		return fail(fmt.Errorf("engine: staging on vconn %v: %w", vc.id, err))
+	}
+	return &Staging{vc: vc, mr: mr, released: released}, nil
+}
+
+// Len is the staging memory's size.
+func (s *Staging) Len() int { return len(s.mr.Bytes()) }
+
+// WriteFrom writes the n bytes of s at at into the peer's region id at
+// off with RDMA WRITE, and returns when they are placed, as Write.
+func (vc *VConn) WriteFrom(ctx context.Context, id uint32, off uint64, s *Staging, at, n int) error {
+	return vc.rdmaStaged(ctx, verbs.WRRDMAWrite, id, off, s, at, n)
+}
+
+// ReadInto reads n bytes of the peer's region id at off into s at at with
+// RDMA READ, as Read.
+func (vc *VConn) ReadInto(ctx context.Context, id uint32, off uint64, s *Staging, at, n int) error {
+	return vc.rdmaStaged(ctx, verbs.WRRDMARead, id, off, s, at, n)
+}
+
+// rdmaStaged runs one one-sided operation whose local memory is n bytes of
+// s at at: one work request, which the poller posts at the vconn's marker
+// as rdma's.
+func (vc *VConn) rdmaStaged(ctx context.Context, op verbs.WROpcode, id uint32, off uint64, s *Staging, at, n int) error {
+	if s.vc != vc {
+		return fmt.Errorf("engine: vconn %v: staging memory of vconn %v: %w", vc.id, s.vc.id, verbs.ErrInvalid)
+	}
+	if at < 0 || n < 0 || at > s.Len() || n > s.Len()-at {
+		return fmt.Errorf("engine: vconn %v: %d bytes at %d outside its %d of staging memory: %w", vc.id, n, at, s.Len(), verbs.ErrInvalid)
+	}
+	rg, r, err := vc.remoteFor(op, id, off, n)
+	if err != nil {
+		return err
+	}
+	o := &rg.op
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := s.acquire(); err != nil {
+		return fmt.Errorf("engine: vconn %v: %w", vc.id, err)
+	}
+	o.cmu.Lock()
+	o.wrs, o.reads, o.err, o.dst, o.abandoned = o.wrs[:0], o.reads[:0], nil, nil, false
+	o.done = make(chan struct{})
+	o.wrs = append(o.wrs, verbs.SendWR{
+		WRID: format.TagOf(uint32(stagedSlot)).WRID(vc.id), Opcode: op, Flags: verbs.SendSignaled,
+		NumSGE: 1, SG: [verbs.MaxSGE]verbs.SGE{{Addr: s.mr.Addr() + uint64(at), Length: uint32(n), LKey: s.mr.LKey()}},
+		RemoteAddr: r.Addr + off, RKey: r.RKey,
+	})
+	o.cmu.Unlock()
+	abandoned, err := vc.runOp(ctx, o, rg, id, r, func() {})
+	s.done(abandoned)
+	return err
+}
+
+var errStagingClosed = errors.New("staging memory closed")
+
+// acquire counts an operation on s; it fails once s is closed.
+func (s *Staging) acquire() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errStagingClosed
+	}
+	s.busy++
+	return nil
+}
+
+// done ends an operation acquire counted; abandoned says its work request
+// may still be in flight.
+func (s *Staging) done(abandoned bool) {
+	s.mu.Lock()
+	s.busy--
+	s.lost = s.lost || abandoned
+	last := s.closed && s.busy == 0
+	s.mu.Unlock()
+	if last {
+		s.deregister()
+	}
+}
+
+// Close deregisters the memory once no operation uses it. Where one was
+// abandoned with its work request in flight (the vconn failed under it),
+// the memory stays registered for the grace a region gets (regionGrace),
+// so the request never meets a dead key, which would fail the shared QP
+// and every vconn on it.
+func (s *Staging) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	idle := s.busy == 0
+	s.mu.Unlock()
+	if idle {
+		s.deregister()
+	}
+	return nil
+}
+
+func (s *Staging) deregister() {
+	s.mu.Lock()
+	lost := s.lost
+	s.mu.Unlock()
+	if lost {
+		s.vc.e.releaseLater(s)
+		return
+	}
+	_ = s.release()
+}
+
+// release deregisters the memory, then stops counting it and runs
+// released. A failed deregistration leaves it registered and counted.
+func (s *Staging) release() error {
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		return nil
+	}
+	s.gone = true
+	s.mu.Unlock()
+	n := len(s.mr.Bytes())
+	if err := s.mr.Close(); err != nil {
+		s.vc.e.log.Error(err, "Deregistering staging memory failed: it stays registered", "vconn", s.vc.id, "bytes", n)
+		return err
+	}
+	s.vc.e.registered.Add(-int64(n))
+	if s.released != nil {
+		s.released()
+	}
+	return nil
+}
+
+// on is the peer whose QPs s's work requests go on.
+func (s *Staging) on() *Peer { return s.vc.peer }
+
+// sendControl queues a control message (export, unexport) in order with the
+// vconn's data.
+func (vc *VConn) sendControl(ctx context.Context, t format.Type, arg uint32, payload []byte) error {
+	e := vc.e
+	return vc.queueEntry(ctx, func() (ringEntry, error) {
+		slot, err := vc.getBuffer(ctx, format.HeaderLen+len(payload), true)
+		if err != nil {
+			return 0, err
+		}
+		b := e.pool.bytes(slot)
+		h := format.RegionHeader(t, arg)
+		h.Put(b)
+		copy(b[format.HeaderLen:], payload)
+		return newEntry(slot, uint32(format.HeaderLen+len(payload))), nil
+	})
 }

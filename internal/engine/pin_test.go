@@ -320,14 +320,12 @@ func TestCloseDropsLateMessages(t *testing.T) {
 
 // rxLen is how many messages vc has queued for its reader.
 func rxLen(vc *VConn) int {
-	vc.rxMu.Lock()
-	defer vc.rxMu.Unlock()
-	return vc.rxN
+	return vc.rcv.queued()
 }
 
 // earlyLen is how many messages Auto vconn vc holds out of order.
 func earlyLen(vc *VConn) int {
-	r := vc.rel.Load()
+	r := vc.auto.ptr.Load()
 	if r == nil {
 		return 0
 	}

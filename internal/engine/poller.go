@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -14,127 +12,6 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
-
-// poller owns one CQ and the QPs that complete on it. Its loop posts what
-// vconns queued (one PostSend per QP per round: many WRs per doorbell),
-// reposts released receive buffers to the SRQ, and polls and dispatches
-// completions. When a round finds nothing to do SpinPolls times in a row it
-// arms the CQ and parks on its wake channel, which a completion event or
-// a kick fills (see sleep).
-//
-// Its work is split by flow, as are the files and its fields (each group
-// says who may touch it, as wireguard-go's Peer does): the loop, its clock
-// and its sleep (poller.go, loop); what other goroutines hand it and which
-// vconns are served when, and senders' back pressure (sched.go, inbox and
-// sched); moving a vconn's queued buffers into work requests (serve.go)
-// and posting them (tx.go, tx); send completions and QP failure
-// (complete.go); receives, demultiplexed and reassembled (rx.go, rx);
-// Auto's timers (auto.go, rel). Only the poller's goroutine runs its
-// methods, but for kick, enqueue and repostRecv (sched.go), which any
-// goroutine may call.
-type poller struct {
-	e   *Engine
-	idx int
-	cq  verbs.CQ
-
-	loop  pollerLoop  // its loop: spinning, sleeping, stopping
-	inbox pollerInbox // what other goroutines hand it (sched.go)
-	sched pollerSched // which vconns it serves when (sched.go)
-	tx    pollerTx    // the work requests it posts (serve.go, tx.go)
-	rx    pollerRx    // the completions it handles (complete.go, rx.go)
-	udq   pollerUD    // its UD QP, shared by every peer
-	rel   pollerRel   // Auto's timers (auto.go)
-
-	// sendQPs maps QPNs of send QPs on this CQ to their state, for
-	// completions; written when a QP is created.
-	sendQPs sync.Map // uint32 → *sendQP
-
-	st pollerCounters // written by the poller, read by Stats (stats.go)
-}
-
-// pollerLoop is the poller's loop state. sleeping and stopping are read
-// by any goroutine (kick, throttle); done closes when the loop ends; the
-// rest is the poller goroutine's.
-type pollerLoop struct {
-	// wake holds a wake-up for the sleeping poller: a kick's, or the
-	// CQ's completion event (verbs.Notifier, or relayed from its FD).
-	wake     chan struct{}
-	sleeping atomic.Bool
-	stopping atomic.Bool
-	done     chan struct{}
-	started  bool
-	now      time.Time   // the coarse clock (see clock)
-	busy     bool        // in a run of busy rounds (stats.go)
-	timer    *time.Timer // a sleep's bound, when it has one
-	relay    *os.File    // a dup of the CQ's FD, for a CQ that is no Notifier
-	// deaf: the relay stopped on a failing completion channel; sleeps
-	// are bounded (a millisecond) so that completions are still polled.
-	deaf atomic.Bool
-}
-
-// pollerInbox is what vconns and readers hand the poller: any goroutine,
-// under mu.
-type pollerInbox struct {
-	mu     sync.Mutex
-	runq   []*VConn  // vconns with work
-	repost []bufSlot // receive buffers to give back to the SRQ
-	// queued is set, under mu, when runq or repost gains an entry, so a
-	// round with nothing queued takes no lock.
-	queued atomic.Bool
-}
-
-// pollerSched is which vconns the poller serves when (sched.go). Poller
-// goroutine only.
-type pollerSched struct {
-	work   []*VConn  // taken from the inbox this round
-	later  []*VConn  // found no room: next round, behind their QPs' queues
-	active []*sendQP // QPs whose run queues hold vconns
-	popped int32     // messages serve took from rings, for the QP's backlog
-}
-
-// pollerTx is what the poller posts (serve.go, tx.go). Poller goroutine
-// only.
-type pollerTx struct {
-	dirty   []*sendQP // QPs with a batch to post
-	budget  int       // sends this CQ may still have outstanding
-	confirm []uint32  // unexport confirmations being posted (confirmUnexports)
-}
-
-// pollerRx is what the poller's completions use (complete.go, rx.go).
-// Poller goroutine only.
-type pollerRx struct {
-	wcs     []verbs.WC
-	vcs     []*VConn // the vconns of wcs' receives
-	reposts []bufSlot
-	recvWRs []verbs.RecvWR
-	sink    uint32 // what touch read, so the reads are not optimised away
-}
-
-// pollerUD is the poller's UD QP, shared by every peer. Poller goroutine
-// only.
-type pollerUD struct {
-	qp   *sendQP
-	qpn  uint32    // qp's QPN, read on every receive (see isUD)
-	dead []*sendQP // failed UD QPs awaiting their last completions
-}
-
-// pollerRel is what a poller keeps for the Auto vconns whose send sides
-// it owns: their retransmission and delayed-acknowledgement timers.
-// Owned by the poller goroutine, but for soon.
-type pollerRel struct {
-	rtx   []*VConn    // Auto vconns with datagrams awaiting ACKs
-	rtxAt time.Time   // next retransmission scan
-	acks  []ackWaiter // Auto vconns with delayed acknowledgements
-	ackAt time.Time   // when they go out
-	soon  atomic.Bool // any poller: a peer reported a gap, retransmit now (see onGap)
-}
-
-// pollBatch is the most completions one CQ poll takes.
-const pollBatch = 256
-
-// clockRounds is how many empty rounds the coarse clock lasts (see clock):
-// a few µs.
-const clockRounds = 8
 
 func newPoller(e *Engine, idx int) (*poller, error) {
 	cq, err := e.dev.CreateCQ(e.cfg.cqDepth)
@@ -197,36 +74,6 @@ func (p *poller) relayEvents() {
 			p.e.log.Error(ackErr, "Completion channel failed: polling the CQ every millisecond", "poller", p.idx)
 			p.loop.deaf.Store(true)
 			return
-		}
-	}
-}
-
-// openUD creates the poller's UD QP on the datagram SRQ.
-func (p *poller) openUD() error {
-	e := p.e
-	qp, err := e.pd.CreateQP(&verbs.QPInitAttr{
-		Type: verbs.QPTypeUD, SendCQ: p.cq, RecvCQ: p.cq, SRQ: e.dsrq,
-		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: 1, MaxRecvSGE: 1},
-	})
-	if err != nil {
-		return fmt.Errorf("engine: poller %d UD QP: %w", p.idx, err)
-	}
-	if err := verbs.ActivateUD(qp, e.cfg.QKey, 0); err != nil {
-		_ = qp.Close()
-		return fmt.Errorf("engine: poller %d: %w", p.idx, err)
-	}
-	p.udq.qp = &sendQP{qp: qp, p: p}
-	p.udq.qpn = qp.QPN()
-	p.sendQPs.Store(qp.QPN(), p.udq.qp)
-	return nil
-}
-
-// kick wakes the poller if it sleeps. Any goroutine.
-func (p *poller) kick() {
-	if p.loop.sleeping.Load() {
-		select {
-		case p.loop.wake <- struct{}{}:
-		default: // a wake-up is pending already
 		}
 	}
 }
@@ -330,21 +177,6 @@ func (p *poller) round() bool {
 		}
 	}
 	return busy || n > 0
-}
-
-// clock is the poller's coarse time, read again after a round that did
-// work, every clockRounds rounds that did not, and after a sleep: datagram
-// timestamps and the acknowledgement delay need a resolution well under
-// reliable.LossyMinRTO, not a clock read (46 ns here) in each of the millions of
-// empty rounds a second a spinning poller makes. Only intervals matter,
-// so it reads the monotonic clock alone, as time.Since does (25 ns here,
-// where time.Now also reads the wall clock); its wall reading is the
-// epoch's advanced by as much.
-func (p *poller) clock() time.Time {
-	if p.loop.now.IsZero() {
-		p.loop.now = p.e.epoch.Add(time.Since(p.e.epoch))
-	}
-	return p.loop.now
 }
 
 // sleep parks the poller until a completion or a kick. The CQ is armed

@@ -395,3 +395,62 @@ func (p *Peer) ensureAH() error {
 	p.ah = ah
 	return nil
 }
+
+// qpFailed fails the vconns of a QP that went to ERR and takes the QP out
+// of its peer's pool, so new vconns get a fresh one. The dead QP is
+// destroyed once its flushed completions are in.
+func (p *poller) qpFailed(q *sendQP, err error) {
+	if q.peer == nil {
+		p.udFailed(q, err)
+		return
+	}
+	peer := q.peer
+	peer.mu.Lock()
+	first := !q.failed
+	q.failed = true
+	for _, t := range [][]*sendQP{peer.qps, peer.ucs} {
+		for i, x := range t {
+			if x == q {
+				t[i] = nil
+				peer.dead = append(peer.dead, q)
+			}
+		}
+	}
+	peer.mu.Unlock()
+	if first {
+		p.e.log.Info("Shared QP failed", "peer", peer.gid, "qpn", q.qp.QPN(), "err", err)
+		peer.failWhere(func(vc *VConn) bool { return vc.sq == q }, fmt.Errorf("%w: %w", ErrQPFailed, err))
+	}
+	if q.outstanding <= 0 {
+		p.sendQPs.Delete(q.qp.QPN())
+		peer.mu.Lock()
+		for i, x := range peer.dead {
+			if x == q {
+				peer.dead = append(peer.dead[:i], peer.dead[i+1:]...)
+				_ = q.qp.Close()
+				break
+			}
+		}
+		peer.mu.Unlock()
+	}
+}
+
+// udFailed replaces a UD QP that went to ERR (datagrams in flight are
+// lost, as datagrams may be); the dead one is destroyed once drained.
+func (p *poller) udFailed(q *sendQP, err error) {
+	if q == p.udq.qp {
+		p.e.log.Info("UD QP failed; replacing it", "qpn", q.qp.QPN(), "err", err)
+		p.udq.dead = append(p.udq.dead, q)
+		if err := p.openUD(); err != nil {
+			p.e.log.Error(err, "Replacing the UD QP failed")
+		}
+	}
+	for i, x := range p.udq.dead {
+		if x == q && q.outstanding <= 0 {
+			p.sendQPs.Delete(q.qp.QPN())
+			_ = q.qp.Close()
+			p.udq.dead = append(p.udq.dead[:i], p.udq.dead[i+1:]...)
+			break
+		}
+	}
+}

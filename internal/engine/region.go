@@ -408,29 +408,6 @@ func (r *Region) Close() error {
 	return err
 }
 
-// sendControl queues a control message (export, unexport) in order with the
-// vconn's data.
-func (vc *VConn) sendControl(ctx context.Context, t format.Type, arg uint32, payload []byte) error {
-	e := vc.e
-	vc.sendMu.Lock()
-	defer vc.sendMu.Unlock()
-	slot, err := vc.getBuffer(ctx, format.HeaderLen+len(payload), true)
-	if err != nil {
-		return err
-	}
-	b := e.pool.bytes(slot)
-	h := format.RegionHeader(t, arg)
-	h.Put(b)
-	copy(b[format.HeaderLen:], payload)
-	if err := vc.waitRing(ctx, true); err != nil {
-		e.pool.put(slot)
-		return err
-	}
-	vc.push(newEntry(slot, uint32(format.HeaderLen+len(payload))))
-	vc.schedule()
-	return nil
-}
-
 // onExport records a region the peer exported to this vconn.
 func (vc *VConn) onExport(h *format.Header, payload []byte) error {
 	r, err := format.ParseAd(payload)
@@ -558,4 +535,40 @@ func (e *Engine) releaseGraced() {
 		_ = r.release()
 	}
 	e.grace = nil
+}
+
+// abandonOp ends an operation whose completions will not be seen: the
+// vconn was released (its vQPN may already have a new owner).
+func (vc *VConn) abandonOp(err error) {
+	rg := vc.regions.Load()
+	if rg == nil {
+		return
+	}
+	o := &rg.op
+	o.cmu.Lock()
+	if o.pending > 0 {
+		o.pending = 0
+		o.abandoned = true
+		if o.err == nil {
+			o.err = err
+		}
+		close(o.done)
+	}
+	o.cmu.Unlock()
+}
+
+// rdmaOp is a vconn's one-sided operation in progress (one at a time).
+type rdmaOp struct {
+	mu  sync.Mutex     // serialises Write and Read on the vconn
+	wrs []verbs.SendWR // the operation's WRs, posted at the ring's marker
+
+	cmu     sync.Mutex // guards the completion state below
+	pending int        // WRs not completed
+	reads   []uint32   // read destination offsets in dst, by post order
+	dst     []byte
+	err     error
+	done    chan struct{} // closed when pending reaches 0
+	// abandoned: done was closed without the completions (abandonOp),
+	// whose work requests may still be in flight.
+	abandoned bool
 }

@@ -29,7 +29,7 @@ func stalledPair(t *testing.T, cfg Config) (context.Context, *Engine, *Engine, *
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return vb.ring.len() > 0 && b.Stats().CreditStalls > 0 }, "vb to wait for credits")
+	waitFor(t, func() bool { return vb.snd.len() > 0 && b.Stats().CreditStalls > 0 }, "vb to wait for credits")
 	return ctx, a, b, va, vb
 }
 
@@ -67,7 +67,7 @@ func TestUnexportConfirmedPastStalledData(t *testing.T) {
 	if n := released.Load(); n != 1 {
 		t.Fatalf("released ran %d times, want 1", n)
 	}
-	if vb.ring.len() == 0 {
+	if vb.snd.len() == 0 {
 		t.Fatal("vb's data went: the test did not stall it")
 	}
 	if va.Err() != nil || vb.Err() != nil {

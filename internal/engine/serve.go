@@ -4,12 +4,16 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
 // Serving a vconn: what the poller does when it takes a vconn off its QP's
-// run queue (sched.go). Everything here runs on the poller that owns the
-// vconn's QPs (vc.sq.p), which alone consumes the vconn's ring.
+// run queue (cq.go), from its ring to the work requests it posts, Auto's
+// datagrams and bundles included. Everything here runs on the poller that
+// owns the vconn's QPs (vc.sq.p), which alone consumes the vconn's ring,
+// and keeps what it alone writes per vconn in served (vconn.go), whose
+// fields are touched here alone (TestOwners).
 
 // serve moves a vconn's queued buffers into its QP's batch, as far as
 // credits and the send queue allow, then the control messages it owes.
@@ -24,20 +28,18 @@ func (p *poller) serve(vc *VConn) {
 		return // not connected yet; Connect's sends reschedule
 	}
 	// (Auto's own fields are off the hot lines: other vconns never read them.)
-	if vc.tr == transport.Auto && vc.ackRecv.Load() && vc.ackRecv.Swap(false) {
-		p.freeAcked(vc, vc.reliability()) // another poller received them
+	if vc.tr == transport.Auto {
+		p.ackedElsewhere(vc)
 	}
 	// A stall's flag that its grant raced is cleared here, at the serve
 	// that grant scheduled (or at any other).
-	if vc.creditWait.Load() {
-		vc.creditWait.Store(false)
-	}
+	vc.snd.unstall()
 	stalled := p.drain(vc, remote)
-	if vc.ring.free() > 0 {
+	if vc.snd.free() > 0 {
 		// A sender woken without room would only schedule the vconn
 		// again, to find it stalled again: on a stream waiting for
 		// credits that ping-pong made 24 wake-ups a message.
-		vc.wakeSender()
+		vc.snd.wakeSender()
 	}
 	p.serveControl(vc, remote, st, stalled)
 }
@@ -49,15 +51,14 @@ func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
 		p.dropUnacked(vc)
 	}
 	for {
-		ent, ok := vc.ring.peek(&vc.ents)
+		ent, ok := vc.snd.peek()
 		if !ok {
 			break
 		}
 		p.e.pool.put(ent.slot())
-		vc.ring.pop()
 		p.took(vc)
 	}
-	vc.wakeSender()
+	vc.snd.wakeSender()
 	if vc.rstDue.Swap(false) {
 		p.control(vc.sq, vc, remote, format.Reset)
 	}
@@ -69,7 +70,7 @@ func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
 func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 	e := p.e
 	for {
-		ent, ok := vc.ring.peek(&vc.ents)
+		ent, ok := vc.snd.peek()
 		if !ok {
 			return false
 		}
@@ -82,7 +83,7 @@ func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 		}
 		b := format.Raw(e.pool.bytes(slot))
 		dq, auto, credited := p.route(vc, b, n)
-		if credited && vc.sent == vc.limit.Load() {
+		if credited && vc.srv.sent == vc.limit.Load() {
 			p.creditStall(vc)
 			return true // the peer's grant reschedules us
 		}
@@ -90,13 +91,13 @@ func (p *poller) drain(vc *VConn, remote vqpn.ID) (stalled bool) {
 			p.deferVC(vc)
 			return false
 		}
-		if auto && vc.ring.len() > 1 && p.bundle(vc, remote) > 0 {
-			vc.sent++ // a credit per receive buffer (bundle.go)
+		if auto && vc.snd.len() > 1 && p.bundle(vc, remote) > 0 {
+			vc.srv.sent++ // a credit per receive buffer (see bundle)
 			continue
 		}
 		p.sendQueued(vc, remote, dq, auto, slot, n)
 		if credited {
-			vc.sent++
+			vc.srv.sent++
 		}
 	}
 }
@@ -125,7 +126,7 @@ func (p *poller) route(vc *VConn, b format.Raw, n uint32) (dq *sendQP, auto, cre
 	// the one sequence of the vconn either way, which the receiver
 	// delivers in order whichever QP each came on (deliverSeq), so the
 	// switch needs no draining.
-	auto = data && vc.tr == transport.Auto && b.Whole() && vc.autoDgram(n) && vc.dq.path.Datagram()
+	auto = data && vc.tr == transport.Auto && b.Whole() && vc.datagram(n)
 	if auto {
 		dq = vc.dq
 	}
@@ -142,17 +143,9 @@ func (p *poller) route(vc *VConn, b format.Raw, n uint32) (dq *sendQP, auto, cre
 // each push wakes the poller, as before the flag.
 func (p *poller) creditStall(vc *VConn) {
 	p.e.stats.creditStalls.Add(1)
-	locked := vc.sendMu.TryLock()
-	if locked {
-		vc.creditWait.Store(true)
-	}
-	if k := int32(vc.ring.len()) - vc.uncounted.Load(); k > 0 {
-		vc.uncounted.Add(k)
-		p.sched.popped += k
-	}
-	if locked {
-		vc.sendMu.Unlock()
-	}
+	locked := vc.snd.stall()
+	p.sched.popped += vc.snd.uncountAll()
+	vc.snd.endStall(locked)
 }
 
 // deferVC has a vconn that found no room wait for the next round, behind
@@ -178,7 +171,6 @@ func (p *poller) postMarker(vc *VConn) bool {
 	rg.mu.Lock()
 	rg.posted++
 	rg.mu.Unlock()
-	vc.ring.pop()
 	p.took(vc)
 	return true
 }
@@ -200,8 +192,15 @@ func (p *poller) sendQueued(vc *VConn, remote vqpn.ID, dq *sendQP, auto bool, sl
 	default:
 		p.post(dq, vc, remote, slot, n)
 	}
-	vc.ring.pop()
 	p.took(vc)
+}
+
+// took takes the entry at the head of vc's ring, accounting for it in
+// the QP's backlog. The poller, which consumes the ring.
+func (p *poller) took(vc *VConn) {
+	if vc.snd.pop() {
+		p.sched.popped++
+	}
 }
 
 // serveControl posts the control messages the vconn owes once its data is
@@ -213,8 +212,8 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	// A closing Auto vconn still acknowledges: the peer's FIN waits for
 	// its datagrams' acknowledgements.
 	live := st == stateOpen || vc.tr == transport.Auto && st == stateClosing
-	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == transport.Auto && vc.nackDue.Load()) && live
-	if !vc.ring.empty() {
+	owed := (vc.creditDue.Load() || vc.ackDue.Load() || vc.tr == transport.Auto && vc.auto.gapOwed()) && live
+	if !vc.snd.empty() {
 		// A grant owed rides on the next data, unless that data waits
 		// for the peer's grant: then it goes alone, or, with both ends
 		// sending, each would wait for the other's grant forever.
@@ -239,8 +238,8 @@ func (p *poller) serveControl(vc *VConn, remote vqpn.ID, st uint32, stalled bool
 	// must all be acknowledged first: the FIN goes over RC and would
 	// overtake one the network lost, whose resend would come after the
 	// peer's EOF (onAck serves the vconn again when the last ack comes).
-	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.finPosted && !vc.datagramsUnacked() {
-		vc.finPosted = true
+	if (st == stateClosing || st == stateOpen) && vc.finDue.Load() && !vc.srv.finPosted && !vc.auto.unacked() {
+		vc.srv.finPosted = true
 		p.control(q, vc, remote, format.Fin)
 	}
 }
@@ -274,14 +273,11 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t format.Ty
 		// No room or no buffer now: try again next round.
 		switch t {
 		case format.Fin:
-			vc.finPosted = false
+			vc.srv.finPosted = false
 		case format.Reset:
 			vc.rstDue.Store(true)
 		case format.Unexported:
-			rg := vc.rg()
-			rg.mu.Lock()
-			rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: region})
-			rg.mu.Unlock()
+			vc.retryUnexportAck(region)
 		}
 		p.deferVC(vc)
 		return
@@ -290,12 +286,313 @@ func (p *poller) controlRegion(q *sendQP, vc *VConn, remote vqpn.ID, t format.Ty
 	b := format.Raw(e.pool.bytes(slot))
 	h.Put(b)
 	vc.stampCredit(b)
-	if t == format.Credit && vc.nackDue.Swap(false) {
-		// The gap goes with the acknowledgement just stamped, unless a
-		// resend filled it meanwhile.
-		if end := vc.reliability().rx.GapEnd(); int32(end-b.Ack()) > 0 {
-			b.SetGap(end)
-		}
+	if t == format.Credit {
+		vc.auto.stampGap(b) // with the acknowledgement just stamped
 	}
 	p.post(q, vc, remote, slot, format.HeaderLen)
+}
+
+// stampCredit writes the current grant into a queued buffer's header, and
+// on an Auto vconn's data and grants the acknowledgement too; no separate
+// grant is due after it. Only the vconn's poller, as it posts b.
+func (vc *VConn) stampCredit(b []byte) {
+	// The grant goes out with b, so none is due after it; but a release
+	// after the grant is read sets creditDue again, and must find it
+	// cleared already, or its credits would never be granted: clear
+	// first, read second. (Cleared after the read, a release between the
+	// two was lost, and a sender waiting for those credits waited
+	// forever.) Likewise the acknowledgement.
+	if vc.creditDue.Load() {
+		vc.creditDue.Store(false)
+	}
+	h := format.Raw(b)
+	h.SetCredit(vc.window.Stamp())
+	if t := h.Type(); vc.tr == transport.Auto && (t == format.Data || t == format.Credit || t == format.Bundle) {
+		if vc.ackDue.Load() {
+			vc.ackDue.Store(false)
+		}
+		h.SetAck(vc.auto.ack())
+	}
+}
+
+// sendWR is the SEND_WITH_IMM of n bytes of buffer slot for vc: wr_id
+// names the vconn and the buffer its completion frees, imm_data the
+// peer's vconn. set and clear adjust its tag's flags (see bundleWR).
+func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32, set, clear format.Tag) verbs.SendWR {
+	tag := format.TagOf(uint32(slot))
+	switch b := format.Raw(p.e.pool.bytes(slot)); b.Type() {
+	case format.Data, format.Bundle:
+		if b.Last() {
+			tag |= format.TagSent
+		}
+	case format.Fin:
+		tag |= format.TagFin
+	}
+	tag = tag&^clear | set
+	return verbs.SendWR{
+		WRID:    tag.WRID(vc.id),
+		Opcode:  verbs.WRSendWithImm,
+		Flags:   verbs.SendSignaled,
+		ImmData: vqpn.Imm(remote),
+		NumSGE:  1,
+		SG:      [verbs.MaxSGE]verbs.SGE{p.e.pool.sge(slot, n)},
+	}
+}
+
+// post adds the SEND of n bytes of slot to q's batch, with the QP pair's
+// secret.
+func (p *poller) post(q *sendQP, vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
+	format.Raw(p.e.pool.bytes(slot)).SetAuth(q.secret)
+	p.postWR(q, p.sendWR(vc, remote, slot, n, 0, 0))
+}
+
+// postUD posts a datagram to the peer's UD QP that pairs with this poller,
+// with the secret the peer gave our datagrams.
+func (p *poller) postUD(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32) {
+	wr := p.sendWR(vc, remote, slot, n, 0, 0)
+	var secret uint64
+	wr.AH, wr.RemoteQPN, secret = vc.peer.udRoute(int(vc.id.VQPN()))
+	wr.RemoteQKey = p.e.cfg.QKey
+	format.Raw(p.e.pool.bytes(slot)).SetAuth(secret)
+	p.postWR(p.udq.qp, wr)
+}
+
+// postWR adds wr to q's batch, posted at the end of the round
+// (flushSends), and counts it against the CQ's budget.
+func (p *poller) postWR(q *sendQP, wr verbs.SendWR) {
+	q.batch = append(q.batch, wr)
+	p.tx.budget--
+	if !q.queued {
+		q.queued = true
+		p.tx.dirty = append(p.tx.dirty, q)
+	}
+}
+
+// sent gives back the buffer of a SEND whose wr_id carried tag. The
+// poller that posted it (its completion comes to the same CQ).
+func (p *poller) sent(tag format.Tag) {
+	slot, gather := bufSlot(tag.Slot()), tag.Has(format.TagGather)
+	if !tag.Has(format.TagShared) {
+		p.free(slot, gather)
+		return
+	}
+	p.unref(slot, gather)
+}
+
+// unref drops an owner of a shared send buffer (bufPool.share) and frees it
+// after the last. The poller that owns the buffer's sends.
+func (p *poller) unref(slot bufSlot, gather bool) {
+	if p.e.pool.unshare(slot) {
+		p.free(slot, gather)
+	}
+}
+
+// free puts a send buffer back; for a gathered bundle's header buffer
+// (gather), the buffers of its messages too. The poller only.
+func (p *poller) free(slot bufSlot, gather bool) {
+	e := p.e
+	if gather {
+		b := e.pool.bytes(slot)
+		for i := range int(format.Raw(b).Count()) {
+			s, _ := gathered(b, i)
+			e.pool.put(s)
+		}
+	}
+	e.pool.put(slot)
+}
+
+// autoDgram reports whether a message of n bytes (header included) goes as
+// a datagram on this Auto vconn.
+func (vc *VConn) autoDgram(n uint32) bool {
+	e := vc.e
+	return n-format.HeaderLen <= uint32(e.cfg.AutoThreshold) && int(n) <= e.cfg.ChunkSize
+}
+
+// datagram reports whether a whole message of n bytes (header included)
+// goes as a datagram now: it is small enough, and the path is not on RC
+// (reliable.Path), or this one is its probe.
+func (vc *VConn) datagram(n uint32) bool { return vc.autoDgram(n) && vc.dq.path.Datagram() }
+
+// ackedElsewhere frees what the acknowledgements another poller received
+// cover (see onAck). The owner of the send side, serving the vconn.
+func (p *poller) ackedElsewhere(vc *VConn) {
+	if vc.auto.takeAckRecv() {
+		p.freeAcked(vc, vc.auto.load())
+	}
+}
+
+// freeAcked frees the datagrams the peer acknowledged. Only the owner of
+// the send side, vc.sq.p.
+func (p *poller) freeAcked(vc *VConn, r *reliability) {
+	r.tx.FreeAcked(p.e.epoch, p.freeDatagram)
+	sample := r.tx.TakeSample()
+	vc.dq.path.RTT(sample)
+}
+
+// freeDatagram drops the send side's hold on a datagram's buffer. Only
+// the owner of the send side.
+func (p *poller) freeDatagram(d *reliable.Datagram) { p.unref(bufSlot(d.Buf), d.Gather) }
+
+// dropUnacked frees the datagrams of a vconn that will send no more. Only
+// the owner of the send side.
+func (p *poller) dropUnacked(vc *VConn) {
+	if r := vc.auto.loaded(); r != nil {
+		r.tx.Drop(p.freeDatagram)
+	}
+}
+
+// sendReliable posts an Auto datagram, with its UC QP pair's secret, and
+// keeps it until it is acknowledged (its resends carry the same secret:
+// the vconn's QPs never change). Only the owner of the send side.
+func (p *poller) sendReliable(vc *VConn, remote vqpn.ID, u reliable.Datagram) {
+	format.Raw(p.e.pool.bytes(bufSlot(u.Buf))).SetAuth(vc.dq.secret)
+	p.e.pool.share(bufSlot(u.Buf), 2) // the unacknowledged list and the post
+	wr := p.bundleWR(vc, remote, &u, false)
+	p.postWR(vc.dq, wr)
+	u.Sent = p.clock()
+	vc.auto.load().tx.Push(u)
+	if vc.dq.path.Sent(u.Sent) {
+		if vc.dq.path.OnRC() {
+			p.e.stats.toRC.Add(1)
+		} else {
+			p.e.stats.toUC.Add(1)
+		}
+	}
+	if vc.auto.watch() {
+		p.rel.rtx = append(p.rel.rtx, vc)
+	}
+}
+
+// bundle packs the datagram-sized messages at the head of Auto vconn vc's
+// ring, as many as fit a chunk, into one datagram on its UC QP (which takes
+// one credit); it reports how many it took, 0 when fewer than two fit or
+// no buffer is free.
+func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
+	e := p.e
+	if vc.dq.path.OnRC() {
+		return 0 // a probe goes alone (reliable.Path)
+	}
+	head, _ := vc.snd.at(0)
+	gather := head.len() >= gatherMin
+	limit := maxBundle
+	if gather {
+		limit = min(limit, verbs.MaxSGE-1)
+	}
+	room := e.cfg.ChunkSize - format.HeaderLen
+	k, total := 0, 0
+	for k < limit {
+		ent, ok := vc.snd.at(k)
+		if !ok {
+			break
+		}
+		slot, n := ent.slot(), ent.len()
+		if slot == opMarker || total+int(n) > room {
+			break
+		}
+		b := format.Raw(e.pool.bytes(slot))
+		if b.Type() != format.Data || !b.Whole() || !vc.autoDgram(n) {
+			break
+		}
+		total += int(n)
+		k++
+	}
+	if k < 2 {
+		return 0
+	}
+	size := format.HeaderLen + total
+	if gather {
+		size = format.HeaderLen + gatherLen*k
+	}
+	out, ok := e.pool.get(e.pool.class(size))
+	if !ok {
+		return 0
+	}
+	b := e.pool.bytes(out)
+	off := format.HeaderLen
+	var seq uint32
+	for i := 0; i < k; i++ {
+		ent, _ := vc.snd.peek()
+		slot, n := ent.slot(), ent.len()
+		if i == 0 {
+			seq = format.Raw(e.pool.bytes(slot)).Seq()
+		}
+		if gather {
+			putGathered(b, i, slot, n)
+		} else {
+			off += copy(b[off:], e.pool.bytes(slot)[:n])
+			e.pool.put(slot)
+		}
+		p.took(vc)
+	}
+	h := format.BundleHeader(seq, uint32(k), uint32(total))
+	h.Put(b)
+	vc.stampCredit(b)
+	e.stats.msgsSent.Add(uint64(k - 1)) // its completion counts one
+	p.countSent(transport.Auto, k, total-k*format.HeaderLen)
+	e.stats.bundled.Add(uint64(k))
+	if gather {
+		e.stats.gathered.Add(uint64(k))
+	}
+	p.sendReliable(vc, remote, reliable.Datagram{Seq: seq, Last: seq + uint32(k-1), Buf: uint32(out), Len: uint32(size), Gather: gather})
+	return k
+}
+
+// bundleWR is the work request of a datagram: a bundle, or one message.
+// Its tag is shared (the unacknowledged list holds the buffer too), and a
+// resend's is not counted sent: its first post was.
+func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram, resend bool) verbs.SendWR {
+	slot := bufSlot(u.Buf)
+	clear := format.Tag(0)
+	if resend {
+		clear = format.TagSent
+	}
+	if !u.Gather {
+		return p.sendWR(vc, remote, slot, u.Len, format.TagShared, clear)
+	}
+	e := p.e
+	b := e.pool.bytes(slot)
+	k := int(format.Raw(b).Count())
+	wr := verbs.SendWR{
+		WRID:    ((format.TagOf(u.Buf)|format.TagSent|format.TagGather)&^clear | format.TagShared).WRID(vc.id),
+		Opcode:  verbs.WRSendWithImm,
+		Flags:   verbs.SendSignaled,
+		ImmData: vqpn.Imm(remote),
+		NumSGE:  uint8(k + 1),
+	}
+	wr.SG[0] = e.pool.sge(slot, format.HeaderLen)
+	for i := range k {
+		wr.SG[i+1] = e.pool.sge(gathered(b, i))
+	}
+	return wr
+}
+
+// takeUnexportAcks appends to ids the confirmations the poller may send
+// now: those whose markers it posted. Only vc's poller calls it.
+func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
+	rg := vc.regions.Load()
+	if rg == nil {
+		return ids
+	}
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	k := 0
+	for _, a := range rg.unexportAcks {
+		if a.after <= rg.posted {
+			ids = append(ids, a.id)
+		} else {
+			rg.unexportAcks[k] = a
+			k++
+		}
+	}
+	rg.unexportAcks = rg.unexportAcks[:k]
+	return ids
+}
+
+// retryUnexportAck puts back a confirmation that found no room to go.
+// Only vc's poller calls it.
+func (vc *VConn) retryUnexportAck(id uint32) {
+	rg := vc.rg()
+	rg.mu.Lock()
+	rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: id})
+	rg.mu.Unlock()
 }

@@ -184,7 +184,7 @@ func TestSpoofedData(t *testing.T) {
 			} else {
 				qpn = ingressQPN(t, n.a, n.b, vb.ID())
 			}
-			next := va.reliability().rx.Next()
+			next := va.auto.load().rx.Next()
 			const fake = "FORGED!"
 			sent := uint64(0)
 			before := forged(n.a)
@@ -266,7 +266,7 @@ func TestSpoofedAck(t *testing.T) {
 	// b's datagrams to a are lost, one by one.
 	n.wa.hole.Store(toA)
 	const lost = 4
-	first := vb.txSeq
+	first := vb.snd.seq
 	for i := range lost {
 		if err := vb.Send(ctx, fmt.Appendf(nil, "lost %d", i)); err != nil {
 			t.Fatal(err)
@@ -277,7 +277,7 @@ func TestSpoofedAck(t *testing.T) {
 	// had already (a duplicate, which acts only by its header).
 	before := forged(n.b)
 	for _, g := range guesses() {
-		d := format.DataHeader(5, vb.reliability().rx.Next()-1, 0, false)
+		d := format.DataHeader(5, vb.auto.load().rx.Next()-1, 0, false)
 		d.SetChunk(true, true)
 		d.Credit, d.Arg, d.Auth = vb.limit.Load(), first+lost, g
 		n.forge(t, n.b, toB, false, vb.ID(), d, []byte("dupe!"))
@@ -315,9 +315,9 @@ func TestSpoofedCredit(t *testing.T) {
 	limit := vb.limit.Load()
 	before := forged(n.b)
 	for _, g := range guesses() {
-		d := format.DataHeader(5, vb.reliability().rx.Next()-1, 0, false)
+		d := format.DataHeader(5, vb.auto.load().rx.Next()-1, 0, false)
 		d.SetChunk(true, true)
-		d.Credit, d.Arg, d.Auth = limit+uint32(n.b.cfg.MaxCredits), vb.txSeq, g // it acknowledges nothing new
+		d.Credit, d.Arg, d.Auth = limit+uint32(n.b.cfg.MaxCredits), vb.snd.seq, g // it acknowledges nothing new
 		n.forge(t, n.b, toB, false, vb.ID(), d, []byte("dupe!"))
 	}
 	// a's own datagram after them, on the same QP, carries a's grant.

@@ -10,6 +10,88 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
+// Stats is a snapshot of the engine's counters.
+type Stats struct {
+	VConns       int // open now
+	Peers        int
+	QPs          int    // RC QPs this engine created, to all peers
+	UCQPs        int    // UC QPs this engine created, to all peers
+	IngressQPs   int    // RC QPs peers created toward this engine
+	MsgsSent     uint64 // messages handed to the device (once each: not their retransmissions)
+	MsgsReceived uint64 // messages delivered to vconns
+	Posts        uint64 // PostSend calls (doorbells)
+	WRsPosted    uint64 // send WRs posted; WRsPosted/Posts is the batch size
+	StaleDropped uint64 // completions for closed vconns, dropped
+	Malformed    uint64 // messages with a bad header, dropped
+	CreditStalls uint64 // times a vconn waited for credits
+	Sleeps       uint64 // times a poller blocked on its completion channel
+	Retransmits  uint64 // Auto datagrams sent again for want of an ACK
+	GapResends   uint64 // of those, sent at once on the peer's gap report
+	Bundled      uint64 // messages sent in bundles (auto.go)
+	Gathered     uint64 // of those, sent from their own buffers, not copied
+	AutoToRC     uint64 // peer paths whose Auto small messages moved to RC under loss (reliable.Path)
+	AutoToUC     uint64 // and back
+	BuffersInUse []int  // per pool class
+	// RecvBuffersHeld and DgramBuffersHeld are the receive buffers of
+	// the RC QPs' SRQ and of the datagram SRQ that received messages
+	// hold, queued for the application or read and not yet released.
+	// Each stays at or under half its SRQ (plus one per poller, for a
+	// moment): past that, a message is copied out of its buffer, which
+	// goes back to the SRQ at once (RecvCopied).
+	RecvBuffersHeld  int
+	DgramBuffersHeld int
+	RecvCopied       uint64 // messages copied out of their receive buffers so (see above)
+	// RegisteredBytes is the memory of exported regions (and of vconns'
+	// staging memory, VConn.Stage) registered now, whatever holds it:
+	// exported, withdrawn and awaiting the peer's confirmation, or kept
+	// for the grace after its vconn ended. The engine's buffer pool is
+	// not counted (it is fixed).
+	RegisteredBytes int64
+}
+
+type counters struct {
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, recvCopied atomic.Uint64
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	s := Stats{
+		VConns:       e.vconns.Len(),
+		MsgsSent:     e.stats.msgsSent.Load(),
+		MsgsReceived: e.stats.msgsReceived.Load(),
+		Posts:        e.stats.posts.Load(),
+		WRsPosted:    e.stats.wrsPosted.Load(),
+		StaleDropped: e.vconns.Stale(),
+		Malformed:    e.stats.malformed.Load(),
+		CreditStalls: e.stats.creditStalls.Load(),
+		Sleeps:       e.stats.sleeps.Load(),
+		Retransmits:  e.stats.retransmits.Load(),
+		GapResends:   e.stats.gapResends.Load(),
+		AutoToRC:     e.stats.toRC.Load(),
+		AutoToUC:     e.stats.toUC.Load(),
+		Bundled:      e.stats.bundled.Load(),
+		Gathered:     e.stats.gathered.Load(),
+		BuffersInUse: e.pool.inUse(),
+
+		RecvBuffersHeld:  int(e.held[0].Load()),
+		DgramBuffersHeld: int(e.held[1].Load()),
+		RecvCopied:       e.stats.recvCopied.Load(),
+		RegisteredBytes:  e.registered.Load(),
+	}
+	e.peersMu.Lock()
+	s.Peers = len(e.peers)
+	for _, p := range e.peers {
+		p.mu.Lock()
+		rc, uc := p.countQPs()
+		s.QPs += rc
+		s.UCQPs += uc
+		s.IngressQPs += len(p.ingress)
+		p.mu.Unlock()
+	}
+	e.peersMu.Unlock()
+	return s
+}
+
 // NumTransports is the number of Transport values, for arrays indexed by
 // transport; a vconn's is never transport.Unknown, whose entry stays zero.
 const NumTransports = transport.Count
@@ -144,12 +226,6 @@ func (c *trafficCounters) add(msgs, bytes int) {
 
 func (c *trafficCounters) load() Traffic {
 	return Traffic{Msgs: c.msgs.Load(), Bytes: c.bytes.Load()}
-}
-
-// countSent counts msgs application messages of bytes payload bytes that
-// the poller handed to the device on a vconn of transport tr.
-func (p *poller) countSent(tr transport.Kind, msgs, bytes int) {
-	p.st.sent[tr].add(msgs, bytes)
 }
 
 // beginBusy and endBusy bracket a run of rounds that found work. They use
@@ -287,4 +363,10 @@ func (c *StateCounts) add(o StateCounts) {
 	c.Open += o.Open
 	c.Closing += o.Closing
 	c.Failed += o.Failed
+}
+
+// countSent counts msgs application messages of bytes payload bytes that
+// the poller handed to the device on a vconn of transport tr.
+func (p *poller) countSent(tr transport.Kind, msgs, bytes int) {
+	p.st.sent[tr].add(msgs, bytes)
 }

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,80 +41,61 @@ type VConnOptions struct {
 
 // VConn is a logical connection to a vconn on a peer engine.
 //
+// Its state is split by owner, each part a type with its methods beside
+// it (and its fields touched in those files alone: TestOwners): the
+// sender's queue (sender, send.go), the reader's queue (reader,
+// recv.go), what the poller that serves the vconn keeps (served,
+// serve.go) and what the poller that receives its chunks keeps
+// (reassembly, recv.go), and Auto's reliability (autoLink, auto.go). What
+// stays here is shared: set once, atomic, or guarded as its comment says.
+//
 // The fields a message touches come first, so that with many vconns (each
 // touched about once per message, long after the last time) a message
-// costs few cache lines on each side: the first line holds what Send
-// uses, the second what else the receive path and the poller's serve use,
-// then come the ring's entries; the rest is cold. (Which line a field is in is
+// costs few cache lines on each side: the first line holds what both the
+// sender and the poller read, the second what else the receive path and
+// the poller's serve use, then comes the sender's queue, its entries (two
+// lines) and a line of its own that the sender and the poller each read
+// once per message; the rest is cold. (Which line a field is in is
 // checked by TestVConnLayout.)
 type VConn struct {
 	// Line 0.
-	e          *Engine
-	sq         *sendQP // RC: data of RC vconns, control of all
-	sendMu     sync.Mutex
-	state      atomic.Uint32
-	limit      credit.Limit  // credits the peer granted, cumulative
-	window     credit.Window // receive buffers released, credits granted beyond them, the last grant sent
-	txSeq      uint32        // guarded by sendMu
-	scheduled  atomic.Bool   // on the poller's run queue
-	ring       ring          // the producer is whoever holds sendMu; the consumer the QP's poller
-	tr         transport.Kind
-	finPosted  bool // poller-owned
-	rtxWatched bool // poller-owned: on the poller's retransmission list
+	e         *Engine
+	sq        *sendQP // RC: data of RC vconns, control of all
+	state     atomic.Uint32
+	scheduled atomic.Bool   // on the poller's run queue
+	limit     credit.Limit  // credits the peer granted, cumulative
+	window    credit.Window // receive buffers released, credits granted beyond them, the last grant sent
+	id        vqpn.ID
+	remote    atomic.Uint32 // the peer vconn's vqpn.ID
+	srv       served        // the serving poller's (serve.go)
+	tr        transport.Kind
 
 	// Line 1.
 	peer      *Peer
 	handler   Handler
 	dq        *sendQP                 // the UC QP of a UC or Auto vconn (UD vconns use their poller's UD QP)
 	regions   atomic.Pointer[regions] // one-sided state, created on first use
-	id        vqpn.ID
-	remote    atomic.Uint32 // the peer vconn's vqpn.ID
-	sent      uint32        // poller-owned: data chunks posted
-	creditDue atomic.Bool   // a credit grant should go out
-	ackDue    atomic.Bool   // an Auto acknowledgement should go out
-	txWaiting atomic.Bool
-	// uncounted is how many ring entries are not in the QP's backlog:
-	// taken off it when the vconn stalled for credits (creditStall), or
-	// pushed while it waited for them (creditWait).
-	uncounted atomic.Int32
+	creditDue atomic.Bool             // a credit grant should go out
+	ackDue    atomic.Bool             // an Auto acknowledgement should go out
 	// taken counts the peer's messages that took a receive credit
 	// (takeCredit); taken-consumed of them are held here.
-	taken credit.Taken
+	taken   credit.Taken
+	finDue  atomic.Bool // Close or CloseWrite asked for a FIN after the queued data
+	rstDue  atomic.Bool // Abort asked for a RST
+	finSent atomic.Bool // the FIN's send completed
+	// closeTimer releases a closing vconn whose peer never answers (cold,
+	// but it fills the line, so that the sender's queue starts the next).
+	closeTimer atomic.Pointer[time.Timer]
 
-	ents ringEntries
+	// Lines 2-4.
+	snd sender // the sender's queue (send.go)
 
 	// Cold.
-	txWake   chan struct{}       // created by the producer before it sets txWaiting
-	rel      atomic.Pointer[rel] // Auto's reliability state, created on first use
-	rstDue   atomic.Bool         // Abort asked for a RST
-	finDue   atomic.Bool         // Close or CloseWrite asked for a FIN after the queued data
-	finSent  atomic.Bool         // the FIN's send completed
-	wrClosed atomic.Bool         // CloseWrite: no more sends (set under sendMu)
-	// creditWait: the poller found no credit for the queued data; the
-	// sender's pushes then leave the poller asleep and out of the QP's
-	// backlog, and the peer's grant schedules the vconn (scheduleData).
-	// Set under sendMu, cleared by the grant and by the next serve. On
-	// the line of wrClosed and finDue, which the sender and the poller
-	// read anyway.
-	creditWait atomic.Bool
-	closeTimer atomic.Pointer[time.Timer] // releases a closing vconn whose peer never answers
-	prev       *VConn                     // peer list; guarded by peer.mu
-	next       *VConn
-	asm        []byte // poller-owned: message being reassembled
-	asmOff     uint32
-
-	rxMu    sync.Mutex
-	rxq     []Message     // guarded by rxMu
-	rxHead  int           // guarded by rxMu
-	rxN     int           // guarded by rxMu
-	rxWake  chan struct{} // guarded by rxMu
-	peerFin bool          // guarded by rxMu
-	err     error         // guarded by rxMu: why the vconn failed
-	ackWait atomic.Bool   // on a poller's delayed-acknowledgement list
-	nackDue atomic.Bool   // an Auto gap report should go out (see reportGap)
-	ackRecv atomic.Bool   // another poller received acknowledgements for the send side (see onAck)
-
-	_ [4]byte // to 448 bytes, a size class of whole cache lines, so the hot lines are aligned
+	prev *VConn     // peer list; guarded by peer.mu
+	next *VConn     //
+	auto autoLink   // Auto's reliability (auto.go)
+	asm  reassembly // the receiving poller's (recv.go)
+	rcv  reader     // the reader's queue (recv.go)
 }
 
 // NewVConn allocates a vconn to peer on one of its shared QPs (connecting
@@ -193,9 +173,7 @@ func (vc *VConn) stateErr() error {
 	case stateClosing, stateClosed:
 		return ErrClosed
 	case stateFailed:
-		vc.rxMu.Lock()
-		defer vc.rxMu.Unlock()
-		return vc.err
+		return vc.rcv.failure()
 	}
 	return nil
 }
@@ -234,11 +212,7 @@ func (vc *VConn) onPeerFin() {
 			vc.schedule()
 		}
 	}
-	vc.rxMu.Lock()
-	vc.peerFin = true
-	w := vc.rxWake
-	vc.rxMu.Unlock()
-	notify(w)
+	vc.rcv.finish()
 	if vc.state.Load() == stateClosing && vc.finSent.Load() {
 		vc.release()
 	}
@@ -254,10 +228,7 @@ func (vc *VConn) onFinSent() {
 		// Close, which sees finSent, does the rest.
 		return
 	}
-	vc.rxMu.Lock()
-	fin := vc.peerFin
-	vc.rxMu.Unlock()
-	if fin {
+	if vc.rcv.finished() {
 		vc.release()
 		return
 	}
@@ -273,7 +244,7 @@ func (vc *VConn) onFinSent() {
 // queue is empty the FIN goes, and onFinSent's timer takes over.
 func (vc *VConn) watchClose(limit uint32) {
 	vc.armClose(func() {
-		if vc.state.Load() != stateClosing || vc.finSent.Load() || vc.ring.empty() {
+		if vc.state.Load() != stateClosing || vc.finSent.Load() || vc.snd.empty() {
 			// Nothing waits for a grant: the FIN is on its way (once
 			// closed the ring only empties), bounded by its QP's
 			// retries; a slow network is no reason to reset.
@@ -311,13 +282,13 @@ func (vc *VConn) Close() error {
 		switch st := vc.state.Load(); st {
 		case stateConnecting, stateFailed:
 			if vc.state.CompareAndSwap(st, stateClosing) {
-				vc.dropReceived()
+				vc.rcv.drop()
 				vc.release()
 				return nil
 			}
 		case stateOpen:
 			if vc.state.CompareAndSwap(st, stateClosing) {
-				vc.dropReceived()
+				vc.rcv.drop()
 				if vc.finSent.Load() {
 					// CloseWrite's FIN went before: what onFinSent
 					// left to the close.
@@ -344,11 +315,7 @@ func (vc *VConn) CloseWrite() error {
 	if st := vc.state.Load(); st != stateOpen {
 		return fmt.Errorf("engine: close-write of vconn %v: %w", vc.id, vc.stateErr())
 	}
-	// Under sendMu: no send is between its check and its push, so the
-	// FIN, which goes once the ring is empty, follows every message.
-	vc.sendMu.Lock()
-	vc.wrClosed.Store(true)
-	vc.sendMu.Unlock()
+	vc.snd.closeWrite()
 	vc.finDue.Store(true)
 	vc.schedule()
 	return nil
@@ -365,23 +332,8 @@ func (vc *VConn) Abort() {
 	if vqpn.ID(vc.remote.Load()).Valid() {
 		vc.rstDue.Store(true)
 	}
-	vc.dropReceived()
+	vc.rcv.drop()
 	vc.release()
-}
-
-func (vc *VConn) dropReceived() {
-	vc.rxMu.Lock()
-	msgs := make([]Message, 0, vc.rxN)
-	for vc.rxN > 0 {
-		msgs = append(msgs, vc.rxq[vc.rxHead])
-		vc.rxq[vc.rxHead] = Message{}
-		vc.rxHead = (vc.rxHead + 1) % len(vc.rxq)
-		vc.rxN--
-	}
-	vc.rxMu.Unlock()
-	for _, m := range msgs {
-		m.Release()
-	}
 }
 
 // release frees the vQPN. Completions still in flight for it are dropped
@@ -399,21 +351,21 @@ func (vc *VConn) release() {
 	// A message the poller queued after the reader's queue was last
 	// drained (Abort drains it before the state changes) would hold its
 	// receive buffer for good: deliver queues only while the state, read
-	// under rxMu, is not closed, so draining after the change gets it.
-	vc.dropReceived()
+	// under the reader's lock, is not closed, so draining after the change gets it.
+	vc.rcv.drop()
 	if t := vc.closeTimer.Load(); t != nil {
 		t.Stop()
 	}
 	vc.peer.unlink(vc)
 	vc.releaseRegions()
-	vc.releaseRel()
+	vc.auto.dropEarly()
 	vc.window.Shrink(uint32(vc.e.cfg.Credits), vc.windowBudget())
 	_ = vc.e.vconns.Release(vc.id)
 	vc.abandonOp(fmt.Errorf("engine: vconn %v: %w", vc.id, ErrClosed))
 	// The poller returns whatever is still queued to the pool.
 	vc.schedule()
-	vc.wakeReader()
-	vc.wakeSender()
+	vc.rcv.wakeReader()
+	vc.snd.wakeSender()
 }
 
 // fail moves the vconn to failed with err, waking its reader and sender.
@@ -427,16 +379,14 @@ func (vc *VConn) fail(err error) {
 			vc.release() // closed locally; nothing left to report
 			return
 		}
-		vc.rxMu.Lock()
-		vc.err = fmt.Errorf("engine: vconn %v: %w", vc.id, err)
-		vc.rxMu.Unlock()
+		vc.rcv.setFailure(fmt.Errorf("engine: vconn %v: %w", vc.id, err))
 		if vc.state.CompareAndSwap(st, stateFailed) {
 			break
 		}
 	}
 	vc.schedule()
-	vc.wakeReader()
-	vc.wakeSender()
+	vc.rcv.wakeReader()
+	vc.snd.wakeSender()
 }
 
 // Err returns why the vconn failed, or nil.
@@ -444,7 +394,30 @@ func (vc *VConn) Err() error {
 	if vc.state.Load() != stateFailed {
 		return nil
 	}
-	vc.rxMu.Lock()
-	defer vc.rxMu.Unlock()
-	return vc.err
+	return vc.rcv.failure()
+}
+
+// hotLines reads the vconn's two hot cache lines (see touch), for a
+// sum that nothing uses.
+func (vc *VConn) hotLines() uint32 {
+	x := vc.state.Load()
+	if vc.creditDue.Load() {
+		x++
+	}
+	return x
+}
+
+// served is what the poller that serves a vconn keeps of it: its fields
+// are touched in serve.go alone (TestOwners).
+type served struct {
+	sent      uint32 // data chunks posted (credits used)
+	finPosted bool   // the FIN is posted, or about to be
+}
+
+// schedule puts the vconn on its poller's run queue, once until served.
+// Any goroutine.
+func (vc *VConn) schedule() {
+	if !vc.scheduled.Swap(true) {
+		vc.sq.p.enqueue(vc)
+	}
 }

@@ -50,7 +50,7 @@ const (
 	Unexport   Type = 5 // the region with id arg is no longer exported
 	Reset      Type = 6 // the sender aborted the vconn
 	Unexported Type = 7 // the sender stopped using region arg (answers Unexport)
-	Bundle     Type = 8 // whole data messages, imm of them, each with its header (bundle.go)
+	Bundle     Type = 8 // whole data messages, imm of them, each with its header (the engine's serve.go)
 )
 
 const (

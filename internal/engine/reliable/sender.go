@@ -42,7 +42,7 @@ type Datagram struct {
 	Buf       uint32 // the engine's name for its buffer (a pool slot)
 	Len       uint32 // bytes of Buf posted
 	Tries     int32  // times resent
-	Gather    bool   // Buf is a gathered bundle's header buffer (engine/bundle.go)
+	Gather    bool   // Buf is a gathered bundle's header buffer (the engine's serve.go)
 	Sent      time.Time
 }
 

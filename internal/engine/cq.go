@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
@@ -10,8 +11,13 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 )
 
-// The receive path: every function here runs on the poller that polled
-// the receive (any poller may receive for any vconn).
+// A poller's work with its CQ and its QPs, round by round (poller.go's
+// round): which vconns each QP's run queue serves next (queue, serveQP;
+// serving one is serve.go's), one doorbell per QP for what they posted
+// (flushSends), then the completions polled: receives authenticated and
+// demultiplexed to their vconns (onRecv; delivering them is recv.go's),
+// sends completed (onSend), and the receive buffers given back to the
+// SRQs (flushReposts). The poller's goroutine only.
 
 // onRecv handles a receive; vc is the vconn its imm_data named, looked up
 // by completeAll (nil: none, or a stale generation).
@@ -198,89 +204,242 @@ func (p *poller) ingressOf(qpn uint32) (g verbs.GID, index int, secret uint64) {
 	return g, -1, 0
 }
 
-// onData delivers a whole message or adds a chunk to the one being
-// reassembled.
-func (p *poller) onData(vc *VConn, h *format.Header, slot bufSlot, payload []byte) {
+// completeAll dispatches the n completions polled into p.rx.wcs. The vconns
+// receives name are looked up (and their hot lines read) in a first pass,
+// for the reason touch gives. A vconn found here and released before its
+// message is handled is the old owner still, never a new one: the message
+// is dropped as on any closed vconn. The poller only.
+func (p *poller) completeAll(n int) {
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
+		p.rx.vcs[i] = nil
+		if wc.Opcode&verbs.WCRecv != 0 && wc.Status == verbs.WCSuccess && wc.Flags&verbs.WCWithImm != 0 {
+			if vc, ok := p.e.vconns.Lookup(vqpn.FromImm(wc.ImmData)); ok {
+				p.rx.vcs[i] = vc
+			}
+		}
+	}
+	var x uint32
+	for _, vc := range p.rx.vcs[:n] {
+		if vc != nil {
+			x += vc.hotLines()
+		}
+	}
+	p.rx.sink += x
+	for i := range p.rx.wcs[:n] {
+		wc := &p.rx.wcs[i]
+		if wc.Opcode&verbs.WCRecv != 0 {
+			p.onRecv(wc, p.rx.vcs[i])
+			p.rx.vcs[i] = nil
+			continue
+		}
+		p.onSend(wc)
+	}
+}
+
+// onSend handles a send completion: the buffer back, the message counted,
+// a FIN's or a one-sided operation's waiter told. The poller only.
+func (p *poller) onSend(wc *verbs.WC) {
 	e := p.e
-	first, last := h.First(), h.Last()
-	imm, hasImm := h.AppImm()
-	m := Message{vc: vc, Imm: imm, HasImm: hasImm, slot: noSlot, credits: 1}
-	if slot.class() == e.dgramClass {
-		// Unreliable transports: whole messages only, no credits.
-		if !first || !last || uint32(len(payload)) != h.Length {
-			e.stats.malformed.Add(1)
-			p.rx.reposts = append(p.rx.reposts, slot)
-			return
+	if wc.WRID>>32 == 0 {
+		// No vconn's: a memory-window bind, posted on an ingress QP
+		// outside the poller's accounting.
+		e.windowDone(wc)
+		return
+	}
+	p.tx.budget++
+	v, _ := p.sendQPs.Load(wc.QPN)
+	q, _ := v.(*sendQP)
+	if q != nil {
+		q.outstanding--
+	}
+	id, tag := format.SplitWRID(wc.WRID)
+	slot := bufSlot(tag.Slot())
+	if slot == stagedSlot {
+		// A one-sided operation on staging memory: no buffer.
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.opCompleted(wc, slot)
 		}
-		m.Data, m.slot, m.credits = payload, slot, 0
-		if vc.tr == transport.Auto {
-			m.credits = 1
-			vc.deliverSeq(p, h.Seq, m, true)
-			return
+		if wc.Status != verbs.WCSuccess && q != nil {
+			p.qpFailed(q, wc.Err())
 		}
-		vc.deliver(p, m)
 		return
 	}
-	// Reliable data: every chunk took a receive credit.
-	if !vc.takeCredit() {
-		p.overrun(vc)
-		p.rx.reposts = append(p.rx.reposts, slot)
+	if !e.pool.valid(slot) {
 		return
 	}
-	if first && last {
-		if uint32(len(payload)) != h.Length {
-			p.malformed(vc, slot)
-			return
+	if wc.Opcode == verbs.WCRDMAWrite || wc.Opcode == verbs.WCRDMARead {
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.opCompleted(wc, slot)
 		}
-		m.Data, m.slot = payload, slot
-		p.deliver(vc, h, m)
-		return
-	}
-	if first {
-		if vc.asm != nil || h.Length > uint32(e.cfg.MaxMessage) {
-			p.malformed(vc, slot)
-			return
+		e.pool.put(slot)
+		if wc.Status != verbs.WCSuccess && q != nil {
+			p.qpFailed(q, wc.Err())
 		}
-		// Reassembly copies into a buffer of its own so the chunks'
-		// receive buffers (and credits) come back at once.
-		vc.asm, vc.asmOff = make([]byte, h.Length), 0
-	}
-	if vc.asm == nil || vc.asmOff+uint32(len(payload)) > uint32(len(vc.asm)) {
-		p.malformed(vc, slot)
 		return
 	}
-	copy(vc.asm[vc.asmOff:], payload)
-	vc.asmOff += uint32(len(payload))
-	p.rx.reposts = append(p.rx.reposts, slot)
-	if !last {
-		vc.returnCredits(1) // the chunk is copied out: its buffer is free
+	p.sent(tag)
+	if wc.Status != verbs.WCSuccess {
+		if q != nil {
+			p.qpFailed(q, wc.Err())
+		}
 		return
 	}
-	if vc.asmOff != uint32(len(vc.asm)) {
-		vc.asm = nil
-		p.malformed(vc, noSlot)
-		return
+	if tag.Has(format.TagSent) {
+		e.stats.msgsSent.Add(1)
 	}
-	m.Data = vc.asm
-	vc.asm = nil
-	p.deliver(vc, h, m)
+	if tag.Has(format.TagFin) {
+		if vc, ok := e.vconns.Lookup(id); ok {
+			vc.onFinSent()
+		}
+	}
 }
 
-func (p *poller) deliver(vc *VConn, h *format.Header, m Message) {
-	if vc.tr == transport.Auto {
-		vc.deliverSeq(p, h.Seq, m, false)
+// flushReposts gives the round's released receive buffers back to their
+// SRQs, a PostRecv per SRQ.
+func (p *poller) flushReposts() {
+	if len(p.rx.reposts) == 0 {
 		return
 	}
-	vc.deliver(p, m)
+	e := p.e
+	for _, c := range e.srqs() {
+		wrs := p.rx.recvWRs[:0]
+		for _, slot := range p.rx.reposts {
+			if slot.class() == c.class {
+				wrs = append(wrs, e.recvWR(slot))
+			}
+		}
+		p.rx.recvWRs = wrs
+		if len(wrs) == 0 {
+			continue
+		}
+		if _, err := c.srq.PostRecv(wrs); err != nil {
+			e.log.Error(err, "Reposting receive buffers failed", "buffers", len(wrs))
+		}
+	}
+	p.rx.reposts = p.rx.reposts[:0]
 }
 
-// malformed drops a message that breaks the framing: the peer engine is
-// broken, so the vconn fails rather than deliver garbage.
-func (p *poller) malformed(vc *VConn, slot bufSlot) {
-	p.e.stats.malformed.Add(1)
-	if slot != noSlot {
-		p.rx.reposts = append(p.rx.reposts, slot)
+// queue appends vc to its QP's run queue. The poller only.
+func (p *poller) queue(vc *VConn) {
+	q := vc.sq
+	if !q.active {
+		q.active = true
+		p.sched.active = append(p.sched.active, q)
 	}
-	vc.returnCredits(1)
-	vc.fail(errors.New("engine: malformed message from peer"))
+	q.runq = append(q.runq, vc)
+}
+
+// serveQP serves q's run queue in order until a vconn cannot go on for
+// lack of room (it went on p.sched.later, and so to the queue's tail next
+// round). The poller only.
+func (p *poller) serveQP(q *sendQP) {
+	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 {
+		return // no room: the queue waits for completions
+	}
+	i := q.runHead
+	for i < len(q.runq) {
+		if (i-q.runHead)%touchAhead == 0 {
+			p.touch(q.runq[i:min(i+touchAhead, len(q.runq))])
+		}
+		vc := q.runq[i]
+		q.runq[i] = nil
+		i++
+		vc.scheduled.Store(false)
+		n := len(p.sched.later)
+		p.serve(vc)
+		if len(p.sched.later) > n {
+			break
+		}
+	}
+	q.dequeued(p.sched.popped)
+	p.sched.popped = 0
+	switch {
+	case i == len(q.runq):
+		q.runq, q.runHead = q.runq[:0], 0
+	case i > len(q.runq)/2:
+		m := copy(q.runq, q.runq[i:])
+		clear(q.runq[m:])
+		q.runq, q.runHead = q.runq[:m], 0
+	default:
+		q.runHead = i
+	}
+}
+
+// touchAhead is how many vconns the poller touches at once before
+// serving them.
+const touchAhead = 16
+
+// touch reads the hot cache lines of vconns about to be served. With many
+// vconns each is touched about once per message, long after the last time,
+// so it is rarely in cache; loads that do not depend on each other let the
+// CPU wait for those misses together instead of one after another. The
+// poller only; it only reads.
+func (p *poller) touch(vcs []*VConn) {
+	var x uint32
+	for _, vc := range vcs {
+		x += vc.hotLines()
+	}
+	// Then the line of each one's sender's queue and the oldest queued
+	// buffer, which its sender just wrote.
+	pool := p.e.pool
+	for _, vc := range vcs {
+		if ent, ok := vc.snd.peek(); ok && ent.slot() != opMarker {
+			x += uint32(format.Raw(pool.bytes(ent.slot())).Type())
+		}
+	}
+	p.rx.sink += x
+}
+
+// flushSends rings each dirty QP's doorbell once for its whole batch; it
+// reports whether it posted anything.
+func (p *poller) flushSends() bool {
+	e := p.e
+	posted := false
+	for i, q := range p.tx.dirty {
+		p.tx.dirty[i] = nil
+		q.queued = false
+		if len(q.batch) == 0 {
+			continue
+		}
+		n, err := q.qp.PostSend(q.batch)
+		posted = posted || n > 0
+		e.stats.posts.Add(1)
+		e.stats.wrsPosted.Add(uint64(n))
+		q.outstanding += n
+		if errors.Is(err, verbs.ErrQueueFull) {
+			// Accounting should prevent this; if it happens, the rest
+			// waits for completions instead of failing the QP.
+			rest := copy(q.batch, q.batch[n:])
+			clear(q.batch[rest:])
+			q.batch = q.batch[:rest]
+			q.queued = true
+			p.tx.dirty[i] = q
+			continue
+		}
+		if err != nil {
+			// The QP refused the rest (it failed): their buffers go back,
+			// their vconns fail.
+			for _, wr := range q.batch[n:] {
+				id, tag := format.SplitWRID(wr.WRID)
+				p.sent(tag)
+				p.tx.budget++
+				if vc, ok := e.vconns.Lookup(id); ok {
+					vc.fail(fmt.Errorf("%w: %w", ErrQPFailed, err))
+				}
+			}
+			p.qpFailed(q, err)
+		}
+		clear(q.batch)
+		q.batch = q.batch[:0]
+	}
+	k := 0
+	for _, q := range p.tx.dirty {
+		if q != nil {
+			p.tx.dirty[k] = q
+			k++
+		}
+	}
+	p.tx.dirty = p.tx.dirty[:k]
+	return posted
 }
