@@ -94,102 +94,93 @@ func (al *allocation) newBridgeFor(vc *engine.VConn, slot acceptSlot) (*os.File,
 // up sends what the program writes, a read at a time: the bridge's
 // sending goroutine, with the socket as its source. Each read goes
 // straight into the engine's send buffer (engine.VConn.SendFrom), a
-// message of one chunk, so that the bytes are copied twice on the way
-// from the program to the wire (its write into the socket, the read out
-// of it) and twice on the way back (the peer's receive buffer into the
-// socket, the program's read), with no reassembly at the receiver.
+// message of one chunk at most, so that the bytes are copied twice on the
+// way from the program to the wire (its write into the socket, the read
+// out of it) and twice on the way back (the peer's receive buffer into
+// the socket, the program's read), with no reassembly at the receiver.
 func (b *bridge) up() {
 	defer b.wg.Done()
-	t := &bridgeTX{b: b}
+	t := &bridgeTX{b: b, size: engine.FillSmall}
 	rc, err := b.c.SyscallConn()
 	if err != nil {
 		t.end(err)
 		return
 	}
 	t.rc = rc
-	t.readFn, t.readyFn, t.fillFn = t.readOnce, t.readyOnce, t.fill
+	t.sendFn, t.onceFn, t.readFn = t.send, t.sendOnce, t.read
 	forward(b.ctx, b.vc, t)
 }
 
-// bridgeTX is the program's socket as a source: each read is a message,
-// read by the engine's SendFrom into its buffer (outgoing.fill). The
-// socket is non-blocking: next waits until it is readable, so that no
-// send buffer is held while the program writes nothing.
+// bridgeTX is the program's socket as a source: each read is a message
+// that the engine's SendFrom reads into its buffer (outgoing.send). The
+// socket is non-blocking: a read that finds nothing gives the buffer back
+// and waits for the socket in Go's poller, so that no send buffer is held
+// while the program writes nothing.
 type bridgeTX struct {
 	b  *bridge
 	rc syscall.RawConn
-	// more: the last read filled its buffer, so more is likely there
-	// and next need not ask the poller first.
-	more bool
+	// size is what the next read may fill: a small buffer after a short
+	// read (requests), a chunk after a full one (a stream).
+	size int
 
 	// The callbacks and their arguments, made once: a closure a message
 	// would allocate.
-	readFn, readyFn func(fd uintptr) bool
-	fillFn          func([]byte) (int, error)
-	buf             []byte
-	n               int
-	err             error
-	pfd             [1]unix.PollFd
+	sendFn func(context.Context, *engine.VConn) (int, error)
+	onceFn func(fd uintptr) bool
+	readFn func([]byte) (int, error)
+	ctx    context.Context
+	vc     *engine.VConn
+	fd     int
+	n      int
+	err    error
 }
 
-func (t *bridgeTX) next() (outgoing, error) {
-	if !t.more {
-		// Wait for the socket to be readable (or its end): Go's poller
-		// parks the goroutine until it is.
-		t.err = nil
-		if err := t.rc.Read(t.readyFn); err != nil {
-			return outgoing{}, err
-		}
-		if t.err != nil {
-			return outgoing{}, t.err
-		}
+func (t *bridgeTX) next() (outgoing, error) { return outgoing{send: t.sendFn}, nil }
+
+// send sends the next read of the socket, waiting until there is one.
+func (t *bridgeTX) send(ctx context.Context, vc *engine.VConn) (int, error) {
+	t.ctx, t.vc, t.n, t.err = ctx, vc, 0, nil
+	if err := t.rc.Read(t.onceFn); err != nil {
+		return 0, err // the socket closed: the bridge ends
 	}
-	return outgoing{fill: t.fillFn}, nil
+	t.ctx, t.vc = nil, nil
+	return t.n, t.err
 }
 
-// readyOnce reports whether the socket has bytes, an end or an error to
-// read, without reading them.
-func (t *bridgeTX) readyOnce(fd uintptr) bool {
-	t.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	n, err := unix.Poll(t.pfd[:], 0)
-	if err != nil && err != unix.EINTR {
-		t.err = err
-		return true
-	}
-	return n > 0
-}
-
-// fill reads once into b without waiting: 0 bytes and errWouldBlock
-// when there is nothing after all; 0 and io.EOF at the program's end.
-func (t *bridgeTX) fill(b []byte) (int, error) {
-	t.buf, t.n, t.err = b, 0, nil
-	if err := t.rc.Read(t.readFn); err != nil {
-		return 0, err
-	}
-	t.buf = nil
-	t.more = t.n == len(b)
+// sendOnce sends one read of the socket (fd); false, to wait until it is
+// readable, when there was nothing to read.
+func (t *bridgeTX) sendOnce(fd uintptr) bool {
+	t.fd = int(fd)
+	t.n, t.err = t.vc.SendFrom(t.ctx, t.size, t.readFn)
 	switch {
+	case errors.Is(t.err, errWouldBlock):
+		t.size = engine.FillSmall
+		return false
+	case t.n == t.size:
+		t.size = t.vc.FillSize()
 	case t.n > 0:
-		return t.n, nil
-	case t.err == unix.EAGAIN:
-		return 0, errWouldBlock
-	case t.err != nil:
-		return 0, t.err
+		t.size = engine.FillSmall
 	}
-	return 0, io.EOF // a stream read of 0 bytes is its end
+	return true
 }
 
-func (t *bridgeTX) readOnce(fd uintptr) bool {
+// read reads the socket once, without waiting: errWouldBlock when there
+// is nothing, io.EOF at the program's end.
+func (t *bridgeTX) read(b []byte) (int, error) {
 	for {
-		t.n, t.err = unix.Read(int(fd), t.buf)
-		if t.err != unix.EINTR {
-			break
+		n, err := unix.Read(t.fd, b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return 0, errWouldBlock
+		case err != nil:
+			return 0, err
+		case n == 0:
+			return 0, io.EOF // a stream read of 0 bytes is its end
 		}
+		return n, nil
 	}
-	if t.n < 0 {
-		t.n = 0
-	}
-	return true // never wait here: the send lock is held (SendFrom)
 }
 
 // sent: a failed send (the vconn failed, or the agent stops) resets the

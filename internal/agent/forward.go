@@ -29,17 +29,18 @@ type source interface {
 	tenant() *tenantStats
 }
 
-// outgoing is one message of a source: its bytes, or fill, which reads
-// them into the engine's send buffer (engine.VConn.SendFrom; the bridge).
+// outgoing is one message of a source: its bytes, or send, which hands
+// the next message to the engine itself (the bridge: its reads go
+// straight into the engine's send buffers, engine.VConn.SendFrom) and
+// returns its size.
 type outgoing struct {
 	data   []byte
 	imm    uint32
 	hasImm bool
-	fill   func([]byte) (int, error)
+	send   func(context.Context, *engine.VConn) (int, error)
 }
 
-// errWouldBlock: a fill found nothing to read after all; the source is
-// asked again, and nothing was sent.
+// errWouldBlock: a non-blocking read found nothing.
 var errWouldBlock = errors.New("nothing to read")
 
 // forward is the agent's one send loop: it hands the messages of src to
@@ -58,16 +59,14 @@ func forward(ctx context.Context, vc *engine.VConn, src source) {
 		n := len(m.data)
 		switch err = rate.take(ctx, n); {
 		case err != nil: // ctx ended while the rate held the message
-		case m.fill != nil:
+		case m.send != nil:
 			// Its size is known once read: the rate counted it as
 			// empty, and the rest is owed (the next message waits).
-			n, err = vc.SendFrom(ctx, m.fill)
+			n, err = m.send(ctx, vc)
 			switch {
 			case n > 0:
 				rate.owe(n)
-			case errors.Is(err, errWouldBlock):
-				continue
-			case errors.Is(err, io.EOF): // the fill's read: the source's end
+			case errors.Is(err, io.EOF): // the source's read: its end
 				src.end(err)
 				return
 			}

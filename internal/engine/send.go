@@ -3,12 +3,14 @@ package engine
 import (
 	"context"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
 )
 
 // The sender's queue: what Send, SendImm, TrySend and the one-sided
@@ -97,26 +99,12 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	if max := vc.MaxMessage(); len(data) > max {
 		return false, fmt.Errorf("engine: send %d bytes on %v vconn %v: %w (%d)", len(data), vc.tr, vc.id, ErrTooLarge, max)
 	}
-	if st := vc.state.Load(); st != stateOpen {
-		return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
-	}
 	per := vc.e.cfg.ChunkSize - format.HeaderLen
 	chunks := max(1, (len(data)+per-1)/per)
-	if block {
-		if err := vc.sq.throttle(ctx); err != nil {
-			return false, err
-		}
-		if st := vc.state.Load(); st != stateOpen { // changed while throttled
-			return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
-		}
-		s.mu.Lock()
-	} else if !s.mu.TryLock() {
-		return false, nil
+	if locked, err := vc.lockSend(ctx, block); !locked {
+		return false, err
 	}
 	defer s.mu.Unlock()
-	if s.closed.Load() {
-		return false, fmt.Errorf("engine: send on vconn %v: %w (its sending side was closed)", vc.id, ErrClosed)
-	}
 	if !block && s.free() < chunks {
 		return false, nil
 	}
@@ -140,6 +128,88 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	s.seq++
 	vc.scheduleData()
 	return true, nil
+}
+
+// lockSend takes the sender's lock for a message, once the QP's backlog
+// lets it (block; without, only if the lock is free): false, and why
+// when it is an error, if the vconn cannot send.
+func (vc *VConn) lockSend(ctx context.Context, block bool) (bool, error) {
+	s := &vc.snd
+	if st := vc.state.Load(); st != stateOpen {
+		return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
+	}
+	if block {
+		if err := vc.sq.throttle(ctx); err != nil {
+			return false, err
+		}
+		if st := vc.state.Load(); st != stateOpen { // changed while throttled
+			return false, fmt.Errorf("engine: send on vconn %v: %w", vc.id, vc.stateErr())
+		}
+		s.mu.Lock()
+	} else if !s.mu.TryLock() {
+		return false, nil
+	}
+	if s.closed.Load() {
+		s.mu.Unlock()
+		return false, fmt.Errorf("engine: send on vconn %v: %w (its sending side was closed)", vc.id, ErrClosed)
+	}
+	return true, nil
+}
+
+// FillSize is the most bytes SendFrom puts in one message: a send buffer
+// less the header, so that the message is one chunk and its receiver
+// hands it on from its receive buffer, without reassembling it.
+func (vc *VConn) FillSize() int {
+	return min(vc.e.cfg.ChunkSize-format.HeaderLen, vc.MaxMessage())
+}
+
+// FillSmall is a size for SendFrom whose buffer is one of the engine's
+// small ones (2 KiB) rather than a chunk: for a source whose reads come
+// short (requests, not a stream), so that each does not hold a chunk's
+// buffer until it is sent (on Auto, acknowledged).
+const FillSmall = 2048 - format.HeaderLen
+
+// SendFrom sends one message of at most max bytes (FillSize at most) that
+// read writes straight into the engine's registered send buffer: for a
+// source that is itself a copy (a socket's read), one copy fewer than
+// Send. It waits as Send does for the queue, a buffer and room in the
+// ring, and only then calls read, once, with the sender's lock held: read
+// must not wait (a non-blocking socket's read). A read of 0 bytes sends
+// nothing and returns read's error, or io.ErrNoProgress.
+func (vc *VConn) SendFrom(ctx context.Context, max int, read func([]byte) (int, error)) (int, error) {
+	s, e := &vc.snd, vc.e
+	per := min(max, vc.FillSize())
+	if per <= 0 {
+		return 0, fmt.Errorf("engine: send from a read of %d bytes: %w", max, verbs.ErrInvalid)
+	}
+	if locked, err := vc.lockSend(ctx, true); !locked {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	slot, err := vc.getBuffer(ctx, format.HeaderLen+per, true)
+	if err != nil {
+		return 0, err
+	}
+	if err := vc.waitRing(ctx, true); err != nil {
+		e.pool.put(slot)
+		return 0, err
+	}
+	b := e.pool.bytes(slot)
+	n, err := read(b[format.HeaderLen : format.HeaderLen+per])
+	if n <= 0 {
+		e.pool.put(slot)
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return 0, err
+	}
+	h := format.DataHeader(uint32(n), s.seq, 0, false)
+	h.SetChunk(true, true)
+	h.Put(b)
+	vc.push(newEntry(slot, uint32(format.HeaderLen+n)))
+	s.seq++
+	vc.scheduleData()
+	return n, nil
 }
 
 // queueChunk copies one chunk, behind its header h, into a send buffer and

@@ -29,7 +29,7 @@ func TestSendFrom(t *testing.T) {
 	}
 	src := bytes.Repeat([]byte("abcdefgh"), 8<<10) // more than a chunk
 	inUse := a.pool.inUse()
-	n, err := va.SendFrom(ctx, func(b []byte) (int, error) {
+	n, err := va.SendFrom(ctx, va.FillSize(), func(b []byte) (int, error) {
 		if len(b) != va.FillSize() {
 			t.Errorf("read offered %d bytes, want FillSize %d", len(b), va.FillSize())
 		}
@@ -50,11 +50,25 @@ func TestSendFrom(t *testing.T) {
 	}
 	m.Release()
 
+	if n, err := va.SendFrom(ctx, FillSmall, func(b []byte) (int, error) {
+		if len(b) != FillSmall {
+			t.Errorf("read offered %d bytes for FillSmall, want %d", len(b), FillSmall)
+		}
+		return copy(b, "short"), nil
+	}); n != 5 || err != nil {
+		t.Fatalf("SendFrom of a short read: %d, %v", n, err)
+	}
+	if m, err := vb.Recv(ctx); err != nil || string(m.Data) != "short" {
+		t.Fatalf("the short read arrived as %q, %v", m.Data, err)
+	} else {
+		m.Release()
+	}
+
 	for _, c := range []struct {
 		err  error
 		want error
 	}{{nil, io.ErrNoProgress}, {io.EOF, io.EOF}} {
-		if n, err := va.SendFrom(ctx, func([]byte) (int, error) { return 0, c.err }); n != 0 || !errors.Is(err, c.want) {
+		if n, err := va.SendFrom(ctx, va.FillSize(), func([]byte) (int, error) { return 0, c.err }); n != 0 || !errors.Is(err, c.want) {
 			t.Errorf("a read of nothing (%v): %d, %v; want 0, %v", c.err, n, err, c.want)
 		}
 	}
@@ -69,7 +83,7 @@ func TestSendFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	read := false
-	if _, err := va.SendFrom(ctx, func([]byte) (int, error) { read = true; return 1, nil }); !errors.Is(err, ErrClosed) || read {
+	if _, err := va.SendFrom(ctx, va.FillSize(), func([]byte) (int, error) { read = true; return 1, nil }); !errors.Is(err, ErrClosed) || read {
 		t.Errorf("after CloseWrite: %v, read called %v; want ErrClosed and no read", err, read)
 	}
 }
