@@ -5,6 +5,7 @@ connected again after it broke), dial and listen, and fork's hand-over
 import ipaddress
 import os
 import threading
+import time
 import weakref
 
 from . import _frame as fr
@@ -191,4 +192,12 @@ class Client:
         # Else there is no room for a req: the agent answers with req 0,
         # then hangs up, which completes the call with the reason.
         s.write_raw(bytes(data))
-        return c._block(c.check, self.timeout if timeout is None else timeout, "raw frame")
+        try:
+            return c._block(c.check, self.timeout if timeout is None else timeout, "raw frame")
+        finally:
+            # The agent hangs up just after its answer: wait for it, so
+            # that the next dial finds this session broken rather than
+            # writing into a socket about to close.
+            deadline = time.monotonic() + 5
+            while s.alive() and time.monotonic() < deadline:
+                time.sleep(0.001)
