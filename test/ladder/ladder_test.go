@@ -7,6 +7,8 @@
 //	engine    engine.VConn called directly (two engines configured as the agents')
 //	shm       package vconn with Options.SharedMemory (memfd rings)
 //	socket    package vconn on the agent's unix socket
+//	shm-proc, socket-proc  the same in processes of their own, as pods'
+//	          programs are (test/ladder/goladder)
 //	libvconn  clib/test/ladder.c over libvconn
 //	preload   clib/test/ladder_tcp.c, plain TCP sockets, under librdmavisor-preload.so
 //	python    test/ladder/ladder.py over the rdmavisor package
@@ -18,7 +20,9 @@
 // 16 in flight, the request rate; and a one-way stream of 4 KiB and of
 // 64 KiB messages, timed until the server has counted every byte. The
 // engine, shm, socket and tcp paths run both ends as goroutines of this
-// test, beside the agents; the others are two processes each. Rounds rotate
+// test, beside the agents (a program's hand-off to its agent is then a
+// goroutine's, which a pod's program never has); the others are two
+// processes each. The Go paths speak package ladderproto. Rounds rotate
 // through the paths, so that a change in the machine's speed hits them all
 // alike, and hack/bench-e6.sh reports each figure's median over rounds.
 //
@@ -34,6 +38,7 @@ package ladder_test
 import (
 	"context"
 	"fmt"
+	"github.com/rdmavisor/rdmavisor/test/ladder/ladderproto"
 	"math"
 	"os"
 	"os/exec"
@@ -79,6 +84,11 @@ func newHarness(t *testing.T) *harness {
 	out, err := exec.Command("make", "-s", "-C", filepath.Join(h.repo, "clib"), "BUILD="+h.bin, "all", "preload", "ladder").CombinedOutput()
 	if err != nil {
 		t.Fatalf("make -C clib all preload ladder: %v\n%s", err, out)
+	}
+	goladder := exec.Command("go", "build", "-o", filepath.Join(h.bin, "goladder"), "./test/ladder/goladder")
+	goladder.Dir = h.repo
+	if out, err := goladder.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./test/ladder/goladder: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -217,7 +227,7 @@ func TestLadderEcho(t *testing.T) {
 			t.Errorf("%s: %v", r.name, err)
 		}
 		// Sizes other than the benchmark's: a message's bytes all count.
-		if _, _, err := r.c.pingPong(maxMsg, 3, 10); err != nil {
+		if _, _, err := r.c.pingPong(ladderproto.MaxMsg, 3, 10); err != nil {
 			t.Errorf("%s: 64 KiB echoes: %v", r.name, err)
 		}
 		if _, err := r.c.stream(8, 1000); err != nil {

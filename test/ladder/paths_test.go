@@ -21,6 +21,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/engine"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
+	"github.com/rdmavisor/rdmavisor/test/ladder/ladderproto"
 )
 
 // client is a path's client side, connected to its server.
@@ -46,6 +47,8 @@ var paths = []path{
 	{name: "engine", start: (*harness).engine},
 	{name: "shm", start: func(h *harness) (client, error) { return h.sdk("shm", 7602, true) }},
 	{name: "socket", start: func(h *harness) (client, error) { return h.sdk("socket", 7601, false) }},
+	{name: "shm-proc", start: func(h *harness) (client, error) { return h.goladder("shm-proc", 7608, true) }},
+	{name: "socket-proc", start: func(h *harness) (client, error) { return h.goladder("socket-proc", 7609, false) }},
 	{name: "libvconn", start: func(h *harness) (client, error) { return h.libvconn("libvconn", 7603, false) }},
 	{name: "libvconn-shm", start: func(h *harness) (client, error) { return h.libvconn("libvconn-shm", 7604, true) }, extra: true},
 	{name: "preload", start: (*harness).preload},
@@ -55,20 +58,22 @@ var paths = []path{
 }
 
 // goClient is the client of a path whose both ends are goroutines of the
-// test: the Go protocol code of proto_test.go over conn.
+// test: the Go protocol code of package ladderproto over c.
 type goClient struct {
-	c    conn
+	c    ladderproto.Conn
 	done chan error // the server's end
 }
 
 func (g *goClient) pingPong(size, inflight, count int) (time.Duration, []time.Duration, error) {
-	return pingPong(g.c, size, inflight, count)
+	return ladderproto.PingPong(g.c, size, inflight, count)
 }
 
-func (g *goClient) stream(size, count int) (time.Duration, error) { return stream(g.c, size, count) }
+func (g *goClient) stream(size, count int) (time.Duration, error) {
+	return ladderproto.Stream(g.c, size, count)
+}
 
 func (g *goClient) quit() error {
-	if err := g.c.put(header(opQuit, 0, 0)); err != nil {
+	if err := g.c.Put(ladderproto.Header(ladderproto.OpQuit, 0, 0)); err != nil {
 		return err
 	}
 	select {
@@ -79,9 +84,9 @@ func (g *goClient) quit() error {
 	}
 }
 
-func goPath(c, s conn) *goClient {
+func goPath(c, s ladderproto.Conn) *goClient {
 	g := &goClient{c: c, done: make(chan error, 1)}
-	go func() { g.done <- serve(s) }()
+	go func() { g.done <- ladderproto.Serve(s) }()
 	return g
 }
 
@@ -91,9 +96,9 @@ type engConn struct {
 	vc  *engine.VConn
 }
 
-func (e engConn) put(b []byte) error { return e.vc.Send(e.ctx, b) }
+func (e engConn) Put(b []byte) error { return e.vc.Send(e.ctx, b) }
 
-func (e engConn) get(b []byte) error {
+func (e engConn) Get(b []byte) error {
 	m, err := e.vc.Recv(e.ctx)
 	if err != nil {
 		return err
@@ -106,35 +111,15 @@ func (e engConn) get(b []byte) error {
 	return nil
 }
 
-// sdkConn is a vconn of package vconn, by messages.
-type sdkConn struct {
-	ctx context.Context
-	c   *vconn.Conn
-}
-
-func (s sdkConn) put(b []byte) error { return s.c.SendMsg(s.ctx, b) }
-
-func (s sdkConn) get(b []byte) error {
-	m, err := s.c.RecvMsg(s.ctx)
-	if err != nil {
-		return err
-	}
-	if len(m.Data) != len(b) {
-		return fmt.Errorf("a message of %d bytes, want %d", len(m.Data), len(b))
-	}
-	copy(b, m.Data)
-	return nil
-}
-
 // streamConn is a byte stream: a message is a write, read back whole.
 type streamConn struct{ c net.Conn }
 
-func (s streamConn) put(b []byte) error {
+func (s streamConn) Put(b []byte) error {
 	_, err := s.c.Write(b)
 	return err
 }
 
-func (s streamConn) get(b []byte) error {
+func (s streamConn) Get(b []byte) error {
 	_, err := io.ReadFull(s.c, b)
 	return err
 }
@@ -232,7 +217,7 @@ func (h *harness) sdk(name string, port int, shm bool) (client, error) {
 			}
 		}
 	}
-	return goPath(sdkConn{h.ctx, c}, sdkConn{h.ctx, s}), nil
+	return goPath(ladderproto.SDK{Ctx: h.ctx, C: c}, ladderproto.SDK{Ctx: h.ctx, C: s}), nil
 }
 
 // mapped says whether this process maps a memfd whose name starts with
@@ -265,6 +250,19 @@ func (h *harness) tcp() (client, error) {
 // libvconn runs clib/test/ladder.c as the server on node-b and the client
 // on node-a.
 func (h *harness) libvconn(name string, port int, shm bool) (client, error) {
+	return h.program(name, "ladder", port, shm)
+}
+
+// goladder runs test/ladder/goladder, package vconn in processes of their
+// own, as pods' programs are, where the paths shm and socket run in the
+// test's process beside the agents.
+func (h *harness) goladder(name string, port int, shm bool) (client, error) {
+	return h.program(name, "goladder", port, shm)
+}
+
+// program runs a ladder program of h.bin speaking ladder.h over a vconn:
+// its server on node-b, its client on node-a.
+func (h *harness) program(name, bin string, port int, shm bool) (client, error) {
 	var extra []string
 	if shm {
 		extra = []string{"shm"}
@@ -277,7 +275,7 @@ func (h *harness) libvconn(name string, port int, shm bool) (client, error) {
 	if err != nil {
 		return nil, err
 	}
-	prog := filepath.Join(h.bin, "ladder")
+	prog := filepath.Join(h.bin, bin)
 	sp, _, err := h.server(name, []string{"RDMAVISOR_SOCKET=" + srv}, prog, append([]string{"server", fmt.Sprintf(":%d", port)}, extra...)...)
 	if err != nil {
 		return nil, err

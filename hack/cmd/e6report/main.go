@@ -152,8 +152,10 @@ func num(v float64, prec int) string {
 
 var about = map[string]string{
 	"engine":       "engine.VConn called directly: two engines configured as the agents', in the test's process",
-	"shm":          "package vconn with SharedMemory: memfd rings to the agent",
-	"socket":       "package vconn on the agent's unix socket",
+	"shm":          "package vconn with SharedMemory: memfd rings to the agent; the program's goroutines in the agents' process (the test's)",
+	"socket":       "package vconn on the agent's unix socket; the program's goroutines in the agents' process (the test's)",
+	"shm-proc":     "the same as shm, package vconn in a process of its own as a pod's program is (test/ladder/goladder)",
+	"socket-proc":  "the same as socket, in a process of its own (test/ladder/goladder)",
 	"libvconn":     "clib/test/ladder.c over libvconn (the socket)",
 	"libvconn-shm": "clib/test/ladder.c over libvconn with shared memory",
 	"preload":      "clib/test/ladder_tcp.c, plain TCP sockets, under librdmavisor-preload.so",
