@@ -445,5 +445,9 @@ func (s *sender) unstall() {
 }
 
 // maxBundle is the most messages one bundle carries: a ring's worth, which
-// is what the format allows (TestBundleFitsRing fails if the two part).
-const maxBundle = ringSize
+// is what the format allows. bundleFitsRing fails to compile if the two
+// part (one of its conversions overflows); TestBundleFitsRing says so too.
+const (
+	maxBundle      = ringSize
+	bundleFitsRing = uint(maxBundle-format.MaxBundle) + uint(format.MaxBundle-maxBundle)
+)
