@@ -11,6 +11,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/rdmavisor/rdmavisor/internal/admin"
+	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
 	"github.com/rdmavisor/rdmavisor/internal/poll"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
@@ -20,11 +21,7 @@ func TestAllocateWorks(t *testing.T) {
 	e := setup(t, deviceplugin.Options{}, nil)
 	ctx := testCtx(t)
 	// The server: an allocation on node-b, listening on port 7000.
-	sockB, err := e.cl.Nodes[1].Allocate(ctx, "server", 8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := vconn.NewClient(ctx, vconn.Options{Socket: sockB})
+	b, err := e.cl.Nodes[1].Client(ctx, "server", 8)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,23 +76,8 @@ func TestAllocateWorks(t *testing.T) {
 			if q, err := a.Quota(ctx); err != nil || q != k {
 				t.Errorf("quota %d, %v; want %d", q, err, k)
 			}
-			c, err := a.Dial(ctx, "node-b:7000")
-			if err != nil {
+			if err := agenttest.Exchange(ctx, a, ln, "node-b:7000", fmt.Sprintf("hello from %d devices", k)); err != nil {
 				t.Fatal(err)
-			}
-			defer c.Close()
-			s, err := ln.AcceptVConn()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			msg := fmt.Sprintf("hello from %d devices", k)
-			if err := c.SendMsg(ctx, []byte(msg)); err != nil {
-				t.Fatal(err)
-			}
-			got, err := s.RecvMsg(ctx)
-			if err != nil || string(got.Data) != msg {
-				t.Fatalf("received %q, %v; want %q", got.Data, err, msg)
 			}
 
 			// A retried Allocate answers the same and allocates nothing more.

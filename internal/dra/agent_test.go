@@ -59,11 +59,7 @@ func TestPrepareWithAgent(t *testing.T) {
 	}
 
 	// A server on node-b.
-	sockB, err := cl.Nodes[1].Allocate(ctx, "server", 8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := vconn.NewClient(ctx, vconn.Options{Socket: sockB})
+	b, err := cl.Nodes[1].Client(ctx, "server", 8)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,21 +110,8 @@ func TestPrepareWithAgent(t *testing.T) {
 	}
 	talk := func(a *vconn.Client, msg string) {
 		t.Helper()
-		conn, err := a.Dial(ctx, "node-b:7000")
-		if err != nil {
+		if err := agenttest.Exchange(ctx, a, ln, "node-b:7000", msg); err != nil {
 			t.Fatal(err)
-		}
-		defer conn.Close()
-		s, err := ln.AcceptVConn()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		if err := conn.SendMsg(ctx, []byte(msg)); err != nil {
-			t.Fatal(err)
-		}
-		if got, err := s.RecvMsg(ctx); err != nil || string(got.Data) != msg {
-			t.Fatalf("received %q, %v; want %q", got.Data, err, msg)
 		}
 	}
 	a := connect()

@@ -7,6 +7,7 @@ package agenttest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -116,4 +117,31 @@ func ServeDiscard(ln *vconn.Listener) {
 // reads until EOF, then closing it.
 func ServeEcho(ln *vconn.Listener) {
 	minicluster.Serve(ln, func(c *vconn.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// Exchange dials addr from c, accepts the vconn on ln (the listener addr
+// reaches), sends msg on it and checks that the accepted side receives it
+// whole; both vconns are closed after.
+func Exchange(ctx context.Context, c *vconn.Client, ln *vconn.Listener, addr, msg string) error {
+	d, err := c.Dial(ctx, addr)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	s, err := ln.AcceptVConn()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := d.SendMsg(ctx, []byte(msg)); err != nil {
+		return err
+	}
+	got, err := s.RecvMsg(ctx)
+	if err != nil {
+		return err
+	}
+	if string(got.Data) != msg {
+		return fmt.Errorf("received %q, want %q", got.Data, msg)
+	}
+	return nil
 }
