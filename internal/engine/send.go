@@ -186,12 +186,8 @@ func (vc *VConn) SendFrom(ctx context.Context, max int, read func([]byte) (int, 
 		return 0, err
 	}
 	defer s.mu.Unlock()
-	slot, err := vc.getBuffer(ctx, format.HeaderLen+per, true)
+	slot, err := vc.reserve(ctx, format.HeaderLen+per, true)
 	if err != nil {
-		return 0, err
-	}
-	if err := vc.waitRing(ctx, true); err != nil {
-		e.pool.put(slot)
 		return 0, err
 	}
 	b := e.pool.bytes(slot)
@@ -216,20 +212,30 @@ func (vc *VConn) SendFrom(ctx context.Context, max int, read func([]byte) (int, 
 // pushes it; it reports false when it queued nothing: no buffer free (a
 // TrySend's, err nil), or err. The sender, holding mu.
 func (vc *VConn) queueChunk(ctx context.Context, h *format.Header, part []byte, block bool) (bool, error) {
-	e := vc.e
-	slot, err := vc.getBuffer(ctx, format.HeaderLen+len(part), block)
+	slot, err := vc.reserve(ctx, format.HeaderLen+len(part), block)
 	if err != nil || slot == noSlot {
 		return false, err
 	}
-	b := e.pool.bytes(slot)
+	b := vc.e.pool.bytes(slot)
 	h.Put(b)
 	copy(b[format.HeaderLen:], part)
-	if err := vc.waitRing(ctx, block); err != nil {
-		e.pool.put(slot)
-		return false, err
-	}
 	vc.push(newEntry(slot, uint32(format.HeaderLen+len(part))))
 	return true, nil
+}
+
+// reserve takes a send buffer for n bytes and waits for room in the ring
+// for it (block; without, neither waits): noSlot, without error, when no
+// buffer is free. The sender, holding mu, so the room stays until its push.
+func (vc *VConn) reserve(ctx context.Context, n int, block bool) (bufSlot, error) {
+	slot, err := vc.getBuffer(ctx, n, block)
+	if err != nil || slot == noSlot {
+		return noSlot, err
+	}
+	if err := vc.waitRing(ctx, block); err != nil {
+		vc.e.pool.put(slot)
+		return noSlot, err
+	}
+	return slot, nil
 }
 
 // queueEntry queues one entry that is not a message's (a one-sided
