@@ -125,11 +125,9 @@ type bridgeTX struct {
 
 	// The callbacks and their arguments, made once: a closure a message
 	// would allocate.
-	sendFn func(context.Context, *engine.VConn) (int, error)
+	sendFn func() (int, error)
 	onceFn func(fd uintptr) bool
 	readFn func([]byte) (int, error)
-	ctx    context.Context
-	vc     *engine.VConn
 	fd     int
 	n      int
 	err    error
@@ -137,13 +135,13 @@ type bridgeTX struct {
 
 func (t *bridgeTX) next() (outgoing, error) { return outgoing{send: t.sendFn}, nil }
 
-// send sends the next read of the socket, waiting until there is one.
-func (t *bridgeTX) send(ctx context.Context, vc *engine.VConn) (int, error) {
-	t.ctx, t.vc, t.n, t.err = ctx, vc, 0, nil
+// send sends the next read of the socket on the bridge's vconn, waiting
+// until there is one.
+func (t *bridgeTX) send() (int, error) {
+	t.n, t.err = 0, nil
 	if err := t.rc.Read(t.onceFn); err != nil {
 		return 0, err // the socket closed: the bridge ends
 	}
-	t.ctx, t.vc = nil, nil
 	return t.n, t.err
 }
 
@@ -151,18 +149,21 @@ func (t *bridgeTX) send(ctx context.Context, vc *engine.VConn) (int, error) {
 // readable, when there was nothing to read.
 func (t *bridgeTX) sendOnce(fd uintptr) bool {
 	t.fd = int(fd)
-	t.n, t.err = t.vc.SendFrom(t.ctx, t.size, t.readFn)
+	t.n, t.err = t.b.vc.SendFrom(t.b.ctx, t.size, t.readFn)
 	switch {
 	case errors.Is(t.err, errWouldBlock):
 		t.size = engine.FillSmall
 		return false
 	case t.n == t.size:
-		t.size = t.vc.FillSize()
+		t.size = t.b.vc.FillSize()
 	case t.n > 0:
 		t.size = engine.FillSmall
 	}
 	return true
 }
+
+// errWouldBlock: a non-blocking read found nothing.
+var errWouldBlock = errors.New("nothing to read")
 
 // read reads the socket once, without waiting: errWouldBlock when there
 // is nothing, io.EOF at the program's end.

@@ -30,18 +30,15 @@ type source interface {
 }
 
 // outgoing is one message of a source: its bytes, or send, which hands
-// the next message to the engine itself (the bridge: its reads go
+// the next message to the vconn's engine itself (the bridge: its reads go
 // straight into the engine's send buffers, engine.VConn.SendFrom) and
 // returns its size.
 type outgoing struct {
 	data   []byte
 	imm    uint32
 	hasImm bool
-	send   func(context.Context, *engine.VConn) (int, error)
+	send   func() (int, error)
 }
-
-// errWouldBlock: a non-blocking read found nothing.
-var errWouldBlock = errors.New("nothing to read")
 
 // forward is the agent's one send loop: it hands the messages of src to
 // the engine, in order, blocking while the vconn's queue is full (the
@@ -62,7 +59,7 @@ func forward(ctx context.Context, vc *engine.VConn, src source) {
 		case m.send != nil:
 			// Its size is known once read: the rate counted it as
 			// empty, and the rest is owed (the next message waits).
-			n, err = m.send(ctx, vc)
+			n, err = m.send()
 			switch {
 			case n > 0:
 				rate.owe(n)
