@@ -181,7 +181,7 @@ func (e *Engine) openPool() (err error) {
 	// then the receive buffers, all chunk-sized.
 	specs := []classSpec{
 		{size: 256, n: 4 * cfg.SendBuffers}, // most messages are small
-		{size: 2048, n: cfg.SendBuffers / 2},
+		{size: midBuffer, n: cfg.SendBuffers / 2},
 		{size: cfg.ChunkSize, n: cfg.SendBuffers / 4},
 		{size: cfg.ChunkSize, n: cfg.RecvBuffers},
 		{size: cfg.ChunkSize, n: cfg.DgramBuffers},

@@ -167,7 +167,11 @@ func (vc *VConn) FillSize() int {
 // small ones (2 KiB) rather than a chunk: for a source whose reads come
 // short (requests, not a stream), so that each does not hold a chunk's
 // buffer until it is sent (on Auto, acknowledged).
-const FillSmall = 2048 - format.HeaderLen
+const FillSmall = midBuffer - format.HeaderLen
+
+// midBuffer is the size of the pool's middle class of send buffers
+// (engine.go), between the small messages' and the chunks'.
+const midBuffer = 2048
 
 // SendFrom sends one message of at most max bytes (FillSize at most) that
 // read writes straight into the engine's registered send buffer: for a
