@@ -31,6 +31,7 @@
 
 #define BUF 4000000 /* the largest length a case passes with a buffer that big */
 #define FILL 0xAA
+#define FILL2 0x55 /* a second fill: a port's byte may be FILL, never both */
 #define BAD ((void *)8) /* a pointer to no memory */
 
 static struct sockaddr_in v4; /* IP:PORT, or IP:BPORT for bind */
@@ -65,14 +66,30 @@ static void *partial(const void *a, size_t n)
 	return q;
 }
 
-/* written: how many leading bytes of buf the call changed (the last byte
- * that is not FILL, within the first 4096). */
-static int written(void)
+/* written: how many leading bytes of buf a call changed (the last byte
+ * that is not fill, within the first 4096). A byte the call wrote may equal
+ * the fill (an ephemeral port's low byte is 0xAA one time in 256), so a
+ * case that can ask again does, over FILL2, and takes the larger count:
+ * no byte equals both fills. */
+static int written(int fill)
 {
 	int n = 4096;
-	while (n > 0 && buf[n - 1] == FILL)
+	while (n > 0 && buf[n - 1] == fill)
 		n--;
 	return n;
+}
+
+/* over2 counts what a second asking (ask, with *len) writes over FILL2;
+ * buf is left as the first asking wrote it, and first, its count over FILL,
+ * is returned where it is the larger or the second asking failed. */
+static int over2(int (*ask)(int, void *, socklen_t *), int s, socklen_t len, int first)
+{
+	static unsigned char kept[4096];
+	memcpy(kept, buf, sizeof kept);
+	memset(buf, FILL2, 4096);
+	int n = ask(s, buf, &len) == 0 ? written(FILL2) : 0;
+	memcpy(buf, kept, sizeof kept);
+	return n > first ? n : first;
 }
 
 static void result(const char *name, int r)
@@ -83,22 +100,26 @@ static void result(const char *name, int r)
 		printf("%s: ret=0\n", name);
 }
 
-/* named prints a call's result and, on success, what it reported: port
- * only where both paths report the same one. */
-static void named(const char *name, int r, socklen_t len, int port)
+/* named prints a call's result and, on success, what it reported (len,
+ * and wrote bytes of buf): port only where both paths report the same
+ * one. */
+static void named(const char *name, int r, socklen_t len, int wrote, int port)
 {
 	if (r < 0) {
 		result(name, r);
 		return;
 	}
 	const struct sockaddr_in *s = (const void *)buf;
-	printf("%s: ret=0 len=%u wrote=%d", name, (unsigned)len, written());
-	if (len > 0 && written() >= 2)
+	printf("%s: ret=0 len=%u wrote=%d", name, (unsigned)len, wrote);
+	if (len > 0 && wrote >= 2)
 		printf(" family=%d", s->sin_family == AF_INET ? 4 : s->sin_family == AF_INET6 ? 6 : -1);
-	if (port && written() >= 4)
+	if (port && wrote >= 4)
 		printf(" port=%u", ntohs(s->sin_port));
 	printf("\n");
 }
+
+static int peername(int s, void *a, socklen_t *len) { return getpeername(s, a, len); }
+static int sockname(int s, void *a, socklen_t *len) { return getsockname(s, a, len); }
 
 static int tcp(int family)
 {
@@ -170,10 +191,11 @@ static void report(const char *name, int s, int peer, int port)
 {
 	char n[128];
 	socklen_t len = 128;
+	int (*ask)(int, void *, socklen_t *) = peer ? peername : sockname;
 	memset(buf, FILL, 4096);
-	int r = peer ? getpeername(s, (void *)buf, &len) : getsockname(s, (void *)buf, &len);
+	int r = ask(s, buf, &len);
 	snprintf(n, sizeof n, "%s, then %s", name, peer ? "getpeername" : "getsockname");
-	named(n, r, len, port);
+	named(n, r, len, r == 0 ? over2(ask, s, 128, written(FILL)) : 0, port);
 }
 
 static void connect_case(const char *name, long i);
@@ -297,8 +319,12 @@ static void name_case(const char *name, long i)
 		fail("connect");
 	socklen_t len = c->len;
 	void *a = name_ptr(c->p);
-	r = c->peer ? getpeername(s, a, len_ptr(c->lp, &len)) : getsockname(s, a, len_ptr(c->lp, &len));
-	named(name, r, len, c->peer);
+	int (*ask)(int, void *, socklen_t *) = c->peer ? peername : sockname;
+	r = ask(s, a, len_ptr(c->lp, &len));
+	int wrote = written(FILL);
+	if (r == 0 && a == buf && c->lp == P_BUF)
+		wrote = over2(ask, s, c->len, wrote);
+	named(name, r, len, wrote, c->peer);
 }
 
 static void client_cases(uint16_t bport)
@@ -339,7 +365,12 @@ static void accept_case(const char *name, long i)
 	socklen_t len = c->len;
 	void *a = name_ptr(c->p);
 	int r = c->peer ? accept4(listener, a, len_ptr(c->lp, &len), SOCK_CLOEXEC) : accept(listener, a, len_ptr(c->lp, &len));
-	named(name, r < 0 ? -1 : 0, len, 0);
+	int wrote = written(FILL);
+	/* accept cannot be asked twice: getpeername of what it returned, with
+	 * the case's length, writes the same address */
+	if (r >= 0 && a == buf && c->lp == P_BUF)
+		wrote = over2(peername, r, c->len, wrote);
+	named(name, r < 0 ? -1 : 0, len, wrote, 0);
 }
 
 static void server_cases(void)
