@@ -18,17 +18,22 @@ lc=hack/local-cluster
 # A fresh cluster: objects left by an earlier run would confuse the suite.
 $lc/down.sh >/dev/null 2>&1 || $lc/down.sh
 if [ "${E2E_KEEP:-0}" != 1 ]; then
-  trap '$lc/down.sh >/dev/null 2>&1' EXIT
+  trap '$lc/down.sh >/dev/null 2>&1; hack/prev-images.sh --clean' EXIT
 fi
 t=$SECONDS
 # The cluster, the images imported into every node, the cluster's DNS: as
 # the README's quick start has them (make cluster-up).
 KUBECONFIG=$(hack/cluster-up.sh | tail -n 1)
 echo "e2e: $NODES-node cluster, images and DNS ready in $((SECONDS - t))s" >&2
+# The previous release's chart and images, which the suite upgrades from
+# (hack/previous-release).
+t=$SECONDS
+E2E_PREV_CHART=$(hack/prev-images.sh | tail -n 1)
+echo "e2e: the previous release's images ready in $((SECONDS - t))s" >&2
 HELM=$(hack/helm.sh)
 KUBECTL=$STATE/bin/kubectl
 E2E_NODE_SH=$PWD/$lc/node.sh
-export KUBECONFIG HELM KUBECTL E2E_NODE_SH
+export KUBECONFIG HELM KUBECTL E2E_NODE_SH E2E_PREV_CHART
 echo "e2e: cluster and images ready after $((SECONDS - began))s" >&2
 status=0
 t=$SECONDS
@@ -44,6 +49,7 @@ if [ "${E2E_KEEP:-0}" != 1 ]; then
   t=$SECONDS
   # The teardown must leave nothing behind: a failure here fails the run.
   $lc/down.sh || status=1
+  hack/prev-images.sh --clean || status=1
   echo "e2e: teardown took $((SECONDS - t))s" >&2
 fi
 # A failed step's messages again, last: CI keeps only a log's head and

@@ -164,6 +164,7 @@ func (e *env) dra() {
 	extClaim := e.claimOf("dra-ext")
 	e.claimAllocated(claim, claimNode, "dra-claim", templateVConns)
 	e.claimAllocated(extClaim, extNode, "dra-ext", 1)
+	e.refusedAllocation(claimNode)
 
 	// The quota is exact: a fifth vconn on the template's claim is refused
 	// by the client's agent, with the quota's code and the claim's
@@ -209,6 +210,64 @@ func (e *env) dra() {
 		return true, ""
 	})
 	e.run(e.kubectl, "delete", "-n", "default", "-f", "config/samples/resourceclaimtemplate.yaml")
+}
+
+// refusedAllocation: with allocation Both the device plugin advertises
+// the node's whole capacity while DRA claims hold part of it (here
+// dra-claim's), so a pod may be given devices its agent cannot back. It
+// asks for every device the kubelet still has on node: the agent refuses,
+// the kubelet fails the pod at admission (UnexpectedAdmissionError) and
+// records a Warning Event on it with the agent's reason, which `kubectl
+// describe pod` shows; the agent holds nothing more.
+func (e *env) refusedAllocation(node string) {
+	const name = "refused"
+	held := map[string]bool{}
+	for _, a := range e.allocations(node) {
+		held[a.ID] = true
+	}
+	pods, err := e.kube.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	free := e.capacity
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, c := range p.Spec.Containers {
+			free -= c.Resources.Limits.Name(e.resource, resource.DecimalSI).Value()
+		}
+	}
+	e.createPod(e.echoPod(name, node, free, "server", fmt.Sprintf("--port=%d", echoPort)))
+	var note string
+	e.eventually(name+" refused at admission, the agent's reason in an Event on it", 2*time.Minute, func() (bool, string) {
+		p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if p.Status.Phase != corev1.PodFailed || p.Status.Reason != "UnexpectedAdmissionError" {
+			return false, fmt.Sprintf("phase %s, reason %q: %s", p.Status.Phase, p.Status.Reason, p.Status.Message)
+		}
+		ev := e.eventOf("Pod", name, "UnexpectedAdmissionError")
+		if ev == nil {
+			return false, "no UnexpectedAdmissionError Event on the pod yet"
+		}
+		note = ev.Note
+		return true, ""
+	})
+	// The device plugin's error, with the agent's (internal/agent's
+	// alloc.go, admin.ErrQuota).
+	if !strings.Contains(note, "not enough vconns left on the node") || !strings.Contains(note, fmt.Sprintf("of %d vconns", free)) {
+		e.t.Fatalf("the Event on %s says %q, want the agent's refusal of %d vconns", name, note, free)
+	}
+	e.t.Logf("%s (%d vconns): Warning UnexpectedAdmissionError: %s", name, free, note)
+	// The device plugin rolled back what it made before answering.
+	for _, a := range e.allocations(node) {
+		if !held[a.ID] {
+			e.t.Fatalf("the agent on %s holds %+v after refusing %s", node, a, name)
+		}
+	}
+	e.deletePod(name)
 }
 
 // claimTooLarge: a claim asking one vconn more than any device has stays

@@ -2,7 +2,8 @@
 
 // Package e2e installs RDMAvisor on a real cluster the way a user does (helm
 // install, kubectl apply) and checks, step by step, what a user relies on:
-// the operator, the agent DaemonSet, RDMANode and RDMAService status, the
+// an upgrade from the previous release mid-traffic (upgrade_test.go), the
+// operator, the agent DaemonSet, RDMANode and RDMAService status, the
 // extended resource, pods on different nodes exchanging messages over
 // vconns, CNI registration, scheduling limits, an allocation's limits and
 // send rate (spec.limits), recovery from a kubelet
@@ -70,7 +71,9 @@ func TestE2E(t *testing.T) {
 		name string
 		fn   func(*env)
 	}{
-		{"helm install: the operator becomes ready", (*env).helmInstall},
+		{"helm install of the previous release: the operator becomes ready", (*env).helmInstallPrevious},
+		{"kubectl apply RDMAService with no agent image: the previous release's agents ready", (*env).applyPreviousService},
+		{"helm upgrade to this release mid-traffic: old and new agents exchange every byte both ways, nothing lost unannounced, the old pods work with the new agents", (*env).upgradeFromPrevious},
 		{"kubectl apply RDMAService: agent, RDMANode and service ready", (*env).applyService},
 		{"the node advertises the vconn resource", (*env).allocatable},
 		{"two pods on different nodes exchange messages over vconns", (*env).echo},
@@ -78,7 +81,7 @@ func TestE2E(t *testing.T) {
 		{"kubectl rdmavisor: status shows every node Ready, pods and top the echo pods' bytes, diagnose of the echo client all OK", (*env).kubectlPlugin},
 		{"the CNI plugin registered each pod with its own node's agent; a deleted pod unregistered, its allocation released", (*env).cniRegistered},
 		{"NetworkPolicy on vconns: deny-all ingress refuses a client of another namespace, naming the policy; an allow rule admits it, every byte checked", (*env).netPolicy},
-		{"DRA: each node's ResourceSlice; a claim's pod and a DRA extended resource's pod echo across nodes with exactly their quota; deleted, their allocations released", (*env).dra},
+		{"DRA: each node's ResourceSlice; a claim's pod and a DRA extended resource's pod echo across nodes with exactly their quota; a pod the agent cannot back (Both) refused at admission, the agent's reason in a Warning Event; deleted, their allocations released", (*env).dra},
 		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},
 		{"a link losing and reordering 5% of packets: every message once, in order", (*env).lossyLink},
@@ -128,6 +131,10 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The upgrade's exchanges read the pods before and after each one, six
+	// at once: client-go's default of 5 requests a second would space those
+	// readings seconds apart.
+	cfg.QPS, cfg.Burst = 50, 100
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -215,9 +222,12 @@ func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, 
 	}
 }
 
-func (e *env) helmInstall() {
-	out := e.run(e.helm, "install", release, "charts/rdmavisor", "--namespace", namespace, "--create-namespace",
-		"--set", "image.repository=local.test/rdmavisor", "--set", "image.tag=dev", "--set", "image.pullPolicy=Never",
+func (e *env) helmInstall() { e.helmInstallChart("charts/rdmavisor", "dev") }
+
+// helmInstallChart installs chart with the images of tag.
+func (e *env) helmInstallChart(chart, tag string) {
+	out := e.run(e.helm, "install", release, chart, "--namespace", namespace, "--create-namespace",
+		"--set", "image.repository=local.test/rdmavisor", "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
 		"--set", "dra.deviceClass.enabled=true", "--set", "dra.deviceClass.extendedResourceName="+draResource)
 	if !strings.Contains(out, "STATUS: deployed") {
 		e.t.Fatalf("helm install: %s", out)
@@ -278,7 +288,23 @@ func (e *env) agentReady() (bool, string) {
 
 func (e *env) applyService() {
 	// The sample, with allocation Both.
-	data, err := yaml.Marshal(e.svc)
+	e.applyRDMAService(e.svc)
+	for _, node := range e.nodes {
+		var rn v1alpha1.RDMANode
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: node}, &rn); err != nil {
+			e.t.Fatal(err)
+		}
+		st := rn.Status
+		if st.VConnCapacity != int32(e.capacity) || st.Address == nil || st.Address.ControlPort == 0 ||
+			len(st.Devices) != 1 || st.Devices[0].Provider != v1alpha1.ProviderSoft || st.Devices[0].Health != v1alpha1.DeviceHealthy {
+			e.t.Fatalf("RDMANode %s status: %+v", node, st)
+		}
+	}
+}
+
+// applyRDMAService applies svc with kubectl and waits for its agents.
+func (e *env) applyRDMAService(svc *v1alpha1.RDMAService) {
+	data, err := yaml.Marshal(svc)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -294,17 +320,6 @@ func (e *env) applyService() {
 	}
 	e.run(e.kubectl, "apply", "-f", file)
 	e.eventually("agents ready on every node", 3*time.Minute, e.agentReady)
-	for _, node := range e.nodes {
-		var rn v1alpha1.RDMANode
-		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: node}, &rn); err != nil {
-			e.t.Fatal(err)
-		}
-		st := rn.Status
-		if st.VConnCapacity != int32(e.capacity) || st.Address == nil || st.Address.ControlPort == 0 ||
-			len(st.Devices) != 1 || st.Devices[0].Provider != v1alpha1.ProviderSoft || st.Devices[0].Health != v1alpha1.DeviceHealthy {
-			e.t.Fatalf("RDMANode %s status: %+v", node, st)
-		}
-	}
 }
 
 // vconns reads a node's capacity and allocatable of the vconn resource
