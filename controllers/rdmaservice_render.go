@@ -32,6 +32,8 @@ const (
 	annotationScrape     = "prometheus.io/scrape"
 	annotationScrapePort = "prometheus.io/port"
 	annotationScrapePath = "prometheus.io/path"
+	// The agents serve /metrics over TLS only (internal/metricsauth).
+	annotationScrapeScheme = "prometheus.io/scheme"
 	// pluginMetricsPort serves the device plugin's metrics (its
 	// --metrics-address); the agent's port is the config's metricsAddress.
 	pluginMetricsPort = 7473

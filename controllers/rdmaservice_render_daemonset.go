@@ -72,10 +72,11 @@ func renderDaemonSet(svc *v1alpha1.RDMAService, namespace, image string, cfg *co
 				WithLabels(commonLabels(svc)).
 				// A changed config rolls the pods, which read it only at start.
 				WithAnnotations(map[string]string{
-					annotationConfigHash: hex.EncodeToString(sum[:8]),
-					annotationScrape:     "true",
-					annotationScrapePort: strconv.Itoa(metricsPort),
-					annotationScrapePath: "/metrics",
+					annotationConfigHash:   hex.EncodeToString(sum[:8]),
+					annotationScrape:       "true",
+					annotationScrapePort:   strconv.Itoa(metricsPort),
+					annotationScrapePath:   "/metrics",
+					annotationScrapeScheme: "https",
 				}).
 				WithSpec(pod)))
 }

@@ -28,7 +28,7 @@ func TestRenderMetrics(t *testing.T) {
 	}
 	ds := renderDaemonSet(svc, "ns", "img", cfg, data, nil, false)
 	tmpl := ds.Spec.Template
-	for k, want := range map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": "7472", "prometheus.io/path": "/metrics"} {
+	for k, want := range map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": "7472", "prometheus.io/path": "/metrics", "prometheus.io/scheme": "https"} {
 		if got := tmpl.Annotations[k]; got != want {
 			t.Errorf("annotation %s = %q, want %q", k, got, want)
 		}

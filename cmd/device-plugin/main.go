@@ -15,14 +15,18 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/rdmavisor/rdmavisor/internal/cdispec"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/deviceplugin"
+	"github.com/rdmavisor/rdmavisor/internal/metricsauth"
 )
 
 func main() {
@@ -86,7 +90,12 @@ func main() {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		ln, h, err := guarded(ctx, ln, mux, log)
+		if err != nil {
+			log.Error(err, "Cannot serve metrics securely")
+			os.Exit(1)
+		}
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error(err, "Serving metrics")
@@ -100,6 +109,30 @@ func main() {
 		os.Exit(1)
 	}
 	log.Info("Stopped the device plugin")
+}
+
+// guarded serves /metrics over TLS to callers the cluster authorizes
+// (internal/metricsauth), as the agent does, when this runs in a pod of a
+// cluster; /healthz stays open and plain. Outside a cluster (no API server
+// to ask) it serves as before, and says so.
+func guarded(ctx context.Context, ln net.Listener, h http.Handler, log logr.Logger) (net.Listener, http.Handler, error) {
+	rc, err := rest.InClusterConfig()
+	if errors.Is(err, rest.ErrNotInCluster) {
+		log.Info("Not in a cluster: serving /metrics over plain HTTP, to anyone")
+		return ln, h, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := metricsauth.New(ctx, metricsauth.Options{Kube: kube, Log: log.WithName("metrics"), Public: []string{"/healthz"}})
+	if err != nil {
+		return nil, nil, err
+	}
+	return g.Listen(ln), g.Wrap(h), nil
 }
 
 // loadConfig reads the agent configuration file (empty path: the

@@ -18,6 +18,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
+	"github.com/rdmavisor/rdmavisor/internal/metricsauth"
 	"github.com/rdmavisor/rdmavisor/internal/nodecert"
 	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
@@ -42,6 +43,17 @@ func main() {
 	defer stop()
 	if err := certificate(ctx, cfg, &opts, log); err != nil {
 		os.Exit(1)
+	}
+	if reporter != nil {
+		// /metrics over TLS to whom the cluster authorizes (the probes
+		// stay plain HTTP).
+		guard, err := metricsauth.New(ctx, metricsauth.Options{Kube: reporter.Kube, Log: log.WithName("metrics"),
+			Public: []string{"/healthz", "/readyz"}, Hosts: []string{cfg.NodeName}})
+		if err != nil {
+			log.Error(err, "Cannot serve the metrics securely")
+			os.Exit(1)
+		}
+		opts.MetricsGuard = guard
 	}
 	// The reporter reports the agent, or, until it starts, why its device
 	// does not open.
@@ -133,7 +145,7 @@ func openDevices(ctx context.Context, cfg *config.AgentConfig, opts *agent.Optio
 		rails = devs
 		return devs[0], nil
 	}
-	if _, err := waitForDevice(ctx, cfg, openRails, device.DefaultBackoff, log, node); err != nil {
+	if _, err := waitForDevice(ctx, cfg, openRails, device.DefaultBackoff, log, node, opts.MetricsGuard); err != nil {
 		return false
 	}
 	opts.OpenRails = func(*config.AgentConfig) ([]verbs.Device, error) { return rails, nil }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/device"
 	"github.com/rdmavisor/rdmavisor/internal/rdmanode"
@@ -23,9 +24,10 @@ import (
 // in src, which the RDMANode reporter writes (Ready and DeviceReady False,
 // why). Meanwhile the metrics address answers /healthz (alive: the
 // kubelet must not restart an agent that only waits) and /readyz (not
-// ready, and why); the agent serves them once it starts.
+// ready, and why), behind guard as the agent's (nil: none); the agent
+// serves them once it starts.
 func waitForDevice(ctx context.Context, cfg *config.AgentConfig, open func(*config.AgentConfig) (verbs.Device, error),
-	b device.Backoff, log logr.Logger, src *rdmanode.Pending) (verbs.Device, error) {
+	b device.Backoff, log logr.Logger, src *rdmanode.Pending, guard agent.MetricsGuard) (verbs.Device, error) {
 	var health *http.Server
 	defer func() {
 		if health != nil {
@@ -37,14 +39,14 @@ func waitForDevice(ctx context.Context, cfg *config.AgentConfig, open func(*conf
 			"provider", cfg.Device.Provider, "names", cfg.Device.Names, "reason", device.Reason(err), "retryIn", retry)
 		src.Fail(err)
 		if health == nil {
-			health = serveWaiting(cfg.MetricsAddress, src, log)
+			health = serveWaiting(cfg.MetricsAddress, src, guard, log)
 		}
 	})
 }
 
 // serveWaiting answers the probes of an agent waiting for its device; nil
 // when the address cannot be listened on (logged: the probes then fail).
-func serveWaiting(addr string, src *rdmanode.Pending, log logr.Logger) *http.Server {
+func serveWaiting(addr string, src *rdmanode.Pending, guard agent.MetricsGuard, log logr.Logger) *http.Server {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		log.Error(err, "Cannot serve the health endpoints while waiting for the device", "address", addr)
@@ -55,7 +57,8 @@ func serveWaiting(addr string, src *rdmanode.Pending, log logr.Logger) *http.Ser
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, fmt.Sprintf("not ready: %s: %v", device.Reason(src.DeviceError()), src.DeviceError()), http.StatusServiceUnavailable)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ln, h := agent.Guarded(guard, ln, mux)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error(err, "Serving the health endpoints while waiting for the device")

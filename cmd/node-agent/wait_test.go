@@ -61,7 +61,7 @@ func TestWaitForDevice(t *testing.T) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		d, err := waitForDevice(context.Background(), cfg, open, device.Backoff{Min: 10 * time.Millisecond, Max: 20 * time.Millisecond}, testr.New(t), &node)
+		d, err := waitForDevice(context.Background(), cfg, open, device.Backoff{Min: 10 * time.Millisecond, Max: 20 * time.Millisecond}, testr.New(t), &node, nil)
 		res <- result{d, err}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -98,7 +98,7 @@ func TestWaitForDevice(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	never := func(*config.AgentConfig) (verbs.Device, error) { return nil, errors.New("no device") }
-	if _, err := waitForDevice(ctx, cfg, never, device.Backoff{Min: time.Hour, Max: time.Hour}, testr.New(t), &node); !errors.Is(err, context.Canceled) {
+	if _, err := waitForDevice(ctx, cfg, never, device.Backoff{Min: time.Hour, Max: time.Hour}, testr.New(t), &node, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("waitForDevice after its context ended: %v", err)
 	}
 }

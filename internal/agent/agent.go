@@ -62,6 +62,10 @@ type Options struct {
 	// MetricsListener serves /metrics, /healthz and /readyz (default: a
 	// TCP listener on Config.MetricsAddress).
 	MetricsListener net.Listener
+	// MetricsGuard, when set (Kubernetes mode: package metricsauth), serves
+	// /metrics over TLS to callers the cluster authorizes, the probes'
+	// paths as before.
+	MetricsGuard MetricsGuard
 	// TuneEngine adjusts the engine configuration derived from Config.
 	TuneEngine func(*engine.Config)
 	// HeartbeatInterval and HeartbeatTimeout: a peer that has not answered
@@ -327,7 +331,8 @@ func (a *Agent) serveHealth() error {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	a.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ln, h := Guarded(a.opts.MetricsGuard, ln, mux)
+	a.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -336,6 +341,24 @@ func (a *Agent) serveHealth() error {
 		}
 	}()
 	return nil
+}
+
+// MetricsGuard puts the metrics address behind the cluster's
+// authentication and authorization (*metricsauth.Guard).
+type MetricsGuard interface {
+	// Listen serves TLS and plain HTTP on ln's port.
+	Listen(ln net.Listener) net.Listener
+	// Wrap answers the probes' paths to anyone and the others to callers
+	// over TLS whom the cluster authorizes.
+	Wrap(h http.Handler) http.Handler
+}
+
+// Guarded is ln and h as g serves them; as they are when g is nil.
+func Guarded(g MetricsGuard, ln net.Listener, h http.Handler) (net.Listener, http.Handler) {
+	if g == nil {
+		return ln, h
+	}
+	return g.Listen(ln), g.Wrap(h)
 }
 
 // ControlAddress is the agent's gRPC address.

@@ -152,7 +152,7 @@ func TestAdmin(t *testing.T) {
 
 // standaloneAgent starts an agent on the soft provider at ip, with its
 // metrics (and health) served on ml.
-func standaloneAgent(t *testing.T, node, ip string) (*agent.Agent, net.Listener) {
+func standaloneAgent(t *testing.T, node, ip string, with ...func(*agent.Options)) (*agent.Agent, net.Listener) {
 	t.Helper()
 	dir := t.TempDir()
 	pc, err := net.ListenPacket("udp", ip+":0")
@@ -177,7 +177,11 @@ func standaloneAgent(t *testing.T, node, ip string) (*agent.Agent, net.Listener)
 	cfg.SocketDir = dir
 	cfg.AdminSocket = dir + "/admin.sock"
 	cfg.PeerDiscovery.Mode = config.DiscoveryStatic
-	a, err := agent.New(agent.Options{Config: cfg, OpenDevice: device.Open, ControlListener: ctl, MetricsListener: ml})
+	o := agent.Options{Config: cfg, OpenDevice: device.Open, ControlListener: ctl, MetricsListener: ml}
+	for _, f := range with {
+		f(&o)
+	}
+	a, err := agent.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

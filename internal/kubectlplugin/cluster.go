@@ -1,7 +1,7 @@
 // Package kubectlplugin is `kubectl rdmavisor`: status, pods, top and
 // diagnose, read from the API server only. RDMAServices and RDMANodes come
-// from the API; the agents' metrics through the API server's pods/proxy
-// subresource (Cluster.Metrics), never by exec into a pod.
+// from the API; the agents' metrics over TLS through a port-forward, with
+// the user's own credentials (ForwardSource), never by exec into a pod.
 package kubectlplugin
 
 import (

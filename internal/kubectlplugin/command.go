@@ -23,8 +23,10 @@ A user needs:
   - get, list pods, cluster-wide (the agent pods, the pods diagnosed, and a
     --to address looked up among the pods' IPs);
   - list events (group events.k8s.io) in the namespaces of the pods diagnosed;
-  - get pods/proxy in the agents' namespace (the operator's, rdmavisor-system
-    by default): each agent's /metrics, read through the API server.
+  - create pods/portforward in the agents' namespace (the operator's,
+    rdmavisor-system by default), and get on the non-resource URL /metrics:
+    each agent's /metrics, over TLS through a port-forward, with the user's
+    own credentials, which the agent has the API server review.
 The chart makes a ClusterRole with these rules when kubectlPlugin.clusterRole.create
 is true; bind it to the users (docs/kubectl-plugin.md).`
 
@@ -50,7 +52,7 @@ func ConnectAPIServer(cfg clientcmd.ClientConfig, agentNamespace string) (*Clust
 	if err != nil {
 		return nil, fmt.Errorf("making a client of the RDMAvisor API: %w", err)
 	}
-	return &Cluster{Kube: kube, CRs: crs, Metrics: ProxySource{Kube: kube}, AgentNamespace: agentNamespace}, nil
+	return &Cluster{Kube: kube, CRs: crs, Metrics: ForwardSource{Config: rc, Kube: kube}, AgentNamespace: agentNamespace}, nil
 }
 
 // Run runs the plugin with args and returns its exit status: 1 on an

@@ -13,27 +13,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 )
 
 // MetricsSource reads an agent pod's /metrics, in Prometheus' text format.
 type MetricsSource interface {
 	Metrics(ctx context.Context, agent *corev1.Pod) ([]byte, error)
-}
-
-// ProxySource scrapes through the API server's pods/proxy subresource: the
-// user needs get on pods/proxy in the agents' namespace, and no route to
-// the nodes.
-type ProxySource struct{ Kube kubernetes.Interface }
-
-// Metrics GETs the agent's /metrics on its metrics port.
-func (s ProxySource) Metrics(ctx context.Context, agent *corev1.Pod) ([]byte, error) {
-	port := metricsPort(agent)
-	b, err := s.Kube.CoreV1().Pods(agent.Namespace).ProxyGet("http", agent.Name, port, "/metrics", nil).DoRaw(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("scraping %s/%s:%s/metrics through the API server: %w", agent.Namespace, agent.Name, port, err)
-	}
-	return b, nil
 }
 
 // metricsPort is the agent container's port named metrics, else the

@@ -2,42 +2,89 @@ package kubectlplugin
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
-	"k8s.io/client-go/kubernetes/fake"
 	restclient "k8s.io/client-go/rest"
-	clienttesting "k8s.io/client-go/testing"
 )
 
-type rawResponse []byte
+// scrapeTLS presents the kubeconfig's credentials, a bearer token or a
+// client certificate, over TLS to a server whose certificate is its own;
+// a refusal is an error with the agent's words.
+func TestScrapeTLS(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path != "/metrics":
+			http.NotFound(w, r)
+		case r.Header.Get("Authorization") == "Bearer t0ken":
+			io.WriteString(w, "rdmavisor_peers 0\n")
+		case len(r.TLS.PeerCertificates) == 1 && r.TLS.PeerCertificates[0].Subject.CommonName == "alice":
+			io.WriteString(w, "rdmavisor_peers 1\n")
+		default:
+			http.Error(w, "unauthorized: present a bearer token", http.StatusUnauthorized)
+		}
+	}))
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	srv.StartTLS()
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	ctx := context.Background()
 
-func (r rawResponse) DoRaw(context.Context) ([]byte, error) { return r, nil }
-func (r rawResponse) Stream(context.Context) (io.ReadCloser, error) {
-	return io.NopCloser(strings.NewReader(string(r))), nil
+	if b, err := scrapeTLS(ctx, &restclient.Config{BearerToken: "t0ken"}, addr); err != nil || string(b) != "rdmavisor_peers 0\n" {
+		t.Errorf("with a token: %q %v", b, err)
+	}
+	cert, key := clientCert(t, "alice")
+	if b, err := scrapeTLS(ctx, &restclient.Config{TLSClientConfig: restclient.TLSClientConfig{CertData: cert, KeyData: key}}, addr); err != nil || string(b) != "rdmavisor_peers 1\n" {
+		t.Errorf("with a client certificate: %q %v", b, err)
+	}
+	_, err := scrapeTLS(ctx, &restclient.Config{BearerToken: "wrong"}, addr)
+	if err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "present a bearer token") {
+		t.Errorf("refused: %v, want the status and the server's words", err)
+	}
 }
 
-// ProxySource GETs /metrics on the agent container's port named metrics,
-// through the pods/proxy subresource.
-func TestProxySource(t *testing.T) {
-	kube := fake.NewClientset()
-	var got clienttesting.ProxyGetAction
-	kube.AddProxyReactor("pods", func(a clienttesting.Action) (bool, restclient.ResponseWrapper, error) {
-		got = a.(clienttesting.ProxyGetAction)
-		return true, rawResponse("rdmavisor_peers 0\n"), nil
-	})
+// clientCert is a self-signed client certificate of cn and its key, PEM.
+func clientCert(t *testing.T, cn string) (cert, key []byte) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
+}
+
+// The metrics port: the agent container's port named metrics, else the
+// scrape annotation's, else 7472.
+func TestMetricsPort(t *testing.T) {
 	pod := agentPod("rdmavisor-agent-default-aaaaa", "node-a")
 	pod.Spec.Containers[0].Ports[1].ContainerPort = 9090
-	b, err := ProxySource{Kube: kube}.Metrics(context.Background(), pod)
-	if err != nil || string(b) != "rdmavisor_peers 0\n" {
-		t.Fatalf("%q %v", b, err)
+	if p := metricsPort(pod); p != "9090" {
+		t.Errorf("port %s, want 9090", p)
 	}
-	if got.GetNamespace() != agentNS || got.GetName() != pod.Name || got.GetScheme() != "http" || got.GetPort() != "9090" || got.GetPath() != "/metrics" {
-		t.Errorf("proxied %s/%s %s:%s%s", got.GetNamespace(), got.GetName(), got.GetScheme(), got.GetPort(), got.GetPath())
-	}
-	// No port named metrics: the scrape annotation's, else 7472.
 	pod.Spec.Containers[0].Ports = nil
 	if p := metricsPort(pod); p != "7472" {
 		t.Errorf("port %s, want 7472", p)

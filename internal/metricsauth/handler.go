@@ -12,7 +12,7 @@ const needCredentials = "unauthorized: present a bearer token (Authorization: Be
 	"or a client certificate signed by the cluster's client CA"
 
 // Wrap authenticates and authorizes every request to h whose path is not
-// Public: a client certificate verified against the cluster's client CA,
+// Public, which must come over TLS: a client certificate verified against the cluster's client CA,
 // else a bearer token reviewed by a TokenReview (neither, or a token not
 // authenticated: 401); then a SubjectAccessReview for the lowercased
 // method on the non-resource path (not allowed: 403). A failed review is
@@ -22,6 +22,12 @@ func (g *Guard) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if g.public[r.URL.Path] {
 			h.ServeHTTP(w, r)
+			return
+		}
+		if r.TLS == nil {
+			// Plain HTTP (Listen serves the probes so): credentials
+			// would cross the network in the clear.
+			http.Error(w, "bad request: "+r.URL.Path+" is served over HTTPS only", http.StatusBadRequest)
 			return
 		}
 		cred, ok := g.credential(r)

@@ -62,6 +62,7 @@ type env struct {
 	resource corev1.ResourceName
 	capacity int64
 	results  *results // shared by every step's copy of env
+	scraper  *scraper // the suite's Prometheus, shared as results is
 }
 
 func TestE2E(t *testing.T) {
@@ -147,7 +148,7 @@ func setup(t *testing.T) *env {
 	t.Cleanup(cancel)
 	_, file, _, _ := runtime.Caller(0)
 	e := &env{t: &stepT{T: t}, ctx: ctx, kube: kube, crs: crs, repo: filepath.Join(filepath.Dir(file), "..", ".."),
-		helm: os.Getenv("HELM"), kubectl: os.Getenv("KUBECTL"), results: &results{}}
+		helm: os.Getenv("HELM"), kubectl: os.Getenv("KUBECTL"), results: &results{}, scraper: &scraper{}}
 	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -11,17 +11,21 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // metricsMoved scrapes the client's node's agent pod's metrics, as
-// Prometheus would from its scrape annotations (through the API server's
-// pod proxy, which reaches host-network pods), after the echo pods ran:
+// Prometheus would from its scrape annotations (over HTTPS, with a
+// ServiceAccount's token the agent has the API server review), after the
+// echo pods ran:
 // the agent counts the client's messages and bytes both ways and its
 // allocation, and the device plugin the allocation it made; the server's
 // agent the same from its side. Then the operator's, authenticated.
@@ -35,8 +39,20 @@ func (e *env) metricsMoved() {
 func (e *env) agentMetricsMoved(node string) {
 	pod := e.agentPod(node)
 	ann := pod.Annotations
-	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/path"] != "/metrics" {
+	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/path"] != "/metrics" || ann["prometheus.io/scheme"] != "https" {
 		e.t.Fatalf("agent pod scrape annotations: %v", ann)
+	}
+	// Over TLS to whom the cluster authorizes only; the probes' paths
+	// stay plain HTTP for the kubelet.
+	addr := net.JoinHostPort(pod.Status.PodIP, ann["prometheus.io/port"])
+	if code, body := e.get("https://"+addr+"/metrics", ""); code != http.StatusUnauthorized {
+		e.t.Errorf("the agent's /metrics without credentials: %d, want 401: %.200s", code, body)
+	}
+	if code, body := e.get("http://"+addr+"/metrics", e.readerToken()); code != http.StatusBadRequest || !strings.Contains(body, "HTTPS only") {
+		e.t.Errorf("the agent's /metrics over plain HTTP: %d, want 400 (HTTPS only): %.200s", code, body)
+	}
+	if code, _ := e.get("http://"+addr+"/readyz", ""); code != http.StatusOK {
+		e.t.Errorf("the agent's /readyz over plain HTTP: %d, want 200", code)
 	}
 	agent := e.scrape(pod.Name, ann["prometheus.io/port"])
 	const msgs, size = 1000, 4096 // what exchange sent, and the server echoed
@@ -87,50 +103,78 @@ func (e *env) operatorMetrics() {
 		e.t.Fatalf("operator pod %s: %v %v", leader, op, err)
 	}
 	url := "https://" + net.JoinHostPort(op.Status.PodIP, containerPort(op.Spec.Containers, "operator", "metrics")) + "/metrics"
+	token := e.readerToken()
+	if code, body := e.get(url, ""); code != http.StatusUnauthorized {
+		e.t.Errorf("GET %s without a token: %d, want 401: %.200s", url, code, body)
+	}
+	e.eventually("the operator serves its metrics to the reader", time.Minute, func() (bool, string) {
+		code, body := e.get(url, token)
+		return code == http.StatusOK && strings.Contains(body, "controller_runtime_reconcile_total"), fmt.Sprintf("%d: %.300s", code, body)
+	})
+}
+
+// scraper is the suite's Prometheus: a ServiceAccount bound to the
+// chart's metrics reader ClusterRole (get on the non-resource URL
+// /metrics), made at the first scrape, and a token of it.
+type scraper struct {
+	mu    sync.Mutex
+	token string
+}
+
+// readerToken is the scraper's token, once the API server authorizes it
+// to get /metrics (RBAC takes a moment to reach the authorizer's cache,
+// and the agents cache a refusal for 10 s).
+func (e *env) readerToken() string {
+	e.t.Helper()
+	e.scraper.mu.Lock()
+	defer e.scraper.mu.Unlock()
+	if e.scraper.token != "" {
+		return e.scraper.token
+	}
 	const ns, name = "default", "rdmavisor-e2e-scraper"
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: release + "-operator-metrics-reader"},
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: ns}}}
-	if _, err := e.kube.CoreV1().ServiceAccounts(ns).Create(e.ctx, sa, metav1.CreateOptions{}); err != nil {
+	if _, err := e.kube.CoreV1().ServiceAccounts(ns).Create(e.ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		e.t.Fatal(err)
 	}
-	defer func() { _ = e.kube.CoreV1().ServiceAccounts(ns).Delete(e.ctx, name, metav1.DeleteOptions{}) }()
-	if _, err := e.kube.RbacV1().ClusterRoleBindings().Create(e.ctx, crb, metav1.CreateOptions{}); err != nil {
+	if _, err := e.kube.RbacV1().ClusterRoleBindings().Create(e.ctx, crb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		e.t.Fatal(err)
 	}
-	defer func() { _ = e.kube.RbacV1().ClusterRoleBindings().Delete(e.ctx, name, metav1.DeleteOptions{}) }()
 	tr, err := e.kube.CoreV1().ServiceAccounts(ns).CreateToken(e.ctx, name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	// The certificate is the operator's self-signed one: what is checked
-	// here is who may read.
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	get := func(token string) (int, string) {
-		req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, url, nil)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	if code, body := get(""); code != http.StatusUnauthorized {
-		e.t.Errorf("GET %s without a token: %d, want 401: %.200s", url, code, body)
-	}
-	// RBAC takes a moment to reach the authorizer's cache.
-	e.eventually("the operator serves its metrics to the reader", time.Minute, func() (bool, string) {
-		code, body := get(tr.Status.Token)
-		return code == http.StatusOK && strings.Contains(body, "controller_runtime_reconcile_total"), fmt.Sprintf("%d: %.300s", code, body)
+	user := "system:serviceaccount:" + ns + ":" + name
+	e.eventually(user+" may get /metrics", time.Minute, func() (bool, string) {
+		r, err := e.kube.AuthorizationV1().SubjectAccessReviews().Create(e.ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"}}}, metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed, fmt.Sprintf("%v %+v", err, r)
 	})
+	e.scraper.token = tr.Status.Token
+	return e.scraper.token
+}
+
+// get GETs url with a bearer token (none if ""), trusting any
+// certificate: the operator's and the agents' are their own self-signed
+// ones, and what is checked here is who may read.
+func (e *env) get(url, token string) (int, string) {
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, url, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // samples are the lines of a Prometheus text exposition, by series
@@ -163,7 +207,9 @@ func (s samples) sum(selector string) float64 {
 	return total
 }
 
-// scrape GETs /metrics of a pod's port through the API server.
+// scrape GETs /metrics of an agent pod's port over HTTPS with the
+// scraper's token, as Prometheus does from the scrape annotations: the
+// agent pods run in the host's network, which the suite reaches.
 func (e *env) scrape(pod, port string) samples {
 	e.t.Helper()
 	s, err := e.tryScrape(pod, port)
@@ -176,9 +222,13 @@ func (e *env) scrape(pod, port string) samples {
 // tryScrape is scrape for a step that waits: a pod whose kubelet restarts
 // may not answer for a moment.
 func (e *env) tryScrape(pod, port string) (samples, error) {
-	body, err := e.kube.CoreV1().Pods(namespace).ProxyGet("http", pod, port, "metrics", nil).DoRaw(e.ctx)
+	p, err := e.kube.CoreV1().Pods(namespace).Get(e.ctx, pod, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("scraping %s:%s: %w\n%s", pod, port, err, body)
+		return nil, fmt.Errorf("scraping %s:%s: %w", pod, port, err)
+	}
+	code, body := e.get("https://"+net.JoinHostPort(p.Status.PodIP, port)+"/metrics", e.readerToken())
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("scraping %s:%s: %d: %.300s", pod, port, code, body)
 	}
 	s := samples{}
 	for line := range strings.Lines(string(body)) {
