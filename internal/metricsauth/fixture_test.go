@@ -163,7 +163,13 @@ type response struct {
 // get requests path with c, with a bearer token unless it is "".
 func (f *fixture) get(t *testing.T, c *http.Client, path, token string) response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, f.srv.URL+path, nil)
+	return fetch(t, c, f.srv.URL+path, token)
+}
+
+// fetch GETs url with c, with a bearer token unless it is "".
+func fetch(t *testing.T, c *http.Client, url, token string) response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,12 +178,12 @@ func (f *fixture) get(t *testing.T, c *http.Client, path, token string) response
 	}
 	res, err := c.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
+		t.Fatalf("GET %s: %v", url, err)
 	}
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)
 	if err != nil {
-		t.Fatalf("GET %s: read body: %v", path, err)
+		t.Fatalf("GET %s: read body: %v", url, err)
 	}
 	return response{code: res.StatusCode, body: string(body), header: res.Header}
 }

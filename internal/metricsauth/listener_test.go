@@ -43,21 +43,21 @@ func TestListenServesBoth(t *testing.T) {
 	defer idle.Close()
 
 	plain := &http.Client{Timeout: 5 * time.Second}
-	if code, body := fetch(t, plain, "http://"+addr+"/healthz", ""); code != http.StatusOK || body != "ok\n" {
-		t.Errorf("plain /healthz: %d %q, want 200 ok", code, body)
+	if r := fetch(t, plain, "http://"+addr+"/healthz", ""); r.code != http.StatusOK || r.body != "ok\n" {
+		t.Errorf("plain /healthz: %d %q, want 200 ok", r.code, r.body)
 	}
-	if code, body := fetch(t, plain, "http://"+addr+"/metrics", "good"); code != http.StatusBadRequest || !strings.Contains(body, "HTTPS only") {
-		t.Errorf("plain /metrics: %d %q, want 400 saying HTTPS only", code, body)
+	if r := fetch(t, plain, "http://"+addr+"/metrics", "good"); r.code != http.StatusBadRequest || !strings.Contains(r.body, "HTTPS only") {
+		t.Errorf("plain /metrics: %d %q, want 400 saying HTTPS only", r.code, r.body)
 	}
 	secure := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	if code, body := fetch(t, secure, "https://"+addr+"/metrics", "good"); code != http.StatusOK || body != "metric_total 1\n" {
-		t.Errorf("TLS /metrics with a token: %d %q, want 200 and the metrics", code, body)
+	if r := fetch(t, secure, "https://"+addr+"/metrics", "good"); r.code != http.StatusOK || r.body != "metric_total 1\n" {
+		t.Errorf("TLS /metrics with a token: %d %q, want 200 and the metrics", r.code, r.body)
 	}
-	if code, _ := fetch(t, secure, "https://"+addr+"/metrics", ""); code != http.StatusUnauthorized {
-		t.Errorf("TLS /metrics without credentials: %d, want 401", code)
+	if r := fetch(t, secure, "https://"+addr+"/metrics", ""); r.code != http.StatusUnauthorized {
+		t.Errorf("TLS /metrics without credentials: %d, want 401", r.code)
 	}
-	if code, _ := fetch(t, secure, "https://"+addr+"/healthz", ""); code != http.StatusOK {
-		t.Errorf("TLS /healthz: %d, want 200", code)
+	if r := fetch(t, secure, "https://"+addr+"/healthz", ""); r.code != http.StatusOK {
+		t.Errorf("TLS /healthz: %d, want 200", r.code)
 	}
 	if err := srv.Close(); err != nil {
 		t.Fatal(err)
@@ -70,23 +70,4 @@ func TestListenServesBoth(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Serve did not return after Close")
 	}
-}
-
-// fetch GETs url with a bearer token unless it is "".
-func fetch(t *testing.T, c *http.Client, url, token string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	res, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(b)
 }
