@@ -102,6 +102,10 @@ func (e *env) upgradeFromPrevious() {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { x.run(stop) })
+	// Stopped before the step ends, whichever way: the exchanges log.
+	var once sync.Once
+	stopExchanges := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	defer stopExchanges()
 	began := time.Now()
 	e.run(e.kubectl, "apply", "--server-side", "-f", "charts/rdmavisor/crds/")
 	e.run(e.helm, "upgrade", release, "charts/rdmavisor", "--namespace", namespace,
@@ -112,8 +116,7 @@ func (e *env) upgradeFromPrevious() {
 	// one listens and two whole rounds have run between the new agents.
 	e.eventually("every upgrade server listening again", 2*time.Minute, func() (bool, string) { return x.allServing() })
 	x.waitRounds(2)
-	close(stop)
-	wg.Wait()
+	stopExchanges()
 	if bad := x.sweep(); len(bad) > 0 {
 		e.t.Errorf("after the upgrade, the previous release's pods through this release's agents:\n%s", strings.Join(bad, "\n"))
 	}
