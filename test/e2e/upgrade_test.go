@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -64,59 +65,44 @@ func agentImage(p *corev1.Pod) string {
 	return ""
 }
 
-// upgradeFromPrevious: on every node an echo server and a client pod
-// (which holds its allocation and runs the exchanges' clients), both of
-// the previous release's image; exchanges between every ordered pair of
-// nodes, round after round, while the CRDs are applied and helm upgrade
-// moves the operator to this release, which rolls the agents. A server
-// whose agent went ends (the old program does not listen again), and is
-// made anew, as its controller would. Checked: no message lost
-// unannounced, ever; every exchange between two nodes whose agents and
-// pods stayed up succeeds, old agent with new included, both ways; at the
-// end every agent and the operator run this release, and the old pods'
-// library works with them. Measured: each node's outage, the exchanges
-// and messages that failed (their clients told).
+// upgradeFromPrevious: on every node a pod of the previous release's echo
+// image holds an allocation, and runs, through kubectl exec, an echo
+// server (made anew within moments when its agent's restart ends it, as a
+// program that retries would be) and the clients of exchanges with every
+// other node's, round after round, while the CRDs are applied and helm
+// upgrade moves the operator to this release, which rolls the agents.
+// Checked: no message lost unannounced, ever; every exchange between two
+// nodes whose agents, pods and servers stayed up succeeds, old agent with
+// new included, both ways; at the end every agent and the operator run
+// this release, and the old pods' library works with them. Measured:
+// each node's outage, the exchanges and messages that failed (their
+// clients told).
 func (e *env) upgradeFromPrevious() {
-	x := &exchanger{e: e}
+	x := e.startUpgradePods()
+	ctx, cancel := context.WithCancel(e.ctx)
+	var servers, rounds sync.WaitGroup
+	// Stopped before the step ends, whichever way: they run kubectl.
+	defer func() { cancel(); servers.Wait(); rounds.Wait() }()
 	for _, n := range e.nodes {
-		if err := x.createServer(n); err != nil {
-			e.t.Fatal(err)
-		}
+		servers.Go(func() { x.serve(ctx, n) })
 	}
-	e.eventually("the upgrade servers listening", 2*time.Minute, func() (bool, string) { return x.allServing() })
-	for _, n := range e.nodes {
-		x.createHolder(n)
-	}
-	e.eventually("the upgrade clients running", 2*time.Minute, func() (bool, string) {
-		s := e.upgradeState()
-		for _, n := range e.nodes {
-			if s[n].holder == "" {
-				return false, fmt.Sprintf("%s: %+v", n, s[n])
-			}
-		}
-		return true, ""
-	})
+	e.eventually("the upgrade servers listening", 2*time.Minute, x.allServing)
 	if bad := x.sweep(); len(bad) > 0 {
 		e.t.Fatalf("before the upgrade, between the previous release's agents:\n%s", strings.Join(bad, "\n"))
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() { x.run(stop) })
-	// Stopped before the step ends, whichever way: the exchanges log.
-	var once sync.Once
-	stopExchanges := func() { once.Do(func() { close(stop); wg.Wait() }) }
-	defer stopExchanges()
+	rounds.Go(func() { x.run(ctx) })
 	began := time.Now()
 	e.run(e.kubectl, "apply", "--server-side", "-f", "charts/rdmavisor/crds/")
 	e.run(e.helm, "upgrade", release, "charts/rdmavisor", "--namespace", namespace,
 		"--reset-then-reuse-values", "--set", "image.tag=dev")
 	outage := e.waitUpgraded(began)
 	took := time.Since(began)
-	// The servers whose agents rolled are made anew: go on until every
-	// one listens and two whole rounds have run between the new agents.
-	e.eventually("every upgrade server listening again", 2*time.Minute, func() (bool, string) { return x.allServing() })
+	// Go on until every server listens again through its new agent and
+	// two whole rounds have run between the new agents.
+	e.eventually("every upgrade server listening again", 2*time.Minute, x.allServing)
 	x.waitRounds(2)
-	stopExchanges()
+	x.stop()
+	rounds.Wait()
 	if bad := x.sweep(); len(bad) > 0 {
 		e.t.Errorf("after the upgrade, the previous release's pods through this release's agents:\n%s", strings.Join(bad, "\n"))
 	}
@@ -129,33 +115,69 @@ func (e *env) upgradeFromPrevious() {
 	e.measured("upgrade from the previous release: from helm upgrade to every agent upgraded and ready", "%s", took.Round(100*time.Millisecond))
 	e.measured("upgrade from the previous release: each node without a ready agent", "%s", strings.Join(outages, ", "))
 	x.measure()
-	pods, err := e.kube.CoreV1().Pods("default").List(e.ctx, metav1.ListOptions{LabelSelector: "app=" + upgradeLabel})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, p := range pods.Items {
-		e.deletePod(p.Name)
+	cancel()
+	servers.Wait()
+	for _, n := range e.nodes {
+		e.deletePod(x.pods[n])
 	}
 	for _, n := range e.nodes {
 		e.allocationsBackTo(n, nil)
 	}
 }
 
+// startUpgradePods makes on every node the pod the upgrade's servers and
+// clients run in: one whose program survives its agent's restart, an echo
+// client holding its allocation after one exchange (with a server pod of
+// its own node's, made for it and deleted after).
+func (e *env) startUpgradePods() *exchanger {
+	prev := app{lang: "go", image: prevEchoImage, exe: goEcho.exe}
+	x := &exchanger{e: e, pods: map[string]string{}, servers: map[string]serverState{}}
+	for i, n := range e.nodes {
+		e.createPod(e.appServerPod(prev, fmt.Sprintf("upgrade-first-%d", i), n, 1))
+	}
+	for i, n := range e.nodes {
+		first := fmt.Sprintf("upgrade-first-%d", i)
+		e.eventually(first+" listening", 2*time.Minute, func() (bool, string) {
+			p, err := e.kube.CoreV1().Pods("default").Get(e.ctx, first, metav1.GetOptions{})
+			return err == nil && podReady(p), fmt.Sprint(err)
+		})
+		x.pods[n] = fmt.Sprintf("upgrade-%d", i)
+		// 8 vconns: its server's two callers and its clients' two dials
+		// at once, and the one it holds.
+		p := e.appPod(prev, x.pods[n], n, 8, "client", fmt.Sprintf("--addr=%s:%d", e.podIP(first), echoPort),
+			"--conns=1", "--messages=1", "--hold")
+		p.Labels = map[string]string{"app": upgradeLabel}
+		e.createPod(p)
+	}
+	e.eventually("the upgrade pods running", 2*time.Minute, func() (bool, string) {
+		s := e.upgradeState()
+		for _, n := range e.nodes {
+			if s[n].pod == "" {
+				return false, fmt.Sprintf("%s: %+v", n, s[n])
+			}
+		}
+		return true, ""
+	})
+	for i := range e.nodes {
+		e.deletePod(fmt.Sprintf("upgrade-first-%d", i))
+	}
+	return x
+}
+
 // nodeState is what an exchange depends on, on one node: its agent pod
-// (the ready one not being deleted), and the upgrade's server and client
-// pods there (the newest of each not being deleted).
+// (the ready one not being deleted), the upgrade's pod there, and the
+// echo server running in it.
 type nodeState struct {
 	agent    string // the ready agent pod's UID; "" when none is
 	image    string // its image
-	server   string // the server pod's name, ready; "" when none is
-	serverIP string
-	ended    string // a server pod that ended, to be made anew
-	holder   string // the client pod's name, running; "" when none is
-	restarts int32  // the client pod's restarts
+	pod      string // the upgrade pod, running; "" when it is not
+	podIP    string
+	restarts int32 // its container's restarts
+	server   serverState
 }
 
-// upgradeState is every node's nodeState now; a node whose pods cannot be
-// listed is not ready.
+// upgradeState is every node's nodeState now but its server's; a node
+// whose pods cannot be listed is not ready.
 func (e *env) upgradeState() map[string]nodeState {
 	s := map[string]nodeState{}
 	agents, err := e.kube.CoreV1().Pods(namespace).List(e.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + agentApp})
@@ -174,20 +196,13 @@ func (e *env) upgradeState() map[string]nodeState {
 		}
 	}
 	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
 		st := s[p.Spec.NodeName]
-		switch {
-		case p.DeletionTimestamp != nil:
-		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
-			if p.Labels["role"] == "server" {
-				st.ended = p.Name
-			}
-		case p.Labels["role"] == "server" && podReady(&p):
-			st.server, st.serverIP = p.Name, p.Status.PodIP
-		case p.Labels["role"] == "client" && p.Status.Phase == corev1.PodRunning:
-			st.holder = p.Name
-			for _, c := range p.Status.ContainerStatuses {
-				st.restarts += c.RestartCount
-			}
+		st.pod, st.podIP = p.Name, p.Status.PodIP
+		for _, c := range p.Status.ContainerStatuses {
+			st.restarts += c.RestartCount
 		}
 		s[p.Spec.NodeName] = st
 	}
@@ -246,76 +261,90 @@ func (e *env) operatorRuns(image string) bool {
 
 // exchanger runs echo exchanges between the upgrade's pods, every
 // ordered pair of nodes at once, round after round, and keeps what each
-// found.
+// found; and each node's echo server.
 type exchanger struct {
-	e *env
+	e    *env
+	pods map[string]string // node → its upgrade pod
 
-	mu     sync.Mutex
-	rounds int
-	made   int // pods made, for their names
-	done   []exchange
+	mu      sync.Mutex
+	servers map[string]serverState // node → its server
+	rounds  int
+	stopped bool
+	done    []exchange
 }
 
-// upgradePod is a pod of the previous release's echo image on node, of
-// role server or client.
-func (x *exchanger) upgradePod(role, node string, args ...string) *corev1.Pod {
+// serverState is a node's echo server: which run of it (each run one
+// kubectl exec of the program), and whether it listens.
+type serverState struct {
+	run    int
+	listen bool
+}
+
+// serve runs node's echo server in its upgrade pod until ctx ends,
+// again at once whenever it ends (its agent went, or was not there).
+func (x *exchanger) serve(ctx context.Context, node string) {
+	for ctx.Err() == nil {
+		x.serveOnce(ctx, node)
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// serveOnce runs the server once: listening from the line that says so
+// (examples/echo logs "listening on ADDR") until it ends.
+func (x *exchanger) serveOnce(ctx context.Context, node string) {
+	args := append(append([]string{"exec", "-n", "default", x.pods[node], "-c", "echo", "--"}, goEcho.exe...),
+		"server", fmt.Sprintf("--port=%d", echoPort))
+	cmd := exec.CommandContext(ctx, x.e.kubectl, args...)
+	logs, err := cmd.StderrPipe()
+	if err != nil || cmd.Start() != nil {
+		return
+	}
+	sc := bufio.NewScanner(logs)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "listening on") {
+			x.setServer(node, true)
+		}
+	}
+	_ = cmd.Wait()
+	x.setServer(node, false)
+}
+
+func (x *exchanger) setServer(node string, listen bool) {
 	x.mu.Lock()
-	x.made++
-	name := fmt.Sprintf("upgrade-%s-%d", role, x.made)
-	x.mu.Unlock()
-	prev := app{lang: "go", image: prevEchoImage, exe: goEcho.exe}
-	p := x.e.appPod(prev, name, node, 4, args...)
-	p.Labels = map[string]string{"app": upgradeLabel, "role": role}
-	return p
+	defer x.mu.Unlock()
+	s := x.servers[node]
+	if listen && !s.listen {
+		s.run++
+	}
+	s.listen = listen
+	x.servers[node] = s
 }
 
-// createServer makes node's echo server; it does not stop its test's step
-// (it runs beside the step, in the exchanger).
-func (x *exchanger) createServer(node string) error {
-	p := x.upgradePod("server", node, "server", fmt.Sprintf("--port=%d", echoPort), "--ready=/dev/termination-log")
-	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1,
-		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: append(append([]string(nil), goEcho.exe...), "show", "/dev/termination-log")}}}
-	_, err := x.e.kube.CoreV1().Pods("default").Create(x.e.ctx, p, metav1.CreateOptions{})
-	return err
-}
-
-// createHolder makes node's client pod: one exchange with its own node's
-// server, then it holds its allocation, through which the exchanges'
-// clients run (kubectl exec), whatever its agent does.
-func (x *exchanger) createHolder(node string) {
+// state is every node's nodeState now, its server's included.
+func (x *exchanger) state() map[string]nodeState {
 	s := x.e.upgradeState()
-	p := x.upgradePod("client", node, "client", fmt.Sprintf("--addr=%s:%d", s[node].serverIP, echoPort),
-		"--conns=1", "--messages=1", "--hold")
-	x.e.createPod(p)
-}
-
-// allServing says whether every node has a server listening.
-func (x *exchanger) allServing() (bool, string) {
-	s := x.e.upgradeState()
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	for _, n := range x.e.nodes {
-		if s[n].server == "" || s[n].serverIP == "" {
+		st := s[n]
+		st.server = x.servers[n]
+		s[n] = st
+	}
+	return s
+}
+
+// allServing says whether every node's server listens.
+func (x *exchanger) allServing() (bool, string) {
+	s := x.state()
+	for _, n := range x.e.nodes {
+		if !s[n].server.listen || s[n].pod == "" {
 			return false, fmt.Sprintf("%s: %+v", n, s[n])
 		}
 	}
 	return true, ""
-}
-
-// revive makes anew each server that ended (its agent went), as a
-// Deployment would.
-func (x *exchanger) revive() {
-	s := x.e.upgradeState()
-	for _, n := range x.e.nodes {
-		if s[n].ended == "" {
-			continue
-		}
-		err := x.e.kube.CoreV1().Pods("default").Delete(x.e.ctx, s[n].ended, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))})
-		if err == nil {
-			err = x.createServer(n)
-		}
-		if err != nil {
-			x.e.t.Logf("making the server on %s anew: %v", n, err)
-		}
-	}
 }
 
 // exchange is one client's run from node from to node to: the states of
@@ -333,17 +362,25 @@ const (
 	upgradeTimeout  = 8 * time.Second
 )
 
-func (x *exchanger) run(stop <-chan struct{}) {
-	for {
-		select {
-		case <-stop:
+// run runs rounds until stop or ctx's end.
+func (x *exchanger) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		x.mu.Lock()
+		stopped := x.stopped
+		x.mu.Unlock()
+		if stopped {
 			return
-		default:
 		}
-		x.revive()
 		x.sweep()
 		time.Sleep(300 * time.Millisecond)
 	}
+}
+
+// stop ends run after its round.
+func (x *exchanger) stop() {
+	x.mu.Lock()
+	x.stopped = true
+	x.mu.Unlock()
 }
 
 // sweep runs one round, every ordered pair at once, and says which
@@ -387,25 +424,24 @@ func (x *exchanger) waitRounds(n int) {
 	})
 }
 
-// one runs a client in from's client pod against to's server and records
-// what it found; an exchange that cannot start is not recorded.
+// one runs a client in from's upgrade pod against to's server and
+// records what it found; an exchange that cannot start is not recorded.
 func (x *exchanger) one(from, to string) exchange {
 	e := x.e
-	ex := exchange{from: from, to: to, before: e.upgradeState()}
-	if ex.before[from].holder == "" || ex.before[to].server == "" {
-		// Nothing to run from, or nothing listens there (its server is
-		// being made anew): no exchange.
-		ex.err = fmt.Sprintf("not run: %s's client pod %q, %s's server %q", from, ex.before[from].holder, to, ex.before[to].server)
+	ex := exchange{from: from, to: to, before: x.state()}
+	if ex.before[from].pod == "" || ex.before[to].podIP == "" || !ex.before[to].server.listen {
+		// Nothing to run from, or nothing listens there: no exchange.
+		ex.err = fmt.Sprintf("not run: %s %+v, %s %+v", from, ex.before[from], to, ex.before[to])
 		return ex
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, upgradeTimeout+20*time.Second)
 	defer cancel()
-	args := append(append([]string{"exec", "-n", "default", ex.before[from].holder, "-c", "echo", "--"}, goEcho.exe...),
-		"client", fmt.Sprintf("--addr=%s:%d", ex.before[to].serverIP, echoPort), "--conns=1",
+	args := append(append([]string{"exec", "-n", "default", ex.before[from].pod, "-c", "echo", "--"}, goEcho.exe...),
+		"client", fmt.Sprintf("--addr=%s:%d", ex.before[to].podIP, echoPort), "--conns=1",
 		fmt.Sprintf("--messages=%d", upgradeMessages), "--size=4096", "--window=4",
 		fmt.Sprintf("--timeout=%s", upgradeTimeout), "--verdict=/dev/stdout")
 	out, _ := exec.CommandContext(ctx, e.kubectl, args...).CombinedOutput()
-	ex.after = e.upgradeState()
+	ex.after = x.state()
 	ex.err = strings.TrimSpace(string(out))
 	// The verdict's JSON has no newline of its own: the summary follows it.
 	if i := strings.Index(string(out), `{"ok":`); i >= 0 && json.NewDecoder(strings.NewReader(string(out[i:]))).Decode(&ex.v) == nil {
@@ -420,18 +456,17 @@ func (x *exchanger) one(from, to string) exchange {
 	return ex
 }
 
-// stable says whether both nodes' agents, the dialling node's client pod
-// and the other's server stayed up, the same pods and containers, over
-// the exchange: then it must succeed.
+// stable says whether both nodes' agents and upgrade pods, and the
+// other's server, stayed up, the same ones, over the exchange: then it
+// must succeed.
 func (ex exchange) stable() bool {
 	b, a := ex.before, ex.after
 	for _, n := range []string{ex.from, ex.to} {
-		if b[n].agent == "" || a[n].agent != b[n].agent {
+		if b[n].agent == "" || a[n].agent != b[n].agent || b[n].pod == "" || a[n].pod != b[n].pod || a[n].restarts != b[n].restarts {
 			return false
 		}
 	}
-	return b[ex.from].holder != "" && a[ex.from].holder == b[ex.from].holder && a[ex.from].restarts == b[ex.from].restarts &&
-		b[ex.to].server != "" && a[ex.to].server == b[ex.to].server
+	return b[ex.to].server.listen && a[ex.to].server == b[ex.to].server
 }
 
 // versions says which releases' agents the exchange went between, as
