@@ -242,17 +242,26 @@ func (p *Plugin) watchHealth(ctx context.Context) {
 		}
 	}
 	watchDir()
+	// soon probes again shortly while an agent that has just (re)started
+	// is not ready yet: its pods' allocations are re-created once it is,
+	// and until then their sockets are missing, though the agent's own
+	// probe may already say ready.
+	var soon <-chan time.Time
+	var started time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			watchDir()
+		case <-soon:
+			soon = nil
 		case ev := <-events:
 			if ev.Name != p.opts.Config.AdminSocket || !ev.Has(fsnotify.Create) {
 				continue
 			}
 			p.log.Info("The agent's admin socket was created: the agent (re)started")
+			started = time.Now()
 			select {
 			case p.kick <- struct{}{}:
 			default:
@@ -262,5 +271,15 @@ func (p *Plugin) watchHealth(ctx context.Context) {
 			continue
 		}
 		p.updateHealth(ctx)
+		if healthy, _, _ := p.health.get(); !healthy && soon == nil && time.Since(started) < startingFor {
+			soon = time.After(startingProbe)
+		}
 	}
 }
+
+// While an agent started less than startingFor ago is not ready, it is
+// probed every startingProbe rather than every HealthInterval.
+const (
+	startingFor   = time.Minute
+	startingProbe = 100 * time.Millisecond
+)

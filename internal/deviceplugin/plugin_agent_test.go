@@ -1,8 +1,11 @@
 package deviceplugin_test
 
 import (
+	"context"
+	"errors"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,4 +115,73 @@ func TestAgentRestartRecreatesAllocations(t *testing.T) {
 	if got := e.metric(t, "rdmavisor_device_plugin_allocations_recreated_total"); got != 1 {
 		t.Errorf("re-created %v, want 1", got)
 	}
+}
+
+// An agent that restarts is probed again within moments until it is
+// ready, not at the next HealthInterval: its pods' sockets are missing
+// until the plugin re-creates their allocations, which it does once the
+// agent says ready.
+func TestRestartedAgentProbedUntilReady(t *testing.T) {
+	slow := &slowReady{}
+	ctx := testCtx(t)
+	devs := ids(1, 2)
+	var id string
+	// A running pod's allocation, made before this plugin (an Allocate
+	// would ask for passes of its own for a while after).
+	e := setup(t, deviceplugin.Options{GCInterval: time.Hour, HealthInterval: time.Hour, RetryInterval: time.Hour, Agent: slow}, func(e *env) {
+		e.pods.set("a", devs)
+		id = e.id(devs)
+		if _, err := e.cl.Nodes[0].Allocate(ctx, id, len(devs)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	poll.Until(t, 5*time.Second, "the plugin healthy", func() bool {
+		return e.metric(t, "rdmavisor_device_plugin_devices_healthy") == devices
+	})
+	// Not ready for its first 300 ms back: the probe its admin socket's
+	// creation makes finds it not ready.
+	slow.notReadyFor(300 * time.Millisecond)
+	if err := e.cl.Nodes[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 5*time.Second, "the allocation re-created, long before the next HealthInterval", func() bool {
+		return e.allocations(t)[id].VConns == len(devs)
+	})
+}
+
+// slowReady is the admin socket's agent, which says it is not ready until
+// a time set: a restarted agent whose engine is still starting.
+type slowReady struct {
+	admin.Agent
+	until atomic.Int64 // unix nanoseconds
+}
+
+func (s *slowReady) notReadyFor(d time.Duration) { s.until.Store(time.Now().Add(d).UnixNano()) }
+
+func (s *slowReady) Status(ctx context.Context) (admin.Status, error) {
+	st, err := s.Agent.Status(ctx)
+	if err == nil && s.starting() {
+		st.Ready = false
+	}
+	return st, err
+}
+
+// ListAllocations fails while the agent starts, as an admin socket that
+// exists before its server serves: the collection pass its creation asks
+// for finds nothing to re-create from.
+func (s *slowReady) ListAllocations(ctx context.Context) ([]admin.Allocation, error) {
+	if s.starting() {
+		return nil, errors.New("the agent is starting")
+	}
+	return s.Agent.ListAllocations(ctx)
+}
+
+func (s *slowReady) starting() bool { return time.Now().UnixNano() < s.until.Load() }
+
+// withAdmin gives a wrapping agent of the tests its admin socket.
+func withAdmin(a admin.Agent, sock string) admin.Agent {
+	if s, ok := a.(*slowReady); ok && s.Agent == nil {
+		s.Agent = deviceplugin.AdminAgent{Path: sock}
+	}
+	return a
 }

@@ -79,14 +79,21 @@ func setup(t *testing.T, o deviceplugin.Options, before func(*env)) *env {
 		before(e)
 	}
 	cfg := *cl.Nodes[0].Config
+	if o.Agent != nil {
+		o.Agent = withAdmin(o.Agent, cfg.AdminSocket)
+	}
 	cfg.VConnsPerNode = devices
 	cfg.StateDir = stateDir
 	o.Config = &cfg
 	o.KubeletDir = dir
 	o.PodResourcesSocket = filepath.Join(dir, "pod-resources.sock")
 	o.Registerer = e.reg
-	o.HealthInterval = 50 * time.Millisecond
-	o.RetryInterval = 100 * time.Millisecond
+	if o.HealthInterval == 0 {
+		o.HealthInterval = 50 * time.Millisecond
+	}
+	if o.RetryInterval == 0 {
+		o.RetryInterval = 100 * time.Millisecond
+	}
 	if o.GCInterval == 0 {
 		o.GCInterval = time.Hour
 	}
