@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -46,8 +47,8 @@ func (g *Guard) credential(r *http.Request) (c credential, ok bool) {
 
 // certUser verifies the peer's certificate for client authentication
 // against the current CA (intermediates from the peer's chain) and
-// returns its user: CommonName, groups the Organizations, as the API
-// server does.
+// returns its user: CommonName, groups the Organizations and
+// system:authenticated, as the API server does.
 func (g *Guard) certUser(r *http.Request) (*user, []byte, bool) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 		return nil, nil, false
@@ -72,9 +73,15 @@ func (g *Guard) certUser(r *http.Request) (*user, []byte, bool) {
 		g.log.V(1).Info("client certificate refused", "subject", leaf.Subject.String(), "reason", err.Error())
 		return nil, nil, false
 	}
-	u := &user{name: leaf.Subject.CommonName, groups: leaf.Subject.Organization}
+	// The API server adds system:authenticated to every user it
+	// authenticates; a token's review says so, a certificate must too.
+	groups := append(slices.Clip(leaf.Subject.Organization), authenticatedGroup)
+	u := &user{name: leaf.Subject.CommonName, groups: groups}
 	return u, leaf.Raw, true
 }
+
+// authenticatedGroup is the group of every authenticated user.
+const authenticatedGroup = "system:authenticated"
 
 // reviewToken asks the API server who token is. A nil user with a nil
 // error means the token is not authenticated.

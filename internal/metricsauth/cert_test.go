@@ -22,8 +22,10 @@ func TestClientCertificate(t *testing.T) {
 		t.Fatalf("got %d %q, want 200 and the handler's body", res.code, res.body)
 	}
 	sar := f.sar()
-	if sar.User != "alice" || !reflect.DeepEqual(sar.Groups, []string{"team"}) {
-		t.Errorf("access review for user %q groups %v, want alice [team]", sar.User, sar.Groups)
+	// The groups the API server gives a certificate's user:
+	// Organization, and system:authenticated, as every user.
+	if want := []string{"team", "system:authenticated"}; sar.User != "alice" || !reflect.DeepEqual(sar.Groups, want) {
+		t.Errorf("access review for user %q groups %v, want alice %v", sar.User, sar.Groups, want)
 	}
 	if n := f.tokenReviews.Load(); n != 0 {
 		t.Errorf("%d token reviews for a certificate", n)
