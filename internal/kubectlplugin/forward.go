@@ -34,12 +34,12 @@ type ForwardSource struct {
 // Metrics forwards a local port to the agent's metrics port for one GET.
 func (s ForwardSource) Metrics(ctx context.Context, agent *corev1.Pod) ([]byte, error) {
 	port := metricsPort(agent)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the forward
-	local, err := s.forward(ctx, agent, port)
+	local, stop, err := s.forward(ctx, agent, port)
 	if err != nil {
 		return nil, fmt.Errorf("forwarding a port to %s/%s:%s: %w", agent.Namespace, agent.Name, port, err)
 	}
+	// After the scrape's connection is closed (scrapeTLS closes it).
+	defer stop()
 	b, err := scrapeTLS(ctx, s.Config, "127.0.0.1:"+local)
 	if err != nil {
 		return nil, fmt.Errorf("scraping %s/%s:%s/metrics through a port-forward: %w", agent.Namespace, agent.Name, port, err)
@@ -48,33 +48,43 @@ func (s ForwardSource) Metrics(ctx context.Context, agent *corev1.Pod) ([]byte, 
 }
 
 // forward listens on a free port of 127.0.0.1 forwarded to the pod's
-// port until ctx ends, and returns the local port once it is ready.
-func (s ForwardSource) forward(ctx context.Context, pod *corev1.Pod, port string) (string, error) {
+// port, and returns the local port once it is ready, and stop, which ends
+// the forward and waits for it to end.
+func (s ForwardSource) forward(ctx context.Context, pod *corev1.Pod, port string) (local string, stop func(), err error) {
 	u := s.Kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(pod.Namespace).Name(pod.Name).SubResource("portforward").URL()
 	dialer, err := forwardDialer(s.Config, u)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	ready := make(chan struct{})
 	var errOut bytes.Buffer
 	fw, err := portforward.NewOnAddressesWithContext(ctx, dialer, []string{"127.0.0.1"}, []string{"0:" + port}, ready, io.Discard, &errOut)
 	if err != nil {
-		return "", err
+		cancel()
+		return "", nil, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- fw.ForwardPorts() }()
+	stop = func() {
+		cancel()
+		<-done
+	}
 	select {
 	case <-ready:
 	case err := <-done:
-		return "", errors.Join(err, errorText(errOut.String()))
+		cancel()
+		return "", nil, errors.Join(err, errorText(errOut.String()))
 	case <-ctx.Done():
-		return "", ctx.Err()
+		stop()
+		return "", nil, ctx.Err()
 	}
 	ports, err := fw.GetPorts()
 	if err != nil || len(ports) != 1 {
-		return "", fmt.Errorf("the forwarded port: %v %w", ports, err)
+		stop()
+		return "", nil, fmt.Errorf("the forwarded port: %v %w", ports, err)
 	}
-	return strconv.Itoa(int(ports[0].Local)), nil
+	return strconv.Itoa(int(ports[0].Local)), stop, nil
 }
 
 // forwardDialer dials the port-forward as kubectl does: SPDY tunneled over
