@@ -3,6 +3,8 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -42,6 +44,7 @@ func (p *Plugin) collect(ctx context.Context) ([]string, error) {
 			p.recreate(ctx, id, h, &g)
 		}
 	}
+	p.sweepDirs(present, held, &g)
 	// Forget creation times of allocations that are gone.
 	p.mu.Lock()
 	for id, t := range p.created {
@@ -185,5 +188,37 @@ func (p *Plugin) collectLoop(ctx context.Context) {
 			p.log.Error(err, "Cannot collect allocations of pods that are gone; will retry", "in", next)
 		}
 		t.Reset(next)
+	}
+}
+
+// sweepDirs removes the directory of each device plugin allocation that
+// neither the agent (present) nor a running container (held) has: an
+// agent that restarts keeps its allocations' directories, for the pods
+// that mounted them, and comes back with no allocations, so the directory
+// of one whose pod went while it was down has no one left to remove it.
+// One this process made within GCGrace is kept (its pod may not be listed
+// yet).
+func (p *Plugin) sweepDirs(present map[string]bool, held map[string]heldAllocation, g *gcRound) {
+	dir := filepath.Join(p.opts.Config.SocketDir, "alloc")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			g.errs = append(g.errs, err)
+		}
+		return
+	}
+	for _, e := range entries {
+		id := e.Name()
+		if !e.IsDir() || !strings.HasPrefix(id, allocPrefix) || present[id] || p.recent(id) {
+			continue
+		}
+		if _, ok := held[id]; ok {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, id)); err != nil {
+			g.errs = append(g.errs, err)
+			continue
+		}
+		p.log.Info("Removed the directory of an allocation neither the agent nor a pod has", "allocation", id)
 	}
 }

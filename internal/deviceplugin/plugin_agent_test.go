@@ -3,6 +3,7 @@ package deviceplugin_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
@@ -184,4 +185,43 @@ func withAdmin(a admin.Agent, sock string) admin.Agent {
 		s.Agent = deviceplugin.AdminAgent{Path: sock}
 	}
 	return a
+}
+
+// The directory of a device plugin allocation that neither the agent nor
+// a running pod has (its pod went while the agent was down) is removed by
+// a collection pass; a running pod's is kept (its allocation re-created
+// there), and what the device plugin did not make is left alone.
+func TestGarbageCollectionRemovesOrphanDirectories(t *testing.T) {
+	ctx := testCtx(t)
+	devs := ids(3)
+	var alloc, orphan, held, other string
+	e := setup(t, deviceplugin.Options{GCInterval: time.Hour}, func(e *env) {
+		alloc = filepath.Join(e.cl.Nodes[0].Config.SocketDir, "alloc")
+		held = filepath.Join(alloc, e.id(devs))
+		e.pods.set("a", devs)
+		orphan = filepath.Join(alloc, e.id(ids(7)))
+		other = filepath.Join(alloc, "host-service")
+		for _, d := range []string{orphan, other} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(d, admin.SocketName), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	poll.Until(t, 15*time.Second, "the orphan's directory removed, the running pod's allocation re-created", func() bool {
+		_, err := os.Stat(orphan)
+		return errors.Is(err, os.ErrNotExist) && e.allocations(t)[filepath.Base(held)].VConns == len(devs)
+	})
+	for _, d := range []string{held, other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s: %v, want it kept", d, err)
+		}
+	}
+	a, err := vconn.NewClient(ctx, vconn.Options{Socket: filepath.Join(held, admin.SocketName)})
+	if err != nil {
+		t.Fatalf("the running pod's socket: %v", err)
+	}
+	a.Close()
 }
