@@ -19,21 +19,54 @@ const shmBatch = 64
 
 // shmVConn is a vconn whose messages travel in shared memory (frame.OpShm):
 // its sending goroutine (forwardTX) feeds the pod's TX ring to the engine,
-// serveRX writes what the engine delivers into the RX ring. Each copies
-// once: from the ring's slab into the engine's registered send buffer,
-// and from the engine's receive buffer into the slab.
+// serveRX writes what the engine delivers into the RX ring. The TX ring's
+// slab is registered for the vconn's sends (engine.VConn.StageSends), so
+// the engine sends each message from where the pod wrote it, and the pod
+// gets the message's room back once no work request will read it again
+// (lent): the pod's copy into the ring is the only one on the way out.
+// serveRX copies once, from the engine's receive buffer into the slab.
 type shmVConn struct {
 	h   *vconnHandle
 	seg *shm.Segment
-	tx  *shm.Consumer // forwardTX's
+	tx  *shm.Consumer // forwardTX's (Peek, Hold); Release under lent.mu
 	rx  *shm.Producer // serveRX's
 	wg  sync.WaitGroup
 	// stop ends forwardTX's and serveRX's waits on the rings with the
 	// vconn; made once, so that a wait allocates nothing.
 	stop shm.Stop
 
+	// stage is the TX slab registered for sends in place; nil where the
+	// node's registered memory refused it: forward copies then.
+	stage *engine.Staging
+	lent  lent
+	send  func() (int, error) // sendHeld, made once
+	// maps counts who still needs the mapping: reap, once forwardTX and
+	// serveRX returned, and the staging, until it is released (engine
+	// reads of the slab end); the last unmaps.
+	maps atomic.Int32
+
 	failOnce sync.Once
 	reason   atomic.Pointer[error] // why fail ended the vconn
+}
+
+// lent tracks the TX descriptors held while the engine sends from them:
+// each is released, oldest first as the ring requires, once every chunk
+// the engine queued of it came back (a later one may come back first: a
+// datagram acknowledged before an earlier RC send completes).
+type lent struct {
+	mu   sync.Mutex
+	out  []int32 // per descriptor index (masked): chunks not back; guarded by mu
+	head uint32  // the oldest held descriptor; guarded by mu
+	held uint32  // the next descriptor to hold; guarded by mu
+	cur  heldTX  // the one forwardTX sends now: its goroutine's alone
+}
+
+// heldTX is a TX descriptor the engine sends in place.
+type heldTX struct {
+	at, n, chunks int
+	imm           uint32
+	hasImm        bool
+	index         uint32
 }
 
 // openShm answers OpShm on the reader goroutine, which also serves Grant:
@@ -74,6 +107,7 @@ func (s *session) openShm(f frame.Frame) bool {
 	x.wg.Add(2)
 	s.wg.Add(1)
 	s.mu.Unlock()
+	x.stageTX(l) // reap will close what it registers
 	err = s.writeRights(&frame.Frame{Op: frame.OpOK, Req: f.Req, Handle: h.id, Payload: shm.AppendLayout(nil, l)}, seg.Files())
 	seg.ClosePeer()
 	go x.forwardTX()
@@ -93,15 +127,52 @@ func (s *session) writeRights(f *frame.Frame, fds []int) error {
 	return s.w.WriteMsg(f, shm.Rights(fds))
 }
 
-// reap unmaps the segment once the vconn is gone and both servers
-// returned.
+// stageTX registers the TX ring's slab for the vconn's sends in place,
+// counted against the node's registered memory as staging is
+// (limits.registeredBytes, shared fairly), not against the pod's
+// limits.regionBytes: it is the agent's ring, not a region the pod asked
+// for. Refused, the vconn copies its messages as before.
+func (x *shmVConn) stageTX(l shm.Layout) {
+	al := x.h.s.al
+	size := int64(len(x.tx.Slab()))
+	x.maps.Store(1) // reap's
+	if err := al.a.registered.claim(al, "shm", size, al.a.cfg.Limits.RegisteredBytes); err != nil {
+		x.h.s.log.V(1).Info("Shared-memory TX ring copied, not sent in place", "vconn", x.h.id, "reason", err.Error())
+		return
+	}
+	x.maps.Add(1) // the staging's, given up by released, which runs however StageSends ends
+	st, err := x.h.vc.StageSends(x.tx.Slab(), x.returned, func() {
+		al.a.registered.release(al, size)
+		x.unmap()
+	})
+	if err != nil {
+		x.h.s.log.V(1).Info("Shared-memory TX ring copied, not sent in place", "vconn", x.h.id, "reason", err.Error())
+		return
+	}
+	x.stage, x.lent.out = st, make([]int32, l.Entries)
+	x.send = x.sendHeld
+}
+
+// unmap drops a need of the mapping; the last unmaps it.
+func (x *shmVConn) unmap() {
+	if x.maps.Add(-1) == 0 {
+		_ = x.seg.Close()
+	}
+}
+
+// reap unmaps the segment once the vconn is gone, both servers returned
+// and, where the engine sends from the TX slab, it deregistered the slab
+// (every message it held came back).
 func (x *shmVConn) reap() {
 	s := x.h.s
 	defer s.wg.Done()
 	<-x.h.ctx.Done()
 	x.seg.Shutdown() // ends forwardTX's and serveRX's doorbell waits
 	x.wg.Wait()
-	_ = x.seg.Close()
+	if x.stage != nil {
+		_ = x.stage.Close() // deregistered once what it holds comes back
+	}
+	x.unmap()
 	s.mu.Lock()
 	delete(s.shm, x.h.id)
 	s.mu.Unlock()
@@ -145,25 +216,72 @@ func (x *shmVConn) forwardTX() {
 type shmTX struct{ x *shmVConn }
 
 func (t shmTX) next() (outgoing, error) {
-	d, b, err := t.x.tx.Next(t.x.stop)
+	x := t.x
+	d, b, err := x.tx.Next(x.stop)
 	if err == nil {
 		err = checkTX(d)
 	}
 	if err != nil {
 		return outgoing{}, err
 	}
-	return outgoing{data: b, imm: d.Imm, hasImm: d.Flags&shm.FlagImm != 0}, nil
+	hasImm := d.Flags&shm.FlagImm != 0
+	if x.stage == nil {
+		return outgoing{data: b, imm: d.Imm, hasImm: hasImm}, nil
+	}
+	c := heldTX{at: int(d.Off), n: int(d.Len), chunks: x.h.vc.Chunks(int(d.Len)), imm: d.Imm, hasImm: hasImm}
+	x.lent.mu.Lock()
+	c.index = x.tx.Hold()
+	x.lent.out[c.index&uint32(len(x.lent.out)-1)] = int32(c.chunks)
+	x.lent.held = c.index + 1
+	x.lent.mu.Unlock()
+	x.lent.cur = c
+	return outgoing{send: x.send}, nil
 }
 
-// sent releases the message; a send the engine refused ends the ring,
-// which the pod learns from the socket (fail).
+// sent releases a copied message; a held one comes back from the engine
+// (returned). A send the engine refused ends the ring, which the pod
+// learns from the socket (fail).
 func (t shmTX) sent(err error) bool {
 	if err != nil {
 		t.x.fail(err, false)
 		return false
 	}
-	t.x.tx.Release()
+	if t.x.stage == nil {
+		t.x.tx.Release()
+	}
 	return true
+}
+
+// sendHeld hands the engine the held descriptor to send in place; what
+// it did not queue comes back at once.
+func (x *shmVConn) sendHeld() (int, error) {
+	c := &x.lent.cur
+	k, err := x.h.vc.SendStaged(x.h.ctx, x.stage, c.at, c.n, c.imm, c.hasImm, c.index)
+	if k < c.chunks {
+		x.back(c.index, c.chunks-k)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return c.n, nil
+}
+
+// returned is the engine's word that a chunk of a held descriptor will
+// not be read again (engine.VConn.StageSends); on a poller.
+func (x *shmVConn) returned(index uint32) { x.back(index, 1) }
+
+// back counts k chunks of descriptor index back, and releases to the pod
+// every held descriptor, oldest first, that has all of its back.
+func (x *shmVConn) back(index uint32, k int) {
+	l := &x.lent
+	mask := uint32(len(l.out) - 1)
+	l.mu.Lock()
+	l.out[index&mask] -= int32(k)
+	for l.head != l.held && l.out[l.head&mask] == 0 {
+		x.tx.Release()
+		l.head++
+	}
+	l.mu.Unlock()
 }
 
 // end: a ring the pod broke aborts the vconn; else the vconn ended (its

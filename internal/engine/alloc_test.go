@@ -64,3 +64,42 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestSendStagedAllocatesNothing: a staged send's round allocates nothing.
+func TestSendStagedAllocatesNothing(t *testing.T) {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
+		t.Run(tr.String(), func(t *testing.T) {
+			a, b := testEngines(t, wire.Faults{}, Config{SpinPolls: 1 << 30})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var got, back atomic.Uint64
+			va, _, err := Pair(ctx, a, b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr, Handler: func(_ *VConn, m Message) {
+				m.Release()
+				got.Add(1)
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := va.StageSends(mapShared(t, 64<<10), func(uint32) { back.Add(1) }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			round := func() {
+				want := got.Load() + 1
+				if _, err := va.SendStaged(ctx, st, 128, 2000, 7, true, 1); err != nil {
+					t.Fatal(err)
+				}
+				for got.Load() < want || back.Load() < want {
+					runtime.Gosched()
+				}
+			}
+			for range 2000 {
+				round()
+			}
+			if n := testing.AllocsPerRun(2000, round); n != 0 {
+				t.Fatalf("%.2f allocations per staged round trip; want 0", n)
+			}
+		})
+	}
+}

@@ -114,7 +114,7 @@
 //   - vconn.go: VConn, its layout and lifecycle (Connect, Close, Abort,
 //     fail, release), schedule.
 //   - send.go: the sender's queue (sender: ring, lock, sequence, waits)
-//     and Send, SendImm, TrySend; queueEntry for one-sided markers and
+//     and Send, SendImm, TrySend, SendStaged; queueEntry for one-sided markers and
 //     region messages.
 //   - poller.go: the poller's loop, rounds and sleep. cq.go: per round,
 //     which vconns each QP serves, the doorbells, and the completions:
@@ -128,5 +128,7 @@
 //   - auto.go: Auto's reliability on a vconn (autoLink over package
 //     reliable): acknowledgements, gap reports, retransmission timers.
 //   - region.go, onesided.go: exports (memory windows); RDMA READ and
-//     WRITE, staging memory. stats.go: counters and Stats.
+//     WRITE, staging memory. lend.go: sends from staging memory in place
+//     (SendStaged), their payloads given back. stats.go: counters and
+//     Stats.
 package engine

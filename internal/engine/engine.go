@@ -103,6 +103,11 @@ type Engine struct {
 	// timer fires (region.go releaseLater) or the engine closes.
 	graceMu sync.Mutex
 	grace   map[graced]*time.Timer
+	// lending is the staging memory sends may still read (StageSends),
+	// until deregistered; what is left when the engine closes, with
+	// sends whose completions no poller will see, goes then. Guarded by
+	// graceMu.
+	lending map[*Staging]struct{}
 
 	// registered is the bytes of exported regions' memory, and of
 	// vconns' staging memory, registered now, from before the
@@ -292,6 +297,7 @@ func (e *Engine) Close() error {
 		p.stop()
 	}
 	e.releaseGraced()
+	e.releaseLending()
 	var errs []error
 	e.peersMu.Lock()
 	peers = append(peers, e.retired...)
@@ -558,7 +564,7 @@ func (p *poller) openUD() error {
 	e := p.e
 	qp, err := e.pd.CreateQP(&verbs.QPInitAttr{
 		Type: verbs.QPTypeUD, SendCQ: p.cq, RecvCQ: p.cq, SRQ: e.dsrq,
-		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: 1, MaxRecvSGE: 1},
+		Cap: verbs.QPCap{MaxSendWR: uint32(e.cfg.SQDepth), MaxSendSGE: 2, MaxRecvSGE: 1}, // a header and its payload in place (lend.go)
 	})
 	if err != nil {
 		return fmt.Errorf("engine: poller %d UD QP: %w", p.idx, err)

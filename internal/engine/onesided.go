@@ -207,6 +207,7 @@ type Staging struct {
 	vc       *VConn
 	mr       verbs.MR
 	released func()
+	returned func(token uint32) // StageSends'; nil for one-sided use only
 
 	mu     sync.Mutex
 	busy   int  // operations whose work requests may be in flight; guarded by mu
@@ -362,6 +363,9 @@ func (s *Staging) release() error {
 	}
 	s.gone = true
 	s.mu.Unlock()
+	if s.returned != nil {
+		s.unlend()
+	}
 	n := len(s.mr.Bytes())
 	if err := s.mr.Close(); err != nil {
 		s.vc.e.log.Error(err, "Deregistering staging memory failed: it stays registered", "vconn", s.vc.id, "bytes", n)
@@ -392,4 +396,35 @@ func (vc *VConn) sendControl(ctx context.Context, t format.Type, arg uint32, pay
 		copy(b[format.HeaderLen:], payload)
 		return newEntry(slot, uint32(format.HeaderLen+len(payload))), nil
 	})
+}
+
+// takeUnexportAcks appends to ids the confirmations the poller may send
+// now: those whose markers it posted. Only vc's poller calls it.
+func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
+	rg := vc.regions.Load()
+	if rg == nil {
+		return ids
+	}
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	k := 0
+	for _, a := range rg.unexportAcks {
+		if a.after <= rg.posted {
+			ids = append(ids, a.id)
+		} else {
+			rg.unexportAcks[k] = a
+			k++
+		}
+	}
+	rg.unexportAcks = rg.unexportAcks[:k]
+	return ids
+}
+
+// retryUnexportAck puts back a confirmation that found no room to go.
+// Only vc's poller calls it.
+func (vc *VConn) retryUnexportAck(id uint32) {
+	rg := vc.rg()
+	rg.mu.Lock()
+	rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: id})
+	rg.mu.Unlock()
 }

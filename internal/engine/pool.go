@@ -23,6 +23,9 @@ import (
 type bufPool struct {
 	mr      verbs.MR
 	classes []bufClass
+	// lent is, for each buffer of class 0, the staged payload its
+	// header goes with (lend.go); touched by the buffer's owner only.
+	lent []lentRef
 }
 
 type bufClass struct {
@@ -95,6 +98,7 @@ func newBufPool(pd verbs.PD, specs []classSpec) (*bufPool, error) {
 		c.wakeAt = max(1, min(32, s.n/16))
 		off += uint64(s.size) * uint64(s.n)
 	}
+	p.lent = make([]lentRef, specs[0].n)
 	return p, nil
 }
 

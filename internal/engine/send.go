@@ -71,55 +71,78 @@ func (e ringEntry) len() uint32 { return uint32(e) }
 // Send sends one message, blocking while the vconn's queue is full (the
 // peer is not reading: credits ran out) or its QP's backlog is.
 func (vc *VConn) Send(ctx context.Context, data []byte) error {
-	_, err := vc.send(ctx, data, 0, false, true)
+	_, err := vc.send(ctx, payload{data: data}, 0, false, true)
 	return err
 }
 
 // SendImm sends one message with an application immediate.
 func (vc *VConn) SendImm(ctx context.Context, data []byte, imm uint32) error {
-	_, err := vc.send(ctx, data, imm, true, true)
+	_, err := vc.send(ctx, payload{data: data}, imm, true, true)
 	return err
 }
 
 // TrySend sends one message if it fits in the vconn's queue now; it
 // reports false, without error, when it does not.
 func (vc *VConn) TrySend(data []byte) (bool, error) {
-	return vc.send(context.Background(), data, 0, false, false)
+	n, err := vc.send(context.Background(), payload{data: data}, 0, false, false)
+	return n > 0, err
 }
 
 // TrySendImm is TrySend with an application immediate: a poller serving
 // many vconns from one goroutine (the agent's shared-memory rings) must
 // not block on one of them.
 func (vc *VConn) TrySendImm(data []byte, imm uint32) (bool, error) {
-	return vc.send(context.Background(), data, imm, true, false)
+	n, err := vc.send(context.Background(), payload{data: data}, imm, true, false)
+	return n > 0, err
 }
 
-func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, block bool) (bool, error) {
+// SendStaged sends n bytes of s at at as one message, as SendImm (hasImm)
+// or Send, without copying them (lend.go): they must stay in place until
+// s's returned gives token back, once for each chunk queued (Chunks). It
+// returns how many it queued: all, or, with an error, none, unless ctx
+// ended midway, which fails the vconn.
+func (vc *VConn) SendStaged(ctx context.Context, s *Staging, at, n int, imm uint32, hasImm bool, token uint32) (int, error) {
+	switch {
+	case s.vc != vc || s.returned == nil:
+		return 0, fmt.Errorf("engine: vconn %v: send from staging memory not staged for its sends: %w", vc.id, verbs.ErrInvalid)
+	case at < 0 || n < 0 || at > s.Len() || n > s.Len()-at:
+		return 0, fmt.Errorf("engine: vconn %v: send of %d bytes at %d outside its %d of staging memory: %w", vc.id, n, at, s.Len(), verbs.ErrInvalid)
+	}
+	k, err := vc.send(ctx, payload{st: s, at: at, n: n, token: token}, imm, hasImm, true)
+	if err == nil {
+		vc.e.stats.inPlace.Add(1)
+	}
+	return k, err
+}
+
+// send queues the message pl, in chunks; it returns how many it queued:
+// all, or none (err nil: no room now, for a send that must not block).
+func (vc *VConn) send(ctx context.Context, pl payload, imm uint32, hasImm, block bool) (int, error) {
 	s := &vc.snd
-	if max := vc.MaxMessage(); len(data) > max {
-		return false, fmt.Errorf("engine: send %d bytes on %v vconn %v: %w (%d)", len(data), vc.tr, vc.id, ErrTooLarge, max)
+	size := pl.len()
+	if max := vc.MaxMessage(); size > max {
+		return 0, fmt.Errorf("engine: send %d bytes on %v vconn %v: %w (%d)", size, vc.tr, vc.id, ErrTooLarge, max)
 	}
 	per := vc.e.cfg.ChunkSize - format.HeaderLen
-	chunks := max(1, (len(data)+per-1)/per)
+	chunks := vc.Chunks(size)
 	if locked, err := vc.lockSend(ctx, block); !locked {
-		return false, err
+		return 0, err
 	}
 	defer s.mu.Unlock()
 	if !block && s.free() < chunks {
-		return false, nil
+		return 0, nil
 	}
-	h := format.DataHeader(uint32(len(data)), s.seq, imm, hasImm)
+	h := format.DataHeader(uint32(size), s.seq, imm, hasImm)
 	for i := 0; i < chunks; i++ {
-		part := data[min(i*per, len(data)):min((i+1)*per, len(data))]
 		h.SetChunk(i == 0, i == chunks-1)
-		queued, err := vc.queueChunk(ctx, &h, part, block)
+		queued, err := vc.queueChunk(ctx, &h, pl, min(i*per, size), min((i+1)*per, size), block)
 		if !queued {
 			// Nothing of this message is queued unless i > 0, which only a
 			// blocking send reaches; its ctx ended, the vconn is broken.
 			if i > 0 {
 				vc.fail(fmt.Errorf("engine: message abandoned half-queued: %w", err))
 			}
-			return false, err
+			return i, err
 		}
 		if chunks > 1 {
 			vc.scheduleData()
@@ -127,7 +150,7 @@ func (vc *VConn) send(ctx context.Context, data []byte, imm uint32, hasImm, bloc
 	}
 	s.seq++
 	vc.scheduleData()
-	return true, nil
+	return chunks, nil
 }
 
 // lockSend takes the sender's lock for a message, once the QP's backlog
@@ -212,18 +235,35 @@ func (vc *VConn) SendFrom(ctx context.Context, max int, read func([]byte) (int, 
 	return n, nil
 }
 
-// queueChunk copies one chunk, behind its header h, into a send buffer and
-// pushes it; it reports false when it queued nothing: no buffer free (a
-// TrySend's, err nil), or err. The sender, holding mu.
-func (vc *VConn) queueChunk(ctx context.Context, h *format.Header, part []byte, block bool) (bool, error) {
-	slot, err := vc.reserve(ctx, format.HeaderLen+len(part), block)
+// queueChunk queues bytes from..to of pl as one chunk behind its header h:
+// copied into a send buffer after it, or, staged, left in place (lend.go)
+// with the header alone in a small buffer. It reports false when it
+// queued nothing: no buffer free (a TrySend's, err nil), or err. The
+// sender, holding mu.
+func (vc *VConn) queueChunk(ctx context.Context, h *format.Header, pl payload, from, to int, block bool) (bool, error) {
+	n := format.HeaderLen + to - from
+	room := n
+	if pl.st != nil {
+		if err := pl.st.acquire(); err != nil {
+			return false, fmt.Errorf("engine: vconn %v: %w", vc.id, err)
+		}
+		room = format.HeaderLen
+	}
+	slot, err := vc.reserve(ctx, room, block)
 	if err != nil || slot == noSlot {
+		if pl.st != nil {
+			pl.st.done(false)
+		}
 		return false, err
 	}
 	b := vc.e.pool.bytes(slot)
 	h.Put(b)
-	copy(b[format.HeaderLen:], part)
-	vc.push(newEntry(slot, uint32(format.HeaderLen+len(part))))
+	if pl.st != nil {
+		vc.e.pool.lend(slot, lentRef{st: pl.st, at: uint32(pl.at + from), n: uint32(to - from), token: pl.token})
+	} else {
+		copy(b[format.HeaderLen:], pl.data[from:to])
+	}
+	vc.push(newEntry(slot, uint32(n)))
 	return true, nil
 }
 

@@ -55,7 +55,7 @@ func (p *poller) serveDead(vc *VConn, remote vqpn.ID) {
 		if !ok {
 			break
 		}
-		p.e.pool.put(ent.slot())
+		p.free(ent.slot(), false)
 		p.took(vc)
 	}
 	vc.snd.wakeSender()
@@ -329,7 +329,7 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32, set, 
 		tag |= format.TagFin
 	}
 	tag = tag&^clear | set
-	return verbs.SendWR{
+	wr := verbs.SendWR{
 		WRID:    tag.WRID(vc.id),
 		Opcode:  verbs.WRSendWithImm,
 		Flags:   verbs.SendSignaled,
@@ -337,6 +337,10 @@ func (p *poller) sendWR(vc *VConn, remote vqpn.ID, slot bufSlot, n uint32, set, 
 		NumSGE:  1,
 		SG:      [verbs.MaxSGE]verbs.SGE{p.e.pool.sge(slot, n)},
 	}
+	if r := p.e.pool.lentOf(slot); r != nil { // the header here, the payload in place
+		wr.NumSGE, wr.SG[0].Length, wr.SG[1] = 2, format.HeaderLen, r.sge()
+	}
+	return wr
 }
 
 // post adds the SEND of n bytes of slot to q's batch, with the QP pair's
@@ -397,6 +401,9 @@ func (p *poller) free(slot bufSlot, gather bool) {
 			s, _ := gathered(b, i)
 			e.pool.put(s)
 		}
+	}
+	if r := e.pool.lentOf(slot); r != nil {
+		r.give()
 	}
 	e.pool.put(slot)
 }
@@ -490,7 +497,7 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 			break
 		}
 		b := format.Raw(e.pool.bytes(slot))
-		if b.Type() != format.Data || !b.Whole() || !vc.autoDgram(n) {
+		if b.Type() != format.Data || !b.Whole() || !vc.autoDgram(n) || gather && e.pool.lentOf(slot) != nil {
 			break
 		}
 		total += int(n)
@@ -519,8 +526,8 @@ func (p *poller) bundle(vc *VConn, remote vqpn.ID) int {
 		if gather {
 			putGathered(b, i, slot, n)
 		} else {
-			off += copy(b[off:], e.pool.bytes(slot)[:n])
-			e.pool.put(slot)
+			off += p.copyEntry(b[off:], slot, n)
+			p.free(slot, false)
 		}
 		p.took(vc)
 	}
@@ -564,35 +571,4 @@ func (p *poller) bundleWR(vc *VConn, remote vqpn.ID, u *reliable.Datagram, resen
 		wr.SG[i+1] = e.pool.sge(gathered(b, i))
 	}
 	return wr
-}
-
-// takeUnexportAcks appends to ids the confirmations the poller may send
-// now: those whose markers it posted. Only vc's poller calls it.
-func (vc *VConn) takeUnexportAcks(ids []uint32) []uint32 {
-	rg := vc.regions.Load()
-	if rg == nil {
-		return ids
-	}
-	rg.mu.Lock()
-	defer rg.mu.Unlock()
-	k := 0
-	for _, a := range rg.unexportAcks {
-		if a.after <= rg.posted {
-			ids = append(ids, a.id)
-		} else {
-			rg.unexportAcks[k] = a
-			k++
-		}
-	}
-	rg.unexportAcks = rg.unexportAcks[:k]
-	return ids
-}
-
-// retryUnexportAck puts back a confirmation that found no room to go.
-// Only vc's poller calls it.
-func (vc *VConn) retryUnexportAck(id uint32) {
-	rg := vc.rg()
-	rg.mu.Lock()
-	rg.unexportAcks = append(rg.unexportAcks, unexportAck{id: id})
-	rg.mu.Unlock()
 }

@@ -29,6 +29,7 @@ type Stats struct {
 	GapResends   uint64 // of those, sent at once on the peer's gap report
 	Bundled      uint64 // messages sent in bundles (auto.go)
 	Gathered     uint64 // of those, sent from their own buffers, not copied
+	SentInPlace  uint64 // messages sent from staging memory in place (SendStaged)
 	AutoToRC     uint64 // peer paths whose Auto small messages moved to RC under loss (reliable.Path)
 	AutoToUC     uint64 // and back
 	BuffersInUse []int  // per pool class
@@ -50,7 +51,7 @@ type Stats struct {
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, recvCopied atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, inPlace, recvCopied atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -71,6 +72,7 @@ func (e *Engine) Stats() Stats {
 		AutoToUC:     e.stats.toUC.Load(),
 		Bundled:      e.stats.bundled.Load(),
 		Gathered:     e.stats.gathered.Load(),
+		SentInPlace:  e.stats.inPlace.Load(),
 		BuffersInUse: e.pool.inUse(),
 
 		RecvBuffersHeld:  int(e.held[0].Load()),

@@ -102,12 +102,17 @@ type Producer struct {
 	room   func(uintptr) bool // for Wait: the consumer released, or the bell is down or rung
 }
 
-// Consumer is the reading end of a ring, with the same rule as Producer.
+// Consumer is the reading end of a ring, with the same rule as Producer,
+// except that Release may run on another goroutine than Peek and Hold
+// (one at a time): a consumer that sends the payloads from the slab in
+// place (the agent's TX) gives them back as their sends complete.
 type Consumer struct {
 	r    ring
 	bell *Bell
-	head uint32 // next descriptor to read; private, published to r.head
-	tail uint32 // the producer's tail, as last checked
+	// head is the oldest descriptor not released, published to r.head;
+	// read the next to peek, at or past head (Hold). Both private.
+	head, read atomic.Uint32
+	tail       uint32 // the producer's tail, as last checked; Peek's
 	// For Wait: the producer published a descriptor, or the bell is
 	// down or rung. It reads shared memory, atomics and the descriptor
 	// only: goroutines that take turns on the consumer (a caller's lock)
@@ -125,7 +130,7 @@ func newProducer(r ring, b *Bell) *Producer {
 
 func newConsumer(r ring, b *Bell) *Consumer {
 	c := &Consumer{r: r, bell: b}
-	c.more = func(fd uintptr) bool { return c.r.tail.Load() != c.r.head.Load() || b.Down() || rung(fd) }
+	c.more = func(fd uintptr) bool { return c.r.tail.Load() != c.read.Load() || b.Down() || rung(fd) }
 	return c
 }
 
@@ -203,40 +208,60 @@ func (p *Producer) Wait(timeout time.Duration) (bool, error) {
 }
 
 // Ready reports whether a descriptor may be waiting (Peek decides).
-func (c *Consumer) Ready() bool { return c.head != c.tail || c.r.tail.Load() != c.head }
+func (c *Consumer) Ready() bool { r := c.read.Load(); return r != c.tail || c.r.tail.Load() != r }
 
-// Peek returns the next descriptor and its payload, which aliases shared
-// memory and is valid until Release (as far as the producer is honest:
-// the agent must treat it as bytes that can change under it). ok is false
-// when the ring is empty; an error is final.
+// Peek returns the next descriptor not yet held and its payload, which
+// aliases shared memory and is valid until Release (as far as the
+// producer is honest: the agent must treat it as bytes that can change
+// under it). ok is false when the ring is empty; an error is final.
 func (c *Consumer) Peek() (d Desc, payload []byte, ok bool, err error) {
-	if c.head == c.tail {
+	r := c.read.Load()
+	if r == c.tail {
 		t := c.r.tail.Load()
-		if t-c.head > c.r.n {
-			return Desc{}, nil, false, fmt.Errorf("%w: producer tail %d, head %d, %d entries", ErrCorrupt, t, c.head, c.r.n)
+		if t-c.head.Load() > c.r.n {
+			return Desc{}, nil, false, fmt.Errorf("%w: producer tail %d, head %d, %d entries", ErrCorrupt, t, c.head.Load(), c.r.n)
 		}
-		if c.tail = t; t == c.head {
+		if c.tail = t; t == r {
 			return Desc{}, nil, false, nil
 		}
 	}
-	if d, err = c.r.decode(c.head); err != nil {
+	if d, err = c.r.decode(r); err != nil {
 		return Desc{}, nil, false, err
 	}
 	return d, c.r.slab[d.Off : d.Off+d.Len : d.Off+d.Len], true, nil
 }
 
-// Release gives the descriptor Peek returned (and its bytes) back to the
-// producer, ringing its bell if it waits for room.
+// Hold moves past the descriptor Peek returned without releasing it: its
+// bytes stay in place, and the producer's, until a Release gives it back.
+// It returns the descriptor's index (Release gives back the oldest first).
+func (c *Consumer) Hold() uint32 {
+	r := c.read.Load()
+	c.read.Store(r + 1)
+	return r
+}
+
+// Release gives the oldest descriptor not released (and its bytes) back
+// to the producer, ringing its bell if it waits for room: the one Peek
+// returned, or the oldest held. It does nothing when none was peeked.
 func (c *Consumer) Release() {
-	if c.head == c.tail {
-		return
+	h, r := c.head.Load(), c.read.Load()
+	if h == r { // none held: the one Peek returned, if any
+		if r == c.tail {
+			return
+		}
+		c.read.Store(r + 1)
 	}
-	c.head++
-	c.r.head.Store(c.head)
+	h++
+	c.head.Store(h)
+	c.r.head.Store(h)
 	if c.r.prodWait.Load() != 0 && c.r.prodWait.Swap(0) != 0 {
 		c.bell.Ring()
 	}
 }
+
+// Slab is the ring's payload area, which descriptors' offsets point
+// into: for a consumer that registers it to send from in place.
+func (c *Consumer) Slab() []byte { return c.r.slab }
 
 // Arm announces that the consumer is about to sleep until the producer
 // pushes: the next Push rings the bell. It reports whether a descriptor

@@ -218,3 +218,79 @@ func BenchmarkRing(b *testing.B) {
 		c.Release()
 	}
 }
+
+// TestHoldRelease: a consumer that holds descriptors reads past them
+// while their bytes stay the producer's to keep (no room reused), and a
+// Release on another goroutine gives back the oldest first; Peek without
+// Hold then Release still takes one message, as before. Under -race the
+// two goroutines' accesses are checked.
+func TestHoldRelease(t *testing.T) {
+	_, p, c := heapRing(t, small) // 8 entries, 1 KiB of slab, 256-byte messages
+	msg := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 200) }
+	for i := range 4 { // 4 × 256 bytes of slab: full
+		if ok, err := p.Push(msg(i), uint32(i), 0); !ok || err != nil {
+			t.Fatalf("push %d: %v %v", i, ok, err)
+		}
+	}
+	var held []uint32
+	for i := range 3 {
+		d, b, ok, err := c.Peek()
+		if !ok || err != nil || d.Imm != uint32(i) || !bytes.Equal(b, msg(i)) {
+			t.Fatalf("peek %d: %+v %v %v", i, d, ok, err)
+		}
+		held = append(held, c.Hold())
+	}
+	if held[0] != 0 || held[2] != 2 {
+		t.Fatalf("held indexes %v, want 0 1 2", held)
+	}
+	if ok, _ := p.Push(msg(9), 9, 0); ok {
+		t.Fatal("a push found room while every byte of the slab was held or unread")
+	}
+	done := make(chan struct{})
+	go func() { // the engine's poller, giving back what it sent
+		defer close(done)
+		c.Release()
+	}()
+	<-done
+	// One released: the oldest (message 0), so 256 bytes are free again.
+	if ok, err := p.Push(msg(4), 4, 0); !ok || err != nil {
+		t.Fatalf("push after a release: %v %v", ok, err)
+	}
+	if ok, _ := p.Push(msg(5), 5, 0); ok {
+		t.Fatal("a second push found room: more than the oldest was released")
+	}
+	// Peek goes on after the held ones: message 3, then 4.
+	for _, want := range []uint32{3, 4} {
+		d, _, ok, err := c.Peek()
+		if !ok || err != nil || d.Imm != want {
+			t.Fatalf("peek after holds: %+v %v %v, want message %d", d, ok, err, want)
+		}
+		c.Hold()
+	}
+	if _, _, ok, _ := c.Peek(); ok {
+		t.Fatal("peek past the last message found one")
+	}
+	for range 4 {
+		c.Release()
+	}
+	if !p.Empty() {
+		t.Fatal("every held descriptor released, the producer's ring is not empty")
+	}
+	// Without Hold, Peek and Release take one message each, as before.
+	for i := range 2 {
+		if ok, err := p.Push(msg(i), uint32(10+i), 0); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	for i := range 2 {
+		d, _, ok, err := c.Peek()
+		if !ok || err != nil || d.Imm != uint32(10+i) {
+			t.Fatalf("peek %d without hold: %+v %v %v", i, d, ok, err)
+		}
+		c.Release()
+	}
+	c.Release() // nothing peeked: nothing happens
+	if !p.Empty() {
+		t.Fatal("ring not empty after the unheld messages")
+	}
+}

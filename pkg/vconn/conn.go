@@ -41,8 +41,9 @@ type Conn struct {
 	closeErr      error
 	shm           *shmConn // the shared-memory path; nil on the socket; set before use
 
-	rmu sync.Mutex // serialises stream reads; guards cur
-	cur []byte     // rest of the message a stream Read is in
+	rmu   sync.Mutex // serialises stream reads; guards cur and spare
+	cur   []byte     // rest of the message a stream Read is in
+	spare []byte     // where a shared-memory Read keeps a message's rest
 
 	mu       sync.Mutex
 	q        []Message     // received, unread; guarded by mu
@@ -113,14 +114,14 @@ func (c *Conn) isClosed() bool {
 // socketRX is the socket's receiver: messages the reader queued on c.
 type socketRX struct{}
 
-func (socketRX) take(c *Conn) (Message, bool, error) {
+func (socketRX) take(c *Conn, _ []byte) (Message, int, bool, error) {
 	c.mu.Lock()
 	if len(c.q) == 0 {
 		// Under the lock that queued the messages: EOF and Error come
 		// after them.
 		err := c.ended()
 		c.mu.Unlock()
-		return Message{}, err != nil, err
+		return Message{}, 0, err != nil, err
 	}
 	m := c.q[0]
 	c.q[0] = Message{}
@@ -134,7 +135,7 @@ func (socketRX) take(c *Conn) (Message, bool, error) {
 	if grant > 0 {
 		_ = c.s.write(&frame.Frame{Op: frame.OpGrant, Handle: c.h, Arg: uint32(grant)})
 	}
-	return m, true, nil
+	return m, 0, true, nil
 }
 
 func (socketRX) spin() time.Duration { return 0 }
@@ -162,7 +163,8 @@ func (c *Conn) ended() error {
 
 // RecvMsg returns the next message whole: io.EOF once the peer closed.
 func (c *Conn) RecvMsg(ctx context.Context) (Message, error) {
-	return c.next(ctx, c.rd)
+	m, _, err := c.next(ctx, c.rd, nil)
+	return m, err
 }
 
 // Read reads the vconn as a byte stream. On a vconn whose transport may
@@ -177,9 +179,14 @@ func (c *Conn) Read(b []byte) (int, error) {
 		if len(b) == 0 {
 			return 0, nil
 		}
-		m, err := c.next(context.Background(), c.rd)
+		// On shared memory the message is copied once, from the ring
+		// into b (next's into).
+		m, n, err := c.next(context.Background(), c.rd, b)
 		if err != nil {
 			return 0, c.opErr("read", err)
+		}
+		if n > 0 {
+			return n, nil
 		}
 		c.cur = m.Data
 	}

@@ -10,7 +10,10 @@ import (
 // next waits for the next message; io.EOF after the peer closed. It runs
 // on the receiving caller's goroutine (RecvMsg, Read), as do its
 // receiver's methods; a receiver that spins (shared memory) spins here.
-func (c *Conn) next(ctx context.Context, dl *deadline) (Message, error) {
+// With into (Read's buffer, c.rmu held), a receiver that can copies the
+// message's bytes straight into it, its rest into c.cur, and returns how
+// many it copied instead of the message.
+func (c *Conn) next(ctx context.Context, dl *deadline, into []byte) (Message, int, error) {
 	var rx receiver = socketRX{}
 	if c.shm != nil {
 		rx = c.shm
@@ -21,13 +24,13 @@ func (c *Conn) next(ctx context.Context, dl *deadline) (Message, error) {
 	)
 	for {
 		if c.isClosed() {
-			return Message{}, net.ErrClosed
+			return Message{}, 0, net.ErrClosed
 		}
-		if m, ok, err := rx.take(c); ok || err != nil {
-			return m, err
+		if m, n, ok, err := rx.take(c, into); ok || err != nil {
+			return m, n, err
 		}
 		if err := ctx.Err(); err != nil {
-			return Message{}, err
+			return Message{}, 0, err
 		}
 		if idle.IsZero() {
 			idle, spin = time.Now(), rx.spin()
@@ -41,7 +44,7 @@ func (c *Conn) next(ctx context.Context, dl *deadline) (Message, error) {
 			dc = dl.wait()
 		}
 		if err := rx.wait(ctx, c, dc); err != nil {
-			return Message{}, err
+			return Message{}, 0, err
 		}
 	}
 }
@@ -51,8 +54,9 @@ func (c *Conn) next(ctx context.Context, dl *deadline) (Message, error) {
 // or shmConn, the shared-memory RX ring.
 type receiver interface {
 	// take returns the next message (ok), or, with none, io.EOF or the
-	// vconn's failure once the vconn ended.
-	take(c *Conn) (m Message, ok bool, err error)
+	// vconn's failure once the vconn ended. With into, it may instead
+	// copy the message into it (n bytes), as next says.
+	take(c *Conn, into []byte) (m Message, n int, ok bool, err error)
 	// spin is how long next polls take before it sleeps in wait.
 	spin() time.Duration
 	// wait sleeps until a message may be there, or c closes; it fails

@@ -131,14 +131,14 @@ func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, 
 // take is the receiver's take on the RX ring, where EOF and failures
 // the agent meets come in order after the messages; one the socket
 // reports (the session broke) is c's.
-func (x *shmConn) take(c *Conn) (Message, bool, error) {
-	if m, ok, err := x.recv(c); ok || err != nil {
-		return m, ok, err
+func (x *shmConn) take(c *Conn, into []byte) (Message, int, bool, error) {
+	if m, n, ok, err := x.recv(c, into); ok || err != nil {
+		return m, n, ok, err
 	}
 	c.mu.Lock()
 	err := c.ended()
 	c.mu.Unlock()
-	return Message{}, err != nil, err
+	return Message{}, 0, err != nil, err
 }
 
 func (x *shmConn) spin() time.Duration { return shm.SpinFor() }
@@ -179,19 +179,21 @@ func (x *shmConn) sleepRX(d time.Duration) error {
 }
 
 // recv takes the next descriptor, if any: a message (copied out, so the
-// slab room goes back to the agent at once), EOF or the vconn's failure.
-func (x *shmConn) recv(c *Conn) (Message, bool, error) {
+// slab room goes back to the agent at once: into into, Read's buffer,
+// and its rest into c.cur, where into is not nil), EOF or the vconn's
+// failure.
+func (x *shmConn) recv(c *Conn, into []byte) (Message, int, bool, error) {
 	x.rmu.Lock()
 	defer x.rmu.Unlock()
 	if x.closed {
-		return Message{}, false, net.ErrClosed
+		return Message{}, 0, false, net.ErrClosed
 	}
 	d, p, ok, err := x.rx.Peek()
 	if err != nil {
-		return Message{}, false, &Error{Code: CodeAgentGone, Message: err.Error()}
+		return Message{}, 0, false, &Error{Code: CodeAgentGone, Message: err.Error()}
 	}
 	if !ok {
-		return Message{}, false, nil
+		return Message{}, 0, false, nil
 	}
 	defer x.rx.Release()
 	switch {
@@ -199,7 +201,7 @@ func (x *shmConn) recv(c *Conn) (Message, bool, error) {
 		c.mu.Lock()
 		c.eof = true
 		c.mu.Unlock()
-		return Message{}, true, io.EOF
+		return Message{}, 0, true, io.EOF
 	case d.Flags&shm.FlagError != 0:
 		err := &Error{Code: Code(d.Imm), Message: string(p)}
 		c.mu.Lock()
@@ -207,9 +209,15 @@ func (x *shmConn) recv(c *Conn) (Message, bool, error) {
 			c.err = err
 		}
 		c.mu.Unlock()
-		return Message{}, true, err
+		return Message{}, 0, true, err
 	}
-	return Message{Data: append([]byte(nil), p...), Imm: d.Imm, HasImm: d.Flags&shm.FlagImm != 0}, true, nil
+	if into != nil && len(p) > 0 {
+		n := copy(into, p)
+		c.spare = append(c.spare[:0], p[n:]...)
+		c.cur = c.spare
+		return Message{}, n, true, nil
+	}
+	return Message{Data: append([]byte(nil), p...), Imm: d.Imm, HasImm: d.Flags&shm.FlagImm != 0}, 0, true, nil
 }
 
 // shmSend is send on shared memory: it returns once the message is in the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
+	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/shm"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 	"go.uber.org/goleak"
@@ -114,6 +115,15 @@ func TestSharedMemoryEcho(t *testing.T) {
 			}
 			if err := <-done; err != nil {
 				t.Fatal(err)
+			}
+			// The TX rings' messages went from the slab in place, and the
+			// slabs are deregistered once the vconns are gone.
+			for i, on := range []bool{true, !mixed} {
+				eng := cl.Nodes[i].Agent.Engine()
+				if got := eng.Stats().SentInPlace; on && got < rounds || !on && got != 0 {
+					t.Errorf("node %d (on shared memory: %v) sent %d messages in place, want %s", i, on, got, map[bool]string{true: "each of its rounds", false: "none"}[on])
+				}
+				waitUntil(t, func() bool { return eng.Stats().RegisteredBytes == 0 }, "the TX slabs deregistered")
 			}
 		})
 	}
@@ -299,5 +309,178 @@ func TestSharedMemoryLeaks(t *testing.T) {
 	if n := maps(); n > 0 {
 		b, _ := os.ReadFile("/proc/self/maps")
 		t.Errorf("%d shared-memory mappings left:\n%s", n, b)
+	}
+}
+
+// TestSharedMemoryPayloadRewritten plays a pod that rewrites its TX slab
+// while the agent sends from it in place: that is the pod's own data, so
+// its messages arrive with their lengths, immediates and order (the
+// headers are the agent's, not the pod's), the vconn carries on, and
+// nothing else breaks.
+func TestSharedMemoryPayloadRewritten(t *testing.T) {
+	cl := cluster(t, agenttest.Options{})
+	a := shmClient(t, cl.Nodes[0], "a", 4, true)
+	b := shmClient(t, cl.Nodes[1], "b", 4, true)
+	c, s := shmPair(t, a, b, cl.Nodes[1].Name)
+	ctx := testCtx(t)
+	mem := c.SharedMemory()
+	slab := mem[4352 : len(mem)/2] // the TX ring's slab and past it, in the default layout
+	stop := make(chan struct{})
+	scribbled := make(chan struct{})
+	go func() {
+		defer close(scribbled)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for j := i % 64; j < len(slab); j += 61 {
+				slab[j] = byte(i)
+			}
+		}
+	}()
+	const rounds = 200
+	go func() {
+		for i := 0; i < rounds; i++ {
+			if err := c.SendMsgImm(ctx, make([]byte, 1000+i*150), uint32(i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i := 0; i < rounds; i++ {
+		m, err := s.RecvMsg(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if len(m.Data) != 1000+i*150 || !m.HasImm || m.Imm != uint32(i) {
+			t.Fatalf("message %d: %d bytes, imm %v %d; want %d bytes, imm %d", i, len(m.Data), m.HasImm, m.Imm, 1000+i*150, i)
+		}
+	}
+	close(stop)
+	<-scribbled
+	if err := s.SendMsg(ctx, []byte("still fine")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := c.RecvMsg(ctx); err != nil || string(m.Data) != "still fine" {
+		t.Fatalf("after the rewrites: %q, %v", m.Data, err)
+	}
+	if got := cl.Nodes[0].Agent.Engine().Stats().SentInPlace; got < rounds {
+		t.Errorf("%d messages sent in place, want at least %d", got, rounds)
+	}
+}
+
+// TestSharedMemoryRead: Read on shared memory copies a message straight
+// from the ring into the caller's buffer, keeping the rest for the next
+// Read when the buffer is shorter: with buffers shorter, equal and longer
+// than the messages, the stream arrives byte for byte, and empty messages
+// are skipped as on the socket.
+func TestSharedMemoryRead(t *testing.T) {
+	cl := cluster(t, agenttest.Options{})
+	a := shmClient(t, cl.Nodes[0], "a", 4, true)
+	b := shmClient(t, cl.Nodes[1], "b", 4, true)
+	c, s := shmPair(t, a, b, cl.Nodes[1].Name)
+	if !s.OnSharedMemory() {
+		t.Fatal("the reader is not on shared memory")
+	}
+	ctx := testCtx(t)
+	sizes := []int{1, 100, 0, 5000, 40000, c.MaxMessage(), 3}
+	var want []byte
+	for i := 0; i < 60; i++ {
+		m := make([]byte, sizes[i%len(sizes)])
+		for j := range m {
+			m[j] = byte(len(want) + j*7)
+		}
+		want = append(want, m...)
+	}
+	go func() {
+		off := 0
+		for i := 0; i < 60; i++ {
+			n := sizes[i%len(sizes)]
+			if err := c.SendMsg(ctx, want[off:off+n]); err != nil {
+				t.Error(err)
+				return
+			}
+			off += n
+		}
+		_ = c.Close()
+	}()
+	var got []byte
+	bufs := []int{1, 7, 4096, 40000, c.MaxMessage() + 100}
+	for i := 0; ; i++ {
+		buf := make([]byte, bufs[i%len(bufs)])
+		n, err := s.Read(buf)
+		got = append(got, buf[:n]...)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		if n == 0 {
+			t.Fatalf("read %d returned 0 bytes without error", i)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes, want %d, equal: %v", len(got), len(want), bytes.Equal(got, want))
+	}
+}
+
+// TestSharedMemoryAgentStops: an agent stopped while its engine sends
+// from a pod's TX ring in place (the peer does not read, so sends wait)
+// shuts down cleanly: the engine gives up the ring's memory as it closes,
+// and the agent unmaps it only after its own goroutines are done with it
+// (a fault here is the process's end); the pod's sends end with an error.
+func TestSharedMemoryAgentStops(t *testing.T) {
+	cl := cluster(t, agenttest.Options{})
+	a := shmClient(t, cl.Nodes[0], "a", 4, true)
+	b := shmClient(t, cl.Nodes[1], "b", 4, true)
+	c, _ := shmPair(t, a, b, cl.Nodes[1].Name)
+	ctx := testCtx(t)
+	sent := make(chan error, 1)
+	go func() {
+		for {
+			if err := c.SendMsg(ctx, make([]byte, 30000)); err != nil {
+				sent <- err
+				return
+			}
+		}
+	}()
+	eng := cl.Nodes[0].Agent.Engine()
+	waitUntil(t, func() bool { return eng.Stats().SentInPlace >= 20 }, "sends in place under way")
+	if err := cl.Nodes[0].Stop(); err != nil {
+		t.Fatalf("stopping the agent: %v", err)
+	}
+	select {
+	case err := <-sent:
+		t.Logf("the pod's send after its agent stopped: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the pod's sends went on 20 s after its agent stopped")
+	}
+}
+
+// TestSharedMemoryCopiesPastRegisteredLimit: where the node's registered
+// memory (limits.registeredBytes) has no room for a TX ring's slab, the
+// vconn still runs on shared memory, its messages copied out of the ring
+// instead of sent in place, every byte intact.
+func TestSharedMemoryCopiesPastRegisteredLimit(t *testing.T) {
+	cl := cluster(t, agenttest.Options{TuneConfig: func(c *config.AgentConfig) { c.Limits.RegisteredBytes = 100 << 10 }})
+	a := shmClient(t, cl.Nodes[0], "a", 4, true)
+	b := shmClient(t, cl.Nodes[1], "b", 4, true)
+	c, s := shmPair(t, a, b, cl.Nodes[1].Name)
+	ctx := testCtx(t)
+	for i := 0; i < 50; i++ {
+		m := bytes.Repeat([]byte{byte(i)}, 1000*i)
+		if err := c.SendMsgImm(ctx, m, uint32(i)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.RecvMsg(ctx)
+		if err != nil || !bytes.Equal(got.Data, m) || got.Imm != uint32(i) {
+			t.Fatalf("message %d: %d bytes, imm %d, %v", i, len(got.Data), got.Imm, err)
+		}
+	}
+	if n := cl.Nodes[0].Agent.Engine().Stats().SentInPlace; n != 0 {
+		t.Fatalf("%d messages sent in place with no registered memory for the slab, want 0", n)
 	}
 }
