@@ -30,6 +30,10 @@ func sanitize() string {
 	return "-fsanitize=" + *sanitizers + " -fno-sanitize-recover=all -fno-omit-frame-pointer"
 }
 
+// linkFlags are a C test's own link flags: test_shmcopy counts libvconn's
+// allocations through the linker's --wrap.
+var linkFlags = map[string][]string{"test_shmcopy": {"-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc"}}
+
 var built struct {
 	once sync.Once
 	dir  string // lib/ (the sanitized library), bin/ (the C tests)
@@ -73,9 +77,11 @@ func build(t testing.TB) string {
 		tests, _ := filepath.Glob("test/test_*.c")
 		cflags := append([]string{"-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"}, strings.Fields(sanitize())...)
 		for _, src := range tests {
-			out := filepath.Join(dir, "bin", strings.TrimSuffix(filepath.Base(src), ".c"))
+			name := strings.TrimSuffix(filepath.Base(src), ".c")
+			out := filepath.Join(dir, "bin", name)
 			_ = os.MkdirAll(filepath.Dir(out), 0o755)
 			args := append(append([]string(nil), cflags...), src, filepath.Join(lib, "libvconn.a"), "-pthread", "-o", out)
+			args = append(args, linkFlags[name]...)
 			if built.err = run(".", "cc", args...); built.err != nil {
 				return
 			}

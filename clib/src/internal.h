@@ -317,6 +317,7 @@ struct vconn {
 	struct msg *qhead, *qtail;
 	struct msg *cur; /* the message a stream read is in */
 	size_t curoff;
+	struct msg *spare; /* on shared memory, cur's buffer between uses (ring RX's largest message) */
 	int eof, err, send_err, closed;
 	int users; /* calls inside: vconn_close waits for them to leave */
 	char errmsg[256];
@@ -365,7 +366,17 @@ void vc_drop_vconn(vconn *v);
 /* shm_io.c */
 
 int vc_shm_send(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm);
-int vc_shm_next(vconn *v, size_t cap, struct msg **out, int ms);
+/* A message vc_shm_next took: its whole length, its immediate. */
+struct vc_rx {
+	uint32_t len, imm;
+	int has_imm;
+};
+/* vc_shm_next takes the next message off ring RX (rxmu held), waiting
+ * up to ms, and copies it once, straight from the slab: into buf, or,
+ * when it is longer than cap, -EMSGSIZE, keeping it on the ring; with
+ * split, its first cap bytes into buf and the rest into v->cur (a stream
+ * read's). -ENODATA at EOF. */
+int vc_shm_next(vconn *v, void *buf, size_t cap, int split, struct vc_rx *out, int ms);
 
 /* dial.c */
 

@@ -59,13 +59,12 @@ static int send_msg_in(vconn *v, const void *b, size_t n, uint32_t imm, int has_
 int vconn_send(vconn *v, const void *buf, size_t n) { return send_msg(v, buf, n, 0, 0); }
 int vconn_send_imm(vconn *v, const void *buf, size_t n, uint32_t imm) { return send_msg(v, buf, n, imm, 1); }
 
-/* next_msg takes the next message whole (rxmu held, mu not): -EMSGSIZE,
- * keeping it, when it is longer than cap; -ENODATA at EOF. */
+/* next_msg takes the socket's next message whole (rxmu held, mu not):
+ * -EMSGSIZE, keeping it, when it is longer than cap; -ENODATA at EOF.
+ * Shared memory's are vc_shm_next's, copied out of the ring once. */
 static int next_msg(vconn *v, size_t cap, struct msg **out)
 {
 	vconn_client *c = v->c;
-	if (v->shm)
-		return vc_shm_next(v, cap, out, v->rto);
 	struct timespec ts;
 	const struct timespec *dl = vc_deadline(v->rto, &ts) ? &ts : NULL;
 	pthread_mutex_lock(&c->mu);
@@ -114,29 +113,78 @@ static int next_msg(vconn *v, size_t cap, struct msg **out)
 
 ssize_t vconn_recv(vconn *v, void *buf, size_t cap, uint32_t *imm, int *has_imm)
 {
-	struct msg *m;
+	struct msg *m = NULL;
+	struct vc_rx rx;
 	int err = vc_enter(v);
 	if (err)
 		return err;
 	pthread_mutex_lock(&v->rxmu);
-	err = next_msg(v, cap, &m);
+	if (v->shm) /* from the ring's slab into buf: its one copy here */
+		err = vc_shm_next(v, buf, cap, 0, &rx, v->rto);
+	else if ((err = next_msg(v, cap, &m)) == 0)
+		rx = (struct vc_rx){.len = m->len, .imm = m->imm, .has_imm = m->has_imm};
 	pthread_mutex_unlock(&v->rxmu);
 	vc_leave(v);
 	if (err)
 		return err;
-	if (m->len)
+	if (m && m->len)
 		memcpy(buf, m->data, m->len);
-	if (imm)
-		*imm = m->imm;
-	if (has_imm)
-		*has_imm = m->has_imm;
-	ssize_t n = m->len;
 	free(m);
-	return n;
+	if (imm)
+		*imm = rx.imm;
+	if (has_imm)
+		*has_imm = rx.has_imm;
+	return rx.len;
 }
 
 static int reliable(int t) { return t == VCONN_TRANSPORT_UNKNOWN || t == VCONN_TRANSPORT_RC || t == VCONN_TRANSPORT_AUTO; }
 int vconn_is_stream(vconn *v) { return reliable(v->transport); }
+
+/* from_cur copies what a read can of the message it is in (rxmu held);
+ * on shared memory, its buffer is kept for the next message split. */
+static size_t from_cur(vconn *v, void *buf, size_t n)
+{
+	size_t k = v->cur->len - v->curoff;
+	if (k > n)
+		k = n;
+	memcpy(buf, v->cur->data + v->curoff, k);
+	v->curoff += k;
+	if (v->curoff == v->cur->len) {
+		if (v->shm && !v->spare)
+			v->spare = v->cur;
+		else
+			free(v->cur);
+		v->cur = NULL;
+	}
+	return k;
+}
+
+/* next_read reads from the next message (rxmu held): on shared memory
+ * straight from the ring into buf, what does not fit into v->cur; on the
+ * socket into v->cur, from which the caller reads. 0 and *k = 0 for an
+ * empty message, skipped. */
+static int next_read(vconn *v, void *buf, size_t n, size_t *k)
+{
+	*k = 0;
+	if (v->shm) {
+		struct vc_rx rx;
+		int err = vc_shm_next(v, buf, n, 1, &rx, v->rto);
+		if (!err)
+			*k = rx.len < n ? rx.len : n;
+		return err;
+	}
+	int err = next_msg(v, (size_t)-1, &v->cur);
+	if (err)
+		return err;
+	v->curoff = 0;
+	if (v->cur->len == 0) {
+		free(v->cur);
+		v->cur = NULL;
+	}
+	if (v->cur)
+		*k = from_cur(v, buf, n);
+	return 0;
+}
 
 ssize_t vconn_read(vconn *v, void *buf, size_t n)
 {
@@ -150,30 +198,15 @@ ssize_t vconn_read(vconn *v, void *buf, size_t n)
 	if (err)
 		return err;
 	pthread_mutex_lock(&v->rxmu);
-	while (!v->cur) {
-		err = next_msg(v, (size_t)-1, &v->cur);
-		if (err) {
-			pthread_mutex_unlock(&v->rxmu);
-			vc_leave(v);
-			return err == -ENODATA ? 0 : err;
-		}
-		v->curoff = 0;
-		if (v->cur->len == 0) {
-			free(v->cur);
-			v->cur = NULL;
-		}
-	}
-	size_t k = v->cur->len - v->curoff;
-	if (k > n)
-		k = n;
-	memcpy(buf, v->cur->data + v->curoff, k);
-	v->curoff += k;
-	if (v->curoff == v->cur->len) {
-		free(v->cur);
-		v->cur = NULL;
-	}
+	size_t k = 0;
+	if (v->cur)
+		k = from_cur(v, buf, n);
+	while (k == 0 && (err = next_read(v, buf, n, &k)) == 0)
+		;
 	pthread_mutex_unlock(&v->rxmu);
 	vc_leave(v);
+	if (err)
+		return err == -ENODATA ? 0 : err;
 	return (ssize_t)k;
 }
 

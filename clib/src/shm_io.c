@@ -74,11 +74,37 @@ int vc_shm_send(vconn *v, const void *b, size_t n, uint32_t imm, int has_imm)
 	return err;
 }
 
+/* copy_out copies the message of d, at p in the slab, once (rxmu held),
+ * before anyone looks at it, since the agent could rewrite the slab: its
+ * first k bytes into buf, the rest into v->cur, in the spare buffer
+ * (allocated once per vconn: no allocation per message). */
+static int copy_out(vconn *v, const struct vc_desc *d, const uint8_t *p, void *buf, size_t k)
+{
+	if (k < d->len) {
+		struct msg *m = v->spare;
+		if (!m && !(m = malloc(sizeof *m + v->shm->rx.r.max_msg)))
+			return -ENOMEM;
+		v->spare = NULL;
+		m->next = NULL;
+		m->len = d->len - (uint32_t)k; /* at most max_msg: vc_desc_check */
+		m->imm = d->imm;
+		m->has_imm = d->flags & VC_DESC_IMM;
+		memcpy(m->data, p + k, m->len);
+		v->cur = m;
+		v->curoff = 0;
+	}
+	if (k)
+		memcpy(buf, p, k);
+	return 0;
+}
+
 /* take_desc takes the descriptor d at ring RX's head, p its payload
- * (rxmu held): its message into *out, or the end of the vconn it marks
- * (-ENODATA at EOF, or the vconn's error); -EMSGSIZE, keeping it, when
- * the message is longer than cap. */
-static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, size_t cap, struct msg **out)
+ * (rxmu held): its message copied out (vc_shm_next), or the end of the
+ * vconn it marks (-ENODATA at EOF, or the vconn's error). d is the copy
+ * vc_shm_peek checked: its length is read once, whatever the agent
+ * writes meanwhile. */
+static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, void *buf, size_t cap, int split,
+		     struct vc_rx *out)
 {
 	struct vc_consumer *rx = &v->shm->rx;
 	if (d->flags & VC_DESC_EOF) {
@@ -99,24 +125,21 @@ static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, size_t
 		vc_shm_release(rx);
 		return err;
 	}
-	if (d->len > cap) {
+	if (d->len > cap && !split) {
 		vc_seterr("a message of %u bytes does not fit %zu", d->len, cap);
 		return -EMSGSIZE;
 	}
-	struct msg *m = malloc(sizeof *m + d->len);
-	if (!m)
-		return -ENOMEM;
-	m->next = NULL;
-	m->len = d->len;
-	m->imm = d->imm;
-	m->has_imm = d->flags & VC_DESC_IMM;
-	memcpy(m->data, p, d->len); /* copied before use: the agent could rewrite it */
-	vc_shm_release(rx);
-	*out = m;
+	int err = copy_out(v, d, p, buf, d->len < cap ? d->len : cap);
+	if (err)
+		return err;
+	vc_shm_release(rx); /* copied: the agent has the room back at once */
+	out->len = d->len;
+	out->imm = d->imm;
+	out->has_imm = d->flags & VC_DESC_IMM;
 	return 0;
 }
 
-int vc_shm_next(vconn *v, size_t cap, struct msg **out, int ms)
+int vc_shm_next(vconn *v, void *buf, size_t cap, int split, struct vc_rx *out, int ms)
 {
 	struct timespec ts;
 	const struct timespec *dl = vc_deadline(ms, &ts) ? &ts : NULL;
@@ -136,7 +159,7 @@ int vc_shm_next(vconn *v, size_t cap, struct msg **out, int ms)
 			break;
 		}
 		if (err == 1) {
-			err = take_desc(v, &d, p, cap, out);
+			err = take_desc(v, &d, p, buf, cap, split, out);
 			break;
 		}
 		pthread_mutex_lock(&v->c->mu);

@@ -68,6 +68,7 @@ void vc_destroy_vconn(vconn *v)
 {
 	free_msgs(v->qhead);
 	free(v->cur);
+	free(v->spare);
 	if (v->shm) {
 		vc_shm_close(v->shm);
 		free(v->shm);
