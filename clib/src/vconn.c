@@ -309,7 +309,8 @@ static int wait_in(vconn *v, int events, int ms)
 		if (!(events & VCONN_POLLIN))
 			return events & VCONN_POLLOUT;
 		pthread_mutex_lock(&v->rxmu);
-		int ready = vc_shm_cons_arm(&v->shm->rx);
+		/* The rest of a message a read took part of is readable too. */
+		int ready = v->cur || vc_shm_cons_arm(&v->shm->rx);
 		pthread_mutex_unlock(&v->rxmu);
 		if (ready)
 			return VCONN_POLLIN;

@@ -159,6 +159,9 @@ static void test_stream(vconn *a, vconn *b)
 	fill(out, 5000, 1);
 	OK(vconn_send(a, out, 5000));
 	CHECK(vconn_read(b, in, 10) == 10 && memcmp(in, out, 10) == 0, "the first 10 bytes");
+	/* The kept rest is readable: a wait for it returns at once, with
+	 * nothing more on the ring. */
+	CHECK(vconn_wait(b, VCONN_POLLIN, 0) == VCONN_POLLIN, "a kept rest waits as readable");
 	OK(vconn_send_imm(a, "next", 4, 7003));
 	uint32_t imm;
 	int has;
