@@ -40,6 +40,12 @@ type shmVConn struct {
 	stage *engine.Staging
 	lent  lent
 	send  func() (int, error) // sendHeld, made once
+	// lendMin is the smallest message sent in place: shorter ones, which
+	// two can share a chunk, are copied into a send buffer, where Auto
+	// bundles them. Sent in place, 4 KiB messages streamed at 0.50-0.66x
+	// (paired E6 runs, shm, shm-proc): each went alone, and held its ring
+	// room until acknowledged.
+	lendMin int
 	// maps counts who still needs the mapping: reap, once forwardTX and
 	// serveRX returned, and the staging, until it is released (engine
 	// reads of the slab end); the last unmaps.
@@ -63,6 +69,7 @@ type lent struct {
 
 // heldTX is a TX descriptor the engine sends in place.
 type heldTX struct {
+	data          []byte // a message copied rather than sent in place (lendMin)
 	at, n, chunks int
 	imm           uint32
 	hasImm        bool
@@ -150,6 +157,7 @@ func (x *shmVConn) stageTX(l shm.Layout) {
 		return
 	}
 	x.stage, x.lent.out = st, make([]int32, l.Entries)
+	x.lendMin = x.h.vc.FillSize() / 2
 	x.send = x.sendHeld
 }
 
@@ -229,6 +237,9 @@ func (t shmTX) next() (outgoing, error) {
 		return outgoing{data: b, imm: d.Imm, hasImm: hasImm}, nil
 	}
 	c := heldTX{at: int(d.Off), n: int(d.Len), chunks: x.h.vc.Chunks(int(d.Len)), imm: d.Imm, hasImm: hasImm}
+	if c.n < x.lendMin {
+		c.data, c.chunks = b, 1 // copied, then back at once
+	}
 	x.lent.mu.Lock()
 	c.index = x.tx.Hold()
 	x.lent.out[c.index&uint32(len(x.lent.out)-1)] = int32(c.chunks)
@@ -256,6 +267,19 @@ func (t shmTX) sent(err error) bool {
 // it did not queue comes back at once.
 func (x *shmVConn) sendHeld() (int, error) {
 	c := &x.lent.cur
+	if c.data != nil {
+		var err error
+		if c.hasImm {
+			err = x.h.vc.SendImm(x.h.ctx, c.data, c.imm)
+		} else {
+			err = x.h.vc.Send(x.h.ctx, c.data)
+		}
+		x.back(c.index, 1)
+		if err != nil {
+			return 0, err
+		}
+		return c.n, nil
+	}
 	k, err := x.h.vc.SendStaged(x.h.ctx, x.stage, c.at, c.n, c.imm, c.hasImm, c.index)
 	if k < c.chunks {
 		x.back(c.index, c.chunks-k)
