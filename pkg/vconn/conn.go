@@ -114,7 +114,7 @@ func (c *Conn) isClosed() bool {
 // socketRX is the socket's receiver: messages the reader queued on c.
 type socketRX struct{}
 
-func (socketRX) take(c *Conn, _ []byte) (Message, int, bool, error) {
+func (socketRX) take(c *Conn, _ sink) (Message, int, bool, error) {
 	c.mu.Lock()
 	if len(c.q) == 0 {
 		// Under the lock that queued the messages: EOF and Error come
@@ -163,8 +163,22 @@ func (c *Conn) ended() error {
 
 // RecvMsg returns the next message whole: io.EOF once the peer closed.
 func (c *Conn) RecvMsg(ctx context.Context) (Message, error) {
-	m, _, err := c.next(ctx, c.rd, nil)
+	m, _, err := c.next(ctx, c.rd, sink{})
 	return m, err
+}
+
+// RecvMsgFunc calls fn with the next message, without copying it where
+// the vconn can: on shared memory, m.Data is the receive ring's memory,
+// valid only while fn runs (fn must not keep it, nor receive on c; Close
+// waits for it), and its room goes back to the agent when fn returns; on
+// the socket, m is what RecvMsg returns. It returns fn's error, or why no
+// message came (io.EOF once the peer closed).
+func (c *Conn) RecvMsgFunc(ctx context.Context, fn func(m Message) error) error {
+	m, n, err := c.next(ctx, c.rd, sink{fn: fn})
+	if err != nil || n == putToFn {
+		return err
+	}
+	return fn(m)
 }
 
 // Read reads the vconn as a byte stream. On a vconn whose transport may
@@ -181,7 +195,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 		}
 		// On shared memory the message is copied once, from the ring
 		// into b (next's into).
-		m, n, err := c.next(context.Background(), c.rd, b)
+		m, n, err := c.next(context.Background(), c.rd, sink{into: b})
 		if err != nil {
 			return 0, c.opErr("read", err)
 		}

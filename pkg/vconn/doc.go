@@ -5,7 +5,9 @@
 // Dial and Listen return a net.Conn and a net.Listener, so gRPC
 // (grpc.WithContextDialer) and net/http (http.Serve, Transport.DialContext)
 // run over RDMAvisor unchanged. A Conn is also message-oriented: SendMsg and
-// RecvMsg keep boundaries and carry an optional immediate; and one-sided:
+// RecvMsg keep boundaries and carry an optional immediate (RecvMsgFunc
+// hands a message to a function in place, on shared memory without a
+// copy in the pod); and one-sided:
 // Export a region to the peer vconn, which may then WriteRegion and
 // ReadRegion it without the exporting application's involvement.
 //

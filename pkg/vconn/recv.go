@@ -10,10 +10,9 @@ import (
 // next waits for the next message; io.EOF after the peer closed. It runs
 // on the receiving caller's goroutine (RecvMsg, Read), as do its
 // receiver's methods; a receiver that spins (shared memory) spins here.
-// With into (Read's buffer, c.rmu held), a receiver that can copies the
-// message's bytes straight into it, its rest into c.cur, and returns how
-// many it copied instead of the message.
-func (c *Conn) next(ctx context.Context, dl *deadline, into []byte) (Message, int, error) {
+// A receiver that can puts the message where to says instead of
+// returning it.
+func (c *Conn) next(ctx context.Context, dl *deadline, to sink) (Message, int, error) {
 	var rx receiver = socketRX{}
 	if c.shm != nil {
 		rx = c.shm
@@ -26,7 +25,7 @@ func (c *Conn) next(ctx context.Context, dl *deadline, into []byte) (Message, in
 		if c.isClosed() {
 			return Message{}, 0, net.ErrClosed
 		}
-		if m, n, ok, err := rx.take(c, into); ok || err != nil {
+		if m, n, ok, err := rx.take(c, to); ok || err != nil {
 			return m, n, err
 		}
 		if err := ctx.Err(); err != nil {
@@ -54,14 +53,26 @@ func (c *Conn) next(ctx context.Context, dl *deadline, into []byte) (Message, in
 // or shmConn, the shared-memory RX ring.
 type receiver interface {
 	// take returns the next message (ok), or, with none, io.EOF or the
-	// vconn's failure once the vconn ended. With into, it may instead
-	// copy the message into it (n bytes), as next says.
-	take(c *Conn, into []byte) (m Message, n int, ok bool, err error)
+	// vconn's failure once the vconn ended; or it puts the message where
+	// to says, if it can, and returns n: the bytes copied into to.into,
+	// or putToFn with to.fn's error.
+	take(c *Conn, to sink) (m Message, n int, ok bool, err error)
 	// spin is how long next polls take before it sleeps in wait.
 	spin() time.Duration
 	// wait sleeps until a message may be there, or c closes; it fails
 	// when ctx ends or dc (the read deadline) closes.
 	wait(ctx context.Context, c *Conn, dc chan struct{}) error
+}
+
+// putToFn is take's n when it gave the message to its sink's fn.
+const putToFn = -1
+
+// sink is where a receiver may put a message rather than return it:
+// into, Read's buffer (c.rmu held; the message's rest goes to c.cur), or
+// fn, RecvMsgFunc's, called with the message in place.
+type sink struct {
+	into []byte
+	fn   func(Message) error
 }
 
 var (

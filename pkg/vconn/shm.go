@@ -131,8 +131,8 @@ func (s *session) callRights(ctx context.Context, f *frame.Frame) (frame.Frame, 
 // take is the receiver's take on the RX ring, where EOF and failures
 // the agent meets come in order after the messages; one the socket
 // reports (the session broke) is c's.
-func (x *shmConn) take(c *Conn, into []byte) (Message, int, bool, error) {
-	if m, n, ok, err := x.recv(c, into); ok || err != nil {
+func (x *shmConn) take(c *Conn, to sink) (Message, int, bool, error) {
+	if m, n, ok, err := x.recv(c, to); ok || err != nil {
 		return m, n, ok, err
 	}
 	c.mu.Lock()
@@ -178,11 +178,12 @@ func (x *shmConn) sleepRX(d time.Duration) error {
 	return err
 }
 
-// recv takes the next descriptor, if any: a message (copied out, so the
-// slab room goes back to the agent at once: into into, Read's buffer,
-// and its rest into c.cur, where into is not nil), EOF or the vconn's
-// failure.
-func (x *shmConn) recv(c *Conn, into []byte) (Message, int, bool, error) {
+// recv takes the next descriptor, if any: a message, EOF or the vconn's
+// failure. A message is copied out, so the slab room goes back to the
+// agent at once (into to.into, Read's buffer, and its rest into c.cur,
+// where to.into is set), or handed to to.fn in place, its room given back
+// when fn returns.
+func (x *shmConn) recv(c *Conn, to sink) (Message, int, bool, error) {
 	x.rmu.Lock()
 	defer x.rmu.Unlock()
 	if x.closed {
@@ -211,13 +212,19 @@ func (x *shmConn) recv(c *Conn, into []byte) (Message, int, bool, error) {
 		c.mu.Unlock()
 		return Message{}, 0, true, err
 	}
-	if into != nil && len(p) > 0 {
+	m := Message{Imm: d.Imm, HasImm: d.Flags&shm.FlagImm != 0}
+	if to.fn != nil {
+		m.Data = p[:len(p):len(p)]
+		return Message{}, putToFn, true, to.fn(m)
+	}
+	if into := to.into; into != nil && len(p) > 0 {
 		n := copy(into, p)
 		c.spare = append(c.spare[:0], p[n:]...)
 		c.cur = c.spare
 		return Message{}, n, true, nil
 	}
-	return Message{Data: append([]byte(nil), p...), Imm: d.Imm, HasImm: d.Flags&shm.FlagImm != 0}, 0, true, nil
+	m.Data = append([]byte(nil), p...)
+	return m, 0, true, nil
 }
 
 // shmSend is send on shared memory: it returns once the message is in the

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/config"
@@ -490,5 +492,59 @@ func TestSharedMemoryCopiesPastRegisteredLimit(t *testing.T) {
 	}
 	if n := cl.Nodes[0].Agent.Engine().Stats().SentInPlace; n != 0 {
 		t.Fatalf("%d messages sent in place with no registered memory for the slab, want 0", n)
+	}
+}
+
+// TestRecvMsgFunc: on shared memory the message fn sees is the receive
+// ring's memory itself (no copy in the pod: the agent's copy into the
+// ring is the message's only one from the wire), whole and in order, its
+// room given back after fn (more messages than the ring holds pass); fn's
+// error is returned; on the socket, fn sees what RecvMsg would return.
+func TestRecvMsgFunc(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(map[bool]string{true: "shm", false: "socket"}[on], func(t *testing.T) {
+			cl := cluster(t, agenttest.Options{})
+			a := shmClient(t, cl.Nodes[0], "a", 4, true)
+			b := shmClient(t, cl.Nodes[1], "b", 4, on)
+			c, s := shmPair(t, a, b, cl.Nodes[1].Name)
+			ctx := testCtx(t)
+			const rounds = 400 // 400 × 20,000 bytes: many times the ring's slab
+			go func() {
+				for i := 0; i < rounds; i++ {
+					if err := c.SendMsgImm(ctx, bytes.Repeat([]byte{byte(i)}, 20000), uint32(i)); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+			mem := s.SharedMemory()
+			for i := 0; i < rounds; i++ {
+				err := s.RecvMsgFunc(ctx, func(m vconn.Message) error {
+					if !m.HasImm || m.Imm != uint32(i) || !bytes.Equal(m.Data, bytes.Repeat([]byte{byte(i)}, 20000)) {
+						return fmt.Errorf("message %d: imm %v %d, %d bytes", i, m.HasImm, m.Imm, len(m.Data))
+					}
+					inRing := len(mem) > 0 && uintptr(unsafe.Pointer(&m.Data[0])) >= uintptr(unsafe.Pointer(&mem[0])) &&
+						uintptr(unsafe.Pointer(&m.Data[0])) < uintptr(unsafe.Pointer(&mem[0]))+uintptr(len(mem))
+					if inRing != on {
+						return fmt.Errorf("message %d in the ring's memory: %v, want %v", i, inRing, on)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.SendMsg(ctx, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			boom := errors.New("fn's own")
+			if err := s.RecvMsgFunc(ctx, func(vconn.Message) error { return boom }); err != boom {
+				t.Fatalf("fn's error: RecvMsgFunc returned %v", err)
+			}
+			_ = c.Close()
+			if err := s.RecvMsgFunc(ctx, func(vconn.Message) error { return nil }); !errors.Is(err, io.EOF) {
+				t.Fatalf("after the peer closed: %v, want io.EOF", err)
+			}
+		})
 	}
 }
