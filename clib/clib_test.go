@@ -30,9 +30,12 @@ func sanitize() string {
 	return "-fsanitize=" + *sanitizers + " -fno-sanitize-recover=all -fno-omit-frame-pointer"
 }
 
-// linkFlags are a C test's own link flags: test_shmcopy counts libvconn's
-// allocations through the linker's --wrap.
-var linkFlags = map[string][]string{"test_shmcopy": {"-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc"}}
+// linkFlags are a C test's own link flags: test_shmcopy and test_recvfn
+// count libvconn's allocations through the linker's --wrap.
+var linkFlags = map[string][]string{
+	"test_shmcopy": {"-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc"},
+	"test_recvfn":  {"-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc"},
+}
 
 var built struct {
 	once sync.Once

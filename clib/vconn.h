@@ -151,6 +151,20 @@ VCONN_API int vconn_send_imm(vconn *v, const void *buf, size_t n, uint32_t imm);
  * -EMSGSIZE (the message stays queued) if cap is too small; at EOF
  * -ENODATA. imm and has_imm may be NULL. */
 VCONN_API ssize_t vconn_recv(vconn *v, void *buf, size_t cap, uint32_t *imm, int *has_imm);
+/* Receives one message without copying it where the vconn can: waits
+ * as vconn_recv does, then calls fn with the message's len bytes at data,
+ * its immediate and has_imm. On shared memory data points into the
+ * receive ring's memory (shared with the agent, which leaves it alone
+ * until fn returns; then it has the room back): valid only while fn
+ * runs, and not to be kept. On the socket it is the queued message,
+ * freed after fn. fn runs holding v's receive lock: it must not receive
+ * (vconn_recv, vconn_read, vconn_recv_fn), wait (vconn_wait) or close on
+ * v, nor close the client; other threads' receives on v wait, and their
+ * vconn_close waits for fn to return. Returns fn's return value if it is
+ * negative (the message is taken all the same), else the message's
+ * length; at EOF -ENODATA, without calling fn; -EINVAL if fn is NULL. */
+typedef int vconn_msg_fn(void *arg, const void *data, size_t len, uint32_t imm, int has_imm);
+VCONN_API ssize_t vconn_recv_fn(vconn *v, vconn_msg_fn *fn, void *arg);
 
 /* Closes the vconn after what was sent has been handed over (waiting up
  * to 5 s); the peer reads EOF. Calls of other threads blocked on v return

@@ -377,6 +377,10 @@ struct vc_rx {
  * split, its first cap bytes into buf and the rest into v->cur (a stream
  * read's). -ENODATA at EOF. */
 int vc_shm_next(vconn *v, void *buf, size_t cap, int split, struct vc_rx *out, int ms);
+/* vc_shm_fn takes the next message off ring RX likewise, and calls fn
+ * with it in place, in the slab, before it releases the descriptor: *ret
+ * is fn's return. No copy, no allocation. */
+int vc_shm_fn(vconn *v, vconn_msg_fn *fn, void *arg, struct vc_rx *out, int *ret, int ms);
 
 /* dial.c */
 

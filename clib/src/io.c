@@ -137,6 +137,36 @@ ssize_t vconn_recv(vconn *v, void *buf, size_t cap, uint32_t *imm, int *has_imm)
 	return rx.len;
 }
 
+/* vconn_recv_fn is vconn_recv with fn in place of the copy into buf,
+ * called under rxmu, as the ring's consumer: on shared memory the
+ * descriptor is released only once fn returned (vc_shm_fn). */
+ssize_t vconn_recv_fn(vconn *v, vconn_msg_fn *fn, void *arg)
+{
+	if (!fn) {
+		vc_seterr("recv_fn: no function");
+		return -EINVAL;
+	}
+	struct msg *m = NULL;
+	struct vc_rx rx;
+	int ret = 0;
+	int err = vc_enter(v);
+	if (err)
+		return err;
+	pthread_mutex_lock(&v->rxmu);
+	if (v->shm) {
+		err = vc_shm_fn(v, fn, arg, &rx, &ret, v->rto);
+	} else if ((err = next_msg(v, (size_t)-1, &m)) == 0) {
+		rx = (struct vc_rx){.len = m->len, .imm = m->imm, .has_imm = m->has_imm};
+		ret = fn(arg, m->data, m->len, m->imm, m->has_imm);
+	}
+	pthread_mutex_unlock(&v->rxmu);
+	vc_leave(v);
+	free(m);
+	if (err)
+		return err;
+	return ret < 0 ? ret : (ssize_t)rx.len;
+}
+
 static int reliable(int t) { return t == VCONN_TRANSPORT_UNKNOWN || t == VCONN_TRANSPORT_RC || t == VCONN_TRANSPORT_AUTO; }
 int vconn_is_stream(vconn *v) { return reliable(v->transport); }
 

@@ -98,13 +98,9 @@ static int copy_out(vconn *v, const struct vc_desc *d, const uint8_t *p, void *b
 	return 0;
 }
 
-/* take_desc takes the descriptor d at ring RX's head, p its payload
- * (rxmu held): its message copied out (vc_shm_next), or the end of the
- * vconn it marks (-ENODATA at EOF, or the vconn's error). d is the copy
- * vc_shm_peek checked: its length is read once, whatever the agent
- * writes meanwhile. */
-static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, void *buf, size_t cap, int split,
-		     struct vc_rx *out)
+/* end_desc takes a descriptor that marks the vconn's end (rxmu held):
+ * -ENODATA at EOF, or the vconn's error; 0, leaving it, for a message. */
+static int end_desc(vconn *v, const struct vc_desc *d, const uint8_t *p)
 {
 	struct vc_consumer *rx = &v->shm->rx;
 	if (d->flags & VC_DESC_EOF) {
@@ -125,30 +121,43 @@ static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, void *
 		vc_shm_release(rx);
 		return err;
 	}
+	return 0;
+}
+
+/* take_desc takes the descriptor d at ring RX's head, p its payload
+ * (rxmu held): its message copied out (vc_shm_next), or the end of the
+ * vconn it marks. d is the copy vc_shm_peek checked: its length is read
+ * once, whatever the agent writes meanwhile. */
+static int take_desc(vconn *v, const struct vc_desc *d, const uint8_t *p, void *buf, size_t cap, int split,
+		     struct vc_rx *out)
+{
+	int err = end_desc(v, d, p);
+	if (err)
+		return err;
 	if (d->len > cap && !split) {
 		vc_seterr("a message of %u bytes does not fit %zu", d->len, cap);
 		return -EMSGSIZE;
 	}
-	int err = copy_out(v, d, p, buf, d->len < cap ? d->len : cap);
-	if (err)
+	if ((err = copy_out(v, d, p, buf, d->len < cap ? d->len : cap)) != 0)
 		return err;
-	vc_shm_release(rx); /* copied: the agent has the room back at once */
+	vc_shm_release(&v->shm->rx); /* copied: the agent has the room back at once */
 	out->len = d->len;
 	out->imm = d->imm;
 	out->has_imm = d->flags & VC_DESC_IMM;
 	return 0;
 }
 
-int vc_shm_next(vconn *v, void *buf, size_t cap, int split, struct vc_rx *out, int ms)
+/* wait_desc waits up to ms for a descriptor at ring RX's head (rxmu
+ * held: the ring has one consumer): 1 with its checked copy in d and its
+ * payload in p, or why none came. */
+static int wait_desc(vconn *v, struct vc_desc *d, const uint8_t **p, int ms)
 {
 	struct timespec ts;
 	const struct timespec *dl = vc_deadline(ms, &ts) ? &ts : NULL;
 	struct vc_consumer *rx = &v->shm->rx;
 	int err;
-	for (;;) { /* rxmu held: the ring has one consumer */
-		struct vc_desc d;
-		const uint8_t *p;
-		err = vc_shm_peek(rx, &d, &p);
+	for (;;) {
+		err = vc_shm_peek(rx, d, p);
 		if (err < 0) {
 			pthread_mutex_lock(&v->c->mu);
 			if (!v->err) {
@@ -158,10 +167,8 @@ int vc_shm_next(vconn *v, void *buf, size_t cap, int split, struct vc_rx *out, i
 			pthread_mutex_unlock(&v->c->mu);
 			break;
 		}
-		if (err == 1) {
-			err = take_desc(v, &d, p, buf, cap, split, out);
+		if (err == 1)
 			break;
-		}
 		pthread_mutex_lock(&v->c->mu);
 		err = v->eof ? -ENODATA : 0;
 		pthread_mutex_unlock(&v->c->mu);
@@ -177,4 +184,29 @@ int vc_shm_next(vconn *v, void *buf, size_t cap, int split, struct vc_rx *out, i
 			break;
 	}
 	return err;
+}
+
+int vc_shm_next(vconn *v, void *buf, size_t cap, int split, struct vc_rx *out, int ms)
+{
+	struct vc_desc d;
+	const uint8_t *p;
+	int err = wait_desc(v, &d, &p, ms);
+	return err == 1 ? take_desc(v, &d, p, buf, cap, split, out) : err;
+}
+
+int vc_shm_fn(vconn *v, vconn_msg_fn *fn, void *arg, struct vc_rx *out, int *ret, int ms)
+{
+	struct vc_desc d;
+	const uint8_t *p;
+	int err = wait_desc(v, &d, &p, ms);
+	if (err != 1)
+		return err;
+	if ((err = end_desc(v, &d, p)) != 0)
+		return err;
+	out->len = d.len; /* d's: checked, and read once */
+	out->imm = d.imm;
+	out->has_imm = d.flags & VC_DESC_IMM;
+	*ret = fn(arg, p, d.len, d.imm, out->has_imm);
+	vc_shm_release(&v->shm->rx); /* fn is done with the slab: its room goes back */
+	return 0;
 }
