@@ -82,6 +82,7 @@ func TestE2E(t *testing.T) {
 		{"kubectl rdmavisor: status shows every node Ready, pods and top the echo pods' bytes, diagnose of the echo client all OK", (*env).kubectlPlugin},
 		{"the CNI plugin registered each pod with its own node's agent; a deleted pod unregistered, its allocation released", (*env).cniRegistered},
 		{"NetworkPolicy on vconns: deny-all ingress refuses a client of another namespace, naming the policy; an allow rule admits it, every byte checked", (*env).netPolicy},
+		{"a rogue node announces a live pod's IP and 65,535 more through a rolling agent restart: no dial reaches it, every delivered byte echoed by the real server, both other nodes' clients succeed after", (*env).rogueAnnouncer},
 		{"DRA: each node's ResourceSlice; a claim's pod and a DRA extended resource's pod echo across nodes with exactly their quota; a pod the agent cannot back (Both) refused at admission, the agent's reason in a Warning Event; deleted, their allocations released", (*env).dra},
 		{"1,000 vconns across nodes over auto, every byte checked; QP pools stay at qpsPerPeer", func(e *env) { e.thousandVConns("auto") }},
 		{"each agent serves a certificate the operator issued for its own node", (*env).nodeCertificates},

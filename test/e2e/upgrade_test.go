@@ -126,14 +126,20 @@ func (e *env) upgradeFromPrevious() {
 }
 
 // startUpgradePods makes on every node the pod the upgrade's servers and
-// clients run in: one whose program survives its agent's restart, an echo
-// client holding its allocation after one exchange (with a server pod of
-// its own node's, made for it and deleted after).
+// clients run in, of the previous release's echo image.
 func (e *env) startUpgradePods() *exchanger {
-	prev := app{lang: "go", image: prevEchoImage, exe: goEcho.exe}
-	x := &exchanger{e: e, pods: map[string]string{}, servers: map[string]serverState{}}
+	return e.startExchangePods(app{lang: "go", image: prevEchoImage, exe: goEcho.exe})
+}
+
+// startExchangePods makes on every node a pod of app a (upgrade-N,
+// labelled upgradeLabel) that servers and clients run in (kubectl exec):
+// one whose program survives its agent's restart, an echo client holding
+// its allocation after one exchange (with a server pod of its own node's,
+// made for it and deleted after).
+func (e *env) startExchangePods(a app) *exchanger {
+	x := &exchanger{e: e, pods: map[string]string{}, servers: map[string]serverState{}, echoed: map[string]int64{}}
 	for i, n := range e.nodes {
-		e.createPod(e.appServerPod(prev, fmt.Sprintf("upgrade-first-%d", i), n, 1))
+		e.createPod(e.appServerPod(a, fmt.Sprintf("upgrade-first-%d", i), n, 1))
 	}
 	for i, n := range e.nodes {
 		first := fmt.Sprintf("upgrade-first-%d", i)
@@ -144,7 +150,7 @@ func (e *env) startUpgradePods() *exchanger {
 		x.pods[n] = fmt.Sprintf("upgrade-%d", i)
 		// 8 vconns: its server's two callers and its clients' two dials
 		// at once, and the one it holds.
-		p := e.appPod(prev, x.pods[n], n, 8, "client", fmt.Sprintf("--addr=%s:%d", e.podIP(first), echoPort),
+		p := e.appPod(a, x.pods[n], n, 8, "client", fmt.Sprintf("--addr=%s:%d", e.podIP(first), echoPort),
 			"--conns=1", "--messages=1", "--hold")
 		p.Labels = map[string]string{"app": upgradeLabel}
 		e.createPod(p)
@@ -268,6 +274,7 @@ type exchanger struct {
 
 	mu      sync.Mutex
 	servers map[string]serverState // node → its server
+	echoed  map[string]int64       // node → messages its server's runs said they echoed
 	rounds  int
 	stopped bool
 	done    []exchange
@@ -306,6 +313,15 @@ func (x *exchanger) serveOnce(ctx context.Context, node string) {
 	for sc.Scan() {
 		if strings.Contains(sc.Text(), "listening on") {
 			x.setServer(node, true)
+		}
+		// "vconn from ADDR: echoed N messages (ERR)", as each vconn ends.
+		var n int64
+		if _, after, ok := strings.Cut(sc.Text(), ": echoed "); ok {
+			if _, err := fmt.Sscanf(after, "%d messages", &n); err == nil {
+				x.mu.Lock()
+				x.echoed[node] += n
+				x.mu.Unlock()
+			}
 		}
 	}
 	_ = cmd.Wait()
@@ -434,26 +450,33 @@ func (x *exchanger) one(from, to string) exchange {
 		ex.err = fmt.Sprintf("not run: %s %+v, %s %+v", from, ex.before[from], to, ex.before[to])
 		return ex
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, upgradeTimeout+20*time.Second)
-	defer cancel()
-	args := append(append([]string{"exec", "-n", "default", ex.before[from].pod, "-c", "echo", "--"}, goEcho.exe...),
-		"client", fmt.Sprintf("--addr=%s:%d", ex.before[to].podIP, echoPort), "--conns=1",
-		fmt.Sprintf("--messages=%d", upgradeMessages), "--size=4096", "--window=4",
-		fmt.Sprintf("--timeout=%s", upgradeTimeout), "--verdict=/dev/stdout")
-	out, _ := exec.CommandContext(ctx, e.kubectl, args...).CombinedOutput()
+	ex.v, ex.err = e.execClient(ex.before[from].pod, ex.before[to].podIP)
 	ex.after = x.state()
-	ex.err = strings.TrimSpace(string(out))
-	// The verdict's JSON has no newline of its own: the summary follows it.
-	if i := strings.Index(string(out), `{"ok":`); i >= 0 && json.NewDecoder(strings.NewReader(string(out[i:]))).Decode(&ex.v) == nil {
-		ex.err = ""
-	}
-	if ex.err == "" && !ex.v.OK {
-		ex.err = ex.v.Error
-	}
 	x.mu.Lock()
 	x.done = append(x.done, ex)
 	x.mu.Unlock()
 	return ex
+}
+
+// execClient runs one exchange's client in pod against the echo server
+// at ip (kubectl exec) and returns its verdict, or what it said instead.
+func (e *env) execClient(pod, ip string) (v verdict, why string) {
+	ctx, cancel := context.WithTimeout(e.ctx, upgradeTimeout+20*time.Second)
+	defer cancel()
+	args := append(append([]string{"exec", "-n", "default", pod, "-c", "echo", "--"}, goEcho.exe...),
+		"client", fmt.Sprintf("--addr=%s:%d", ip, echoPort), "--conns=1",
+		fmt.Sprintf("--messages=%d", upgradeMessages), "--size=4096", "--window=4",
+		fmt.Sprintf("--timeout=%s", upgradeTimeout), "--verdict=/dev/stdout")
+	out, _ := exec.CommandContext(ctx, e.kubectl, args...).CombinedOutput()
+	why = strings.TrimSpace(string(out))
+	// The verdict's JSON has no newline of its own: the summary follows it.
+	if i := strings.Index(string(out), `{"ok":`); i >= 0 && json.NewDecoder(strings.NewReader(string(out[i:]))).Decode(&v) == nil {
+		why = ""
+	}
+	if why == "" && !v.OK {
+		why = v.Error
+	}
+	return v, why
 }
 
 // stable says whether both nodes' agents and upgrade pods, and the
