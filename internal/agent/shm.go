@@ -263,8 +263,10 @@ func (t shmTX) sent(err error) bool {
 	return true
 }
 
-// sendHeld hands the engine the held descriptor to send in place; what
-// it did not queue comes back at once.
+// sendHeld hands the engine the held descriptor: copied, it comes back
+// once queued; sent in place, chunk by chunk as the engine gives them
+// back. A send the engine refused gives nothing back: the ring is read no
+// more, and its refused message stays the pod's (protocol R5.9).
 func (x *shmVConn) sendHeld() (int, error) {
 	c := &x.lent.cur
 	if c.data != nil {
@@ -274,17 +276,13 @@ func (x *shmVConn) sendHeld() (int, error) {
 		} else {
 			err = x.h.vc.Send(x.h.ctx, c.data)
 		}
-		x.back(c.index, 1)
 		if err != nil {
 			return 0, err
 		}
+		x.back(c.index, 1)
 		return c.n, nil
 	}
-	k, err := x.h.vc.SendStaged(x.h.ctx, x.stage, c.at, c.n, c.imm, c.hasImm, c.index)
-	if k < c.chunks {
-		x.back(c.index, c.chunks-k)
-	}
-	if err != nil {
+	if _, err := x.h.vc.SendStaged(x.h.ctx, x.stage, c.at, c.n, c.imm, c.hasImm, c.index); err != nil {
 		return 0, err
 	}
 	return c.n, nil
