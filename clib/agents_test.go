@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,21 +20,33 @@ import (
 // TestCAgainstAgents runs test/test_vconn.c against node-a and node-b, on
 // the socket and on shared memory.
 func TestCAgainstAgents(t *testing.T) {
+	runOnAgents(t, "test_vconn", "c", 16, 7000, goRoundTrips)
+}
+
+// runOnAgents runs the C test prog against two agents, node-a and node-b
+// (allocations prefix-a of 4 vconns and prefix-b of quotaB), on the
+// socket and on shared memory (VCONN_SHM), with its vconns on port; it
+// must end by printing ok. then, if not nil, runs after it on the same
+// agents.
+func runOnAgents(t *testing.T, prog, prefix string, quotaB, port int,
+	then func(t *testing.T, cl *agenttest.Cluster, sockA, sockB string, shared bool)) {
 	for _, mode := range []string{"socket", "shm"} {
 		t.Run(mode, func(t *testing.T) {
 			cl := cluster(t)
-			a := allocate(t, cl.Nodes[0], "c-a", 4)
-			b := allocate(t, cl.Nodes[1], "c-b", 16)
+			a := allocate(t, cl.Nodes[0], prefix+"-a", 4)
+			b := allocate(t, cl.Nodes[1], prefix+"-b", quotaB)
 			shmOn := "0"
 			if mode == "shm" {
 				shmOn = "1"
 			}
-			out := runC(t, "test_vconn", "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name,
-				"VCONN_PORT=7000", "VCONN_SHM="+shmOn)
+			out := runC(t, prog, "VCONN_SOCK_A="+a, "VCONN_SOCK_B="+b, "VCONN_NODE_B="+cl.Nodes[1].Name,
+				"VCONN_PORT="+strconv.Itoa(port), "VCONN_SHM="+shmOn)
 			if !strings.HasSuffix(strings.TrimSpace(out), "ok") {
-				t.Fatalf("test_vconn did not finish")
+				t.Fatalf("%s did not finish", prog)
 			}
-			goRoundTrips(t, cl, a, b, mode == "shm")
+			if then != nil {
+				then(t, cl, a, b, mode == "shm")
+			}
 		})
 	}
 }

@@ -14,29 +14,8 @@
 #include <string.h>
 
 #include "../src/internal.h"
+#include "allocs.h"
 #include "check.h"
-
-/* libvconn's allocations, counted at the link (-Wl,--wrap=malloc...),
- * as test_shmcopy.c counts them. */
-static atomic_long allocs;
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t k, size_t n);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n)
-{
-	atomic_fetch_add(&allocs, 1);
-	return __real_malloc(n);
-}
-void *__wrap_calloc(size_t k, size_t n)
-{
-	atomic_fetch_add(&allocs, 1);
-	return __real_calloc(k, n);
-}
-void *__wrap_realloc(void *p, size_t n)
-{
-	atomic_fetch_add(&allocs, 1);
-	return __real_realloc(p, n);
-}
 
 static int shm;
 static size_t max;

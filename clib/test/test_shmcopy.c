@@ -14,34 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "allocs.h"
 #include "check.h"
-
-/* libvconn's allocations, counted at the link: the Go test links this
- * program with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc, so each
- * call the library's objects make goes through these wrappers. That
- * counts libvconn's own calls only, the same with every sanitizer or
- * none (mallinfo2 knows nothing of ASan's allocator, and the sanitizer
- * runtimes and libc allocate on their own), and main checks that the
- * wrappers count before it trusts a count of 0. */
-static atomic_long allocs;
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t k, size_t n);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n)
-{
-	atomic_fetch_add(&allocs, 1);
-	return __real_malloc(n);
-}
-void *__wrap_calloc(size_t k, size_t n)
-{
-	atomic_fetch_add(&allocs, 1);
-	return __real_calloc(k, n);
-}
-void *__wrap_realloc(void *p, size_t n)
-{
-	atomic_fetch_add(&allocs, 1);
-	return __real_realloc(p, n);
-}
 
 static int shm;
 static size_t max;
