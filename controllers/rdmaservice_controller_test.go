@@ -324,8 +324,10 @@ func TestStatus(t *testing.T) {
 	waitCondition(t, "stat", v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonAllNodesReady)
 
 	// stat-1's agent says stat-2's stopped answering (stat-2 frozen: its
-	// own report still says Ready until its heartbeat goes stale).
-	setUnreachable(t, "stat-1", "stat-2")
+	// own report still says Ready until its heartbeat goes stale); the
+	// node-x it names too is no node of the service, so the messages
+	// leave it out.
+	setUnreachable(t, "stat-1", "node-x", "stat-2")
 	for _, cond := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionDegraded} {
 		status := metav1.ConditionFalse
 		if cond == v1alpha1.ConditionDegraded {

@@ -159,6 +159,10 @@ func (r *RDMAServiceReconciler) tallyNodes(st *v1alpha1.RDMAServiceStatus, desir
 	now := r.now()
 	var t nodeTally
 	unreachableFrom := map[string][]string{}
+	member := make(map[string]bool, len(desired))
+	for _, name := range desired {
+		member[name] = true
+	}
 	for _, name := range desired {
 		rn := byName[name]
 		rep := assess(name, rn, now, r.heartbeatTimeout())
@@ -184,6 +188,11 @@ func (r *RDMAServiceReconciler) tallyNodes(st *v1alpha1.RDMAServiceStatus, desir
 		}
 		if rep.ready {
 			for _, peer := range rn.Status.UnreachablePeers {
+				if !member[peer] {
+					// No node of the service: an agent's word about
+					// it says nothing of the service's health.
+					continue
+				}
 				unreachableFrom[peer] = append(unreachableFrom[peer], name)
 			}
 		}

@@ -456,8 +456,21 @@ func (m *thief) Dial(context.Context, *controlpb.DialRequest) (*controlpb.DialRe
 	return nil, status.Error(codes.Unavailable, "thief")
 }
 
-// TestAnnounceCannotTakePodIP: on raw gRPC, a node with a valid
-// certificate announces a pod IP another node serves. Dials to that IP are
+// plainCluster is a standalone TLS cluster and node-x, a node outside
+// it with a valid certificate, as apiCluster makes one.
+func plainCluster(t *testing.T) (*agenttest.Cluster, *thief, controlpb.ControlClient, *controlpb.Node) {
+	t.Helper()
+	const xIP = "127.0.0.9"
+	cl := startCluster(t, agenttest.Options{TLS: true})
+	xSrc := certSource(t, cl.CA, "node-x", xIP)
+	h := hostile(t, cl.Nodes[0].Agent.ControlAddress(), xSrc.Credentials())
+	me := &controlpb.Node{Name: "node-x", ControlAddress: xIP + ":1", Gid: mappedGID(xIP), Incarnation: 1}
+	return cl, &thief{}, h, me
+}
+
+// TestAnnounceCannotTakePodIP: on raw gRPC, a node of the service
+// (compromised: a valid certificate, a configured peer) announces a pod
+// IP another node serves. Dials to that IP are
 // then refused as contested (ErrUnreachable), never routed to the
 // announcer: 0 dials reach it. An announcement under another node's name
 // is refused (PermissionDenied). What remains (SECURITY): an IP no other
@@ -469,7 +482,7 @@ func TestAnnounceCannotTakePodIP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer xln.Close()
-	cl := startCluster(t, agenttest.Options{TLS: true})
+	cl := startCluster(t, agenttest.Options{TLS: true, TuneConfig: withPeer("node-x", xln.Addr().String())})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	nodeA, nodeB := cl.Nodes[0], cl.Nodes[1]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/discovery"
 )
 
 // Peers learn which node serves a pod IP from that node's agent: each
@@ -109,6 +111,12 @@ func (s *controlServer) Announce(ctx context.Context, req *controlpb.Announcemen
 	if err := a.authorize(ctx, cl); err != nil {
 		return nil, err
 	}
+	// Only the service's nodes announce: a certified node outside it
+	// would otherwise become a peer here, and its silence later a
+	// service NotReady (and its word a route, in standalone mode).
+	if !a.member(c.Name) {
+		return nil, status.Errorf(codes.PermissionDenied, "announce: node %s is not a node of this service (%s)", c.Name, a.membership())
+	}
 	ips, err := announcedIPs(req.GetPodIps())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "announce: %v", err)
@@ -126,6 +134,21 @@ func (s *controlServer) Announce(ctx context.Context, req *controlpb.Announcemen
 	}
 	a.mu.Unlock()
 	return &controlpb.AnnounceReply{Incarnation: a.incarnation}, nil
+}
+
+// member: node is one of the service's nodes, as discovery lists them
+// (the service's RDMANodes in Kubernetes mode, the configured peers
+// otherwise).
+func (a *Agent) member(node string) bool {
+	return slices.ContainsFunc(a.disc.Peers(), func(p discovery.Peer) bool { return p.NodeName == node })
+}
+
+// membership names where the service's nodes come from, for errors.
+func (a *Agent) membership() string {
+	if a.opts.PodAddresses != nil {
+		return "no RDMANode of the service lists it"
+	}
+	return "the agent's configured peers do not list it"
 }
 
 // announcedIPs parses an announcement's IPs: 4 or 16 bytes each, unicast,

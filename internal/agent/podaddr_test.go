@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/rdmavisor/rdmavisor/internal/agent"
 	"github.com/rdmavisor/rdmavisor/internal/agent/agenttest"
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
+	"github.com/rdmavisor/rdmavisor/internal/config"
 	"github.com/rdmavisor/rdmavisor/internal/vqpn"
 	"github.com/rdmavisor/rdmavisor/pkg/vconn"
 )
@@ -42,8 +44,9 @@ func (p *apiPods) set(ip, node string) {
 
 // apiCluster is a TLS cluster whose agents take pod IPs from api, and
 // node-x: a node with a valid certificate, serving a control plane that
-// counts whatever reaches it.
-func apiCluster(t *testing.T, api *apiPods) (*agenttest.Cluster, *thief, controlpb.ControlClient, *controlpb.Node) {
+// counts whatever reaches it. A member node-x is one of the service's
+// nodes (compromised); else it is a node outside the service.
+func apiCluster(t *testing.T, api *apiPods, member bool) (*agenttest.Cluster, *thief, controlpb.ControlClient, *controlpb.Node) {
 	t.Helper()
 	const xIP = "127.0.0.9"
 	xln, err := net.Listen("tcp", xIP+":0")
@@ -51,7 +54,11 @@ func apiCluster(t *testing.T, api *apiPods) (*agenttest.Cluster, *thief, control
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { xln.Close() })
-	cl := startCluster(t, agenttest.Options{TLS: true, TuneAgent: func(o *agent.Options) { o.PodAddresses = api }})
+	o := agenttest.Options{TLS: true, TuneAgent: func(o *agent.Options) { o.PodAddresses = api }}
+	if member {
+		o.TuneConfig = withPeer("node-x", xln.Addr().String())
+	}
+	cl := startCluster(t, o)
 	xSrc := certSource(t, cl.CA, "node-x", xIP)
 	x := &thief{}
 	srv := grpc.NewServer(grpc.Creds(xSrc.Credentials()))
@@ -63,8 +70,42 @@ func apiCluster(t *testing.T, api *apiPods) (*agenttest.Cluster, *thief, control
 	return cl, x, h, me
 }
 
+// withPeer adds node at addr to an agent's configured peers: a node of
+// the service.
+func withPeer(node, addr string) func(*config.AgentConfig) {
+	return func(c *config.AgentConfig) {
+		c.PeerDiscovery.Static = append(c.PeerDiscovery.Static, config.Peer{NodeName: node, Address: addr})
+	}
+}
+
+// TestOutsiderCannotAnnounce is the membership half of issue 33's finding
+// 2: a node with a valid certificate that no RDMANode of the service
+// lists (here: no configured peer) announces pod IPs, and is refused
+// (PermissionDenied, naming why), as the agents take their pod addresses
+// from the API server and would otherwise keep it as a peer, whose silence
+// later made the service NotReady (the rogue-announcer e2e step). The same
+// holds in standalone mode, where an announcement routes dials.
+func TestOutsiderCannotAnnounce(t *testing.T) {
+	for _, kube := range []bool{true, false} {
+		api := &apiPods{nodes: map[netip.Addr]string{}}
+		var h controlpb.ControlClient
+		var me *controlpb.Node
+		if kube {
+			_, _, h, me = apiCluster(t, api, false)
+		} else {
+			_, _, h, me = plainCluster(t)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := h.Announce(ctx, &controlpb.Announcement{Caller: me, PodIps: [][]byte{{10, 244, 1, 10}}})
+		cancel()
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "not a node of this service") {
+			t.Errorf("kubernetes mode %v: an outsider's announcement: %v, want PermissionDenied: not a node of this service", kube, err)
+		}
+	}
+}
+
 // TestAPIPodIPsOutrankAnnouncements is issue 33's findings 1 and 2 with
-// pod addresses from the API server: node-x announces the IP of a live
+// pod addresses from the API server: node-x, a node of the service, announces the IP of a live
 // pod on node-b, and 65,536 more (every pod of node-b's among them); then
 // node-b's agent restarts (a rolling upgrade). Dials of node-b's pods
 // reach node-b (pods made unreachable: 0), dials during the restart fail
@@ -72,7 +113,7 @@ func apiCluster(t *testing.T, api *apiPods) (*agenttest.Cluster, *thief, control
 // dials reaching node-x: 0.
 func TestAPIPodIPsOutrankAnnouncements(t *testing.T) {
 	api := &apiPods{nodes: map[netip.Addr]string{}}
-	cl, x, h, me := apiCluster(t, api)
+	cl, x, h, me := apiCluster(t, api, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	nodeA, nodeB := cl.Nodes[0], cl.Nodes[1]
@@ -140,7 +181,7 @@ func TestAPIPodIPsOutrankAnnouncements(t *testing.T) {
 // 0. A real pod's dial carries its own IP, which the listener sees.
 func TestForgedCallerIP(t *testing.T) {
 	api := &apiPods{nodes: map[netip.Addr]string{}}
-	cl, _, _, me := apiCluster(t, api)
+	cl, _, _, me := apiCluster(t, api, true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	nodeA, nodeB := cl.Nodes[0], cl.Nodes[1]

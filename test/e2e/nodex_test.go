@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,10 +34,10 @@ import (
 // the cluster CA's, a control plane that counts what reaches it, and an
 // announcer.
 
-// nodeXName is the rogue node's name: one no node has. The Announce
-// handler wants no more than a certificate of the cluster CA's naming the
-// caller, its control address and GID (authorize); the peer table takes
-// any name (remoteFor). A compromised node's own name would not do: its
+// nodeXName is the rogue node's name: one no node has, so no RDMANode of
+// the service lists it, and the agents refuse its announcements as an
+// outsider's (before they did, they kept it as a peer, and its silence
+// made the service NotReady). A compromised node's own name would not do: its
 // peers keep its real control address for it, so dials sent its way
 // would reach its real agent, which this test cannot count. Holding the
 // CA's key, read from its Secret, node-x can do what any certified node
@@ -48,9 +49,9 @@ const nodeXIncarnation = 33
 
 // nodeX is the rogue node: a control plane on this host's address on the
 // nodes' network, under a certificate for node-x, which answers heartbeats
-// and announcements as an agent does, so that the agents keep it as a
-// healthy peer, and counts every call that reaches it, by method. A dial
-// routed to it would begin with Identity (or Dial, or ConnectQP).
+// and announcements as an agent does, should an agent take it for a peer,
+// and counts every call that reaches it, by method. A dial routed to it
+// would begin with Identity (or Dial, or ConnectQP).
 type nodeX struct {
 	controlpb.UnimplementedControlServer
 	ip    net.IP
@@ -58,11 +59,11 @@ type nodeX struct {
 	creds credentials.TransportCredentials
 	srv   *grpc.Server
 
-	mu    sync.Mutex
-	calls map[string]int       // by method
-	taken map[string]time.Time // node → when its agent last took node-x's announcement
-	takes map[string]int       // node → how many its agent took
-	errs  map[string]string    // node → the last announcement's error, if it failed
+	mu      sync.Mutex
+	calls   map[string]int       // by method
+	refused map[string]time.Time // node → when its agent last refused node-x's announcement as an outsider's
+	takes   map[string]int       // node → how many its agent took (the step wants 0)
+	errs    map[string]string    // node → the last announcement's error, if it failed otherwise
 }
 
 // startNodeX issues node-x a certificate with the cluster CA, read from
@@ -105,7 +106,7 @@ func (e *env) startNodeX() *nodeX {
 		e.t.Fatalf("node-x's control plane on %s: %v", ip, err)
 	}
 	x := &nodeX{ip: ip, addr: ln.Addr().String(), creds: src.Credentials(),
-		calls: map[string]int{}, taken: map[string]time.Time{}, takes: map[string]int{}, errs: map[string]string{}}
+		calls: map[string]int{}, refused: map[string]time.Time{}, takes: map[string]int{}, errs: map[string]string{}}
 	x.srv = grpc.NewServer(grpc.Creds(x.creds),
 		grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			x.count(info.FullMethod)
@@ -228,26 +229,33 @@ func (x *nodeX) announce(ctx context.Context, agents map[string]string, claim []
 	}
 }
 
+// result records an agent's answer: refused as an outsider's
+// (PermissionDenied, naming why), taken, or failed otherwise (the agent
+// restarting, say).
 func (x *nodeX) result(node string, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if err != nil {
+	switch {
+	case err == nil:
+		x.takes[node]++
+	case status.Code(err) == codes.PermissionDenied && strings.Contains(err.Error(), "not a node of this service"):
+		x.refused[node] = time.Now()
+		delete(x.errs, node)
+	default:
 		x.errs[node] = err.Error()
-		return
 	}
-	x.taken[node] = time.Now()
-	x.takes[node]++
-	delete(x.errs, node)
 }
 
-// takenSince: every node's agent took node-x's announcement after t.
-func (x *nodeX) takenSince(t time.Time, nodes []string) func() (bool, string) {
+// refusedSince: every node's agent refused node-x's announcement, as an
+// outsider's, after t.
+func (x *nodeX) refusedSince(t time.Time, nodes []string) func() (bool, string) {
 	return func() (bool, string) {
 		x.mu.Lock()
 		defer x.mu.Unlock()
 		for _, n := range nodes {
-			if !x.taken[n].After(t) {
-				return false, fmt.Sprintf("the agent on %s: last took it at %s; last error: %s", n, x.taken[n].Format(time.StampMilli), x.errs[n])
+			if !x.refused[n].After(t) {
+				return false, fmt.Sprintf("the agent on %s: last refused it at %s; took it %d times; last other error: %s",
+					n, x.refused[n].Format(time.StampMilli), x.takes[n], x.errs[n])
 			}
 		}
 		return true, ""

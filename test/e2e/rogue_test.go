@@ -5,16 +5,19 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rdmavisor/rdmavisor/api/v1alpha1"
 	"github.com/rdmavisor/rdmavisor/internal/agent/controlpb"
 )
 
@@ -30,12 +33,13 @@ import (
 // node, B, and the 65,535 other IPs of its /16, to every agent, again and
 // again; clients on the two other nodes dial that pod, one exchange after
 // another, before, during and after a rolling restart of every agent
-// (kubectl rollout restart), B's among them. No dial reaches node-x; every
-// byte a client got back was its own, and B's server echoed at least as
-// many messages as the clients got; an exchange fails only across a
-// restart of its agents, its client told; after the roll both other
-// nodes' clients succeed, while the new agents take node-x's
-// announcements.
+// (kubectl rollout restart), B's among them. Every agent, old and new,
+// refuses node-x's announcements (no RDMANode of the service lists it) and
+// never calls it; every byte a client got back was its own, and B's
+// server echoed at least as many messages as the clients got; an exchange
+// fails only across a restart of its agents, its client told; after the
+// roll both other nodes' clients succeed; when node-x stops, no RDMANode
+// reports it unreachable and the service stays Ready.
 func (e *env) rogueAnnouncer() {
 	to := e.serverNode()
 	_, err := e.kube.CoreV1().Pods("default").Get(e.ctx, "echo-server", metav1.GetOptions{})
@@ -67,7 +71,7 @@ func (e *env) rogueAnnouncer() {
 	e.announceAsRefused(nx, agents[e.clientNode()], to, claim)
 	start := time.Now()
 	bg.Go(func() { nx.announce(ctx, agents, claim) })
-	e.eventually("every agent took node-x's announcement of "+s0.podIP+" and 65,535 more", time.Minute, nx.takenSince(start, e.nodes))
+	e.eventually("every agent refused node-x's announcement of "+s0.podIP+" and 65,535 more", time.Minute, nx.refusedSince(start, e.nodes))
 
 	r := &rogueDials{x: x, to: to, ip: s0.podIP}
 	dctx, stopDials := context.WithCancel(ctx)
@@ -88,14 +92,13 @@ func (e *env) rogueAnnouncer() {
 		return s.server.listen && s.server.run > s0.server.run, fmt.Sprintf("%+v", s)
 	})
 	rolled := time.Now()
-	e.eventually("every new agent took node-x's announcement", time.Minute, nx.takenSince(rolled, e.nodes))
+	e.eventually("every new agent refused node-x's announcement", time.Minute, nx.refusedSince(rolled, e.nodes))
 	r.phase.Store(afterRoll)
 	r.waitFor(afterRoll, 3)
 	stopDials()
 	dials.Wait()
 	r.echoedAll()
 	r.check(nx, took, outage)
-	e.t.Logf("node-x's announcements each agent took (its own, its successor's): %v", nx.announcementsTaken())
 	cancel()
 	bg.Wait()
 	e.forgetNodeX(x, nx, restore)
@@ -103,22 +106,24 @@ func (e *env) rogueAnnouncer() {
 
 // forgetNodeX stops node-x and the step's pods, and leaves the service as
 // the next step expects: Ready, the echo server listening (if it was),
-// the step's allocations released. The agents keep a peer that announced
-// until their peer set changes (rdmanode.Discovery), and report one that
-// stopped answering heartbeats unreachable in their RDMANodes, which the
-// operator turns into the RDMAService's Ready False (NodeUnreachable,
-// "node node-x unreachable from node-1, node-2, node-3", found when the
-// next step waited for Ready). So, node-x's announcer stopped, a second
-// roll makes agents that never heard of it, while it still answers the
-// old ones' heartbeats; then it stops.
+// the step's allocations released. Node-x stopped, no RDMANode may list
+// it unreachable: when the agents kept it as a peer (they took its
+// announcements), they did, and the operator made the service NotReady
+// ("node node-x unreachable from node-1, node-2, node-3").
 func (e *env) forgetNodeX(x *exchanger, nx *nodeX, restore bool) {
 	for _, n := range e.nodes {
 		e.deletePod(x.pods[n])
 	}
-	e.eventually("every agent ready before the second roll", 2*time.Minute, e.agentReady)
-	took, _ := e.restartAgents(e.serverNode())
 	nx.stop()
-	e.t.Logf("the agents restarted again, node-x silent, in %s", took.Round(100*time.Millisecond))
+	for _, n := range e.nodes {
+		var rn v1alpha1.RDMANode
+		if err := e.crs.Get(e.ctx, client.ObjectKey{Name: n}, &rn); err != nil {
+			e.t.Fatal(err)
+		}
+		if slices.Contains(rn.Status.UnreachablePeers, nodeXName) {
+			e.t.Errorf("RDMANode %s lists node-x, no node of the service, among its unreachable peers", n)
+		}
+	}
 	if restore {
 		e.deletePod("echo-server")
 		e.startServerAfterRestart()
@@ -343,8 +348,14 @@ func (r *rogueDials) check(nx *nodeX, took, outage time.Duration) {
 	if dial != 0 {
 		e.t.Errorf("calls at node-x that only a dial routed there makes: %d (all its calls by method: %v), want 0", dial, calls)
 	}
-	if peer == 0 {
-		e.t.Errorf("no agent called node-x (heartbeat, announcement): that no dial reached it says nothing (calls: %v)", calls)
+	if peer != 0 {
+		e.t.Errorf("calls at node-x that an agent makes of a peer it keeps: %d (%v), want 0: no agent takes it for one", peer, calls)
+	}
+	taken := nx.announcementsTaken()
+	for n, k := range taken {
+		if k != 0 {
+			e.t.Errorf("the agents on %s took %d of node-x's announcements, want 0", n, k)
+		}
 	}
 	if d := tally["during"]; d.outage == 0 {
 		e.t.Errorf("no exchange ran over %s's agent's outage: %d exchanges during the roll", r.to, d.n)
@@ -357,8 +368,8 @@ func (r *rogueDials) check(nx *nodeX, took, outage time.Duration) {
 	b, d, a := tally["before"], tally["during"], tally["after"]
 	e.t.Logf("node-x's announcement of %s and 65,535 more, through a rolling restart of every agent (%s; %s without a ready agent %s): "+
 		"exchanges from %v before the roll %d (%d successful), during %d (%d successful, %d failed with their clients told; %d over %s's agent's outage, %d of them successful), after %d (%d successful); "+
-		"calls reaching node-x: %d that a dial would make, %d from the agents keeping it as a peer (%v)",
-		r.ip, took.Round(100*time.Millisecond), r.to, outage.Round(100*time.Millisecond), e.otherNodes(), b.n, b.ok, d.n, d.ok, d.told, d.outage, r.to, d.outageOK, a.n, a.ok, dial, peer, calls)
+		"calls reaching node-x: %d that a dial would make, %d that an agent makes of a peer (%v); announcements taken %v",
+		r.ip, took.Round(100*time.Millisecond), r.to, outage.Round(100*time.Millisecond), e.otherNodes(), b.n, b.ok, d.n, d.ok, d.told, d.outage, r.to, d.outageOK, a.n, a.ok, dial, peer, calls, taken)
 	e.measured("a rogue node announcing a live pod's IP (and 65,535 more) through a rolling agent restart: exchanges before, during, after the roll",
 		"%d, %d (%d failed, their clients told; %d over the pod's node's agent's outage), %d; every delivered byte checked", b.n, d.n, d.told, d.outage, a.n)
 	e.measured("a rogue node announcing a live pod's IP through a rolling agent restart: dials reaching the rogue node", "%d", dial)
