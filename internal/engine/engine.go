@@ -30,6 +30,10 @@ var (
 	// ErrCreditOverrun: the peer sent beyond the receive credits granted
 	// to it, which an engine never does; its excess was dropped.
 	ErrCreditOverrun = errors.New("engine: peer sent beyond its receive credits")
+	// ErrLost: the peer closed (its FIN came) while messages it sent
+	// before were missing here; the vconn fails rather than end as if
+	// they were all read.
+	ErrLost = errors.New("engine: messages the peer sent before its close were lost")
 )
 
 // Engine multiplexes vconns over shared QPs on one device.
