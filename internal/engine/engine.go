@@ -107,6 +107,9 @@ type Engine struct {
 	// timer fires (region.go releaseLater) or the engine closes.
 	graceMu sync.Mutex
 	grace   map[graced]*time.Timer
+	// graceWG counts the deregistrations timers run, outside graceMu:
+	// Close waits for them before it deallocates the PD.
+	graceWG sync.WaitGroup
 	// lending is the staging memory sends may still read (StageSends),
 	// until deregistered; what is left when the engine closes, with
 	// sends whose completions no poller will see, goes then. Guarded by
@@ -301,6 +304,7 @@ func (e *Engine) Close() error {
 		p.stop()
 	}
 	e.releaseGraced()
+	e.graceWG.Wait()
 	e.releaseLending()
 	var errs []error
 	e.peersMu.Lock()
