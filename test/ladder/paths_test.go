@@ -463,10 +463,10 @@ func (p *proc) do(command string) ([]int64, error) {
 	// the error: the kill closes its vconn, and its peer then reads EOF
 	// wherever it was, which looks like a stream cut short.
 	var killed atomic.Bool
-	var dump string
+	dump := make(chan string, 1)
 	stuck := time.AfterFunc(stuckAfter, func() {
-		dump = p.dumpStuck()
-		killed.Store(true)
+		killed.Store(true) // first: the SIGQUIT may end the read
+		dump <- p.dumpStuck()
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	})
 	defer stuck.Stop()
@@ -476,7 +476,7 @@ func (p *proc) do(command string) ([]int64, error) {
 	line, err := p.out.ReadString('\n')
 	if err != nil {
 		if killed.Load() {
-			err = fmt.Errorf("no answer in %v, killed (its peer reads EOF then; where everything waited: %s): %w", stuckAfter, dump, err)
+			err = fmt.Errorf("no answer in %v, killed (its peer reads EOF then; where everything waited: %s): %w", stuckAfter, <-dump, err)
 		}
 		return nil, p.failed(command, err)
 	}
