@@ -27,11 +27,18 @@ mkdir -p "$out"
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
 go test -c -o "$bin/ladder.test" ./test/ladder/
+# Each run's output is kept in a file too, named when the run fails: a
+# failing round prints the agents' log and counters (test/ladder).
 for mode in quiet busy; do
   echo "== E6, the ladder: $mode ($rounds rounds)" >&2
-  (cd test/ladder && RDMAVISOR_E6="$root/$out/e6.txt" RDMAVISOR_E6_MODE=$mode \
+  log=$(mktemp "${TMPDIR:-/tmp}/e6-$mode-XXXXXX.log")
+  if ! (cd test/ladder && RDMAVISOR_E6="$root/$out/e6.txt" RDMAVISOR_E6_MODE=$mode \
     RDMAVISOR_E6_ROUNDS=$rounds RDMAVISOR_E6_SCALE=$scale \
-    "$bin/ladder.test" -test.run '^TestE6$' -test.v -test.timeout 60m) >&2
+    "$bin/ladder.test" -test.run '^TestE6$' -test.v -test.timeout 60m) 2>&1 | tee "$log" >&2; then
+    echo "E6 $mode failed; its output is kept in $log" >&2
+    exit 1
+  fi
+  rm -f "$log"
 done
 # Beside the ladder: what two idle agents holding 1,000 open vconns each
 # burn (TestIdleCPU), into idle.md.

@@ -30,6 +30,10 @@ var (
 	// ErrCreditOverrun: the peer sent beyond the receive credits granted
 	// to it, which an engine never does; its excess was dropped.
 	ErrCreditOverrun = errors.New("engine: peer sent beyond its receive credits")
+	// ErrLost: the peer closed (its FIN came) while messages it sent
+	// before were missing here; the vconn fails rather than end as if
+	// they were all read.
+	ErrLost = errors.New("engine: messages the peer sent before its close were lost")
 )
 
 // Engine multiplexes vconns over shared QPs on one device.
@@ -103,6 +107,9 @@ type Engine struct {
 	// timer fires (region.go releaseLater) or the engine closes.
 	graceMu sync.Mutex
 	grace   map[graced]*time.Timer
+	// graceWG counts the deregistrations timers run, outside graceMu:
+	// Close waits for them before it deallocates the PD.
+	graceWG sync.WaitGroup
 	// lending is the staging memory sends may still read (StageSends),
 	// until deregistered; what is left when the engine closes, with
 	// sends whose completions no poller will see, goes then. Guarded by
@@ -297,6 +304,7 @@ func (e *Engine) Close() error {
 		p.stop()
 	}
 	e.releaseGraced()
+	e.graceWG.Wait()
 	e.releaseLending()
 	var errs []error
 	e.peersMu.Lock()

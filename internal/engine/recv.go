@@ -186,7 +186,11 @@ func (vc *VConn) deliverSeq(p *poller, seq uint32, m Message, dgram bool) {
 	}
 	released, gap := r.Accept(m)
 	r.Handover(func(m Message) { vc.deliver(p, m) })
+	fin := r.FinDue() // it came while these were handed over: after them
 	r.Unlock()
+	if fin {
+		vc.peerFinished()
+	}
 	vc.reportGap(gap)
 	// The acknowledgement waits (see above); the credit grant that the
 	// application's release brings may carry it first. Only datagrams
@@ -536,6 +540,9 @@ func (a *reassembly) add(payload []byte) bool {
 	a.buf = append(a.buf, payload...)
 	return true
 }
+
+// underway: a message's first chunks came, not its last.
+func (a *reassembly) underway() bool { return a.buf != nil }
 
 // finish ends the message after its last chunk: the message, or nil if
 // the chunks fell short of its length.

@@ -503,9 +503,13 @@ func (e *Engine) releaseLater(r graced) {
 		e.graceMu.Lock()
 		_, ok := e.grace[r]
 		delete(e.grace, r)
+		if ok {
+			e.graceWG.Add(1) // under graceMu: Close's releaseGraced comes before or after
+		}
 		e.graceMu.Unlock()
 		if ok {
 			_ = r.release()
+			e.graceWG.Done()
 		}
 	})
 }

@@ -212,6 +212,36 @@ func (vc *VConn) onPeerFin() {
 			vc.schedule()
 		}
 	}
+	if vc.finInOrder() {
+		vc.peerFinished()
+	}
+}
+
+// finInOrder reports whether the peer's FIN ends the stream now. Every
+// message the peer sent came before it, or was lost: one half
+// reassembled, or an Auto message past which later ones wait. Lost ones
+// fail the vconn (ErrLost), and the peer is reset: ending with io.EOF
+// would pass a stream cut short for a whole one. Where another poller
+// is handing over Auto messages that came before the FIN, it ends the
+// stream after them (deliverSeq). The poller that received the FIN.
+func (vc *VConn) finInOrder() bool {
+	lost, later := vc.asm.underway(), false
+	if r := vc.auto.loaded(); r != nil && !lost {
+		r.rx.Lock()
+		lost, later = r.rx.Fin()
+		r.rx.Unlock()
+	}
+	if lost {
+		vc.rstDue.Store(true)
+		vc.fail(ErrLost)
+		return false
+	}
+	return !later
+}
+
+// peerFinished ends the stream: Recv returns io.EOF once the queue is
+// empty, and a vconn closed here and whose FIN went is released.
+func (vc *VConn) peerFinished() {
 	vc.rcv.finish()
 	if vc.state.Load() == stateClosing && vc.finSent.Load() {
 		vc.release()

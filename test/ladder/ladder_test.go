@@ -94,7 +94,8 @@ func newHarness(t *testing.T) *harness {
 	t.Cleanup(cancel)
 	h.ctx = ctx
 	var mu sync.Mutex
-	h.cl, err = agenttest.Start(agenttest.Options{Transport: "auto", TuneEngine: func(c *engine.Config) {
+	logs := &logTail{}
+	h.cl, err = agenttest.Start(agenttest.Options{Transport: "auto", Log: logs.logger(), TuneEngine: func(c *engine.Config) {
 		mu.Lock()
 		defer mu.Unlock()
 		h.engineCfg = *c
@@ -107,6 +108,9 @@ func newHarness(t *testing.T) *harness {
 			t.Errorf("close the agents: %v", err)
 		}
 	})
+	// Registered after the close, so it runs before it: the engines'
+	// counters are still there.
+	h.keepLogs(t, logs)
 	return h
 }
 
@@ -311,7 +315,7 @@ func TestE6(t *testing.T) {
 			r := rs[(round+i)%len(rs)]
 			res, err := r.measure(w)
 			if err != nil {
-				t.Fatalf("%s, round %d: %v", r.name, round+1, err)
+				t.Fatalf("%s, round %d (load %s): %v", r.name, round+1, loadavg(), err)
 			}
 			byPath[r.name] = append(byPath[r.name], res)
 			emit("%s", res.line(mode, round+1, r.name))

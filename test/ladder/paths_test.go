@@ -10,9 +10,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -422,6 +424,7 @@ func (h *harness) server(name string, env []string, prog string, args ...string)
 // proc is the client of a path that is a program: it sends the commands
 // of ladder.h on the program's stdin and reads its answers.
 type proc struct {
+	h      *harness
 	name   string
 	cmd    *exec.Cmd
 	srv    *serverProc
@@ -432,7 +435,7 @@ type proc struct {
 
 func (h *harness) procClient(srv *serverProc, name string, env []string, prog string, args ...string) (client, error) {
 	cmd := h.command(env, prog, args...)
-	p := &proc{name: name, cmd: cmd, srv: srv, errOut: &syncBuffer{}}
+	p := &proc{h: h, name: name, cmd: cmd, srv: srv, errOut: &syncBuffer{}}
 	cmd.Stderr = p.errOut
 	var err error
 	if p.in, err = cmd.StdinPipe(); err != nil {
@@ -450,16 +453,31 @@ func (h *harness) procClient(srv *serverProc, name string, env []string, prog st
 	return p, nil
 }
 
+// stuckAfter is how long a command may take before its program is
+// killed.
+const stuckAfter = 5 * time.Minute
+
 // do runs one command: the numbers of its "ok" answer.
 func (p *proc) do(command string) ([]int64, error) {
-	// A program that hangs is killed, which ends the read.
-	stuck := time.AfterFunc(5*time.Minute, func() { _ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) })
+	// A program that hangs is killed, which ends the read. Said so in
+	// the error: the kill closes its vconn, and its peer then reads EOF
+	// wherever it was, which looks like a stream cut short.
+	var killed atomic.Bool
+	dump := make(chan string, 1)
+	stuck := time.AfterFunc(stuckAfter, func() {
+		killed.Store(true) // first: the SIGQUIT may end the read
+		dump <- p.dumpStuck()
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	})
 	defer stuck.Stop()
 	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
 		return nil, p.failed(command, err)
 	}
 	line, err := p.out.ReadString('\n')
 	if err != nil {
+		if killed.Load() {
+			err = fmt.Errorf("no answer in %v, killed (its peer reads EOF then; where everything waited: %s): %w", stuckAfter, <-dump, err)
+		}
 		return nil, p.failed(command, err)
 	}
 	f := strings.Fields(line)
@@ -473,6 +491,29 @@ func (p *proc) do(command string) ([]int64, error) {
 		}
 	}
 	return v, nil
+}
+
+// dumpStuck writes, before a stuck program is killed, where everything
+// waits into a file it names: this process's goroutines (the agents run
+// here) and the engines' counters. The client and server programs get a
+// SIGQUIT first, on which Go's runtime prints their goroutines to the
+// stderr the test keeps (others die of it).
+func (p *proc) dumpStuck() string {
+	for _, c := range []*exec.Cmd{p.cmd, p.srv.cmd} {
+		_ = syscall.Kill(-c.Process.Pid, syscall.SIGQUIT)
+	}
+	f, err := os.CreateTemp("", "e6-stuck-*.txt")
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	for _, n := range p.h.cl.Nodes {
+		e := n.Agent.Engine()
+		fmt.Fprintf(f, "%s's engine: %+v; refused by reason: %v\n", n.Name, e.Stats(), e.RejectStats())
+	}
+	_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+	time.Sleep(time.Second) // the programs' stacks
+	return f.Name()
 }
 
 func (p *proc) failed(command string, err error) error {

@@ -30,6 +30,8 @@ type Receiver[M any] struct {
 	gapEnd atomic.Uint32
 	nacked uint32
 	gapped bool // nacked is valid
+	// finLater: the peer's FIN came while a Handover was under way (Fin).
+	finLater bool
 }
 
 type held[M any] struct {
@@ -130,6 +132,35 @@ func (r *Receiver[M]) Handover(deliver func(M)) {
 	}
 	r.inorder = r.inorder[:0]
 	r.delivering = false
+}
+
+// Fin records the peer's FIN, which follows every message the peer sent:
+// its FIN waits for its datagrams' acknowledgements, and its RC messages
+// go ahead of it on their QP. lost: messages wait past a gap, so one sent
+// before the FIN never came. later: a Handover is under way, and the
+// messages it hands over come before the FIN; FinDue says when it is
+// over. mu held.
+func (r *Receiver[M]) Fin() (lost, later bool) {
+	for _, h := range r.early {
+		if h.ok {
+			return true, false
+		}
+	}
+	if r.delivering {
+		r.finLater = true
+		return false, true
+	}
+	return false, false
+}
+
+// FinDue reports, once, that a FIN Fin put off is due: the Handover it
+// waited for is over. The goroutine that returns from Handover, mu held.
+func (r *Receiver[M]) FinDue() bool {
+	if !r.finLater || r.delivering {
+		return false
+	}
+	r.finLater = false
+	return true
 }
 
 // reportGap records that the next expected is missing while later

@@ -191,3 +191,54 @@ func FuzzReceiver(f *testing.F) {
 		}
 	})
 }
+
+// TestReceiverFin: a FIN past a gap (messages held early) says they were
+// lost; one that comes while another goroutine hands messages over (they
+// arrived before it, on another poller) waits for the handover, and
+// FinDue says so once, to the goroutine whose Handover ends; one with
+// nothing pending ends the stream at once.
+func TestReceiverFin(t *testing.T) {
+	var r Receiver[uint32]
+	var out []uint32
+	recv(&r, 0, 8, &out)
+	recv(&r, 2, 8, &out) // 1 missing
+	r.Lock()
+	lost, later := r.Fin()
+	r.Unlock()
+	if !lost || later {
+		t.Fatalf("FIN past a gap: lost %v, later %v; want lost", lost, later)
+	}
+
+	r = Receiver[uint32]{}
+	out = nil
+	r.Lock()
+	r.Accept(0)
+	r.Accept(1)
+	var fin []bool // FinDue as each message is handed over, and after
+	r.Handover(func(m uint32) {
+		out = append(out, m)
+		r.Lock() // the FIN, on another poller, mid-handover
+		if m == 0 {
+			if lost, later := r.Fin(); lost || !later {
+				t.Errorf("FIN during a handover: lost %v, later %v; want later", lost, later)
+			}
+		}
+		fin = append(fin, r.FinDue())
+		r.Unlock()
+	})
+	fin = append(fin, r.FinDue(), r.FinDue())
+	r.Unlock()
+	if !slices.Equal(out, []uint32{0, 1}) || !slices.Equal(fin, []bool{false, false, true, false}) {
+		t.Fatalf("handed over %v, FinDue %v; want [0 1], due once after the handover", out, fin)
+	}
+
+	r = Receiver[uint32]{}
+	recv(&r, 0, 8, &out)
+	r.Lock()
+	lost, later = r.Fin()
+	due := r.FinDue()
+	r.Unlock()
+	if lost || later || due {
+		t.Fatalf("FIN with nothing pending: lost %v, later %v, due %v; want none", lost, later, due)
+	}
+}
