@@ -98,4 +98,9 @@ func TestCodeOfControlErrors(t *testing.T) {
 	if err := statusError(nil); err != nil {
 		t.Errorf("statusError(nil) = %v", err)
 	}
+	// A stream the peer closed past a lost message is broken, as one it
+	// reset: the program must not take it for a whole one.
+	if c := codeOf(fmt.Errorf("recv: %w", engine.ErrLost)); c != frame.CodeReset {
+		t.Errorf("codeOf(ErrLost): %v, want %v", c, frame.CodeReset)
+	}
 }

@@ -34,7 +34,7 @@ func codeOf(err error) frame.Code {
 	switch {
 	case errors.Is(err, engine.ErrPeerGone), errors.Is(err, engine.ErrQPFailed):
 		return frame.CodePeerGone
-	case errors.Is(err, engine.ErrReset):
+	case errors.Is(err, engine.ErrReset), errors.Is(err, engine.ErrLost):
 		return frame.CodeReset
 	case errors.Is(err, engine.ErrClosed), errors.Is(err, engine.ErrNotOpen):
 		return frame.CodeClosed

@@ -225,7 +225,8 @@ func (vc *VConn) onPeerFin() {
 // is handing over Auto messages that came before the FIN, it ends the
 // stream after them (deliverSeq). The poller that received the FIN.
 func (vc *VConn) finInOrder() bool {
-	lost, later := vc.asm.underway(), false
+	// An unreliable vconn's lost chunks are its contract, not a failure.
+	lost, later := vc.tr.Reliable() && vc.asm.underway(), false
 	if r := vc.auto.loaded(); r != nil && !lost {
 		r.rx.Lock()
 		lost, later = r.rx.Fin()

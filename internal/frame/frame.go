@@ -199,7 +199,7 @@ const (
 	CodeRefused      Code = 5  // nothing listens at the address, or a NetworkPolicy refuses the dial
 	CodeUnreachable  Code = 6  // the address names no known node
 	CodeClosed       Code = 7  // the vconn is closed
-	CodeReset        Code = 8  // the peer aborted the vconn
+	CodeReset        Code = 8  // the peer aborted the vconn, or closed it past a lost message
 	CodePeerGone     Code = 9  // the peer node is gone
 	CodeTooLarge     Code = 10 // a message, region or read larger than its maximum
 	CodeInternal     Code = 11 // the agent failed
