@@ -110,6 +110,11 @@ type Engine struct {
 	// graceWG counts the deregistrations timers run, outside graceMu:
 	// Close waits for them before it deallocates the PD.
 	graceWG sync.WaitGroup
+	// poolMu is held, shared, by an application's goroutine while it
+	// writes into a send buffer it took (poolUse): Close takes it before
+	// it frees the pool's memory, which a sender that took its buffer
+	// just before the close would otherwise write into unmapped.
+	poolMu sync.RWMutex
 	// lending is the staging memory sends may still read (StageSends),
 	// until deregistered; what is left when the engine closes, with
 	// sends whose completions no poller will see, goes then. Guarded by
@@ -314,9 +319,24 @@ func (e *Engine) Close() error {
 	for _, p := range peers {
 		errs = append(errs, p.destroy())
 	}
+	e.poolMu.Lock() // the writers inside poolUse are out; later ones see closed
+	e.poolMu.Unlock()
 	errs = append(errs, e.release())
 	return errors.Join(errs...)
 }
+
+// poolUse lets an application's goroutine write into a send buffer it
+// holds, until poolDone; false, and nothing held, once the engine closes.
+func (e *Engine) poolUse() error {
+	e.poolMu.RLock()
+	if e.closed.Load() {
+		e.poolMu.RUnlock()
+		return ErrEngineClosed
+	}
+	return nil
+}
+
+func (e *Engine) poolDone() { e.poolMu.RUnlock() }
 
 // release frees what New allocated, in reverse order.
 func (e *Engine) release() error {

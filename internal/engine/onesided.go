@@ -121,7 +121,12 @@ func (vc *VConn) prepareOp(ctx context.Context, o *rdmaOp, op verbs.WROpcode, r 
 		}
 		slots = append(slots, slot)
 		if op == verbs.WRRDMAWrite {
+			if err := e.poolUse(); err != nil {
+				vc.putAll(slots)
+				return nil, err
+			}
 			copy(e.pool.bytes(slot), buf[pos:pos+n])
+			e.poolDone()
 		} else {
 			o.cmu.Lock()
 			o.reads = append(o.reads, uint32(pos))
@@ -390,10 +395,15 @@ func (vc *VConn) sendControl(ctx context.Context, t format.Type, arg uint32, pay
 		if err != nil {
 			return 0, err
 		}
+		if err := e.poolUse(); err != nil {
+			e.pool.put(slot)
+			return 0, err
+		}
 		b := e.pool.bytes(slot)
 		h := format.RegionHeader(t, arg)
 		h.Put(b)
 		copy(b[format.HeaderLen:], payload)
+		e.poolDone()
 		return newEntry(slot, uint32(format.HeaderLen+len(payload))), nil
 	})
 }

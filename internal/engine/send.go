@@ -256,6 +256,13 @@ func (vc *VConn) queueChunk(ctx context.Context, h *format.Header, pl payload, f
 		}
 		return false, err
 	}
+	if err := vc.e.poolUse(); err != nil {
+		vc.e.pool.put(slot)
+		if pl.st != nil {
+			pl.st.done(false)
+		}
+		return false, fmt.Errorf("engine: vconn %v: %w", vc.id, err)
+	}
 	b := vc.e.pool.bytes(slot)
 	h.Put(b)
 	if pl.st != nil {
@@ -263,6 +270,7 @@ func (vc *VConn) queueChunk(ctx context.Context, h *format.Header, pl payload, f
 	} else {
 		copy(b[format.HeaderLen:], pl.data[from:to])
 	}
+	vc.e.poolDone()
 	vc.push(newEntry(slot, uint32(n)))
 	return true, nil
 }
