@@ -17,7 +17,9 @@ import (
 //	12..15 seq: the message's sequence number on its vconn
 //	16..19 imm: the application's immediate (FlagImm); a bundle's count
 //	20..23 arg: the region's id (export, unexport, unexported); the
-//	       acknowledgement (an Auto vconn's data, bundles and grants)
+//	       acknowledgement (an Auto vconn's data, bundles and grants);
+//	       the chunk's number on its vconn (an RC vconn's data: what the
+//	       receiver tells a resent chunk apart by, after a QP replacement)
 //	24..31 auth: the secret of the QP pair the message travels on (of
 //	       the sender's datagrams, on UD), which the receiver drew and
 //	       gave the sender over the control plane (Authentic); zero in
@@ -129,6 +131,10 @@ func (h *Header) AppImm() (uint32, bool) { return h.Imm, h.Flags&FlagImm != 0 }
 // Ack is the acknowledgement an Auto vconn's data, bundle or grant carries.
 func (h *Header) Ack() uint32 { return h.Arg }
 
+// ChunkNo is an RC vconn's data chunk's number: how many data chunks the
+// vconn sent before it, mod 2^32.
+func (h *Header) ChunkNo() uint32 { return h.Arg }
+
 // Region is the id of the region an export, unexport or unexported names.
 func (h *Header) Region() uint32 { return h.Arg }
 
@@ -216,6 +222,8 @@ func (b Raw) Type() Type { return Type(b[offType]) }
 
 func (b Raw) Whole() bool { return b[offFlags]&(FlagFirst|FlagLast) == FlagFirst|FlagLast }
 
+func (b Raw) First() bool { return b[offFlags]&FlagFirst != 0 }
+
 func (b Raw) Last() bool { return b[offFlags]&FlagLast != 0 }
 
 // Length is a data message's whole length (in every chunk).
@@ -230,6 +238,9 @@ func (b Raw) Ack() uint32 { return binary.BigEndian.Uint32(b[offArg:]) }
 func (b Raw) SetCredit(c uint32) { binary.BigEndian.PutUint32(b[offCredit:], c) }
 
 func (b Raw) SetAck(a uint32) { binary.BigEndian.PutUint32(b[offArg:], a) }
+
+// SetChunkNo numbers an RC vconn's data chunk (Header.ChunkNo).
+func (b Raw) SetChunkNo(n uint32) { binary.BigEndian.PutUint32(b[offArg:], n) }
 
 func (b Raw) Auth() uint64 { return binary.BigEndian.Uint64(b[offAuth:]) }
 
