@@ -285,6 +285,9 @@ func (p *poller) resend(q *sendQP, r *qpRepair) int {
 				p.sent(tag)
 				continue
 			}
+			if b := format.Raw(e.pool.bytes(slot)); b.Type() == format.Data {
+				b.SetResent() // the peer may have it: its ack was lost with the old QP
+			}
 			p.post(q, vc, vqpn.ID(vc.remote.Load()), slot, p.sentLen(slot))
 			n++
 		}

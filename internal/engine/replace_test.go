@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
@@ -307,5 +308,54 @@ func TestForgedBadKeyBounded(t *testing.T) {
 	}
 	if got := n.a.Stats().QPsReplaced; got != maxReplacements {
 		t.Fatalf("QPs replaced: %d, want %d", got, maxReplacements)
+	}
+}
+
+// TestChunkNumbers: a peer's RC data chunk is taken only at its number.
+// One marked resent that came already is dropped (the resend after a
+// QP replacement); the same chunk unmarked, or one past a missing chunk,
+// is no engine's doing (an older engine numbers no chunks): the vconn
+// fails, and nothing is delivered twice or past a hole.
+func TestChunkNumbers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	chunk := func(no uint32, flags uint8) format.Header {
+		d := format.DataHeader(5, no, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast | flags
+		d.Arg = no
+		return d
+	}
+	for _, tc := range []struct {
+		name string
+		bad  format.Header
+	}{
+		{"repeated unmarked", chunk(0, 0)},
+		{"past a hole", chunk(3, 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.70")
+			h.send(in1, a, vc.ID(), chunk(0, 0), []byte("first"))
+			before := a.Stats().ResentDropped
+			h.send(in1, a, vc.ID(), chunk(0, format.FlagResent), []byte("again"))
+			waitFor(t, func() bool { return a.Stats().ResentDropped == before+1 }, "the resent chunk dropped")
+			h.send(in1, a, vc.ID(), chunk(1, format.FlagResent), []byte("secnd"))
+			h.send(in1, a, vc.ID(), tc.bad, []byte("wrong"))
+			waitFor(t, func() bool { return vc.Err() != nil }, "the vconn to fail")
+			if !errors.Is(vc.Err(), errChunkOrder) {
+				t.Fatalf("the vconn failed with %v, want errChunkOrder", vc.Err())
+			}
+			var got []string
+			for {
+				m, err := vc.Recv(ctx)
+				if err != nil {
+					break
+				}
+				got = append(got, string(m.Data))
+				m.Release()
+			}
+			if want := []string{"first", "secnd"}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("delivered %q, want %q", got, want)
+			}
+		})
 	}
 }
