@@ -40,6 +40,14 @@ func (n *spoofNet) forgeBadKey(t *testing.T, va *VConn) verbs.QP {
 	return qp
 }
 
+// completed waits until e's sends of n messages have completed: a QP is
+// replaced only once a send completed on it (exchange returns when the
+// message arrived, maybe before its acknowledgement).
+func completed(t *testing.T, e *Engine, n uint64) {
+	t.Helper()
+	waitFor(t, func() bool { return e.Stats().MsgsSent >= n }, fmt.Sprintf("%d sends to complete", n))
+}
+
 // sendQPN is the QPN of the device QP under va's shared QP now.
 func sendQPN(va *VConn) uint32 {
 	va.peer.mu.Lock()
@@ -174,6 +182,8 @@ func TestForgedBadKeyDuplicatesDropped(t *testing.T) {
 		}
 		exchange(ctx, t, as[j], bs[j], 1, func(int) []byte { return []byte("hello") })
 	}
+	// Their completions in, before the acknowledgements are lost.
+	completed(t, n.a, vconns)
 	n.wa.ackHole.Store(sendQPN(as[0]))
 	chunks := 0
 	for j := range vconns {
@@ -254,6 +264,7 @@ func TestForgedBadKeyPeerGone(t *testing.T) {
 		exchange(ctx, t, va, vb, 1, func(int) []byte { return []byte("hello") })
 		as[j] = va
 	}
+	completed(t, n.a, vconns)
 	if _, err := n.a.Peer(n.b.GID(), refusingLink{}); err != nil {
 		t.Fatal(err)
 	}
@@ -288,6 +299,7 @@ func TestForgedBadKeyBounded(t *testing.T) {
 		// A message through first: a QP on which no send completed is
 		// not replaced (its path, not the QP, failed).
 		exchange(ctx, t, va, vb, 1, func(int) []byte { return fmt.Appendf(nil, "round %d", k) })
+		completed(t, n.a, uint64(2*k+1))
 		hit := n.forgeBadKey(t, va).QPN()
 		exchange(ctx, t, va, vb, 1, func(int) []byte { return fmt.Appendf(nil, "after hit %d", k) })
 		if sendQPN(va) == hit {
@@ -298,6 +310,7 @@ func TestForgedBadKeyBounded(t *testing.T) {
 		t.Fatalf("QPs replaced: %d, want %d", got, maxReplacements)
 	}
 	exchange(ctx, t, va, vb, 1, func(int) []byte { return []byte("one more") })
+	completed(t, n.a, 2*maxReplacements+1)
 	n.forgeBadKey(t, va)
 	if err := va.Send(ctx, []byte("after the last hit")); err != nil {
 		t.Fatal(err)
