@@ -250,10 +250,6 @@ func (p *poller) finishRepair(q *sendQP) {
 	p.sendQPs.Store(q.qp.QPN(), q)
 	q.progress = false
 	p.e.stats.qpsReplaced.Add(1)
-	// A vconn that took one-sided state meanwhile has sends in the list
-	// that cannot go on the new QP: it fails, and they are freed.
-	peer.failWhere(func(vc *VConn) bool { return vc.sq == q && !vc.carried() },
-		fmt.Errorf("%w: %w (its vconn's state does not move to a new QP)", ErrQPFailed, r.cause))
 	n := p.resend(q, r)
 	p.e.log.Info("Shared QP replaced", "peer", peer.gid, "qpn", r.old, "newQPN", q.qp.QPN(), "index", q.index, "resent", n)
 	var moved []*VConn
@@ -281,6 +277,11 @@ func (p *poller) resend(q *sendQP, r *qpRepair) int {
 			id, tag := format.SplitWRID(wrid)
 			slot := bufSlot(tag.Slot())
 			vc, ok := e.vconns.Lookup(id)
+			if ok && vc.sq == q && !vc.carried() {
+				// It took one-sided state while the QP was replaced
+				// (replace failed the others): what it sent is lost.
+				vc.fail(fmt.Errorf("%w: %w (its vconn's state does not move to a new QP)", ErrQPFailed, r.cause))
+			}
 			if !ok || vc.sq != q || !vc.carried() || vc.state.Load() == stateFailed || !e.pool.valid(slot) {
 				p.sent(tag)
 				continue
