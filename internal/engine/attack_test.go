@@ -145,7 +145,7 @@ func (h *hostile) ingress(e *Engine, pool, index int) verbs.QP {
 func (h *hostile) ingressOf(e *Engine, t verbs.QPType, pool, index int) verbs.QP {
 	h.t.Helper()
 	qp := h.qp(t)
-	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: t, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool})
+	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: t, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool, Resends: true})
 	if err != nil {
 		h.t.Fatal(err)
 	}

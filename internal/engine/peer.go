@@ -30,6 +30,11 @@ type Peer struct {
 	dead    []*sendQP                // failed QPs awaiting their last completions; guarded by mu
 	remote  uint64                   // the peer's epoch for us, once known; guarded by mu
 	pool    atomic.Int32             // the peer's QPRequest.Pool, once it made a QP toward us
+	// numbers: the peer's engine numbers its RC chunks toward us (its
+	// QPRequest.Resends); dedups: it drops the resends it has had (its
+	// QPReply.Resends). Older engines do neither (repair.go).
+	numbers atomic.Bool
+	dedups  atomic.Bool
 	// lid is the peer's port LID on InfiniBand (QPRequest.LID or
 	// QPReply.LID, the latest), what names its datagrams without a GRH.
 	lid atomic.Uint32

@@ -42,6 +42,10 @@ type QPRequest struct {
 	// LID is the requester's port LID on InfiniBand (0 on RoCE): the
 	// acceptor's QP routes to it without a GRH.
 	LID uint16
+	// Resends: the requester numbers its RC vconns' data chunks and marks
+	// those it sends again on a replacement QP (repair.go). An older
+	// engine numbers nothing: its chunks are taken as they come.
+	Resends bool
 }
 
 // maxIndex bounds QPRequest.Index and Pool: a peer's QPsPerPeer.
@@ -86,6 +90,10 @@ type QPReply struct {
 	UDSecret uint64
 	// LID is the acceptor's port LID on InfiniBand, as QPRequest.LID.
 	LID uint16
+	// Resends: the acceptor drops the marked resends it has had already
+	// (QPRequest.Resends); only then are vconns carried over to a QP
+	// that replaces a failed one toward it.
+	Resends bool
 }
 
 // newSecret draws a QP pair's secret: 64 random bits, never zero (the
@@ -280,7 +288,7 @@ func (p *Peer) dial(ctx context.Context, t verbs.QPType, i int, poller *poller, 
 		return nil, QPReply{}, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer, LID: e.lid})
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer, LID: e.lid, Resends: true})
 	switch {
 	case err != nil:
 		err = fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
@@ -308,6 +316,7 @@ func (p *Peer) adopt(reply *QPReply) {
 	}
 	p.udSecretOut = reply.UDSecret
 	p.lid.Store(uint32(reply.LID))
+	p.dedups.Store(reply.Resends)
 }
 
 // AcceptQP creates the receiving end of a peer's RC or UC QP: a QP on the
@@ -388,6 +397,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	// A peer's pool size is its configuration: a new one (it restarted
 	// with another) applies to the vconns made after it.
 	p.pool.Store(int32(req.Pool))
+	p.numbers.Store(req.Resends)
 	if len(req.UDQPNs) > 0 {
 		p.udQPNs = req.UDQPNs
 	}
@@ -402,7 +412,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	}
 	secret := newSecret()
 	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index, secret: secret, poller: pi})
-	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn, LID: e.lid}, nil
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn, LID: e.lid, Resends: true}, nil
 }
 
 // ingressIndex is the index of the peer's QPs that its vconn remote sends

@@ -112,8 +112,8 @@ func (p *poller) onData(vc *VConn, h *format.Header, slot bufSlot, payload []byt
 // twice or with a hole in it.
 func (p *poller) inOrder(vc *VConn, h *format.Header, slot bufSlot) bool {
 	d := int32(h.ChunkNo() - vc.taken.Load())
-	if d == 0 {
-		return true
+	if d == 0 || !vc.peer.numbers.Load() {
+		return true // in order, or from an older engine, which numbers nothing
 	}
 	p.rx.reposts = append(p.rx.reposts, slot)
 	if d < 0 && h.Resent() {

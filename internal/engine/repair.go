@@ -107,6 +107,8 @@ func (q *sendQP) whyNotReplaced(now time.Time) string {
 	switch {
 	case q.typ != verbs.QPTypeRC:
 		return "a UC QP"
+	case !q.peer.dedups.Load():
+		return "its peer's engine does not drop resent chunks (an older version)"
 	case !q.progress:
 		return "no send had completed on it"
 	case q.replaced >= maxReplacements && now.Sub(q.since) < replaceWindow:

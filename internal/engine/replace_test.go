@@ -284,6 +284,58 @@ func TestForgedBadKeyPeerGone(t *testing.T) {
 	}
 }
 
+// olderLink reaches an engine in this process as an older engine's
+// control plane would: its replies do not say that it drops resends.
+type olderLink struct{ LocalLink }
+
+func (l olderLink) ConnectQP(ctx context.Context, req QPRequest) (QPReply, error) {
+	rep, err := l.LocalLink.ConnectQP(ctx, req)
+	rep.Resends = false
+	return rep, err
+}
+
+// TestForgedBadKeyOlderPeer: toward a peer whose engine does not drop
+// resent chunks (an older version), a failed QP is not replaced: its
+// vconns fail with ErrQPFailed, as before, rather than have the peer
+// deliver a message twice.
+func TestForgedBadKeyOlderPeer(t *testing.T) {
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pa, err := n.a.Peer(n.b.GID(), olderLink{LocalLink{To: n.b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, err := n.b.Peer(n.a.GID(), LocalLink{To: n.a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	va, err := n.a.NewVConn(ctx, pa, VConnOptions{Transport: transport.RC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vb, err := n.b.NewVConn(ctx, pb, VConnOptions{Transport: transport.RC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(vb.Connect(va.ID()), va.Connect(vb.ID())); err != nil {
+		t.Fatal(err)
+	}
+	exchange(ctx, t, va, vb, 1, func(int) []byte { return []byte("hello") })
+	completed(t, n.a, 1)
+	n.forgeBadKey(t, va)
+	if err := va.Send(ctx, []byte("after the forged request")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return va.Err() != nil }, "the vconn to fail")
+	if err := va.Err(); !errors.Is(err, ErrQPFailed) {
+		t.Fatalf("the vconn: %v, want ErrQPFailed", err)
+	}
+	if got := n.a.Stats().QPsReplaced; got != 0 {
+		t.Fatalf("QPs replaced: %d, want 0", got)
+	}
+}
+
 // TestForgedBadKeyBounded: a QP hit again and again is replaced
 // maxReplacements times; the next hit within replaceWindow fails its
 // vconns, rather than replacing it for ever.
@@ -338,6 +390,20 @@ func TestChunkNumbers(t *testing.T) {
 		d.Arg = no
 		return d
 	}
+	t.Run("older engine", func(t *testing.T) {
+		// One that numbers nothing (its QPRequest says so): its chunks
+		// are taken as they come, every one delivered.
+		a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.71")
+		vc.peer.numbers.Store(false) // what an older engine's QPRequest leaves
+		for _, s := range []string{"first", "secnd", "third"} {
+			h.send(in1, a, vc.ID(), chunk(0, 0), []byte(s))
+			m, err := vc.Recv(ctx)
+			if err != nil || string(m.Data) != s {
+				t.Fatalf("received %q, %v; want %q", m.Data, err, s)
+			}
+			m.Release()
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		bad  format.Header
