@@ -145,7 +145,7 @@ func (h *hostile) ingress(e *Engine, pool, index int) verbs.QP {
 func (h *hostile) ingressOf(e *Engine, t verbs.QPType, pool, index int) verbs.QP {
 	h.t.Helper()
 	qp := h.qp(t)
-	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: t, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool})
+	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: t, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool, Resends: true})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -361,6 +361,7 @@ func attackOwnVConn(t *testing.T, a *Engine, h *hostile, own *VConn, fin, grant 
 	for i := range window + 1 {
 		d := format.DataHeader(4, i, 0, false)
 		d.Flags |= format.FlagFirst | format.FlagLast
+		d.Arg = i // numbered, as an engine numbers an RC vconn's chunks (ChunkNo)
 		h.send(h.in, a, own.ID(), d, []byte("flood"[:4]))
 	}
 	waitRejected(t, a, RejectCredit, 1)
@@ -452,6 +453,7 @@ func TestStaleGenerationIgnored(t *testing.T) {
 		in := fmt.Sprintf("to the vconn, %d", seq)
 		d := format.DataHeader(uint32(len(in)), seq, 0, false)
 		d.Flags |= format.FlagFirst | format.FlagLast
+		d.Arg = seq // one chunk a message: the chunk's number too (ChunkNo)
 		h.send(h.in, a, id, d, []byte(in))
 		seq++
 		m, err := vc.Recv(ctx)

@@ -278,12 +278,22 @@ func (p *poller) onSend(wc *verbs.WC) {
 		}
 		return
 	}
-	p.sent(tag)
 	if wc.Status != verbs.WCSuccess {
 		if q != nil {
 			p.qpFailed(q, wc.Err())
+			if r := q.repair; r != nil {
+				// The QP is being replaced: the send goes again on the
+				// new one (repair.go), its buffer kept until then.
+				r.flushed = append(r.flushed, wc.WRID)
+				return
+			}
 		}
+		p.sent(tag)
 		return
+	}
+	p.sent(tag)
+	if q != nil {
+		q.progress = true
 	}
 	if tag.Has(format.TagSent) {
 		e.stats.msgsSent.Add(1)
@@ -334,8 +344,8 @@ func (p *poller) queue(vc *VConn) {
 // lack of room (it went on p.sched.later, and so to the queue's tail next
 // round). The poller only.
 func (p *poller) serveQP(q *sendQP) {
-	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 {
-		return // no room: the queue waits for completions
+	if q.outstanding+len(q.batch) >= p.e.cfg.SQDepth || p.tx.budget <= 0 || q.repair != nil {
+		return // no room, or no QP (repair.go): the queue waits
 	}
 	i := q.runHead
 	for i < len(q.runq) {
@@ -402,6 +412,18 @@ func (p *poller) flushSends() bool {
 		if len(q.batch) == 0 {
 			continue
 		}
+		if r := q.repair; r != nil {
+			// Nothing more goes on a failed QP: the batch waits for
+			// its replacement (repair.go), after what the old one
+			// flushes.
+			for _, wr := range q.batch {
+				r.unposted = append(r.unposted, wr.WRID)
+				p.tx.budget++
+			}
+			clear(q.batch)
+			q.batch = q.batch[:0]
+			continue
+		}
 		n, err := q.qp.PostSend(q.batch)
 		posted = posted || n > 0
 		e.stats.posts.Add(1)
@@ -418,17 +440,22 @@ func (p *poller) flushSends() bool {
 			continue
 		}
 		if err != nil {
-			// The QP refused the rest (it failed): their buffers go back,
-			// their vconns fail.
+			// The QP refused the rest (it failed): they wait for its
+			// replacement, or their buffers go back and their vconns
+			// fail.
+			p.qpFailed(q, err)
 			for _, wr := range q.batch[n:] {
+				p.tx.budget++
+				if r := q.repair; r != nil {
+					r.unposted = append(r.unposted, wr.WRID)
+					continue
+				}
 				id, tag := format.SplitWRID(wr.WRID)
 				p.sent(tag)
-				p.tx.budget++
 				if vc, ok := e.vconns.Lookup(id); ok {
 					vc.fail(fmt.Errorf("%w: %w", ErrQPFailed, err))
 				}
 			}
-			p.qpFailed(q, err)
 		}
 		clear(q.batch)
 		q.batch = q.batch[:0]

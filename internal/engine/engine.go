@@ -71,6 +71,10 @@ type Engine struct {
 	// ingress maps the QPN of each QP a peer created toward us to that
 	// peer: a message may only name vconns of the peer it came from.
 	ingress sync.Map
+	// redials counts the goroutines connecting replacement QPs
+	// (repair.go); Close waits for them once the pollers, which start
+	// them, stopped.
+	redials sync.WaitGroup
 
 	// windowBudget is the credit window growth vconns may still take,
 	// of the SRQ's receive buffers (0) and of the datagram SRQ's (1).
@@ -308,6 +312,7 @@ func (e *Engine) Close() error {
 	for _, p := range e.pollers {
 		p.stop()
 	}
+	e.redials.Wait()
 	e.releaseGraced()
 	e.graceWG.Wait()
 	e.releaseLending()
@@ -436,6 +441,9 @@ type pollerSched struct {
 	later  []*VConn  // found no room: next round, behind their QPs' queues
 	active []*sendQP // QPs whose run queues hold vconns
 	popped int32     // messages serve took from rings, for the QP's backlog
+	// repairs are the failed QPs being replaced (repair.go): their vconns
+	// wait until the new QP is connected and the old one drained.
+	repairs []*sendQP
 }
 
 // pollerTx is what the poller posts (serve.go). Poller goroutine

@@ -24,11 +24,17 @@ type Peer struct {
 	udQPNs  []uint32                 // the peer's UD QPs; guarded by mu
 	ah      verbs.AH                 // address handle for datagrams to the peer; guarded by mu
 	ingress map[ingressSlot]verbs.QP // the QPs it made toward us; guarded by mu
+	evicted map[ingressSlot]verbs.QP // the ones those replaced, not destroyed yet (AcceptQP); guarded by mu
 	err     error                    // set once the peer failed; guarded by mu
 	list    *VConn                   // vconns to this peer, linked by VConn.prev/next; guarded by mu
 	dead    []*sendQP                // failed QPs awaiting their last completions; guarded by mu
 	remote  uint64                   // the peer's epoch for us, once known; guarded by mu
 	pool    atomic.Int32             // the peer's QPRequest.Pool, once it made a QP toward us
+	// numbers: the peer's engine numbers its RC chunks toward us (its
+	// QPRequest.Resends); dedups: it drops the resends it has had (its
+	// QPReply.Resends). Older engines do neither (repair.go).
+	numbers atomic.Bool
+	dedups  atomic.Bool
 	// lid is the peer's port LID on InfiniBand (QPRequest.LID or
 	// QPReply.LID, the latest), what names its datagrams without a GRH.
 	lid atomic.Uint32
@@ -251,27 +257,32 @@ func (p *Peer) destroy() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
-	for _, t := range [][]*sendQP{p.qps, p.ucs} {
+	for _, t := range [][]*sendQP{p.qps, p.ucs, p.dead} {
 		for i, q := range t {
-			if q != nil {
-				errs = append(errs, q.qp.Close())
-				t[i] = nil
+			if q == nil {
+				continue
 			}
+			errs = append(errs, q.qp.Close())
+			if q.next != nil { // a replacement never put in place
+				errs = append(errs, q.next.Close())
+				q.next = nil
+			}
+			t[i] = nil
 		}
 	}
 	if p.ah != nil {
 		errs = append(errs, p.ah.Close())
 		p.ah = nil
 	}
-	for _, q := range p.dead {
-		errs = append(errs, q.qp.Close())
-	}
 	p.dead = nil
 	p.e.releaseGracedOf(p)
 	for _, qp := range p.ingress {
 		errs = append(errs, qp.Close())
 	}
-	p.ingress = nil
+	for _, qp := range p.evicted {
+		errs = append(errs, qp.Close())
+	}
+	p.ingress, p.evicted = nil, nil
 	return errors.Join(errs...)
 }
 
@@ -326,5 +337,9 @@ func (p *Peer) retire() {
 		p.e.ingress.Delete(qp.QPN())
 		_ = qp.Close()
 	}
-	p.ingress = nil
+	for _, qp := range p.evicted {
+		p.e.ingress.Delete(qp.QPN())
+		_ = qp.Close()
+	}
+	p.ingress, p.evicted = nil, nil
 }

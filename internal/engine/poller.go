@@ -125,6 +125,9 @@ func (p *poller) round() bool {
 		p.inbox.mu.Unlock()
 	}
 	busy := len(p.sched.work) > 0 || len(p.rx.reposts) > 0
+	if len(p.sched.repairs) > 0 {
+		p.finishRepairs()
+	}
 
 	// Vconns with work wait on their QP's run queue; a QP's queue is
 	// served in order until the QP (or the CQ) has no room, and the rest
@@ -205,7 +208,7 @@ func (p *poller) sleep() {
 	}
 	p.e.stats.sleeps.Add(1)
 	defer func() { p.loop.now = time.Time{} }()
-	if len(p.rel.rtx) == 0 && len(p.sched.active) == 0 && len(p.sched.later) == 0 && !p.loop.deaf.Load() {
+	if len(p.rel.rtx) == 0 && len(p.sched.active) == 0 && len(p.sched.later) == 0 && len(p.sched.repairs) == 0 && !p.loop.deaf.Load() {
 		<-p.loop.wake
 		return
 	}

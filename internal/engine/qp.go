@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
+	"time"
 
 	"github.com/rdmavisor/rdmavisor/internal/engine/reliable"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
@@ -41,6 +42,10 @@ type QPRequest struct {
 	// LID is the requester's port LID on InfiniBand (0 on RoCE): the
 	// acceptor's QP routes to it without a GRH.
 	LID uint16
+	// Resends: the requester numbers its RC vconns' data chunks and marks
+	// those it sends again on a replacement QP (repair.go). An older
+	// engine numbers nothing: its chunks are taken as they come.
+	Resends bool
 }
 
 // maxIndex bounds QPRequest.Index and Pool: a peer's QPsPerPeer.
@@ -62,6 +67,10 @@ type ingressQP struct {
 	// (format.Authentic): drawn here, given to the peer only in the
 	// reply to its ConnectQP, over the control plane.
 	secret uint64
+	// poller is the index of the poller whose CQ the QP completes on:
+	// its replacement's too, so that a vconn's chunks, those resent
+	// after the replacement included, reach one poller in order.
+	poller int
 }
 
 // QPReply is the peer's side of the new connection.
@@ -81,6 +90,10 @@ type QPReply struct {
 	UDSecret uint64
 	// LID is the acceptor's port LID on InfiniBand, as QPRequest.LID.
 	LID uint16
+	// Resends: the acceptor drops the marked resends it has had already
+	// (QPRequest.Resends); only then are vconns carried over to a QP
+	// that replaces a failed one toward it.
+	Resends bool
 }
 
 // newSecret draws a QP pair's secret: 64 random bits, never zero (the
@@ -116,6 +129,8 @@ func (l LocalLink) ConnectQP(_ context.Context, req QPRequest) (QPReply, error) 
 // sendQP is an RC QP this engine posts on. Its batch and outstanding count
 // belong to its poller.
 type sendQP struct {
+	// qp is the device's QP; a replacement (repair.go) swaps it, on the
+	// poller, under peer.mu (which retire and destroy hold to reach it).
 	qp          verbs.QP
 	peer        *Peer
 	p           *poller
@@ -140,6 +155,19 @@ type sendQP struct {
 	// path is a UC QP's loss and round-trip estimate, and which way
 	// Auto's small messages take (reliable.Path). Poller-owned.
 	path reliable.Path
+
+	// Replacement (repair.go). typ and index are where the QP sits in
+	// its peer's pools (set at creation). progress: a send completed on
+	// the device's QP now in place; repair, the replacement under way;
+	// replaced, how many were made since since: poller-owned. next is the
+	// replacement connected and not yet in place, guarded by peer.mu.
+	typ      verbs.QPType
+	index    int
+	progress bool
+	repair   *qpRepair
+	replaced int
+	since    time.Time
+	next     verbs.QP
 }
 
 // newQP creates an RC QP on the SRQ, or a UC QP on the datagram SRQ.
@@ -221,55 +249,74 @@ func (p *Peer) connected(ctx context.Context, t verbs.QPType, i int) (*sendQP, e
 	if q != nil {
 		return q, nil
 	}
-	if link == nil {
-		return nil, fmt.Errorf("engine: peer %v: no control-plane link", p.gid)
+	poller := p.e.pollers[i%len(p.e.pollers)]
+	qp, reply, err := p.dial(ctx, t, i, poller, link)
+	if err != nil {
+		return nil, err
 	}
 	e := p.e
-	poller := e.pollers[i%len(e.pollers)]
-	qp, err := e.newQP(t, poller.cq)
-	if err != nil {
-		return nil, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
-	}
-	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer, LID: e.lid})
-	if err != nil {
-		_ = qp.Close()
-		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
-	}
-	if !p.observeEpoch(reply.Epoch, true) {
-		_ = qp.Close()
-		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, p.Err())
-	}
-	if reply.Secret == 0 || reply.UDSecret == 0 {
-		// Messages without one would all be dropped as forged.
-		_ = qp.Close()
-		return nil, fmt.Errorf("engine: connect QP to peer %v: %w: reply without a secret", p.gid, verbs.ErrInvalid)
-	}
-	if err := verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN, LID: reply.LID}, e.pathOptions(t, psn)); err != nil {
-		_ = qp.Close()
-		return nil, fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
-	}
 	// A send queue's worth waiting behind the send queue: enough to
 	// refill it between rounds, few enough to stay in cache.
-	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth), secret: reply.Secret}
+	q = &sendQP{qp: qp, peer: p, p: poller, maxBacklog: int32(p.e.cfg.SQDepth), secret: reply.Secret, typ: t, index: i}
 	q.path.Policy = e.pathPolicy
 	poller.sendQPs.Store(qp.QPN(), q)
 	p.mu.Lock()
 	if p.err != nil {
 		err := p.err
 		p.mu.Unlock()
+		poller.sendQPs.Delete(qp.QPN())
 		_ = qp.Close()
 		return nil, err
 	}
 	p.table(t)[i] = q
+	p.adopt(&reply)
+	p.mu.Unlock()
+	e.log.V(1).Info("Connected QP to peer", "peer", p.gid, "type", t, "index", i, "qpn", qp.QPN(), "remoteQPN", reply.QPN)
+	return q, nil
+}
+
+// dial creates a QP of type t on poller's CQ and has the peer connect one
+// to it for index i of its pools, over link; it returns the QP, connected,
+// and the peer's reply.
+func (p *Peer) dial(ctx context.Context, t verbs.QPType, i int, poller *poller, link PeerLink) (verbs.QP, QPReply, error) {
+	if link == nil {
+		return nil, QPReply{}, fmt.Errorf("engine: peer %v: no control-plane link", p.gid)
+	}
+	e := p.e
+	qp, err := e.newQP(t, poller.cq)
+	if err != nil {
+		return nil, QPReply{}, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
+	}
+	psn := rand.Uint32() & (1<<24 - 1)
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer, LID: e.lid, Resends: true})
+	switch {
+	case err != nil:
+		err = fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+	case !p.observeEpoch(reply.Epoch, true):
+		err = fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, p.Err())
+	case reply.Secret == 0 || reply.UDSecret == 0:
+		// Messages without one would all be dropped as forged.
+		err = fmt.Errorf("engine: connect QP to peer %v: %w: reply without a secret", p.gid, verbs.ErrInvalid)
+	default:
+		if err = verbs.ConnectQP(qp, verbs.Remote{GID: p.gid, QPN: reply.QPN, PSN: reply.PSN, LID: reply.LID}, e.pathOptions(t, psn)); err != nil {
+			err = fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
+		}
+	}
+	if err != nil {
+		_ = qp.Close()
+		return nil, QPReply{}, err
+	}
+	return qp, reply, nil
+}
+
+// adopt takes what a QP reply says of the peer's datagram side; p.mu held.
+func (p *Peer) adopt(reply *QPReply) {
 	if len(reply.UDQPNs) > 0 {
 		p.udQPNs = reply.UDQPNs
 	}
 	p.udSecretOut = reply.UDSecret
 	p.lid.Store(uint32(reply.LID))
-	p.mu.Unlock()
-	e.log.V(1).Info("Connected QP to peer", "peer", p.gid, "type", t, "index", i, "qpn", qp.QPN(), "remoteQPN", reply.QPN)
-	return q, nil
+	p.dedups.Store(reply.Resends)
 }
 
 // AcceptQP creates the receiving end of a peer's RC or UC QP: a QP on the
@@ -299,14 +346,25 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 		}
 		p.observeEpoch(req.Epoch, true)
 	}
+	slot := ingressSlot{req.Type, req.Index}
 	p.mu.Lock()
-	n := len(p.ingress)
+	pi := len(p.ingress) % len(e.pollers)
+	old := p.ingress[slot]
 	perr := p.err
 	p.mu.Unlock()
 	if perr != nil {
 		return QPReply{}, perr
 	}
-	poller := e.pollers[n%len(e.pollers)]
+	if old != nil {
+		// A replacement for a QP that failed on the peer's side: on the
+		// old one's poller, which reads the old one's last messages
+		// before any of the new one's (the peer resends on the new one
+		// what the old one may have delivered: recv.go's inOrder).
+		if v, ok := e.ingress.Load(old.QPN()); ok {
+			pi = v.(*ingressQP).poller
+		}
+	}
+	poller := e.pollers[pi]
 	qp, err := e.newQP(req.Type, poller.cq)
 	if err != nil {
 		return QPReply{}, fmt.Errorf("engine: accept QP from %v: %w", req.GID, err)
@@ -320,29 +378,41 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	}
 	p.mu.Lock()
 	// One QP per index of the peer's pools: a new one for an index
-	// replaces the last (it failed on the peer's side), so a peer holds
-	// at most two pools' worth of QPs on this node, however often it asks.
-	slot := ingressSlot{req.Type, req.Index}
+	// replaces the last (it failed on the peer's side). The one replaced
+	// stops receiving now but is destroyed only when the index is
+	// replaced again (or the peer goes): the messages it received may
+	// still wait in its poller's CQ, and a provider may drop a destroyed
+	// QP's completions (mlx5 does). So a peer holds at most three pools'
+	// worth of QPs on this node, however often it asks.
 	evicted := p.ingress[slot]
 	if p.ingress == nil {
 		p.ingress = make(map[ingressSlot]verbs.QP)
+		p.evicted = make(map[ingressSlot]verbs.QP)
 	}
 	p.ingress[slot] = qp
+	stale := p.evicted[slot]
+	if evicted != nil {
+		p.evicted[slot] = evicted
+	}
 	// A peer's pool size is its configuration: a new one (it restarted
 	// with another) applies to the vconns made after it.
 	p.pool.Store(int32(req.Pool))
+	p.numbers.Store(req.Resends)
 	if len(req.UDQPNs) > 0 {
 		p.udQPNs = req.UDQPNs
 	}
 	p.lid.Store(uint32(req.LID))
 	p.mu.Unlock()
 	if evicted != nil {
-		e.ingress.Delete(evicted.QPN())
-		_ = evicted.Close()
+		_ = evicted.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.QPAttrState)
+	}
+	if stale != nil && stale != evicted {
+		e.ingress.Delete(stale.QPN())
+		_ = stale.Close()
 	}
 	secret := newSecret()
-	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index, secret: secret})
-	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn, LID: e.lid}, nil
+	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index, secret: secret, poller: pi})
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn, LID: e.lid, Resends: true}, nil
 }
 
 // ingressIndex is the index of the peer's QPs that its vconn remote sends
@@ -394,45 +464,6 @@ func (p *Peer) ensureAH() error {
 	}
 	p.ah = ah
 	return nil
-}
-
-// qpFailed fails the vconns of a QP that went to ERR and takes the QP out
-// of its peer's pool, so new vconns get a fresh one. The dead QP is
-// destroyed once its flushed completions are in.
-func (p *poller) qpFailed(q *sendQP, err error) {
-	if q.peer == nil {
-		p.udFailed(q, err)
-		return
-	}
-	peer := q.peer
-	peer.mu.Lock()
-	first := !q.failed
-	q.failed = true
-	for _, t := range [][]*sendQP{peer.qps, peer.ucs} {
-		for i, x := range t {
-			if x == q {
-				t[i] = nil
-				peer.dead = append(peer.dead, q)
-			}
-		}
-	}
-	peer.mu.Unlock()
-	if first {
-		p.e.log.Info("Shared QP failed", "peer", peer.gid, "qpn", q.qp.QPN(), "err", err)
-		peer.failWhere(func(vc *VConn) bool { return vc.sq == q }, fmt.Errorf("%w: %w", ErrQPFailed, err))
-	}
-	if q.outstanding <= 0 {
-		p.sendQPs.Delete(q.qp.QPN())
-		peer.mu.Lock()
-		for i, x := range peer.dead {
-			if x == q {
-				peer.dead = append(peer.dead[:i], peer.dead[i+1:]...)
-				_ = q.qp.Close()
-				break
-			}
-		}
-		peer.mu.Unlock()
-	}
 }
 
 // udFailed replaces a UD QP that went to ERR (datagrams in flight are

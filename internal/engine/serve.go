@@ -180,8 +180,16 @@ func (p *poller) postMarker(vc *VConn) bool {
 func (p *poller) sendQueued(vc *VConn, remote vqpn.ID, dq *sendQP, auto bool, slot bufSlot, n uint32) {
 	b := format.Raw(p.e.pool.bytes(slot))
 	vc.stampCredit(b)
-	if b.Type() == format.Data && b.Last() {
-		p.countSent(vc.tr, 1, int(b.Length()))
+	if b.Type() == format.Data {
+		if vc.tr == transport.RC {
+			// Every RC data chunk takes a credit, so the count of those
+			// sent numbers them: the receiver drops the ones its QP had
+			// delivered when a replacement QP sends them again (repair.go).
+			b.SetChunkNo(vc.srv.sent)
+		}
+		if b.Last() {
+			p.countSent(vc.tr, 1, int(b.Length()))
+		}
 	}
 	switch {
 	case auto:

@@ -37,6 +37,7 @@ type spoofWire struct {
 	spoofer, as verbs.GID
 	hole        atomic.Uint32 // a QPN whose packets are dropped; 0: none
 	holed       atomic.Int64  // packets dropped there
+	ackHole     atomic.Uint32 // a QPN whose acknowledgements alone are dropped; 0: none
 	readBytes   atomic.Int64  // bytes of RDMA READ responses received
 }
 
@@ -57,6 +58,9 @@ func (w *spoofWire) Recv(pkts []softwire.Packet) (int, error) {
 			}
 			if q := w.hole.Load(); q != 0 && p.N >= roce.BTHLen && uint32(p.Buf[5])<<16|uint32(p.Buf[6])<<8|uint32(p.Buf[7]) == q {
 				w.holed.Add(1)
+				continue
+			}
+			if q := w.ackHole.Load(); q != 0 && p.N >= roce.BTHLen && roce.Opcode(p.Buf[0]).IsAck() && uint32(p.Buf[5])<<16|uint32(p.Buf[6])<<8|uint32(p.Buf[7]) == q {
 				continue
 			}
 			pkts[i], pkts[k] = pkts[k], p

@@ -42,6 +42,12 @@ type Stats struct {
 	RecvBuffersHeld  int
 	DgramBuffersHeld int
 	RecvCopied       uint64 // messages copied out of their receive buffers so (see above)
+	// QPsReplaced counts the shared QPs that failed while their peer was
+	// alive and whose vconns were carried to a new QP (repair.go);
+	// ResentDropped the data chunks the peers sent again after such a
+	// replacement that had arrived already, dropped.
+	QPsReplaced   uint64
+	ResentDropped uint64
 	// RegisteredBytes is the memory of exported regions (and of vconns'
 	// staging memory, VConn.Stage) registered now, whatever holds it:
 	// exported, withdrawn and awaiting the peer's confirmation, or kept
@@ -51,7 +57,7 @@ type Stats struct {
 }
 
 type counters struct {
-	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, inPlace, recvCopied atomic.Uint64
+	msgsSent, msgsReceived, posts, wrsPosted, malformed, creditStalls, sleeps, retransmits, gapResends, toRC, toUC, bundled, gathered, inPlace, recvCopied, qpsReplaced, resentDropped atomic.Uint64
 }
 
 // Stats returns the engine's counters.
@@ -78,6 +84,8 @@ func (e *Engine) Stats() Stats {
 		RecvBuffersHeld:  int(e.held[0].Load()),
 		DgramBuffersHeld: int(e.held[1].Load()),
 		RecvCopied:       e.stats.recvCopied.Load(),
+		QPsReplaced:      e.stats.qpsReplaced.Load(),
+		ResentDropped:    e.stats.resentDropped.Load(),
 		RegisteredBytes:  e.registered.Load(),
 	}
 	e.peersMu.Lock()

@@ -261,7 +261,12 @@ type QPRequest struct {
 	// rail is the requester's rail, whose engine makes the QP: the
 	// acceptor's engine of the same rail accepts it (rail i of a node talks
 	// to rail i of another, as rail-optimised fabrics are wired).
-	Rail          uint32 `protobuf:"varint,11,opt,name=rail,proto3" json:"rail,omitempty"`
+	Rail uint32 `protobuf:"varint,11,opt,name=rail,proto3" json:"rail,omitempty"`
+	// resends says the requester's engine numbers its RC vconns' data chunks
+	// and, after replacing a failed QP, sends again, marked, those the old
+	// QP did not complete: the acceptor drops the ones it has had (engine
+	// repair.go). An engine without it (an older one) numbers nothing.
+	Resends       bool `protobuf:"varint,12,opt,name=resends,proto3" json:"resends,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +378,13 @@ func (x *QPRequest) GetRail() uint32 {
 	return 0
 }
 
+func (x *QPRequest) GetResends() bool {
+	if x != nil {
+		return x.Resends
+	}
+	return false
+}
+
 type QPReply struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Qpn    uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
@@ -389,7 +401,11 @@ type QPReply struct {
 	Secret   uint64 `protobuf:"fixed64,5,opt,name=secret,proto3" json:"secret,omitempty"`
 	UdSecret uint64 `protobuf:"fixed64,6,opt,name=ud_secret,json=udSecret,proto3" json:"ud_secret,omitempty"`
 	// lid is the acceptor's port LID on InfiniBand, as in QPRequest.
-	Lid           uint32 `protobuf:"varint,7,opt,name=lid,proto3" json:"lid,omitempty"`
+	Lid uint32 `protobuf:"varint,7,opt,name=lid,proto3" json:"lid,omitempty"`
+	// resends says the acceptor's engine drops the marked resends it has
+	// had already, as QPRequest.resends: only then does the requester carry
+	// its vconns over to a replacement QP.
+	Resends       bool `protobuf:"varint,8,opt,name=resends,proto3" json:"resends,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -471,6 +487,13 @@ func (x *QPReply) GetLid() uint32 {
 		return x.Lid
 	}
 	return 0
+}
+
+func (x *QPReply) GetResends() bool {
+	if x != nil {
+		return x.Resends
+	}
+	return false
 }
 
 type DialRequest struct {
@@ -824,7 +847,7 @@ const file_control_proto_rawDesc = "" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
 	"\x03mtu\x18\x04 \x01(\rR\x03mtu\x12\x1b\n" +
-	"\trail_gids\x18\x05 \x03(\fR\brailGids\"\xe6\x01\n" +
+	"\trail_gids\x18\x05 \x03(\fR\brailGids\"\x80\x02\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -837,7 +860,8 @@ const file_control_proto_rawDesc = "" +
 	"\x04pool\x18\t \x01(\rR\x04pool\x12\x10\n" +
 	"\x03lid\x18\n" +
 	" \x01(\rR\x03lid\x12\x12\n" +
-	"\x04rail\x18\v \x01(\rR\x04rail\"\xa3\x01\n" +
+	"\x04rail\x18\v \x01(\rR\x04rail\x12\x18\n" +
+	"\aresends\x18\f \x01(\bR\aresends\"\xbd\x01\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
@@ -845,7 +869,8 @@ const file_control_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06secret\x18\x05 \x01(\x06R\x06secret\x12\x1b\n" +
 	"\tud_secret\x18\x06 \x01(\x06R\budSecret\x12\x10\n" +
-	"\x03lid\x18\a \x01(\rR\x03lid\"\xc1\x01\n" +
+	"\x03lid\x18\a \x01(\rR\x03lid\x12\x18\n" +
+	"\aresends\x18\b \x01(\bR\aresends\"\xc1\x01\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +

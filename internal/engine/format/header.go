@@ -9,7 +9,8 @@ import (
 // HeaderLen is the engine header at the start of every SEND payload.
 //
 //	0      type
-//	1      flags (FlagFirst, FlagLast, FlagImm; FlagGap on a credit grant)
+//	1      flags (FlagFirst, FlagLast, FlagImm; FlagGap on a credit grant;
+//	       FlagResent on an RC vconn's data chunk sent again)
 //	2..3   reserved, zero
 //	4..7   credit: receive credits the sender has granted, cumulative
 //	8..11  length: the whole message's length (data messages); with
@@ -17,7 +18,9 @@ import (
 //	12..15 seq: the message's sequence number on its vconn
 //	16..19 imm: the application's immediate (FlagImm); a bundle's count
 //	20..23 arg: the region's id (export, unexport, unexported); the
-//	       acknowledgement (an Auto vconn's data, bundles and grants)
+//	       acknowledgement (an Auto vconn's data, bundles and grants);
+//	       the chunk's number on its vconn (an RC vconn's data: what the
+//	       receiver tells a resent chunk apart by, after a QP replacement)
 //	24..31 auth: the secret of the QP pair the message travels on (of
 //	       the sender's datagrams, on UD), which the receiver drew and
 //	       gave the sender over the control plane (Authentic); zero in
@@ -61,6 +64,10 @@ const (
 	// its acknowledgement (arg) up to length are missing while later ones
 	// arrived.
 	FlagGap = 1 << 3
+	// FlagResent, on an RC vconn's data chunk: sent again on the QP
+	// that replaced a failed one; the receiver may have it already
+	// (ChunkNo says).
+	FlagResent = 1 << 4
 )
 
 // Header is a decoded message header.
@@ -129,6 +136,13 @@ func (h *Header) AppImm() (uint32, bool) { return h.Imm, h.Flags&FlagImm != 0 }
 // Ack is the acknowledgement an Auto vconn's data, bundle or grant carries.
 func (h *Header) Ack() uint32 { return h.Arg }
 
+// Resent reports a data chunk sent again (FlagResent).
+func (h *Header) Resent() bool { return h.Flags&FlagResent != 0 }
+
+// ChunkNo is an RC vconn's data chunk's number: how many data chunks the
+// vconn sent before it, mod 2^32.
+func (h *Header) ChunkNo() uint32 { return h.Arg }
+
 // Region is the id of the region an export, unexport or unexported names.
 func (h *Header) Region() uint32 { return h.Arg }
 
@@ -187,11 +201,14 @@ func (h *Header) Parse(b []byte) error {
 	h.Imm = binary.BigEndian.Uint32(b[offImm:])
 	h.Arg = binary.BigEndian.Uint32(b[offArg:])
 	h.Auth = binary.BigEndian.Uint64(b[offAuth:])
-	if h.Type < Data || h.Type > Bundle || h.Flags&^(FlagFirst|FlagLast|FlagImm|FlagGap) != 0 || b[2] != 0 || b[3] != 0 {
+	if h.Type < Data || h.Type > Bundle || h.Flags&^(FlagFirst|FlagLast|FlagImm|FlagGap|FlagResent) != 0 || b[2] != 0 || b[3] != 0 {
 		return ErrBadHeader
 	}
 	if h.Type != Data && !h.Whole() {
 		return ErrBadHeader // control messages are single chunks
+	}
+	if h.Flags&FlagResent != 0 && h.Type != Data {
+		return ErrBadHeader // only data is resent
 	}
 	if h.Flags&FlagGap != 0 && (h.Type != Credit || int32(h.Length-h.Arg) <= 0) {
 		return ErrBadHeader // a gap is reported on a grant, and ends past its start
@@ -216,6 +233,8 @@ func (b Raw) Type() Type { return Type(b[offType]) }
 
 func (b Raw) Whole() bool { return b[offFlags]&(FlagFirst|FlagLast) == FlagFirst|FlagLast }
 
+func (b Raw) First() bool { return b[offFlags]&FlagFirst != 0 }
+
 func (b Raw) Last() bool { return b[offFlags]&FlagLast != 0 }
 
 // Length is a data message's whole length (in every chunk).
@@ -230,6 +249,12 @@ func (b Raw) Ack() uint32 { return binary.BigEndian.Uint32(b[offArg:]) }
 func (b Raw) SetCredit(c uint32) { binary.BigEndian.PutUint32(b[offCredit:], c) }
 
 func (b Raw) SetAck(a uint32) { binary.BigEndian.PutUint32(b[offArg:], a) }
+
+// SetResent marks a data chunk sent again (FlagResent).
+func (b Raw) SetResent() { b[offFlags] |= FlagResent }
+
+// SetChunkNo numbers an RC vconn's data chunk (Header.ChunkNo).
+func (b Raw) SetChunkNo(n uint32) { binary.BigEndian.PutUint32(b[offArg:], n) }
 
 func (b Raw) Auth() uint64 { return binary.BigEndian.Uint64(b[offAuth:]) }
 

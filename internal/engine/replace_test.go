@@ -1,0 +1,440 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/engine/format"
+	"github.com/rdmavisor/rdmavisor/internal/transport"
+	"github.com/rdmavisor/rdmavisor/internal/verbs"
+	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
+)
+
+// A forged RDMA request at the exact PSN a shared RC QP's responder
+// expects, with a key that is not valid, takes the QP to its error state
+// (IBA class C responder error; the soft provider does as rxe and NICs
+// do). The engine replaces the QP and carries its vconns over (repair.go)
+// instead of failing them all.
+
+// forgeBadKey sends, from the spoofing host as from b, an RDMA WRITE with
+// a key that names nothing, at the PSN the responder of a's shared QP
+// (the one va sends on) expects: nothing travels from b on that QP pair,
+// so that is the PSN b's end started with. It returns the QP hit, once
+// the request took it to ERR.
+func (n *spoofNet) forgeBadKey(t *testing.T, va *VConn) verbs.QP {
+	t.Helper()
+	va.peer.mu.Lock()
+	qp := va.sq.qp
+	va.peer.mu.Unlock()
+	payload := bytes.Repeat([]byte{0xee}, 64)
+	h := roce.Header{Opcode: roce.RCWriteOnly, PKey: 0xffff, DestQPN: qp.QPN(), PSN: qp.Query().RQPSN, AckReq: true,
+		VA: 0x10000, RKey: 0xdead00, DMALen: uint32(len(payload))}
+	n.inject(t, n.a, &h, payload)
+	waitFor(t, func() bool { return qp.State() == verbs.QPStateErr }, "the forged request to fail the QP")
+	return qp
+}
+
+// completed waits until e's sends of n messages have completed: a QP is
+// replaced only once a send completed on it (exchange returns when the
+// message arrived, maybe before its acknowledgement).
+func completed(t *testing.T, e *Engine, n uint64) {
+	t.Helper()
+	waitFor(t, func() bool { return e.Stats().MsgsSent >= n }, fmt.Sprintf("%d sends to complete", n))
+}
+
+// sendQPN is the QPN of the device QP under va's shared QP now.
+func sendQPN(va *VConn) uint32 {
+	va.peer.mu.Lock()
+	defer va.peer.mu.Unlock()
+	return va.sq.qp.QPN()
+}
+
+// streamMsg is message i of stream j: sizes from one byte to three
+// chunks, every byte a function of (j, i, offset).
+func streamMsg(j, i int) []byte {
+	sizes := []int{1, 100, 3000, DefaultChunkSize - 32, DefaultChunkSize + 500, 3*DefaultChunkSize - 200}
+	b := make([]byte, sizes[(i+j)%len(sizes)])
+	for k := range b {
+		b[k] = byte(j*31 + i*7 + k*13 + k>>8)
+	}
+	copy(b, fmt.Sprintf("%d:%d", j, i))
+	return b
+}
+
+// TestForgedBadKeyReplacesQP: four RC vconns stream 300 messages each
+// (one byte to three chunks) over the one shared RC QP between two nodes;
+// a third of the way through, a spoofer's RDMA WRITE with an invalid key
+// at the exact PSN the QP's responder expects takes that QP to ERR. The
+// engine replaces it: vconns failed 0, every message arrives once, in
+// order, byte for byte, the QP under the vconns is a new one (replaced
+// once), and every vconn still works both ways afterwards.
+func TestForgedBadKeyReplacesQP(t *testing.T) {
+	const vconns, msgs = 4, 300
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	as, bs := make([]*VConn, vconns), make([]*VConn, vconns)
+	for j := range vconns {
+		var err error
+		if as[j], bs[j], err = Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC}); err != nil {
+			t.Fatal(err)
+		}
+		if as[j].sq != as[0].sq {
+			t.Fatal("the vconns do not share their QP")
+		}
+	}
+	third := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*vconns)
+	var received atomic.Int64
+	for j := range vconns {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := range msgs {
+				if err := as[j].Send(ctx, streamMsg(j, i)); err != nil {
+					errs <- fmt.Errorf("vconn %d: send %d: %w", j, i, err)
+					return
+				}
+				if j == 0 && i == msgs/3 {
+					close(third)
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for i := range msgs {
+				m, err := bs[j].Recv(ctx)
+				if err != nil {
+					errs <- fmt.Errorf("vconn %d: message %d of %d: %w", j, i, msgs, err)
+					return
+				}
+				if want := streamMsg(j, i); !bytes.Equal(m.Data, want) {
+					errs <- fmt.Errorf("vconn %d: message %d: %d bytes starting %q, want %d starting %q", j, i, len(m.Data), m.Data[:min(8, len(m.Data))], len(want), want[:min(8, len(want))])
+					m.Release()
+					return
+				}
+				m.Release()
+				received.Add(1)
+			}
+		}()
+	}
+	<-third
+	hit := n.forgeBadKey(t, as[0]).QPN()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	failed := 0
+	for j := range vconns {
+		for _, vc := range []*VConn{as[j], bs[j]} {
+			if vc.Err() != nil {
+				failed++
+				t.Errorf("vconn %v: %v", vc.ID(), vc.Err())
+			}
+		}
+	}
+	st := n.a.Stats()
+	t.Logf("messages received: %d of %d; vconns failed: %d; QPs replaced: %d; chunks resent and dropped at the receiver: %d",
+		received.Load(), vconns*msgs, failed, st.QPsReplaced, n.b.Stats().ResentDropped)
+	if failed != 0 {
+		t.Fatalf("vconns failed: %d, want 0", failed)
+	}
+	if got := received.Load(); got != vconns*msgs {
+		t.Fatalf("messages received: %d, want %d", got, vconns*msgs)
+	}
+	if st.QPsReplaced != 1 {
+		t.Fatalf("QPs replaced: %d, want 1 (the forged request did not fail the QP?)", st.QPsReplaced)
+	}
+	if now := sendQPN(as[0]); now == hit {
+		t.Fatalf("the vconns still send on QP %#x, the one hit", hit)
+	}
+	for j := range vconns {
+		exchange(ctx, t, as[j], bs[j], 2, func(i int) []byte { return fmt.Appendf(nil, "after %d.%d", j, i) })
+		exchange(ctx, t, bs[j], as[j], 2, func(i int) []byte { return fmt.Appendf(nil, "back %d.%d", j, i) })
+	}
+}
+
+// TestForgedBadKeyDuplicatesDropped: the acknowledgements of what three
+// RC vconns send are lost, so the sender holds every message as not yet
+// delivered while the receiver has them all; then the forged request
+// fails the QP. The replacement resends them all, and the receiver drops
+// every one (chunks dropped: all those sent; messages delivered twice: 0).
+// 200 messages more on each vconn afterwards, six credit windows, show the
+// credits stayed consistent on both sides.
+func TestForgedBadKeyDuplicatesDropped(t *testing.T) {
+	const vconns, held, after = 3, 4, 200
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	as, bs := make([]*VConn, vconns), make([]*VConn, vconns)
+	for j := range vconns {
+		var err error
+		if as[j], bs[j], err = Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC}); err != nil {
+			t.Fatal(err)
+		}
+		exchange(ctx, t, as[j], bs[j], 1, func(int) []byte { return []byte("hello") })
+	}
+	// Their completions in, before the acknowledgements are lost.
+	completed(t, n.a, vconns)
+	n.wa.ackHole.Store(sendQPN(as[0]))
+	chunks := 0
+	for j := range vconns {
+		for i := range held {
+			m := streamMsg(j, i)
+			chunks += as[j].Chunks(len(m))
+			if err := as[j].Send(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for j := range vconns {
+		for i := range held {
+			m, err := bs[j].Recv(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(m.Data, streamMsg(j, i)) {
+				t.Fatalf("vconn %d: message %d: %d bytes, want %d", j, i, len(m.Data), len(streamMsg(j, i)))
+			}
+			m.Release()
+		}
+	}
+	before := n.b.Stats().ResentDropped
+	n.forgeBadKey(t, as[0])
+	n.wa.ackHole.Store(0)
+	for j := range vconns {
+		for i := range after {
+			if err := as[j].Send(ctx, streamMsg(j, held+i)); err != nil {
+				t.Fatal(err)
+			}
+			m, err := bs[j].Recv(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := streamMsg(j, held+i); !bytes.Equal(m.Data, want) {
+				t.Fatalf("vconn %d: message %d after the replacement: %d bytes starting %q, want %d starting %q (a duplicate?)", j, held+i, len(m.Data), m.Data[:min(8, len(m.Data))], len(want), want[:min(8, len(want))])
+			}
+			m.Release()
+		}
+	}
+	dropped := n.b.Stats().ResentDropped - before
+	t.Logf("chunks held unacknowledged: %d; resent and dropped at the receiver: %d; QPs replaced: %d", chunks, dropped, n.a.Stats().QPsReplaced)
+	if dropped != uint64(chunks) {
+		t.Fatalf("chunks dropped as resent: %d, want the %d held", dropped, chunks)
+	}
+	for j := range vconns {
+		if err := errors.Join(as[j].Err(), bs[j].Err()); err != nil {
+			t.Fatalf("vconn %d: %v", j, err)
+		}
+	}
+}
+
+// refusingLink is a control plane whose peer never answers.
+type refusingLink struct{}
+
+var errUnreachable = errors.New("peer unreachable")
+
+func (refusingLink) ConnectQP(context.Context, QPRequest) (QPReply, error) {
+	return QPReply{}, errUnreachable
+}
+
+// TestForgedBadKeyPeerGone: when the replacement cannot be connected (the
+// peer's control plane does not answer: it is gone), the vconns on the
+// failed QP fail as before, with ErrQPFailed that says why, and no QP is
+// counted replaced.
+func TestForgedBadKeyPeerGone(t *testing.T) {
+	const vconns = 3
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	as := make([]*VConn, vconns)
+	for j := range vconns {
+		va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC})
+		if err != nil {
+			t.Fatal(err)
+		}
+		exchange(ctx, t, va, vb, 1, func(int) []byte { return []byte("hello") })
+		as[j] = va
+	}
+	completed(t, n.a, vconns)
+	if _, err := n.a.Peer(n.b.GID(), refusingLink{}); err != nil {
+		t.Fatal(err)
+	}
+	n.forgeBadKey(t, as[0])
+	// The QP's error shows at its next completion.
+	if err := as[0].Send(ctx, []byte("after the forged request")); err != nil {
+		t.Fatal(err)
+	}
+	for j, va := range as {
+		waitFor(t, func() bool { return va.Err() != nil }, fmt.Sprintf("vconn %d to fail", j))
+		if err := va.Err(); !errors.Is(err, ErrQPFailed) || !errors.Is(err, errUnreachable) {
+			t.Fatalf("vconn %d: %v, want ErrQPFailed for want of a replacement", j, err)
+		}
+	}
+	if got := n.a.Stats().QPsReplaced; got != 0 {
+		t.Fatalf("QPs replaced: %d, want 0", got)
+	}
+}
+
+// olderLink reaches an engine in this process as an older engine's
+// control plane would: its replies do not say that it drops resends.
+type olderLink struct{ LocalLink }
+
+func (l olderLink) ConnectQP(ctx context.Context, req QPRequest) (QPReply, error) {
+	rep, err := l.LocalLink.ConnectQP(ctx, req)
+	rep.Resends = false
+	return rep, err
+}
+
+// TestForgedBadKeyOlderPeer: toward a peer whose engine does not drop
+// resent chunks (an older version), a failed QP is not replaced: its
+// vconns fail with ErrQPFailed, as before, rather than have the peer
+// deliver a message twice.
+func TestForgedBadKeyOlderPeer(t *testing.T) {
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pa, err := n.a.Peer(n.b.GID(), olderLink{LocalLink{To: n.b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, err := n.b.Peer(n.a.GID(), LocalLink{To: n.a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	va, err := n.a.NewVConn(ctx, pa, VConnOptions{Transport: transport.RC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vb, err := n.b.NewVConn(ctx, pb, VConnOptions{Transport: transport.RC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(vb.Connect(va.ID()), va.Connect(vb.ID())); err != nil {
+		t.Fatal(err)
+	}
+	exchange(ctx, t, va, vb, 1, func(int) []byte { return []byte("hello") })
+	completed(t, n.a, 1)
+	n.forgeBadKey(t, va)
+	if err := va.Send(ctx, []byte("after the forged request")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return va.Err() != nil }, "the vconn to fail")
+	if err := va.Err(); !errors.Is(err, ErrQPFailed) {
+		t.Fatalf("the vconn: %v, want ErrQPFailed", err)
+	}
+	if got := n.a.Stats().QPsReplaced; got != 0 {
+		t.Fatalf("QPs replaced: %d, want 0", got)
+	}
+}
+
+// TestForgedBadKeyBounded: a QP hit again and again is replaced
+// maxReplacements times; the next hit within replaceWindow fails its
+// vconns, rather than replacing it for ever.
+func TestForgedBadKeyBounded(t *testing.T) {
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	va, vb, err := Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range maxReplacements {
+		// A message through first: a QP on which no send completed is
+		// not replaced (its path, not the QP, failed).
+		exchange(ctx, t, va, vb, 1, func(int) []byte { return fmt.Appendf(nil, "round %d", k) })
+		completed(t, n.a, uint64(2*k+1))
+		hit := n.forgeBadKey(t, va).QPN()
+		exchange(ctx, t, va, vb, 1, func(int) []byte { return fmt.Appendf(nil, "after hit %d", k) })
+		if sendQPN(va) == hit {
+			t.Fatalf("hit %d: QP %#x not replaced", k, hit)
+		}
+	}
+	if got := n.a.Stats().QPsReplaced; got != maxReplacements {
+		t.Fatalf("QPs replaced: %d, want %d", got, maxReplacements)
+	}
+	exchange(ctx, t, va, vb, 1, func(int) []byte { return []byte("one more") })
+	completed(t, n.a, 2*maxReplacements+1)
+	n.forgeBadKey(t, va)
+	if err := va.Send(ctx, []byte("after the last hit")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return va.Err() != nil }, "the vconn to fail")
+	if err := va.Err(); !errors.Is(err, ErrQPFailed) {
+		t.Fatalf("after %d replacements: %v, want ErrQPFailed", maxReplacements, err)
+	}
+	if got := n.a.Stats().QPsReplaced; got != maxReplacements {
+		t.Fatalf("QPs replaced: %d, want %d", got, maxReplacements)
+	}
+}
+
+// TestChunkNumbers: a peer's RC data chunk is taken only at its number.
+// One marked resent that came already is dropped (the resend after a
+// QP replacement); the same chunk unmarked, or one past a missing chunk,
+// is no engine's doing (an older engine numbers no chunks): the vconn
+// fails, and nothing is delivered twice or past a hole.
+func TestChunkNumbers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	chunk := func(no uint32, flags uint8) format.Header {
+		d := format.DataHeader(5, no, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast | flags
+		d.Arg = no
+		return d
+	}
+	t.Run("older engine", func(t *testing.T) {
+		// One that numbers nothing (its QPRequest says so): its chunks
+		// are taken as they come, every one delivered.
+		a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.71")
+		vc.peer.numbers.Store(false) // what an older engine's QPRequest leaves
+		for _, s := range []string{"first", "secnd", "third"} {
+			h.send(in1, a, vc.ID(), chunk(0, 0), []byte(s))
+			m, err := vc.Recv(ctx)
+			if err != nil || string(m.Data) != s {
+				t.Fatalf("received %q, %v; want %q", m.Data, err, s)
+			}
+			m.Release()
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		bad  format.Header
+	}{
+		{"repeated unmarked", chunk(0, 0)},
+		{"past a hole", chunk(3, 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.70")
+			h.send(in1, a, vc.ID(), chunk(0, 0), []byte("first"))
+			before := a.Stats().ResentDropped
+			h.send(in1, a, vc.ID(), chunk(0, format.FlagResent), []byte("again"))
+			waitFor(t, func() bool { return a.Stats().ResentDropped == before+1 }, "the resent chunk dropped")
+			h.send(in1, a, vc.ID(), chunk(1, format.FlagResent), []byte("secnd"))
+			h.send(in1, a, vc.ID(), tc.bad, []byte("wrong"))
+			waitFor(t, func() bool { return vc.Err() != nil }, "the vconn to fail")
+			if !errors.Is(vc.Err(), errChunkOrder) {
+				t.Fatalf("the vconn failed with %v, want errChunkOrder", vc.Err())
+			}
+			var got []string
+			for {
+				m, err := vc.Recv(ctx)
+				if err != nil {
+					break
+				}
+				got = append(got, string(m.Data))
+				m.Release()
+			}
+			if want := []string{"first", "secnd"}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("delivered %q, want %q", got, want)
+			}
+		})
+	}
+}
