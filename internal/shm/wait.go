@@ -25,7 +25,7 @@ type Stop func() (time.Duration, error)
 // ErrCorrupt) or of stop is returned, and one of the doorbell (shut
 // down, or the other side closed it) as ErrShut.
 func (p *Producer) PushWait(b []byte, imm, flags uint32, stop Stop) error {
-	var spin spinner
+	var spin Spinner
 	for {
 		ok, err := p.Push(b, imm, flags)
 		if ok || err != nil {
@@ -35,7 +35,7 @@ func (p *Producer) PushWait(b []byte, imm, flags uint32, stop Stop) error {
 		if err != nil {
 			return err
 		}
-		if spin.more() {
+		if spin.More() {
 			continue
 		}
 		p.Arm()
@@ -52,7 +52,7 @@ func (p *Producer) PushWait(b []byte, imm, flags uint32, stop Stop) error {
 // the one way a consumer waits on its ring. The payload aliases shared
 // memory until Release.
 func (c *Consumer) Next(stop Stop) (Desc, []byte, error) {
-	var spin spinner
+	var spin Spinner
 	for {
 		d, b, ok, err := c.Peek()
 		if ok || err != nil {
@@ -62,7 +62,7 @@ func (c *Consumer) Next(stop Stop) (Desc, []byte, error) {
 		if err != nil {
 			return Desc{}, nil, err
 		}
-		if spin.more() || c.Arm() {
+		if spin.More() || c.Arm() {
 			continue
 		}
 		if _, err := c.Wait(t); err != nil {
@@ -71,15 +71,16 @@ func (c *Consumer) Next(stop Stop) (Desc, []byte, error) {
 	}
 }
 
-// spinner is a wait's spin: SpinFor from the first look that found
-// nothing, yielding the processor between looks.
-type spinner struct {
+// Spinner is a wait's spin: SpinFor from the first look that found
+// nothing, yielding the processor between looks. Every wait on a ring
+// spins with one: PushWait, Next, and pkg/vconn's receive loop.
+type Spinner struct {
 	start time.Time
 	d     time.Duration
 }
 
-// more reports whether the wait should look again before it sleeps.
-func (s *spinner) more() bool {
+// More reports whether the wait should look again before it sleeps.
+func (s *Spinner) More() bool {
 	if s.start.IsZero() {
 		s.start, s.d = time.Now(), SpinFor()
 	}

@@ -138,7 +138,7 @@ func (socketRX) take(c *Conn, _ sink) (Message, int, bool, error) {
 	return m, 0, true, nil
 }
 
-func (socketRX) spin() time.Duration { return 0 }
+func (socketRX) spins() bool { return false }
 
 func (socketRX) wait(ctx context.Context, c *Conn, dc chan struct{}) error {
 	select {

@@ -3,8 +3,8 @@ package vconn
 import (
 	"context"
 	"net"
-	"runtime"
-	"time"
+
+	"github.com/rdmavisor/rdmavisor/internal/shm"
 )
 
 // next waits for the next message; io.EOF after the peer closed. It runs
@@ -17,10 +17,8 @@ func (c *Conn) next(ctx context.Context, dl *deadline, to sink) (Message, int, e
 	if c.shm != nil {
 		rx = c.shm
 	}
-	var (
-		idle time.Time // when the first take found nothing
-		spin time.Duration
-	)
+	var spin shm.Spinner
+	spins := rx.spins()
 	for {
 		if c.isClosed() {
 			return Message{}, 0, net.ErrClosed
@@ -31,11 +29,7 @@ func (c *Conn) next(ctx context.Context, dl *deadline, to sink) (Message, int, e
 		if err := ctx.Err(); err != nil {
 			return Message{}, 0, err
 		}
-		if idle.IsZero() {
-			idle, spin = time.Now(), rx.spin()
-		}
-		if spin > 0 && time.Since(idle) < spin {
-			runtime.Gosched()
+		if spins && spin.More() {
 			continue
 		}
 		var dc chan struct{}
@@ -57,8 +51,9 @@ type receiver interface {
 	// to says, if it can, and returns n: the bytes copied into to.into,
 	// or putToFn with to.fn's error.
 	take(c *Conn, to sink) (m Message, n int, ok bool, err error)
-	// spin is how long next polls take before it sleeps in wait.
-	spin() time.Duration
+	// spins: next polls take a while (shm.Spinner) before it sleeps in
+	// wait.
+	spins() bool
 	// wait sleeps until a message may be there, or c closes; it fails
 	// when ctx ends or dc (the read deadline) closes.
 	wait(ctx context.Context, c *Conn, dc chan struct{}) error

@@ -141,7 +141,7 @@ func (x *shmConn) take(c *Conn, to sink) (Message, int, bool, error) {
 	return Message{}, 0, err != nil, err
 }
 
-func (x *shmConn) spin() time.Duration { return shm.SpinFor() }
+func (x *shmConn) spins() bool { return true }
 
 // wait sleeps on RX's doorbell, a slice at a time.
 func (x *shmConn) wait(ctx context.Context, c *Conn, dc chan struct{}) error {
