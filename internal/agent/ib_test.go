@@ -38,16 +38,19 @@ func TestInfiniBandAgents(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ln.Close()
+			served := make(chan error, 1)
 			go func() {
 				c, err := ln.AcceptVConn()
 				if err != nil {
+					served <- err
 					return
 				}
 				defer c.Close()
 				m, err := c.RecvMsg(ctx)
 				if err == nil {
-					_ = c.SendMsg(ctx, append([]byte("echo "), m.Data...))
+					err = c.SendMsg(ctx, append([]byte("echo "), m.Data...))
 				}
+				served <- err
 			}()
 			a := appClient(t, cl.Nodes[0], "a", 4)
 			c, err := a.Dial(ctx, "node-b:9")
@@ -60,7 +63,7 @@ func TestInfiniBandAgents(t *testing.T) {
 			}
 			m, err := c.RecvMsg(ctx)
 			if err != nil || string(m.Data) != "echo over IB" {
-				t.Fatalf("reply %q, %v", m.Data, err)
+				t.Fatalf("reply %q, %v (the server: %v)", m.Data, err, <-served)
 			}
 			seen := map[uint16]bool{}
 			for _, av := range sub.Vectors() {
