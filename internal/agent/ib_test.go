@@ -50,6 +50,9 @@ func TestInfiniBandAgents(t *testing.T) {
 				if err == nil {
 					err = c.SendMsg(ctx, append([]byte("echo "), m.Data...))
 				}
+				if err == nil {
+					err = c.Close()
+				}
 				served <- err
 			}()
 			a := appClient(t, cl.Nodes[0], "a", 4)
@@ -63,6 +66,9 @@ func TestInfiniBandAgents(t *testing.T) {
 			}
 			m, err := c.RecvMsg(ctx)
 			if err != nil || string(m.Data) != "echo over IB" {
+				for _, n := range cl.Nodes {
+					t.Logf("%s: %+v", n.Name, n.Agent.Engine().Stats())
+				}
 				t.Fatalf("reply %q, %v (the server: %v)", m.Data, err, <-served)
 			}
 			seen := map[uint16]bool{}
