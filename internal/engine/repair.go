@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -317,3 +318,30 @@ func (p *poller) sentLen(slot bufSlot) uint32 {
 	chunks := max(1, (size+per-1)/per)
 	return format.HeaderLen + size - (chunks-1)*per
 }
+
+// inOrder checks an RC vconn's data chunk by its number against the
+// count of its chunks received (each took a credit). A chunk that came
+// already, marked resent, is one the peer sent again on the QP that
+// replaced a failed one, whose acknowledgement was lost with the old QP
+// (repair.go): it is dropped, and takes no credit (its first coming took
+// it). Any other number is a chunk lost, or one repeated unmarked,
+// neither of which RC does: the peer is broken (or an engine that
+// numbers no chunks), and the vconn fails rather than deliver a message
+// twice or with a hole in it.
+func (p *poller) inOrder(vc *VConn, h *format.Header, slot bufSlot) bool {
+	d := int32(h.ChunkNo() - vc.taken.Load())
+	if d == 0 || !vc.peer.numbers.Load() {
+		return true // in order, or from an older engine, which numbers nothing
+	}
+	p.rx.reposts = append(p.rx.reposts, slot)
+	if d < 0 && h.Resent() {
+		p.e.stats.resentDropped.Add(1)
+		return false
+	}
+	p.e.stats.malformed.Add(1)
+	vc.fail(fmt.Errorf("engine: chunk %d from the peer, %d expected: %w", h.ChunkNo(), vc.taken.Load(), errChunkOrder))
+	return false
+}
+
+// errChunkOrder: an RC vconn's chunk came out of its order.
+var errChunkOrder = errors.New("engine: a chunk from the peer out of order (a peer engine that does not number its chunks?)")
