@@ -107,9 +107,10 @@ func (e *env) rogueAnnouncer() {
 // forgetNodeX stops node-x and the step's pods, and leaves the service as
 // the next step expects: Ready, the echo server listening (if it was),
 // the step's allocations released. Node-x stopped, no RDMANode may list
-// it unreachable: when the agents kept it as a peer (they took its
-// announcements), they did, and the operator made the service NotReady
-// ("node node-x unreachable from node-1, node-2, node-3").
+// it unreachable. Before the agents refused an outsider's announcements,
+// they kept node-x as a peer, listed it unreachable once it stopped, and
+// the operator set the service NotReady ("node node-x unreachable from
+// node-1, node-2, node-3").
 func (e *env) forgetNodeX(x *exchanger, nx *nodeX, restore bool) {
 	for _, n := range e.nodes {
 		e.deletePod(x.pods[n])
