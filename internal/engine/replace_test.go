@@ -79,12 +79,8 @@ func TestForgedBadKeyReplacesQP(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	as, bs := make([]*VConn, vconns), make([]*VConn, vconns)
+	as, bs := rcPairs(ctx, t, n, vconns)
 	for j := range vconns {
-		var err error
-		if as[j], bs[j], err = Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC}); err != nil {
-			t.Fatal(err)
-		}
 		if as[j].sq != as[0].sq {
 			t.Fatal("the vconns do not share their QP")
 		}
@@ -174,12 +170,8 @@ func TestForgedBadKeyDuplicatesDropped(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	as, bs := make([]*VConn, vconns), make([]*VConn, vconns)
+	as, bs := rcPairs(ctx, t, n, vconns)
 	for j := range vconns {
-		var err error
-		if as[j], bs[j], err = Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC}); err != nil {
-			t.Fatal(err)
-		}
 		exchange(ctx, t, as[j], bs[j], 1, func(int) []byte { return []byte("hello") })
 	}
 	// Their completions in, before the acknowledgements are lost.
@@ -437,4 +429,17 @@ func TestChunkNumbers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rcPairs connects k RC vconn pairs between the spoof net's engines.
+func rcPairs(ctx context.Context, t *testing.T, n *spoofNet, k int) (as, bs []*VConn) {
+	t.Helper()
+	as, bs = make([]*VConn, k), make([]*VConn, k)
+	for j := range k {
+		var err error
+		if as[j], bs[j], err = Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return as, bs
 }
