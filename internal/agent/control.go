@@ -135,12 +135,12 @@ func (s *controlServer) ConnectQP(ctx context.Context, req *controlpb.QPRequest)
 	}
 	rep, err := eng.AcceptQP(engine.QPRequest{GID: gid, Type: verbs.QPType(req.Type), QPN: req.Qpn, PSN: req.Psn,
 		MTU: verbs.MTU(req.Mtu), UDQPNs: req.UdQpns, Index: int(min(req.Index, 1<<16)), Epoch: req.Epoch, Pool: int(min(req.Pool, 1<<16)),
-		LID: uint16(req.Lid), Resends: req.Resends})
+		LID: uint16(req.Lid), Resends: req.Resends, ResendsAuto: req.ResendsAuto})
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return &controlpb.QPReply{Qpn: rep.QPN, Psn: rep.PSN, UdQpns: rep.UDQPNs, Epoch: rep.Epoch, Secret: rep.Secret, UdSecret: rep.UDSecret, Lid: uint32(rep.LID),
-		Resends: rep.Resends}, nil
+		Resends: rep.Resends, ResendsAuto: rep.ResendsAuto}, nil
 }
 
 // Dial gives the caller's vconn a peer on a listener of this node.
@@ -329,7 +329,7 @@ func (l link) ConnectQP(ctx context.Context, req engine.QPRequest) (engine.QPRep
 	var from peer.Peer
 	rep, err := l.r.cl.ConnectQP(ctx, &controlpb.QPRequest{Gid: req.GID[:], Type: uint32(req.Type), Qpn: req.QPN,
 		Psn: req.PSN, Mtu: uint32(req.MTU), UdQpns: req.UDQPNs, Index: uint32(req.Index), Epoch: req.Epoch, Pool: uint32(req.Pool), Lid: uint32(req.LID), Rail: uint32(l.rail),
-		Resends: req.Resends},
+		Resends: req.Resends, ResendsAuto: req.ResendsAuto},
 		grpc.Peer(&from))
 	if err != nil {
 		return engine.QPReply{}, statusError(err)
@@ -378,7 +378,7 @@ func qpReplyOf(rep *controlpb.QPReply) (engine.QPReply, error) {
 		}
 	}
 	return engine.QPReply{QPN: rep.GetQpn(), PSN: rep.GetPsn(), UDQPNs: rep.GetUdQpns(), Epoch: rep.GetEpoch(),
-		Secret: rep.GetSecret(), UDSecret: rep.GetUdSecret(), LID: uint16(rep.GetLid()), Resends: rep.GetResends()}, nil
+		Secret: rep.GetSecret(), UDSecret: rep.GetUdSecret(), LID: uint16(rep.GetLid()), Resends: rep.GetResends(), ResendsAuto: rep.GetResendsAuto()}, nil
 }
 
 // dialPeer connects a new vconn to a listener on another node. Its

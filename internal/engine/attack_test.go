@@ -145,7 +145,7 @@ func (h *hostile) ingress(e *Engine, pool, index int) verbs.QP {
 func (h *hostile) ingressOf(e *Engine, t verbs.QPType, pool, index int) verbs.QP {
 	h.t.Helper()
 	qp := h.qp(t)
-	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: t, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool, Resends: true})
+	rep, err := e.AcceptQP(QPRequest{GID: h.gid, Type: t, QPN: qp.QPN(), PSN: 3, MTU: verbs.MTU1024, UDQPNs: []uint32{h.ud.QPN()}, Index: index, Pool: pool, Resends: true, ResendsAuto: true})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -373,9 +373,9 @@ func attackOwnVConn(t *testing.T, a *Engine, h *hostile, own *VConn, fin, grant 
 }
 
 // twoQPPeer is an engine a and a hostile node h at ip, peers, h with a
-// pool of two QPs toward a (in0, in1), and a's vconn to h's vconn of vQPN
-// 7, which sends on in1.
-func twoQPPeer(ctx context.Context, t *testing.T, ip string) (a *Engine, h *hostile, vc *VConn, in0, in1 verbs.QP) {
+// pool of two QPs toward a (in0, in1), and a's vconn (of options o, RC
+// without) to h's vconn of vQPN 7, which sends on in1.
+func twoQPPeer(ctx context.Context, t *testing.T, ip string, o ...VConnOptions) (a *Engine, h *hostile, vc *VConn, in0, in1 verbs.QP) {
 	t.Helper()
 	fb := softwire.NewFabric(softwire.Faults{})
 	t.Cleanup(func() { _ = fb.Close() })
@@ -386,7 +386,7 @@ func twoQPPeer(ctx context.Context, t *testing.T, ip string) (a *Engine, h *host
 		t.Fatal(err)
 	}
 	in0, in1 = h.ingress(a, 2, 0), h.ingress(a, 2, 1)
-	if vc, err = a.NewVConn(ctx, hp, VConnOptions{}); err != nil {
+	if vc, err = a.NewVConn(ctx, hp, append(o, VConnOptions{})[0]); err != nil {
 		t.Fatal(err)
 	}
 	if err := vc.Connect(vqpn.MakeID(7, 1)); err != nil { // 7 mod 2: index 1

@@ -35,7 +35,11 @@ import (
 // the rest of the engine asks through its methods.
 type autoLink struct {
 	ptr     atomic.Pointer[reliability]
-	watched bool        // the serving poller's: on its retransmission list (p.rel.rtx)
+	watched bool // the serving poller's: on its retransmission list (p.rel.rtx)
+	// rcIn counts the data chunks received on RC, mod 2^16: the poller
+	// of the QP they come on (a replacement's is the old one's). Here,
+	// beside watched, it fits in the struct's padding.
+	rcIn    uint16
 	ackWait atomic.Bool // on a poller's delayed-acknowledgement list
 	nackDue atomic.Bool // a gap report should go out (see reportGap)
 	ackRecv atomic.Bool // another poller received acknowledgements for the send side (see onAck)
@@ -64,6 +68,19 @@ func (a *autoLink) load() *reliability {
 // ack is the cumulative acknowledgement to stamp on outgoing messages.
 // Only the vconn's poller, as it posts.
 func (a *autoLink) ack() uint32 { return a.load().rx.Ack() }
+
+// rcChunk compares the number of a data chunk received on RC with the
+// count of those taken, and takes it if it is the next: it returns how
+// far ahead of the count it is (behind, if negative) and the count before.
+// The poller of the QP the chunks come on (the peer sends them on one).
+func (a *autoLink) rcChunk(no uint16) (int32, uint16) {
+	want := a.rcIn
+	d := int32(int16(no - want))
+	if d == 0 {
+		a.rcIn++
+	}
+	return d, want
+}
 
 // unacked: an Auto vconn has datagrams the peer has not acknowledged.
 // Only the owner of the send side.

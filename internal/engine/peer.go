@@ -32,9 +32,12 @@ type Peer struct {
 	pool    atomic.Int32             // the peer's QPRequest.Pool, once it made a QP toward us
 	// numbers: the peer's engine numbers its RC chunks toward us (its
 	// QPRequest.Resends); dedups: it drops the resends it has had (its
-	// QPReply.Resends). Older engines do neither (repair.go).
-	numbers atomic.Bool
-	dedups  atomic.Bool
+	// QPReply.Resends). Older engines do neither (repair.go). The Auto
+	// ones say the same of Auto vconns' RC chunks (ResendsAuto).
+	numbers     atomic.Bool
+	dedups      atomic.Bool
+	numbersAuto atomic.Bool
+	dedupsAuto  atomic.Bool
 	// lid is the peer's port LID on InfiniBand (QPRequest.LID or
 	// QPReply.LID, the latest), what names its datagrams without a GRH.
 	lid atomic.Uint32

@@ -46,6 +46,10 @@ type QPRequest struct {
 	// those it sends again on a replacement QP (repair.go). An older
 	// engine numbers nothing: its chunks are taken as they come.
 	Resends bool
+	// ResendsAuto: it numbers its Auto vconns' RC data chunks as well
+	// (format.Header.Chunk) and marks those it sends again. An engine
+	// with Resends alone numbers only RC vconns' chunks.
+	ResendsAuto bool
 }
 
 // maxIndex bounds QPRequest.Index and Pool: a peer's QPsPerPeer.
@@ -94,6 +98,11 @@ type QPReply struct {
 	// (QPRequest.Resends); only then are vconns carried over to a QP
 	// that replaces a failed one toward it.
 	Resends bool
+	// ResendsAuto: it does so for Auto vconns' RC chunks too
+	// (QPRequest.ResendsAuto): only then are Auto vconns carried, and
+	// their chunks numbered at all (an engine without it refuses a header
+	// with bytes 2..3 set).
+	ResendsAuto bool
 }
 
 // newSecret draws a QP pair's secret: 64 random bits, never zero (the
@@ -288,7 +297,7 @@ func (p *Peer) dial(ctx context.Context, t verbs.QPType, i int, poller *poller, 
 		return nil, QPReply{}, fmt.Errorf("engine: QP to peer %v: %w", p.gid, err)
 	}
 	psn := rand.Uint32() & (1<<24 - 1)
-	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer, LID: e.lid, Resends: true})
+	reply, err := link.ConnectQP(ctx, QPRequest{GID: e.gid, Type: t, QPN: qp.QPN(), PSN: psn, MTU: e.cfg.MTU, UDQPNs: e.UDQPNs(), Index: i, Epoch: p.epoch, Pool: e.cfg.QPsPerPeer, LID: e.lid, Resends: true, ResendsAuto: true})
 	switch {
 	case err != nil:
 		err = fmt.Errorf("engine: connect QP to peer %v: %w", p.gid, err)
@@ -317,6 +326,7 @@ func (p *Peer) adopt(reply *QPReply) {
 	p.udSecretOut = reply.UDSecret
 	p.lid.Store(uint32(reply.LID))
 	p.dedups.Store(reply.Resends)
+	p.dedupsAuto.Store(reply.ResendsAuto)
 }
 
 // AcceptQP creates the receiving end of a peer's RC or UC QP: a QP on the
@@ -398,6 +408,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	// with another) applies to the vconns made after it.
 	p.pool.Store(int32(req.Pool))
 	p.numbers.Store(req.Resends)
+	p.numbersAuto.Store(req.ResendsAuto)
 	if len(req.UDQPNs) > 0 {
 		p.udQPNs = req.UDQPNs
 	}
@@ -412,7 +423,7 @@ func (e *Engine) AcceptQP(req QPRequest) (QPReply, error) {
 	}
 	secret := newSecret()
 	e.ingress.Store(qp.QPN(), &ingressQP{peer: p, index: req.Index, secret: secret, poller: pi})
-	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn, LID: e.lid, Resends: true}, nil
+	return QPReply{QPN: qp.QPN(), PSN: psn, UDQPNs: e.UDQPNs(), Epoch: p.epoch, Secret: secret, UDSecret: p.udSecretIn, LID: e.lid, Resends: true, ResendsAuto: true}, nil
 }
 
 // ingressIndex is the index of the peer's QPs that its vconn remote sends

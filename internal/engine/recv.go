@@ -68,7 +68,7 @@ func (p *poller) onData(vc *VConn, h *format.Header, slot bufSlot, payload []byt
 		return
 	}
 	// Reliable data: every chunk took a receive credit.
-	if vc.tr == transport.RC && !p.inOrder(vc, h, slot) {
+	if !p.inOrder(vc, h, slot) {
 		return
 	}
 	if !vc.takeCredit() {

@@ -31,9 +31,17 @@ import (
 // arrival, so the credits stay as they were; a grant follows the resent
 // messages, for the grants the old QP lost.
 //
-// What is carried is an RC vconn without one-sided state. Auto's and
-// UC's vconns (their sequence numbers and datagrams) and vconns with
-// regions (windows bound to the old QP pair) fail as before. A QP fails
+// Every vconn without one-sided state is carried. An RC vconn's data
+// chunks are numbered by its credits; an Auto vconn's chunks on RC by a
+// count of their own in the header's bytes 2..3 (format.Header.AutoChunkNo:
+// its credits count its datagrams too, which may be lost), toward an
+// engine that says it takes them (QPReply.ResendsAuto; toward one that
+// does not, its Auto vconns fail). Its datagrams and their sequence go
+// on its UC QP, which the forged request did not touch. UC and UD
+// vconns send only control on the RC QP: a resent grant or FIN is
+// harmless (grants are cumulative, a second FIN ends nothing more).
+// Vconns with regions (type 2 windows, bound to the old QP pair) fail as
+// before. A QP fails
 // its vconns too when its peer is gone (the peer failed, or the new QP
 // cannot connect), when no send had completed on it (the path failed,
 // not the QP: a replacement would time out again) and when it was
@@ -61,8 +69,12 @@ type qpRepair struct {
 	ready  atomic.Bool
 }
 
-// carried reports whether the vconn's state moves to a replacement QP.
-func (vc *VConn) carried() bool { return vc.tr == transport.RC && vc.regions.Load() == nil }
+// carried reports whether the vconn's state moves to a replacement QP:
+// all but its one-sided state, and an Auto vconn's only toward an engine
+// that drops the resends of its RC chunks (it numbers them only then).
+func (vc *VConn) carried() bool {
+	return vc.regions.Load() == nil && (vc.tr != transport.Auto || vc.peer.dedupsAuto.Load())
+}
 
 // qpFailed handles a QP that went to ERR: it starts its replacement, or
 // fails its vconns and takes it out of its peer's pool, so new vconns get
@@ -328,9 +340,23 @@ func (p *poller) sentLen(slot bufSlot) uint32 {
 // neither of which RC does: the peer is broken (or an engine that
 // numbers no chunks), and the vconn fails rather than deliver a message
 // twice or with a hole in it.
+//
+// An Auto vconn's chunks on RC are numbered apart from its datagrams,
+// mod 2^16 (format.Header.AutoChunkNo), and counted here, as its credits
+// count its datagrams too.
 func (p *poller) inOrder(vc *VConn, h *format.Header, slot bufSlot) bool {
-	d := int32(h.ChunkNo() - vc.taken.Load())
-	if d == 0 || !vc.peer.numbers.Load() {
+	var d int32
+	var no, want uint32
+	switch {
+	case vc.tr == transport.RC && vc.peer.numbers.Load():
+		no, want = h.ChunkNo(), vc.taken.Load()
+		d = int32(no - want)
+	case vc.tr == transport.Auto && vc.peer.numbersAuto.Load():
+		var w uint16
+		d, w = vc.auto.rcChunk(h.AutoChunkNo())
+		no, want = uint32(h.AutoChunkNo()), uint32(w)
+	}
+	if d == 0 {
 		return true // in order, or from an older engine, which numbers nothing
 	}
 	p.rx.reposts = append(p.rx.reposts, slot)
@@ -339,7 +365,7 @@ func (p *poller) inOrder(vc *VConn, h *format.Header, slot bufSlot) bool {
 		return false
 	}
 	p.e.stats.malformed.Add(1)
-	vc.fail(fmt.Errorf("engine: chunk %d from the peer, %d expected: %w", h.ChunkNo(), vc.taken.Load(), errChunkOrder))
+	vc.fail(fmt.Errorf("engine: chunk %d from the peer, %d expected: %w", no, want, errChunkOrder))
 	return false
 }
 

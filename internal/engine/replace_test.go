@@ -55,11 +55,17 @@ func sendQPN(va *VConn) uint32 {
 	return va.sq.qp.QPN()
 }
 
+var streamSizes = []int{1, 100, 3000, DefaultChunkSize - 32, DefaultChunkSize + 500, 3*DefaultChunkSize - 200}
+
 // streamMsg is message i of stream j: sizes from one byte to three
 // chunks, every byte a function of (j, i, offset).
-func streamMsg(j, i int) []byte {
-	sizes := []int{1, 100, 3000, DefaultChunkSize - 32, DefaultChunkSize + 500, 3*DefaultChunkSize - 200}
-	b := make([]byte, sizes[(i+j)%len(sizes)])
+func streamMsg(j, i int) []byte { return msgOf(j, i, streamSizes[(i+j)%len(streamSizes)]) }
+
+// longMsg is message i of stream j, two or three chunks long.
+func longMsg(j, i int) []byte { return msgOf(j, i, streamSizes[4+i%2]) }
+
+func msgOf(j, i, size int) []byte {
+	b := make([]byte, size)
 	for k := range b {
 		b[k] = byte(j*31 + i*7 + k*13 + k>>8)
 	}
@@ -67,22 +73,38 @@ func streamMsg(j, i int) []byte {
 	return b
 }
 
-// TestForgedBadKeyReplacesQP: four RC vconns stream 300 messages each
-// (one byte to three chunks) over the one shared RC QP between two nodes;
-// a third of the way through, a spoofer's RDMA WRITE with an invalid key
-// at the exact PSN the QP's responder expects takes that QP to ERR. The
+// TestForgedBadKeyReplacesQP: four vconns stream 300 messages each (one
+// byte to three chunks) over the one shared RC QP between two nodes; a
+// third of the way through, a spoofer's RDMA WRITE with an invalid key at
+// the exact PSN the QP's responder expects takes that QP to ERR. The
 // engine replaces it: vconns failed 0, every message arrives once, in
 // order, byte for byte, the QP under the vconns is a new one (replaced
-// once), and every vconn still works both ways afterwards.
+// once), and every vconn still works both ways afterwards. The vconns are
+// RC, or Auto (messages of up to a chunk go as datagrams on its UC QP, the
+// rest as chunks on the RC QP); beside them a UC and a UD vconn, which
+// send only control on the RC QP, must not fail either.
 func TestForgedBadKeyReplacesQP(t *testing.T) {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
+		t.Run(tr.String(), func(t *testing.T) { forgedStream(t, tr) })
+	}
+}
+
+func forgedStream(t *testing.T, tr transport.Kind) {
 	const vconns, msgs = 4, 300
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	as, bs := rcPairs(ctx, t, n, vconns)
-	for j := range vconns {
+	as, bs := pairs(ctx, t, n, vconns, tr)
+	// A UC and a UD vconn on the same QP, used before and after the hit.
+	ua, ub := pairs(ctx, t, n, 1, transport.UC)
+	da, db := pairs(ctx, t, n, 1, transport.UD)
+	as, bs = append(as, ua[0], da[0]), append(bs, ub[0], db[0])
+	for j := range as {
 		if as[j].sq != as[0].sq {
 			t.Fatal("the vconns do not share their QP")
+		}
+		if j >= vconns {
+			exchange(ctx, t, as[j], bs[j], 1, func(int) []byte { return []byte("before") })
 		}
 	}
 	third := make(chan struct{})
@@ -129,17 +151,17 @@ func TestForgedBadKeyReplacesQP(t *testing.T) {
 		t.Error(err)
 	}
 	failed := 0
-	for j := range vconns {
+	for j := range as {
 		for _, vc := range []*VConn{as[j], bs[j]} {
 			if vc.Err() != nil {
 				failed++
-				t.Errorf("vconn %v: %v", vc.ID(), vc.Err())
+				t.Errorf("%v vconn %v: %v", vc.tr, vc.ID(), vc.Err())
 			}
 		}
 	}
 	st := n.a.Stats()
-	t.Logf("messages received: %d of %d; vconns failed: %d; QPs replaced: %d; chunks resent and dropped at the receiver: %d",
-		received.Load(), vconns*msgs, failed, st.QPsReplaced, n.b.Stats().ResentDropped)
+	t.Logf("messages received: %d of %d; vconns failed: %d of %d; QPs replaced: %d; chunks resent and dropped at the receiver: %d",
+		received.Load(), vconns*msgs, failed, 2*len(as), st.QPsReplaced, n.b.Stats().ResentDropped)
 	if failed != 0 {
 		t.Fatalf("vconns failed: %d, want 0", failed)
 	}
@@ -152,27 +174,45 @@ func TestForgedBadKeyReplacesQP(t *testing.T) {
 	if now := sendQPN(as[0]); now == hit {
 		t.Fatalf("the vconns still send on QP %#x, the one hit", hit)
 	}
-	for j := range vconns {
+	for j := range as {
 		exchange(ctx, t, as[j], bs[j], 2, func(i int) []byte { return fmt.Appendf(nil, "after %d.%d", j, i) })
 		exchange(ctx, t, bs[j], as[j], 2, func(i int) []byte { return fmt.Appendf(nil, "back %d.%d", j, i) })
 	}
 }
 
 // TestForgedBadKeyDuplicatesDropped: the acknowledgements of what three
-// RC vconns send are lost, so the sender holds every message as not yet
-// delivered while the receiver has them all; then the forged request
+// vconns send on RC are lost, so the sender holds every message as not
+// yet delivered while the receiver has them all; then the forged request
 // fails the QP. The replacement resends them all, and the receiver drops
 // every one (chunks dropped: all those sent; messages delivered twice: 0).
 // 200 messages more on each vconn afterwards, six credit windows, show the
-// credits stayed consistent on both sides.
+// credits stayed consistent on both sides. RC vconns, and Auto vconns
+// whose held messages are longer than a chunk (so all on RC) and whose
+// later ones mix datagrams and RC.
 func TestForgedBadKeyDuplicatesDropped(t *testing.T) {
+	for _, tr := range []transport.Kind{transport.RC, transport.Auto} {
+		t.Run(tr.String(), func(t *testing.T) { forgedDuplicates(t, tr) })
+	}
+}
+
+func forgedDuplicates(t *testing.T, tr transport.Kind) {
 	const vconns, held, after = 3, 4, 200
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	as, bs := rcPairs(ctx, t, n, vconns)
+	as, bs := pairs(ctx, t, n, vconns, tr)
+	msg := streamMsg
+	if tr == transport.Auto {
+		msg = func(j, i int) []byte {
+			if i < held {
+				return longMsg(j, i)
+			}
+			return streamMsg(j, i)
+		}
+	}
 	for j := range vconns {
-		exchange(ctx, t, as[j], bs[j], 1, func(int) []byte { return []byte("hello") })
+		// Long: a QP is replaced only once a send completed on it.
+		exchange(ctx, t, as[j], bs[j], 1, func(int) []byte { return longMsg(j, 1000) })
 	}
 	// Their completions in, before the acknowledgements are lost.
 	completed(t, n.a, vconns)
@@ -180,7 +220,7 @@ func TestForgedBadKeyDuplicatesDropped(t *testing.T) {
 	chunks := 0
 	for j := range vconns {
 		for i := range held {
-			m := streamMsg(j, i)
+			m := msg(j, i)
 			chunks += as[j].Chunks(len(m))
 			if err := as[j].Send(ctx, m); err != nil {
 				t.Fatal(err)
@@ -193,8 +233,8 @@ func TestForgedBadKeyDuplicatesDropped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(m.Data, streamMsg(j, i)) {
-				t.Fatalf("vconn %d: message %d: %d bytes, want %d", j, i, len(m.Data), len(streamMsg(j, i)))
+			if !bytes.Equal(m.Data, msg(j, i)) {
+				t.Fatalf("vconn %d: message %d: %d bytes, want %d", j, i, len(m.Data), len(msg(j, i)))
 			}
 			m.Release()
 		}
@@ -204,14 +244,14 @@ func TestForgedBadKeyDuplicatesDropped(t *testing.T) {
 	n.wa.ackHole.Store(0)
 	for j := range vconns {
 		for i := range after {
-			if err := as[j].Send(ctx, streamMsg(j, held+i)); err != nil {
+			if err := as[j].Send(ctx, msg(j, held+i)); err != nil {
 				t.Fatal(err)
 			}
 			m, err := bs[j].Recv(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := streamMsg(j, held+i); !bytes.Equal(m.Data, want) {
+			if want := msg(j, held+i); !bytes.Equal(m.Data, want) {
 				t.Fatalf("vconn %d: message %d after the replacement: %d bytes starting %q, want %d starting %q (a duplicate?)", j, held+i, len(m.Data), m.Data[:min(8, len(m.Data))], len(want), want[:min(8, len(want))])
 			}
 			m.Release()
@@ -328,6 +368,62 @@ func TestForgedBadKeyOlderPeer(t *testing.T) {
 	}
 }
 
+// olderAutoLink reaches an engine in this process as the last version's
+// control plane would: it numbers and drops resent RC vconns' chunks, but
+// not Auto vconns'.
+type olderAutoLink struct{ LocalLink }
+
+func (l olderAutoLink) ConnectQP(ctx context.Context, req QPRequest) (QPReply, error) {
+	req.ResendsAuto = false
+	rep, err := l.LocalLink.ConnectQP(ctx, req)
+	rep.ResendsAuto = false
+	return rep, err
+}
+
+// TestForgedBadKeyOlderAutoPeer: toward a peer whose engine drops resent
+// RC chunks but not Auto ones (the last version), the failed QP is
+// replaced and its RC vconn carried, while its Auto vconn fails with
+// ErrQPFailed, as before, rather than have the peer deliver a chunk twice.
+func TestForgedBadKeyOlderAutoPeer(t *testing.T) {
+	n := newSpoofNet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pa, err := n.a.Peer(n.b.GID(), olderAutoLink{LocalLink{To: n.b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, err := n.b.Peer(n.a.GID(), LocalLink{To: n.a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var as, bs [2]*VConn
+	for j, tr := range []transport.Kind{transport.RC, transport.Auto} {
+		if as[j], err = n.a.NewVConn(ctx, pa, VConnOptions{Transport: tr}); err != nil {
+			t.Fatal(err)
+		}
+		if bs[j], err = n.b.NewVConn(ctx, pb, VConnOptions{Transport: tr}); err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(bs[j].Connect(as[j].ID()), as[j].Connect(bs[j].ID())); err != nil {
+			t.Fatal(err)
+		}
+		exchange(ctx, t, as[j], bs[j], 1, func(int) []byte { return longMsg(j, 0) })
+	}
+	completed(t, n.a, 2)
+	n.forgeBadKey(t, as[0])
+	if err := as[1].Send(ctx, longMsg(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return as[1].Err() != nil }, "the Auto vconn to fail")
+	if err := as[1].Err(); !errors.Is(err, ErrQPFailed) {
+		t.Fatalf("the Auto vconn: %v, want ErrQPFailed", err)
+	}
+	exchange(ctx, t, as[0], bs[0], 2, func(i int) []byte { return longMsg(0, i+1) })
+	if got := n.a.Stats().QPsReplaced; got != 1 {
+		t.Fatalf("QPs replaced: %d, want 1", got)
+	}
+}
+
 // TestForgedBadKeyBounded: a QP hit again and again is replaced
 // maxReplacements times; the next hit within replaceWindow fails its
 // vconns, rather than replacing it for ever.
@@ -431,13 +527,76 @@ func TestChunkNumbers(t *testing.T) {
 	}
 }
 
-// rcPairs connects k RC vconn pairs between the spoof net's engines.
-func rcPairs(ctx context.Context, t *testing.T, n *spoofNet, k int) (as, bs []*VConn) {
+// TestAutoChunkNumbers: an Auto vconn's data chunk on RC is taken only
+// at its number (format.Header.AutoChunkNo), as an RC vconn's: one marked
+// resent that came already is dropped, the same unmarked or one past a
+// missing chunk fails the vconn; from an engine that numbers nothing
+// (ResendsAuto unsaid) chunks are taken as they come.
+func TestAutoChunkNumbers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	chunk := func(seq uint32, no uint16, flags uint8) format.Header {
+		d := format.DataHeader(5, seq, 0, false)
+		d.Flags |= format.FlagFirst | format.FlagLast | flags
+		d.Chunk = no
+		return d
+	}
+	auto := VConnOptions{Transport: transport.Auto}
+	t.Run("older engine", func(t *testing.T) {
+		a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.73", auto)
+		vc.peer.numbersAuto.Store(false)
+		for i, s := range []string{"first", "secnd", "third"} {
+			h.send(in1, a, vc.ID(), chunk(uint32(i), 0, 0), []byte(s))
+			m, err := vc.Recv(ctx)
+			if err != nil || string(m.Data) != s {
+				t.Fatalf("received %q, %v; want %q", m.Data, err, s)
+			}
+			m.Release()
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		bad  format.Header
+	}{
+		{"repeated unmarked", chunk(1, 1, 0)},
+		{"past a hole", chunk(2, 3, 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.72", auto)
+			h.send(in1, a, vc.ID(), chunk(0, 0, 0), []byte("first"))
+			before := a.Stats().ResentDropped
+			h.send(in1, a, vc.ID(), chunk(0, 0, format.FlagResent), []byte("again"))
+			waitFor(t, func() bool { return a.Stats().ResentDropped == before+1 }, "the resent chunk dropped")
+			h.send(in1, a, vc.ID(), chunk(1, 1, format.FlagResent), []byte("secnd"))
+			h.send(in1, a, vc.ID(), tc.bad, []byte("wrong"))
+			waitFor(t, func() bool { return vc.Err() != nil }, "the vconn to fail")
+			if !errors.Is(vc.Err(), errChunkOrder) {
+				t.Fatalf("the vconn failed with %v, want errChunkOrder", vc.Err())
+			}
+			var got []string
+			for {
+				m, err := vc.Recv(ctx)
+				if err != nil {
+					break
+				}
+				got = append(got, string(m.Data))
+				m.Release()
+			}
+			if want := []string{"first", "secnd"}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("delivered %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// pairs connects k vconn pairs of transport tr between the spoof net's
+// engines.
+func pairs(ctx context.Context, t *testing.T, n *spoofNet, k int, tr transport.Kind) (as, bs []*VConn) {
 	t.Helper()
 	as, bs = make([]*VConn, k), make([]*VConn, k)
 	for j := range k {
 		var err error
-		if as[j], bs[j], err = Pair(ctx, n.a, n.b, VConnOptions{Transport: transport.RC}, VConnOptions{Transport: transport.RC}); err != nil {
+		if as[j], bs[j], err = Pair(ctx, n.a, n.b, VConnOptions{Transport: tr}, VConnOptions{Transport: tr}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -181,11 +181,17 @@ func (p *poller) sendQueued(vc *VConn, remote vqpn.ID, dq *sendQP, auto bool, sl
 	b := format.Raw(p.e.pool.bytes(slot))
 	vc.stampCredit(b)
 	if b.Type() == format.Data {
-		if vc.tr == transport.RC {
+		switch {
+		case vc.tr == transport.RC:
 			// Every RC data chunk takes a credit, so the count of those
 			// sent numbers them: the receiver drops the ones its QP had
 			// delivered when a replacement QP sends them again (repair.go).
 			b.SetChunkNo(vc.srv.sent)
+		case dq == vc.sq && vc.tr == transport.Auto && vc.peer.dedupsAuto.Load():
+			// An Auto vconn's credits count its datagrams too, which may
+			// be lost: its RC chunks are counted apart (arg is the ack).
+			b.SetAutoChunkNo(vc.srv.rcChunks)
+			vc.srv.rcChunks++
 		}
 		if b.Last() {
 			p.countSent(vc.tr, 1, int(b.Length()))

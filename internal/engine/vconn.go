@@ -443,6 +443,7 @@ func (vc *VConn) hotLines() uint32 {
 type served struct {
 	sent      uint32 // data chunks posted (credits used)
 	finPosted bool   // the FIN is posted, or about to be
+	rcChunks  uint16 // an Auto vconn's data chunks posted on RC, mod 2^16 (format.Header.AutoChunkNo)
 }
 
 // schedule puts the vconn on its poller's run queue, once until served.

@@ -81,10 +81,25 @@ func fail(err error) {
 func run(bin string, args ...string) ([]byte, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = os.TempDir()
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, io.Discard
+	var out, errs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errs
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s %s: %w", bin, strings.Join(args, " "), err)
+		// Its first lines past the log say why (a panic's, a fatal
+		// error's); the whole of it is kept.
+		kept := "not kept"
+		if f, ferr := os.CreateTemp("", "benchpair-stderr-*.txt"); ferr == nil {
+			_, _ = f.Write(errs.Bytes())
+			_ = f.Close()
+			kept = f.Name()
+		}
+		why := errs.String()
+		if i := strings.Index(why, "\npanic:"); i >= 0 {
+			why = why[i+1:]
+		} else if i := strings.Index(why, "\nfatal error:"); i >= 0 {
+			why = why[i+1:]
+		}
+		why = why[:min(len(why), 3000)]
+		return nil, fmt.Errorf("%s %s: %w (stderr: %s)\n%s", bin, strings.Join(args, " "), err, kept, why)
 	}
 	return out.Bytes(), nil
 }

@@ -266,7 +266,11 @@ type QPRequest struct {
 	// and, after replacing a failed QP, sends again, marked, those the old
 	// QP did not complete: the acceptor drops the ones it has had (engine
 	// repair.go). An engine without it (an older one) numbers nothing.
-	Resends       bool `protobuf:"varint,12,opt,name=resends,proto3" json:"resends,omitempty"`
+	Resends bool `protobuf:"varint,12,opt,name=resends,proto3" json:"resends,omitempty"`
+	// resends_auto says the same of its Auto vconns' RC data chunks, which
+	// it numbers in the engine header's bytes 2..3 (an engine with resends
+	// alone numbers only RC vconns' chunks, and refuses those bytes set).
+	ResendsAuto   bool `protobuf:"varint,13,opt,name=resends_auto,json=resendsAuto,proto3" json:"resends_auto,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -385,6 +389,13 @@ func (x *QPRequest) GetResends() bool {
 	return false
 }
 
+func (x *QPRequest) GetResendsAuto() bool {
+	if x != nil {
+		return x.ResendsAuto
+	}
+	return false
+}
+
 type QPReply struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Qpn    uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
@@ -405,7 +416,12 @@ type QPReply struct {
 	// resends says the acceptor's engine drops the marked resends it has
 	// had already, as QPRequest.resends: only then does the requester carry
 	// its vconns over to a replacement QP.
-	Resends       bool `protobuf:"varint,8,opt,name=resends,proto3" json:"resends,omitempty"`
+	Resends bool `protobuf:"varint,8,opt,name=resends,proto3" json:"resends,omitempty"`
+	// resends_auto says it drops the marked resends of Auto vconns' RC
+	// chunks as well, as QPRequest.resends_auto: only then does the
+	// requester carry its Auto vconns over to a replacement QP (and number
+	// their chunks at all).
+	ResendsAuto   bool `protobuf:"varint,9,opt,name=resends_auto,json=resendsAuto,proto3" json:"resends_auto,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -492,6 +508,13 @@ func (x *QPReply) GetLid() uint32 {
 func (x *QPReply) GetResends() bool {
 	if x != nil {
 		return x.Resends
+	}
+	return false
+}
+
+func (x *QPReply) GetResendsAuto() bool {
+	if x != nil {
+		return x.ResendsAuto
 	}
 	return false
 }
@@ -847,7 +870,7 @@ const file_control_proto_rawDesc = "" +
 	"\aud_qpns\x18\x02 \x03(\rR\x06udQpns\x12\x12\n" +
 	"\x04qkey\x18\x03 \x01(\rR\x04qkey\x12\x10\n" +
 	"\x03mtu\x18\x04 \x01(\rR\x03mtu\x12\x1b\n" +
-	"\trail_gids\x18\x05 \x03(\fR\brailGids\"\x80\x02\n" +
+	"\trail_gids\x18\x05 \x03(\fR\brailGids\"\xa3\x02\n" +
 	"\tQPRequest\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -861,7 +884,8 @@ const file_control_proto_rawDesc = "" +
 	"\x03lid\x18\n" +
 	" \x01(\rR\x03lid\x12\x12\n" +
 	"\x04rail\x18\v \x01(\rR\x04rail\x12\x18\n" +
-	"\aresends\x18\f \x01(\bR\aresends\"\xbd\x01\n" +
+	"\aresends\x18\f \x01(\bR\aresends\x12!\n" +
+	"\fresends_auto\x18\r \x01(\bR\vresendsAuto\"\xe0\x01\n" +
 	"\aQPReply\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x17\n" +
@@ -870,7 +894,8 @@ const file_control_proto_rawDesc = "" +
 	"\x06secret\x18\x05 \x01(\x06R\x06secret\x12\x1b\n" +
 	"\tud_secret\x18\x06 \x01(\x06R\budSecret\x12\x10\n" +
 	"\x03lid\x18\a \x01(\rR\x03lid\x12\x18\n" +
-	"\aresends\x18\b \x01(\bR\aresends\"\xc1\x01\n" +
+	"\aresends\x18\b \x01(\bR\aresends\x12!\n" +
+	"\fresends_auto\x18\t \x01(\bR\vresendsAuto\"\xc1\x01\n" +
 	"\vDialRequest\x120\n" +
 	"\x06caller\x18\x01 \x01(\v2\x18.rdmavisor.agent.v1.NodeR\x06caller\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +

@@ -25,7 +25,7 @@ func CheckBundle(h *Header, payload []byte) error {
 	var rh Header
 	k := uint32(0)
 	for off := 0; off < len(payload); k++ {
-		if k == h.Count() || rh.Parse(payload[off:]) != nil || rh.Type != Data || !rh.Whole() || rh.Auth != 0 ||
+		if k == h.Count() || rh.Parse(payload[off:]) != nil || rh.Type != Data || !rh.Whole() || rh.Auth != 0 || rh.Chunk != 0 ||
 			rh.Seq != h.Seq+k || int(rh.Length) > len(payload)-off-HeaderLen {
 			return ErrBadBundle
 		}

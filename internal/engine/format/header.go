@@ -11,7 +11,9 @@ import (
 //	0      type
 //	1      flags (FlagFirst, FlagLast, FlagImm; FlagGap on a credit grant;
 //	       FlagResent on an RC vconn's data chunk sent again)
-//	2..3   reserved, zero
+//	2..3   the chunk's number on its vconn mod 2^16 (an Auto vconn's data
+//	       sent on RC, toward an engine that takes it: what the receiver
+//	       tells a resent chunk apart by, as arg on an RC vconn); else zero
 //	4..7   credit: receive credits the sender has granted, cumulative
 //	8..11  length: the whole message's length (data messages); with
 //	       FlagGap, the first sequence number past the gap
@@ -34,6 +36,7 @@ const HeaderLen = 32
 const (
 	offType   = 0
 	offFlags  = 1
+	offChunk  = 2
 	offCredit = 4
 	offLength = 8
 	offSeq    = 12
@@ -64,9 +67,9 @@ const (
 	// its acknowledgement (arg) up to length are missing while later ones
 	// arrived.
 	FlagGap = 1 << 3
-	// FlagResent, on an RC vconn's data chunk: sent again on the QP
-	// that replaced a failed one; the receiver may have it already
-	// (ChunkNo says).
+	// FlagResent, on a data chunk sent on RC: sent again on the QP that
+	// replaced a failed one; the receiver may have it already (ChunkNo,
+	// or AutoChunkNo, says).
 	FlagResent = 1 << 4
 )
 
@@ -74,6 +77,7 @@ const (
 type Header struct {
 	Type   Type
 	Flags  uint8
+	Chunk  uint16
 	Credit uint32
 	Length uint32
 	Seq    uint32
@@ -143,6 +147,12 @@ func (h *Header) Resent() bool { return h.Flags&FlagResent != 0 }
 // vconn sent before it, mod 2^32.
 func (h *Header) ChunkNo() uint32 { return h.Arg }
 
+// AutoChunkNo is the number of an Auto vconn's data chunk sent on RC:
+// how many of those the vconn sent before it, mod 2^16. A resend repeats
+// at most a send queue's worth (the engine's SQDepth, at most 1<<15), so
+// a receiver compares within that span.
+func (h *Header) AutoChunkNo() uint16 { return h.Chunk }
+
 // Region is the id of the region an export, unexport or unexported names.
 func (h *Header) Region() uint32 { return h.Arg }
 
@@ -163,7 +173,7 @@ func (h *Header) Put(b []byte) {
 	_ = b[HeaderLen-1]
 	b[offType] = byte(h.Type)
 	b[offFlags] = h.Flags
-	b[2], b[3] = 0, 0
+	binary.BigEndian.PutUint16(b[offChunk:], h.Chunk)
 	binary.BigEndian.PutUint32(b[offCredit:], h.Credit)
 	binary.BigEndian.PutUint32(b[offLength:], h.Length)
 	binary.BigEndian.PutUint32(b[offSeq:], h.Seq)
@@ -195,14 +205,18 @@ func (h *Header) Parse(b []byte) error {
 	}
 	h.Type = Type(b[offType])
 	h.Flags = b[offFlags]
+	h.Chunk = binary.BigEndian.Uint16(b[offChunk:])
 	h.Credit = binary.BigEndian.Uint32(b[offCredit:])
 	h.Length = binary.BigEndian.Uint32(b[offLength:])
 	h.Seq = binary.BigEndian.Uint32(b[offSeq:])
 	h.Imm = binary.BigEndian.Uint32(b[offImm:])
 	h.Arg = binary.BigEndian.Uint32(b[offArg:])
 	h.Auth = binary.BigEndian.Uint64(b[offAuth:])
-	if h.Type < Data || h.Type > Bundle || h.Flags&^(FlagFirst|FlagLast|FlagImm|FlagGap|FlagResent) != 0 || b[2] != 0 || b[3] != 0 {
+	if h.Type < Data || h.Type > Bundle || h.Flags&^(FlagFirst|FlagLast|FlagImm|FlagGap|FlagResent) != 0 {
 		return ErrBadHeader
+	}
+	if h.Chunk != 0 && h.Type != Data {
+		return ErrBadHeader // only data chunks are numbered there
 	}
 	if h.Type != Data && !h.Whole() {
 		return ErrBadHeader // control messages are single chunks
@@ -255,6 +269,10 @@ func (b Raw) SetResent() { b[offFlags] |= FlagResent }
 
 // SetChunkNo numbers an RC vconn's data chunk (Header.ChunkNo).
 func (b Raw) SetChunkNo(n uint32) { binary.BigEndian.PutUint32(b[offArg:], n) }
+
+// SetAutoChunkNo numbers an Auto vconn's data chunk sent on RC
+// (Header.AutoChunkNo).
+func (b Raw) SetAutoChunkNo(n uint16) { binary.BigEndian.PutUint16(b[offChunk:], n) }
 
 func (b Raw) Auth() uint64 { return binary.BigEndian.Uint64(b[offAuth:]) }
 

@@ -40,6 +40,8 @@ func TestHeaderGolden(t *testing.T) {
 			"01070000000000280000000500000007deadbeef000000030102030405060708"},
 		{"grant with gap", Header{Type: Credit, Flags: FlagFirst | FlagLast | FlagGap, Credit: 1, Length: 12, Arg: 10, Auth: 0xfedcba9876543210},
 			"020b0000000000010000000c00000000000000000000000afedcba9876543210"},
+		{"auto chunk sent on RC", Header{Type: Data, Flags: FlagFirst | FlagResent, Chunk: 0xbeef, Length: 5000, Seq: 9, Arg: 8},
+			"0111beef00000000000013880000000900000000000000080000000000000000"},
 		{"bundle", BundleHeader(3, 4, 100), "0803000000000000000000640000000300000004000000000000000000000000"},
 	} {
 		var b [HeaderLen]byte
@@ -69,7 +71,8 @@ func TestHeaderRejects(t *testing.T) {
 		"type 0":                func(b []byte) []byte { b[0] = 0; return b },
 		"unknown type":          func(b []byte) []byte { b[0] = 99; return b },
 		"unknown flag":          func(b []byte) []byte { b[1] |= 0x80; return b },
-		"reserved set":          func(b []byte) []byte { b[2] = 1; return b },
+		"numbered control":      func(b []byte) []byte { b[2] = 1; return b },
+		"numbered grant":        func(b []byte) []byte { b[0] = byte(Credit); b[3] = 1; return b },
 		"chunked control":       func(b []byte) []byte { b[1] = FlagFirst; return b },
 		"control without flags": func(b []byte) []byte { b[1] = 0; return b },
 		"bundle with imm":       func(b []byte) []byte { b[0] = byte(Bundle); b[1] |= FlagImm; return b },
@@ -89,6 +92,7 @@ func FuzzHeader(f *testing.F) {
 		{Type: Credit, Flags: FlagFirst | FlagLast, Credit: 5},
 		{Type: Credit, Flags: FlagFirst | FlagLast | FlagGap, Arg: 4, Length: 9},
 		{Type: Reset, Flags: FlagFirst | FlagLast},
+		{Type: Data, Flags: FlagFirst | FlagResent, Chunk: 300, Length: 9000, Arg: 2},
 		BundleHeader(7, 2, 60),
 	} {
 		var b [HeaderLen]byte
@@ -127,9 +131,10 @@ func TestRaw(t *testing.T) {
 	r.SetCredit(1000)
 	r.SetAck(42)
 	r.SetAuth(0xa5a5_0000_ffff_1234)
+	r.SetAutoChunkNo(0xfffe)
 	var got Header
-	if err := got.Parse(b[:]); err != nil || got.Credit != 1000 || got.Ack() != 42 || got.Auth != 0xa5a5_0000_ffff_1234 || r.Auth() != got.Auth {
-		t.Fatalf("after SetCredit/SetAck/SetAuth: %v, %v (ack %d, auth %#x)", &got, err, got.Ack(), got.Auth)
+	if err := got.Parse(b[:]); err != nil || got.Credit != 1000 || got.Ack() != 42 || got.Auth != 0xa5a5_0000_ffff_1234 || r.Auth() != got.Auth || got.AutoChunkNo() != 0xfffe {
+		t.Fatalf("after SetCredit/SetAck/SetAuth/SetAutoChunkNo: %v, %v (ack %d, auth %#x, chunk %d)", &got, err, got.Ack(), got.Auth, got.AutoChunkNo())
 	}
 	if imm, ok := got.AppImm(); !ok || imm != 9 {
 		t.Fatalf("immediate %d, %v", imm, ok)
