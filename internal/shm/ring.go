@@ -194,8 +194,13 @@ func (p *Producer) Empty() bool { return p.r.head.Load() == p.tail }
 
 // Arm announces that the producer is about to sleep until the consumer
 // frees room: the consumer's next Release rings the bell. The caller
-// tries Push once more after Arm, then waits on the bell.
+// tries Push once more after Arm, then, if still Armed, waits on the bell.
 func (p *Producer) Arm() { p.r.prodWait.Store(1) }
+
+// Armed reports whether the producer's Arm still stands: no Release took
+// it (and rang) since. One that took it may have made too little room
+// for the message waiting, so the caller arms again before it sleeps.
+func (p *Producer) Armed() bool { return p.r.prodWait.Load() != 0 }
 
 // Wait sleeps until the consumer releases a descriptor after Arm (it rings
 // the bell), the bell shuts down or timeout passes (negative: none). It

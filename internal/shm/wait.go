@@ -39,14 +39,30 @@ func (p *Producer) PushWait(b []byte, imm, flags uint32, stop Stop) error {
 			continue
 		}
 		p.Arm()
+		if armed != nil {
+			armed()
+		}
 		if ok, err := p.Push(b, imm, flags); ok || err != nil {
 			return err
+		}
+		if !p.Armed() {
+			// A release took the arm after it was set, before or after
+			// that Push looked, and made too little room: nothing rings
+			// for the next one. Arm again rather than sleep unannounced
+			// (the agent's producer, which sleeps without a timeout,
+			// stayed asleep with its RX ring drained: E6's stalled
+			// stream).
+			continue
 		}
 		if _, err := p.Wait(d); err != nil {
 			return fmt.Errorf("%w: %w", ErrShut, err)
 		}
 	}
 }
+
+// armed, where a test sets it, runs in PushWait between Arm and the
+// Push that follows: where a release that takes the arm lands.
+var armed func()
 
 // Next is Peek that waits for a descriptor, as PushWait waits for room:
 // the one way a consumer waits on its ring. The payload aliases shared
