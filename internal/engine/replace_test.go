@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmavisor/rdmavisor/internal/engine/format"
 	"github.com/rdmavisor/rdmavisor/internal/transport"
 	"github.com/rdmavisor/rdmavisor/internal/verbs"
 	"github.com/rdmavisor/rdmavisor/internal/verbs/soft/roce"
@@ -334,14 +333,7 @@ func TestForgedBadKeyOlderPeer(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pa, err := n.a.Peer(n.b.GID(), olderLink{LocalLink{To: n.b}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pb, err := n.b.Peer(n.a.GID(), LocalLink{To: n.a})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pa, pb := n.peersVia(t, olderLink{LocalLink{To: n.b}})
 	va, err := n.a.NewVConn(ctx, pa, VConnOptions{Transport: transport.RC})
 	if err != nil {
 		t.Fatal(err)
@@ -388,15 +380,9 @@ func TestForgedBadKeyOlderAutoPeer(t *testing.T) {
 	n := newSpoofNet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pa, err := n.a.Peer(n.b.GID(), olderAutoLink{LocalLink{To: n.b}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pb, err := n.b.Peer(n.a.GID(), LocalLink{To: n.a})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pa, pb := n.peersVia(t, olderAutoLink{LocalLink{To: n.b}})
 	var as, bs [2]*VConn
+	var err error
 	for j, tr := range []transport.Kind{transport.RC, transport.Auto} {
 		if as[j], err = n.a.NewVConn(ctx, pa, VConnOptions{Transport: tr}); err != nil {
 			t.Fatal(err)
@@ -464,129 +450,18 @@ func TestForgedBadKeyBounded(t *testing.T) {
 	}
 }
 
-// TestChunkNumbers: a peer's RC data chunk is taken only at its number.
-// One marked resent that came already is dropped (the resend after a
-// QP replacement); the same chunk unmarked, or one past a missing chunk,
-// is no engine's doing (an older engine numbers no chunks): the vconn
-// fails, and nothing is delivered twice or past a hole.
-func TestChunkNumbers(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	chunk := func(no uint32, flags uint8) format.Header {
-		d := format.DataHeader(5, no, 0, false)
-		d.Flags |= format.FlagFirst | format.FlagLast | flags
-		d.Arg = no
-		return d
+// peersVia makes the spoof net's engines peers, a's control plane toward
+// b being link (b's toward a the plain one).
+func (n *spoofNet) peersVia(t *testing.T, link PeerLink) (pa, pb *Peer) {
+	t.Helper()
+	pa, err := n.a.Peer(n.b.GID(), link)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Run("older engine", func(t *testing.T) {
-		// One that numbers nothing (its QPRequest says so): its chunks
-		// are taken as they come, every one delivered.
-		a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.71")
-		vc.peer.numbers.Store(false) // what an older engine's QPRequest leaves
-		for _, s := range []string{"first", "secnd", "third"} {
-			h.send(in1, a, vc.ID(), chunk(0, 0), []byte(s))
-			m, err := vc.Recv(ctx)
-			if err != nil || string(m.Data) != s {
-				t.Fatalf("received %q, %v; want %q", m.Data, err, s)
-			}
-			m.Release()
-		}
-	})
-	for _, tc := range []struct {
-		name string
-		bad  format.Header
-	}{
-		{"repeated unmarked", chunk(0, 0)},
-		{"past a hole", chunk(3, 0)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.70")
-			h.send(in1, a, vc.ID(), chunk(0, 0), []byte("first"))
-			before := a.Stats().ResentDropped
-			h.send(in1, a, vc.ID(), chunk(0, format.FlagResent), []byte("again"))
-			waitFor(t, func() bool { return a.Stats().ResentDropped == before+1 }, "the resent chunk dropped")
-			h.send(in1, a, vc.ID(), chunk(1, format.FlagResent), []byte("secnd"))
-			h.send(in1, a, vc.ID(), tc.bad, []byte("wrong"))
-			waitFor(t, func() bool { return vc.Err() != nil }, "the vconn to fail")
-			if !errors.Is(vc.Err(), errChunkOrder) {
-				t.Fatalf("the vconn failed with %v, want errChunkOrder", vc.Err())
-			}
-			var got []string
-			for {
-				m, err := vc.Recv(ctx)
-				if err != nil {
-					break
-				}
-				got = append(got, string(m.Data))
-				m.Release()
-			}
-			if want := []string{"first", "secnd"}; fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Fatalf("delivered %q, want %q", got, want)
-			}
-		})
+	if pb, err = n.b.Peer(n.a.GID(), LocalLink{To: n.a}); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// TestAutoChunkNumbers: an Auto vconn's data chunk on RC is taken only
-// at its number (format.Header.AutoChunkNo), as an RC vconn's: one marked
-// resent that came already is dropped, the same unmarked or one past a
-// missing chunk fails the vconn; from an engine that numbers nothing
-// (ResendsAuto unsaid) chunks are taken as they come.
-func TestAutoChunkNumbers(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	chunk := func(seq uint32, no uint16, flags uint8) format.Header {
-		d := format.DataHeader(5, seq, 0, false)
-		d.Flags |= format.FlagFirst | format.FlagLast | flags
-		d.Chunk = no
-		return d
-	}
-	auto := VConnOptions{Transport: transport.Auto}
-	t.Run("older engine", func(t *testing.T) {
-		a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.73", auto)
-		vc.peer.numbersAuto.Store(false)
-		for i, s := range []string{"first", "secnd", "third"} {
-			h.send(in1, a, vc.ID(), chunk(uint32(i), 0, 0), []byte(s))
-			m, err := vc.Recv(ctx)
-			if err != nil || string(m.Data) != s {
-				t.Fatalf("received %q, %v; want %q", m.Data, err, s)
-			}
-			m.Release()
-		}
-	})
-	for _, tc := range []struct {
-		name string
-		bad  format.Header
-	}{
-		{"repeated unmarked", chunk(1, 1, 0)},
-		{"past a hole", chunk(2, 3, 0)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			a, h, vc, _, in1 := twoQPPeer(ctx, t, "10.9.0.72", auto)
-			h.send(in1, a, vc.ID(), chunk(0, 0, 0), []byte("first"))
-			before := a.Stats().ResentDropped
-			h.send(in1, a, vc.ID(), chunk(0, 0, format.FlagResent), []byte("again"))
-			waitFor(t, func() bool { return a.Stats().ResentDropped == before+1 }, "the resent chunk dropped")
-			h.send(in1, a, vc.ID(), chunk(1, 1, format.FlagResent), []byte("secnd"))
-			h.send(in1, a, vc.ID(), tc.bad, []byte("wrong"))
-			waitFor(t, func() bool { return vc.Err() != nil }, "the vconn to fail")
-			if !errors.Is(vc.Err(), errChunkOrder) {
-				t.Fatalf("the vconn failed with %v, want errChunkOrder", vc.Err())
-			}
-			var got []string
-			for {
-				m, err := vc.Recv(ctx)
-				if err != nil {
-					break
-				}
-				got = append(got, string(m.Data))
-				m.Release()
-			}
-			if want := []string{"first", "secnd"}; fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Fatalf("delivered %q, want %q", got, want)
-			}
-		})
-	}
+	return pa, pb
 }
 
 // pairs connects k vconn pairs of transport tr between the spoof net's

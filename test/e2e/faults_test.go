@@ -260,6 +260,24 @@ func (e *env) registrations(node string) (int, error) {
 	return int(m.sum(`rdmavisor_device_plugin_registrations_total{result="ok"}`)), nil
 }
 
+// kubeletEvidence logs the end of node's kubelet log (hack/local-cluster
+// keeps it under its STATE) and the device plugins' directory as the node
+// sees it.
+func (e *env) kubeletEvidence(node string) {
+	state := os.Getenv("STATE")
+	if state == "" {
+		state = "/var/tmp/rdmavisor-cluster"
+	}
+	if b, err := os.ReadFile(state + "/logs/" + node + "-kubelet.log"); err == nil {
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		e.t.Logf("%s's kubelet log, last lines:\n%s", node, strings.Join(lines[max(0, len(lines)-60):], "\n"))
+	} else {
+		e.t.Logf("%s's kubelet log: %v", node, err)
+	}
+	out, err := e.tryRun("hack/local-cluster/node.sh", node, "exec", "ls", "-la", "--time-style=full-iso", "/var/lib/kubelet/device-plugins")
+	e.t.Logf("%s: /var/lib/kubelet/device-plugins (%v):\n%s", node, err, out)
+}
+
 // kubeletRestart restarts the kubelet of the client's node: its device
 // plugin registers again, and a new client there reaches the server.
 func (e *env) kubeletRestart() {
@@ -269,6 +287,14 @@ func (e *env) kubeletRestart() {
 		e.t.Fatalf("device plugin registrations on %s before the restart: %d %v", node, before, err)
 	}
 	e.run("hack/local-cluster/up.sh", "--restart", "kubelet", node)
+	// Once (1 run of the suite in about 20) the plugin did not register
+	// again within the wait, without a word in its log: what the new
+	// kubelet and its directory said goes with the failure.
+	defer func() {
+		if e.t.Failed() {
+			e.kubeletEvidence(node)
+		}
+	}()
 	e.eventually("device plugin registered again", 2*time.Minute, func() (bool, string) {
 		n, err := e.registrations(node)
 		return n > before, fmt.Sprintf("%d registrations (before the restart: %d) %v", n, before, err)
