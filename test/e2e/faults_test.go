@@ -15,6 +15,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -101,6 +102,32 @@ func (e *env) operatorRestart() {
 	e.deletePod("during-operator-restart")
 }
 
+// leaderOff moves the operator's leadership off node (the API server's),
+// cordoned meanwhile, and returns the new leader and its node.
+func (e *env) leaderOff(leader, node string) (string, string) {
+	cordon := func(on bool) {
+		patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)
+		if _, err := e.kube.CoreV1().Nodes().Patch(e.ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			e.t.Fatalf("cordon %s (%t): %v", node, on, err)
+		}
+	}
+	cordon(true)
+	defer cordon(false)
+	at := node
+	for try := 0; at == node; try++ {
+		if try == 3 {
+			e.t.Fatalf("the operator's leader %s is still on %s, the API server's node, after %d moves with the node cordoned", leader, at, try)
+		}
+		if err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, leader, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+			e.t.Fatal(err)
+		}
+		e.takeover(leader, time.Now())
+		e.operatorReplicas()
+		leader, at = e.operatorLeader()
+	}
+	return leader, at
+}
+
 // nodeLost freezes every process of the node running the operator's
 // leader (its agent, kubelet, pods) while a client on another node
 // exchanges messages with a server on it, and a second pair exchanges
@@ -117,18 +144,11 @@ func (e *env) nodeLost() {
 	// cluster's operator runs on workers; here the leadership moves off
 	// that node first. The lease may go to the deleted leader's
 	// replacement rather than to the other replica, and the replacement
-	// may land on the same node again (seen twice in a row): so as many
-	// times as it takes, within a few.
-	for try := 0; lost == e.apiServerNode(); try++ {
-		if try == 5 {
-			e.t.Fatalf("the operator's leader %s is still on %s, the API server's node, after %d moves", leader, lost, try)
-		}
-		if err := e.kube.CoreV1().Pods(namespace).Delete(e.ctx, leader, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
-			e.t.Fatal(err)
-		}
-		e.takeover(leader, time.Now())
-		e.operatorReplicas()
-		leader, lost = e.operatorLeader()
+	// landed on the same node again, five times in a row once: so that
+	// node is cordoned while the leader moves, and each move leaves one
+	// replica fewer there.
+	if lost == e.apiServerNode() {
+		leader, lost = e.leaderOff(leader, lost)
 	}
 	var from, third string
 	for _, n := range e.nodes {
