@@ -307,7 +307,7 @@ func (e *env) kubeletRestart() {
 		e.t.Fatalf("device plugin registrations on %s before the restart: %d %v", node, before, err)
 	}
 	e.run("hack/local-cluster/up.sh", "--restart", "kubelet", node)
-	// Once (1 run of the suite in about 20) the plugin did not register
+	// Once (a clean-clone run, 2026-12-05) the plugin did not register
 	// again within the wait, without a word in its log: what the new
 	// kubelet and its directory said goes with the failure.
 	defer func() {
